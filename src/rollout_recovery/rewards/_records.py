@@ -1,0 +1,156 @@
+"""Reward records that travel with a sealed attempt and a finalized row.
+
+These are the small, frozen values the ledger persists per sealed attempt (``RewardChecks``,
+``RewardLogContext``) and the sidecar persists per finalized canonical row
+(``FinalizedReward``). They validate on construction so an invalid value can never reach a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidStateError
+
+__all__ = [
+    "FinalizedReward",
+    "RewardChecks",
+    "RewardLogContext",
+    "parse_reward_log_context",
+]
+
+_REWARD_LOG_CONTEXT_FIELDS = frozenset({"agent_name", "full_result_json"})
+_FINALIZED_REWARD_FIELDS = frozenset({"sample_id", "rollout_id", "reward", "log_context"})
+
+
+@dataclass(frozen=True, slots=True)
+class RewardChecks:
+    """Text-derived checks computed at seal time, when the agent's output text still exists.
+
+    The final reward is computed later from verified tokens; these flags are the only part of
+    the text that survives, so they are persisted with the sealed attempt.
+    """
+
+    duplicated_reasoning: bool
+    empty_final_answer: bool
+    low_effort: bool
+
+    def __post_init__(self) -> None:
+        # ``type(...) is bool`` on purpose: 0/1 would silently pass an isinstance check.
+        for name in ("duplicated_reasoning", "empty_final_answer", "low_effort"):
+            if type(getattr(self, name)) is not bool:
+                raise InvalidStateError(
+                    f"reward checks must be booleans; {name}={getattr(self, name)!r} "
+                    f"is {type(getattr(self, name)).__name__}",
+                    path=name,
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class RewardLogContext:
+    """Which agent produced a rollout and, optionally, its full result as a JSON object."""
+
+    agent_name: str
+    full_result_json: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.agent_name, str) or not self.agent_name:
+            raise InvalidStateError(
+                f"reward log agent_name must be a nonempty string, got {self.agent_name!r}",
+                path="agent_name",
+            )
+        if self.full_result_json is None:
+            return
+        if not isinstance(self.full_result_json, str):
+            raise InvalidStateError(
+                "reward log full_result_json must encode an object, got "
+                f"{type(self.full_result_json).__name__}",
+                path="full_result_json",
+            )
+        try:
+            decoded = json.loads(self.full_result_json)
+        except ValueError as error:
+            raise InvalidStateError(
+                f"reward log full_result_json must encode an object: {error}",
+                path="full_result_json",
+            ) from error
+        if not isinstance(decoded, dict):
+            raise InvalidStateError(
+                "reward log full_result_json must encode an object, got JSON "
+                f"{type(decoded).__name__}",
+                path="full_result_json",
+            )
+
+
+def parse_reward_log_context(value: object) -> RewardLogContext | None:
+    """Parse the persisted form of a :class:`RewardLogContext` (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != _REWARD_LOG_CONTEXT_FIELDS:
+        raise InvalidStateError(
+            "invalid reward log context: expected a mapping with exactly "
+            f"{sorted(_REWARD_LOG_CONTEXT_FIELDS)}, got {_describe_keys(value)}"
+        )
+    return RewardLogContext(
+        agent_name=value["agent_name"], full_result_json=value["full_result_json"]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizedReward:
+    """The final (shaped, then penalized) reward of one valid canonical row."""
+
+    sample_id: str
+    rollout_id: str
+    reward: float
+    log_context: RewardLogContext | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("sample_id", "rollout_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise InvalidStateError(
+                    f"finalized reward identifiers must be nonempty strings; {name}={value!r}",
+                    path=name,
+                )
+        if type(self.reward) not in (int, float):
+            raise InvalidStateError(
+                f"finalized reward must be numeric, got {type(self.reward).__name__} "
+                f"{self.reward!r}",
+                path="reward",
+            )
+
+    def to_state(self) -> dict[str, Any]:
+        """Return the persisted form (what ``dataclasses.asdict`` gives, without its cost)."""
+        context = self.log_context
+        return {
+            "sample_id": self.sample_id,
+            "rollout_id": self.rollout_id,
+            "reward": self.reward,
+            "log_context": None
+            if context is None
+            else {"agent_name": context.agent_name, "full_result_json": context.full_result_json},
+        }
+
+    @classmethod
+    def from_state(cls, value: object) -> FinalizedReward:
+        """Parse the persisted form, rejecting missing or unknown fields."""
+        if not isinstance(value, dict) or set(value) != _FINALIZED_REWARD_FIELDS:
+            raise InvalidStateError(
+                "invalid finalized reward observation: expected a mapping with exactly "
+                f"{sorted(_FINALIZED_REWARD_FIELDS)}, got {_describe_keys(value)}"
+            )
+        return cls(
+            sample_id=value["sample_id"],
+            rollout_id=value["rollout_id"],
+            reward=value["reward"],
+            log_context=parse_reward_log_context(value["log_context"]),
+        )
+
+
+def _describe_keys(value: object) -> str:
+    if isinstance(value, dict):
+        return f"keys {sorted(map(str, value))}"
+    return type(value).__name__
