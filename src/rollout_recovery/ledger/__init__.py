@@ -1,0 +1,55 @@
+"""The seed's schema-3 rollout-recovery ledger: records, transitions, state and sidecar.
+
+Pure: no I/O and no asyncio. It imports only ``rollout_recovery.rewards`` (the reward
+records persisted with sealed attempts) and ``rollout_recovery.errors``.
+"""
+
+from ._constants import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    ROLLOUT_RECOVERY_STATE_FILENAME,
+    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
+    RolloutRecoveryState,
+)
+from ._cut import MutationCut
+from ._enums import (
+    PromptGroupPhase,
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
+from ._ledger import RolloutRecoveryLedger
+from ._records import (
+    PromptGroupRecoveryRecord,
+    PromptPayload,
+    PromptRef,
+    RolloutAttemptRecord,
+    RolloutSiblingRecord,
+    SiblingSealResult,
+)
+from ._sidecar import (
+    ParsedRolloutRecoveryState,
+    build_rollout_recovery_state,
+    parse_rollout_recovery_state,
+)
+
+__all__ = [
+    "ROLLOUT_RECOVERY_SCHEMA_VERSION",
+    "ROLLOUT_RECOVERY_STATE_FILENAME",
+    "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
+    "MutationCut",
+    "ParsedRolloutRecoveryState",
+    "PromptGroupPhase",
+    "PromptGroupRecoveryRecord",
+    "PromptGroupStatus",
+    "PromptPayload",
+    "PromptRef",
+    "RecoveryGranularity",
+    "RolloutAttemptRecord",
+    "RolloutAttemptStatus",
+    "RolloutRecoveryLedger",
+    "RolloutRecoveryState",
+    "RolloutSiblingRecord",
+    "SiblingSealResult",
+    "build_rollout_recovery_state",
+    "parse_rollout_recovery_state",
+]

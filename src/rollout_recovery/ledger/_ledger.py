@@ -1,0 +1,584 @@
+"""``RolloutRecoveryLedger``: the controller-owned source of truth for unfinished groups.
+
+Pure state machine: no I/O, no asyncio. Every mutator first checks that the caller's
+barrier cut is live, then validates everything, then mutates; a refused call raises before
+it changes anything. Returned records are copies; the runtime prompt payload is shared by
+reference and never copied or serialized.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any, Self
+
+from ..errors import CheckpointUnsafeError, InvalidTransitionError, UnknownGroupError
+from ..rewards import RewardChecks, RewardLogContext
+from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
+from ._cut import MutationCut
+from ._decode import decode_ledger_state
+from ._enums import (
+    PromptGroupPhase,
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
+from ._receipts import freeze_receipt, receipt_staging_keys, thaw_receipt
+from ._records import PromptGroupRecoveryRecord, PromptPayload, PromptRef, SiblingSealResult
+from ._storage import AttemptState, GroupState
+
+__all__ = ["RolloutRecoveryLedger", "validate_prompt_identity"]
+
+_RESERVED = RolloutAttemptStatus.RESERVED
+_DISPATCHED = RolloutAttemptStatus.DISPATCHED
+_SEALED = RolloutAttemptStatus.SEALED
+_GENERATING = PromptGroupStatus.GENERATING
+_READY = PromptGroupStatus.READY_TO_FINALIZE
+_SIBLING = RecoveryGranularity.SIBLING
+_PROMPT_GROUP = RecoveryGranularity.PROMPT_GROUP
+
+
+def _task_name_of(prompt_payload: PromptPayload) -> str | None:
+    task_name = prompt_payload.get("task_name")
+    if task_name is not None and not isinstance(task_name, str):
+        raise TypeError(
+            f"prompt task_name must be a string or None, got {type(task_name).__name__}"
+        )
+    return task_name
+
+
+def validate_prompt_identity(
+    prompt_ref: PromptRef, prompt_payload: PromptPayload, *, group_id: str
+) -> None:
+    """Require a runtime prompt to resolve to the ledger's durable dataset key."""
+    sample_id = prompt_payload.get("idx")
+    if isinstance(sample_id, bool) or not isinstance(sample_id, int):
+        raise InvalidTransitionError(
+            f"recovery group {group_id!r} prompt payload must contain an integer idx, "
+            f"got {sample_id!r}",
+            group_id=group_id,
+        )
+    if str(sample_id) != prompt_ref.sample_id:
+        raise InvalidTransitionError(
+            f"recovery group {group_id!r} resolved sample_id={sample_id!r}; "
+            f"expected {prompt_ref.sample_id!r}",
+            group_id=group_id,
+        )
+    task_name = _task_name_of(prompt_payload)
+    if task_name != prompt_ref.task_name:
+        raise InvalidTransitionError(
+            f"recovery group {group_id!r} resolved task_name={task_name!r}; "
+            f"expected {prompt_ref.task_name!r}",
+            group_id=group_id,
+        )
+
+
+class RolloutRecoveryLedger:
+    """In-memory lineage of every unfinished GRPO prompt group.
+
+    Controller-owned mutations require a live data-plane cut, so lineage never changes
+    outside the checkpoint barrier's consistent snapshot boundary. Group order is
+    reservation order and survives serialization.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str, GroupState] = {}
+
+    # ------------------------------------------------------------------ reads
+
+    def groups(self) -> list[PromptGroupRecoveryRecord]:
+        return [group.to_record() for group in self._groups.values()]
+
+    def get_group(self, group_id: str) -> PromptGroupRecoveryRecord:
+        return self._require_group(group_id).to_record()
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, group_id: object) -> bool:
+        return isinstance(group_id, str) and group_id in self._groups
+
+    def expected_staging_keys(self) -> set[str]:
+        """Staged token rows still owned by sealed current attempts (history excluded)."""
+        keys: set[str] = set()
+        for group in self._groups.values():
+            for attempts in group.siblings:
+                current = attempts[-1]
+                if current.status is _SEALED:
+                    keys.update(current.staging_keys)
+        return keys
+
+    def assert_checkpoint_safe(self) -> None:
+        """Refuse states whose canonical publication outcome is ambiguous."""
+        unsafe = [g.group_id for g in self._groups.values() if not g.status.is_checkpoint_safe()]
+        if unsafe:
+            raise CheckpointUnsafeError(
+                f"rollout recovery contains checkpoint-unsafe group states: groups={unsafe!r}",
+                group_ids=unsafe,
+            )
+
+    # ------------------------------------------------------- reserve / admit
+
+    def reserve_group(
+        self,
+        cut: MutationCut,
+        *,
+        prompt_id: str,
+        prompt_payload: PromptPayload,
+        expected_generations: int,
+        target_step: int | None,
+        start_weight_version: int,
+        task_source: str | None = None,
+        recovery_granularity: RecoveryGranularity = RecoveryGranularity.SIBLING,
+        admitted: bool = True,
+        group_id: str | None = None,
+        admission_id: str | None = None,
+        prompt_ref: PromptRef | None = None,
+    ) -> PromptGroupRecoveryRecord:
+        """Create one logical group and a fresh RESERVED attempt for each sibling."""
+        cut.require_live()
+        if not prompt_id:
+            raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
+        if prompt_ref is None:
+            prompt_ref = PromptRef(sample_id=prompt_id, task_name=_task_name_of(prompt_payload))
+        if prompt_ref.sample_id != prompt_id:
+            raise InvalidTransitionError(
+                "dataset prompt reference must match prompt_id: "
+                f"{prompt_ref.sample_id!r} != {prompt_id!r}"
+            )
+        if expected_generations < 1:
+            raise InvalidTransitionError(
+                f"expected_generations must be at least one, got {expected_generations!r}"
+            )
+        group_id = group_id or str(uuid.uuid4())
+        if group_id in self._groups:
+            raise InvalidTransitionError(
+                f"duplicate recovery group_id={group_id!r}", group_id=group_id
+            )
+        admission_id = admission_id or group_id
+        group = GroupState(
+            group_id=group_id,
+            admission_id=admission_id,
+            prompt_id=prompt_id,
+            prompt_ref=prompt_ref,
+            task_source=task_source,
+            recovery_granularity=RecoveryGranularity(recovery_granularity),
+            # Kept by reference: the dataloader sample may be a 131k-token prompt. It is
+            # never serialized and is released with the group.
+            payload=prompt_payload,
+            expected_generations=expected_generations,
+            target_step=target_step,
+            start_weight_version=start_weight_version,
+            siblings=[[AttemptState.fresh()] for _ in range(expected_generations)],
+            phase=PromptGroupPhase.ADMITTED if admitted else PromptGroupPhase.RESERVED,
+            status=_GENERATING,
+        )
+        self._groups[group_id] = group
+        return group.to_record()
+
+    def mark_group_admitted(
+        self,
+        cut: MutationCut,
+        group_id: str,
+        *,
+        target_step: int | None,
+        start_weight_version: int,
+    ) -> None:
+        """Commit the sampler's admission; sibling lineage is untouched."""
+        cut.require_live()
+        group = self._require_group(group_id)
+        if group.phase is not PromptGroupPhase.RESERVED:
+            raise InvalidTransitionError(
+                f"recovery group {group_id!r} is already {group.phase.value}", group_id=group_id
+            )
+        group.target_step = target_step
+        group.start_weight_version = start_weight_version
+        group.phase = PromptGroupPhase.ADMITTED
+
+    def bind_runtime_prompt(
+        self, cut: MutationCut, group_id: str, prompt_payload: PromptPayload
+    ) -> None:
+        """Attach a prompt rebuilt from the dataset after a restore, checking its identity.
+
+        The content may differ from the original; only ``idx`` and ``task_name`` must match.
+        """
+        cut.require_live()
+        group = self._require_group(group_id)
+        validate_prompt_identity(group.prompt_ref, prompt_payload, group_id=group_id)
+        group.payload = prompt_payload
+
+    # --------------------------------------------------------------- dispatch
+
+    def mark_group_dispatched(
+        self,
+        cut: MutationCut,
+        group_id: str,
+        *,
+        generation_indices: Iterable[int] | None = None,
+    ) -> None:
+        """Move the selected current attempts (default: all) from RESERVED to DISPATCHED."""
+        cut.require_live()
+        group = self._require_group(group_id)
+        if group.phase is not PromptGroupPhase.ADMITTED:
+            raise InvalidTransitionError(
+                f"cannot dispatch unadmitted recovery group {group_id!r}", group_id=group_id
+            )
+        if group.status is not _GENERATING:
+            raise InvalidTransitionError(
+                f"cannot dispatch group {group_id!r} from {group.status.value!r}",
+                group_id=group_id,
+            )
+        indices = (
+            range(group.expected_generations)
+            if generation_indices is None
+            else list(generation_indices)
+        )
+        attempts = [self._require_sibling(group, index)[-1] for index in indices]
+        not_reserved = [a for a in attempts if a.status is not _RESERVED]
+        if not_reserved:
+            raise InvalidTransitionError(
+                "only reserved rollout attempts may be dispatched; group "
+                f"{group_id!r} has {[a.status.value for a in not_reserved]!r}",
+                group_id=group_id,
+            )
+        for attempt in attempts:
+            attempt.status = _DISPATCHED
+
+    # ------------------------------------------------------------------ seals
+
+    def mark_sibling_sealed(
+        self,
+        cut: MutationCut,
+        group_id: str,
+        *,
+        generation_index: int,
+        gate_rollout_id: str,
+        receipt: dict[str, Any] | None,
+        reward: float,
+        mask_sample: bool,
+        reward_checks: RewardChecks | None = None,
+        reward_log_context: RewardLogContext | None = None,
+    ) -> None:
+        """Record one streamed sibling result as soon as it arrives (sibling granularity).
+
+        An exact duplicate of an existing seal is a no-op, so a redelivered result is safe.
+        """
+        cut.require_live()
+        group = self._require_group(group_id)
+        if group.recovery_granularity is _PROMPT_GROUP:
+            raise InvalidTransitionError(
+                "prompt-group recovery must seal every sibling atomically; group "
+                f"{group_id!r} uses mark_group_sealed",
+                group_id=group_id,
+            )
+        attempt = self._require_sibling(group, generation_index)[-1]
+        # The seed's check order: manifest, mask type, then identities.
+        staging_keys = tuple(receipt_staging_keys(receipt))
+        self._check_mask(group, generation_index, mask_sample)
+        self._check_identity(
+            group, generation_index, gate_rollout_id=gate_rollout_id, receipt=receipt
+        )
+        blob = freeze_receipt(receipt)
+        if attempt.status is _SEALED:
+            if (
+                thaw_receipt(attempt.receipt_blob) == thaw_receipt(blob)
+                and attempt.reward == float(reward)
+                and attempt.mask_sample is mask_sample
+                and attempt.reward_checks == reward_checks
+                and attempt.reward_log_context == reward_log_context
+                and attempt.staging_keys == staging_keys
+            ):
+                return
+            raise InvalidTransitionError(
+                f"conflicting duplicate seal for {group.logical_id(generation_index)!r}",
+                group_id=group_id,
+            )
+        if attempt.status is not _DISPATCHED:
+            raise InvalidTransitionError(
+                f"cannot seal logical rollout {group.logical_id(generation_index)!r} "
+                f"from status {attempt.status.value!r}",
+                group_id=group_id,
+            )
+        attempt.seal(
+            receipt_blob=blob,
+            reward=float(reward),
+            mask_sample=mask_sample,
+            reward_checks=reward_checks,
+            reward_log_context=reward_log_context,
+            staging_keys=staging_keys,
+        )
+        if group.all_current_sealed():
+            group.status = _READY
+
+    def mark_group_sealed(
+        self,
+        cut: MutationCut,
+        group_id: str,
+        results: dict[int, SiblingSealResult],
+    ) -> None:
+        """Seal a whole prompt-group cohort at once: every sibling or none."""
+        cut.require_live()
+        group = self._require_group(group_id)
+        if group.recovery_granularity is not _PROMPT_GROUP:
+            raise InvalidTransitionError(
+                "atomic group sealing requires prompt-group recovery granularity; group "
+                f"{group_id!r} is {group.recovery_granularity.value!r}",
+                group_id=group_id,
+            )
+        if group.status is not _GENERATING:
+            raise InvalidTransitionError(
+                f"cannot seal group {group_id!r} from status {group.status.value!r}",
+                group_id=group_id,
+            )
+        expected = set(range(group.expected_generations))
+        if set(results) != expected:
+            raise InvalidTransitionError(
+                "prompt-group seal requires every logical sibling exactly once: "
+                f"expected={sorted(expected)}, actual={sorted(results, key=repr)}",
+                group_id=group_id,
+            )
+        # Validate the whole cohort before touching any sibling, so a checkpoint observes
+        # either no sealed sibling or the complete group.
+        validated: list[tuple[AttemptState, SiblingSealResult, tuple[str, ...], bytes | None]] = []
+        for index in range(group.expected_generations):
+            result = results[index]
+            attempt = group.current(index)
+            if attempt.status is not _DISPATCHED:
+                raise InvalidTransitionError(
+                    f"cannot seal logical rollout {group.logical_id(index)!r} "
+                    f"from status {attempt.status.value!r}",
+                    group_id=group_id,
+                )
+            self._check_identity(
+                group, index, gate_rollout_id=result.gate_rollout_id, receipt=result.receipt
+            )
+            self._check_mask(group, index, result.mask_sample)
+            keys = tuple(receipt_staging_keys(result.receipt))
+            validated.append((attempt, result, keys, freeze_receipt(result.receipt)))
+        for attempt, result, keys, blob in validated:
+            attempt.seal(
+                receipt_blob=blob,
+                reward=float(result.reward),
+                mask_sample=result.mask_sample,
+                reward_checks=result.reward_checks,
+                reward_log_context=result.reward_log_context,
+                staging_keys=keys,
+            )
+        group.status = _READY
+
+    @staticmethod
+    def _check_mask(group: GroupState, generation_index: int, mask_sample: object) -> None:
+        if not isinstance(mask_sample, bool):
+            raise TypeError(
+                f"mask_sample must be a bool, got {type(mask_sample).__name__} "
+                f"for {group.logical_id(generation_index)!r}"
+            )
+
+    @staticmethod
+    def _check_identity(
+        group: GroupState,
+        generation_index: int,
+        *,
+        gate_rollout_id: str,
+        receipt: dict[str, Any] | None,
+    ) -> None:
+        """The result must come from the sibling's current attempt, receipt included."""
+        expected = group.gate_id(generation_index)
+        if gate_rollout_id != expected:
+            raise InvalidTransitionError(
+                "streamed rollout identity mismatch: "
+                f"result={gate_rollout_id!r}, expected={expected!r}",
+                group_id=group.group_id,
+            )
+        if receipt is not None and receipt.get("rollout_id") != gate_rollout_id:
+            raise InvalidTransitionError(
+                "receipt rollout identity mismatch: "
+                f"receipt={receipt.get('rollout_id')!r}, expected={gate_rollout_id!r}",
+                group_id=group.group_id,
+            )
+
+    # --------------------------------------------------- failure and retries
+
+    def abandon_unsealed(self, cut: MutationCut, group_id: str) -> None:
+        """Abandon unfinished work at the group's persisted recovery granularity."""
+        cut.require_live()
+        group = self._require_group(group_id)
+        if group.status is not _GENERATING and group.status is not _READY:
+            raise InvalidTransitionError(
+                f"cannot abandon group {group_id!r} from {group.status.value!r}",
+                group_id=group_id,
+            )
+        if group.recovery_granularity is _PROMPT_GROUP and group.status is _GENERATING:
+            self._abandon_entire_group(group)
+            return
+        for attempt in group.currents():
+            if attempt.status is not _SEALED:
+                attempt.abandon(drop_results=False)
+        group.status = _READY if group.all_current_sealed() else _GENERATING
+
+    @staticmethod
+    def _abandon_entire_group(group: GroupState) -> None:
+        """Drop every current sibling of an atomic group, sealed ones included.
+
+        Their staging rows become unreferenced; the restore inventory pass deletes them.
+        """
+        for attempt in group.currents():
+            attempt.abandon(drop_results=True)
+        group.status = _GENERATING
+
+    def prepare_incomplete_retry(
+        self, cut: MutationCut, group_id: str
+    ) -> PromptGroupRecoveryRecord:
+        """Mint fresh attempts for abandoned or failed siblings, per the group's granularity.
+
+        Sealed siblings are kept at sibling granularity; RESERVED ones are left alone, so a
+        fresh group is a no-op.
+        """
+        cut.require_live()
+        group = self._require_group(group_id)
+        if group.status is not _GENERATING:
+            raise InvalidTransitionError(
+                f"cannot retry group {group_id!r} from status {group.status.value!r}",
+                group_id=group_id,
+            )
+        currents = group.currents()
+        if (
+            group.recovery_granularity is _PROMPT_GROUP
+            and any(a.status.is_retryable() for a in currents)
+            and not all(a.status.is_retryable() for a in currents)
+        ):
+            raise InvalidTransitionError(
+                "prompt-group retry requires every sibling attempt to be abandoned or "
+                f"failed together; group {group_id!r} has "
+                f"{[a.status.value for a in currents]!r}",
+                group_id=group_id,
+            )
+        to_retry: list[int] = []
+        for index, attempt in enumerate(currents):
+            if group.recovery_granularity is _SIBLING and attempt.status is _SEALED:
+                continue
+            if attempt.status is _RESERVED:
+                continue
+            if not attempt.status.is_retryable():
+                raise InvalidTransitionError(
+                    f"cannot retry logical rollout {group.logical_id(index)!r} "
+                    f"from status {attempt.status.value!r}",
+                    group_id=group_id,
+                )
+            to_retry.append(index)
+        for index in to_retry:
+            group.siblings[index].append(AttemptState.fresh())
+        return group.to_record()
+
+    def prepare_for_restart(self, cut: MutationCut) -> None:
+        """Apply each group's persisted restore policy to attempts a crash interrupted."""
+        cut.require_live()
+        self.assert_checkpoint_safe()
+        for group in self._groups.values():
+            if group.status is not _GENERATING:
+                continue
+            if group.recovery_granularity is _PROMPT_GROUP:
+                self._abandon_entire_group(group)
+            else:
+                self.abandon_unsealed(cut, group.group_id)
+
+    # ------------------------------------------------------------ finalization
+
+    def mark_finalization_started(self, cut: MutationCut, group_id: str) -> None:
+        cut.require_live()
+        group = self._require_group(group_id)
+        self._require_status(group, _READY, transition="start finalization")
+        group.status = PromptGroupStatus.FINALIZING
+
+    def mark_finalization_unknown(self, cut: MutationCut, group_id: str) -> None:
+        """Record that publication may or may not have happened: fatal, never checkpointed."""
+        cut.require_live()
+        group = self._require_group(group_id)
+        self._require_status(
+            group, PromptGroupStatus.FINALIZING, transition="mark finalization unknown"
+        )
+        group.status = PromptGroupStatus.FINALIZATION_UNKNOWN
+
+    def discard_group(self, cut: MutationCut, group_id: str) -> None:
+        """Drop a group once its canonical rows (or its drop) took over ownership."""
+        cut.require_live()
+        self._require_group(group_id)
+        del self._groups[group_id]
+
+    def discard_canonical_groups(self, cut: MutationCut, group_ids: Iterable[str]) -> int:
+        """Drop groups the replay index already owns; ids the ledger lacks are ignored."""
+        cut.require_live()
+        owned = [group_id for group_id in set(group_ids) if group_id in self._groups]
+        for group_id in owned:
+            del self._groups[group_id]
+        return len(owned)
+
+    # ----------------------------------------------------------- persistence
+
+    def state_dict(self) -> dict[str, Any]:
+        """The versioned schema-3 metadata persisted in the checkpoint sidecar.
+
+        Attempt UUIDs are 16 raw bytes; no derived id and no prompt payload is stored.
+        """
+        self.assert_checkpoint_safe()
+        for group in self._groups.values():
+            if group.payload is None:
+                raise InvalidTransitionError(
+                    f"cannot checkpoint recovery group {group.group_id!r} before its prompt "
+                    "is rehydrated",
+                    group_id=group.group_id,
+                )
+            validate_prompt_identity(group.prompt_ref, group.payload, group_id=group.group_id)
+        return {
+            "schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION,
+            "groups": [group.to_state() for group in self._groups.values()],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Self:
+        """Build a ledger from a validated state; restored groups have no prompt yet."""
+        ledger = cls()
+        ledger._groups = decode_ledger_state(state)
+        return ledger
+
+    def load_state_dict(self, cut: MutationCut, state: dict[str, Any]) -> None:
+        """Replace this empty ledger's content with a validated checkpoint state."""
+        cut.require_live()
+        if self._groups:
+            raise RuntimeError(
+                "cannot restore into a non-empty rollout recovery ledger "
+                f"(it holds {len(self._groups)} groups)"
+            )
+        self._groups = decode_ledger_state(state)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_group(self, group_id: str) -> GroupState:
+        try:
+            return self._groups[group_id]
+        except KeyError:
+            raise UnknownGroupError(
+                f"unknown recovery group_id={group_id!r}", group_id=str(group_id)
+            ) from None
+
+    @staticmethod
+    def _require_sibling(group: GroupState, generation_index: int) -> list[AttemptState]:
+        if not isinstance(generation_index, int):
+            raise TypeError(
+                f"generation_index must be an int, got {type(generation_index).__name__} "
+                f"for group {group.group_id!r}"
+            )
+        if not 0 <= generation_index < len(group.siblings):
+            raise InvalidTransitionError(
+                f"generation_index={generation_index} is outside group {group.group_id!r}",
+                group_id=group.group_id,
+            )
+        return group.siblings[generation_index]
+
+    @staticmethod
+    def _require_status(group: GroupState, allowed: PromptGroupStatus, *, transition: str) -> None:
+        if group.status is not allowed:
+            raise InvalidTransitionError(
+                f"cannot {transition} group {group.group_id!r} from {group.status.value!r}",
+                group_id=group.group_id,
+            )

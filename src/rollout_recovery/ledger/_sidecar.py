@@ -1,0 +1,226 @@
+"""The checkpoint sidecar: ledger state plus the controller state restored with it.
+
+``build_rollout_recovery_state`` and ``parse_rollout_recovery_state`` share one validation
+seam, so a sidecar that could not be read back is never written. Parsed values are
+defensive copies: mutating the input afterwards does not change them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidStateError, InvalidStateTypeError
+from ..rewards import CaptureRewardSettings, FinalizedReward
+from ._constants import (
+    SIDECAR_STATE_FIELDS,
+    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
+    RolloutRecoveryState,
+)
+from ._decode import reject_unknown_fields
+from ._ledger import RolloutRecoveryLedger
+
+__all__ = [
+    "ParsedRolloutRecoveryState",
+    "build_rollout_recovery_state",
+    "parse_rollout_recovery_state",
+]
+
+
+@dataclass(frozen=True)
+class ParsedRolloutRecoveryState:
+    """A validated sidecar split by runtime owner."""
+
+    ledger_state: RolloutRecoveryState
+    batch_shortfall: dict[int, int]
+    sampler_stamps_target_steps: bool | None
+    finalizer_metrics_by_group: dict[str, dict[str, float]]
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]]
+    reward_settings: CaptureRewardSettings | None
+
+
+def _validate_batch_shortfall(value: object) -> dict[int, int]:
+    """Copy the per-target-step count of groups that will never arrive."""
+    if not isinstance(value, dict):
+        raise InvalidStateTypeError(
+            f"rollout recovery batch_shortfall must be a dictionary, got {type(value).__name__}",
+            path="$.batch_shortfall",
+        )
+    shortfall: dict[int, int] = {}
+    for step, count in value.items():
+        if type(step) is not int or step < 0 or type(count) is not int or count < 0:
+            raise InvalidStateError(
+                "rollout recovery batch_shortfall entries must contain non-negative integer "
+                f"steps and counts, got {step!r}: {count!r}",
+                path=f"$.batch_shortfall[{step!r}]",
+            )
+        shortfall[step] = count
+    return shortfall
+
+
+def _validate_finalizer_metrics(value: object) -> dict[str, dict[str, float]]:
+    """Copy per-group finalizer metrics of canonical, not yet trained groups."""
+    if not isinstance(value, dict):
+        raise InvalidStateError(
+            f"finalizer_metrics_by_group must be a mapping, got {type(value).__name__}",
+            path="$.finalizer_metrics_by_group",
+        )
+    result: dict[str, dict[str, float]] = {}
+    for group_id, metrics in value.items():
+        path = f"$.finalizer_metrics_by_group[{group_id!r}]"
+        if not isinstance(group_id, str) or not isinstance(metrics, dict):
+            raise InvalidStateError(
+                f"invalid finalizer metrics group {group_id!r}: expected a str id and a mapping",
+                path=path,
+            )
+        copied: dict[str, float] = {}
+        for name, number in metrics.items():
+            # type() rather than isinstance(): a bool is not a metric value.
+            if not isinstance(name, str) or type(number) not in (int, float):
+                raise InvalidStateError(
+                    f"invalid finalizer metric name or value {name!r}: {number!r}",
+                    path=f"{path}[{name!r}]",
+                )
+            copied[name] = float(number)
+        result[group_id] = copied
+    return result
+
+
+def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward]]:
+    """Parse per-group final-reward observations, keeping no alias of the input."""
+    if not isinstance(value, dict):
+        raise InvalidStateError(
+            f"finalizer_rewards_by_group must be a mapping, got {type(value).__name__}",
+            path="$.finalizer_rewards_by_group",
+        )
+    result: dict[str, list[FinalizedReward]] = {}
+    for group_id, rows in value.items():
+        path = f"$.finalizer_rewards_by_group[{group_id!r}]"
+        if not isinstance(group_id, str) or not isinstance(rows, list):
+            raise InvalidStateError(
+                f"invalid finalized reward group {group_id!r}: expected a str id and a list",
+                path=path,
+            )
+        observations: list[FinalizedReward] = []
+        for position, row in enumerate(rows):
+            try:
+                observations.append(
+                    row if isinstance(row, FinalizedReward) else FinalizedReward.from_state(row)
+                )
+            except InvalidStateError as error:
+                raise InvalidStateError(str(error), path=f"{path}[{position}]") from error
+        if len({row.sample_id for row in observations}) != len(observations):
+            raise InvalidStateError(
+                f"duplicate finalized reward sample in group {group_id!r}", path=path
+            )
+        result[group_id] = observations
+    return result
+
+
+def build_rollout_recovery_state(
+    ledger: RolloutRecoveryLedger,
+    *,
+    batch_shortfall: dict[int, int],
+    sampler_stamps_target_steps: bool,
+    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
+    reward_settings: CaptureRewardSettings | None = None,
+    canonical_group_ids: set[str] | None = None,
+) -> RolloutRecoveryState:
+    """Build the complete versioned sidecar from ledger and controller state.
+
+    With ``canonical_group_ids``, groups the replay index already owns leave the ledger
+    part, and finalizer observations are kept only for those canonical groups (the others'
+    observations would be orphans after a restore).
+    """
+    if not isinstance(sampler_stamps_target_steps, bool):
+        raise InvalidStateTypeError(
+            "rollout recovery sampler_stamps_target_steps must be a boolean, got "
+            f"{type(sampler_stamps_target_steps).__name__}",
+            path="$.sampler_stamps_target_steps",
+        )
+    state = ledger.state_dict()
+    state["batch_shortfall"] = _validate_batch_shortfall(batch_shortfall)
+    state["sampler_stamps_target_steps"] = sampler_stamps_target_steps
+    state["finalizer_metrics_by_group"] = _validate_finalizer_metrics(
+        finalizer_metrics_by_group or {}
+    )
+    state["reward_settings"] = reward_settings.to_state() if reward_settings is not None else None
+    rewards = _validate_finalizer_rewards(finalizer_rewards_by_group or {})
+    state["finalizer_rewards_by_group"] = {
+        group_id: [row.to_state() for row in rows] for group_id, rows in rewards.items()
+    }
+    if canonical_group_ids is not None:
+        state["groups"] = [g for g in state["groups"] if g["group_id"] not in canonical_group_ids]
+        for key in ("finalizer_metrics_by_group", "finalizer_rewards_by_group"):
+            state[key] = {
+                group_id: value
+                for group_id, value in state[key].items()
+                if group_id in canonical_group_ids
+            }
+    # The reader's validation seam, run before anything is written.
+    parse_rollout_recovery_state(state)
+    return state
+
+
+def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
+    """Validate a complete sidecar and split it by runtime owner.
+
+    Group contents are validated by the ledger when it loads ``ledger_state``.
+    """
+    if not isinstance(state, dict):
+        raise InvalidStateTypeError(
+            f"rollout recovery sidecar must contain a dictionary, got {type(state).__name__}",
+            path="$",
+        )
+    reject_unknown_fields(
+        state, expected=SIDECAR_STATE_FIELDS, context="rollout recovery sidecar", path="$"
+    )
+    version = state.get("schema_version")
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
+    ):
+        raise InvalidStateError(
+            f"unsupported rollout recovery schema_version={version!r}; supported versions "
+            f"are {sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)}",
+            path="$.schema_version",
+        )
+    groups = state.get("groups")
+    if not isinstance(groups, list):
+        raise InvalidStateTypeError(
+            f"rollout recovery groups must be a list, got {type(groups).__name__}",
+            path="$.groups",
+        )
+    stamps = state.get("sampler_stamps_target_steps")
+    if stamps is not None and not isinstance(stamps, bool):
+        raise InvalidStateTypeError(
+            "rollout recovery sampler_stamps_target_steps must be a boolean, got "
+            f"{type(stamps).__name__}",
+            path="$.sampler_stamps_target_steps",
+        )
+    for key in ("reward_settings", "finalizer_metrics_by_group", "finalizer_rewards_by_group"):
+        if key not in state:
+            raise InvalidStateError(f"rollout recovery sidecar is missing {key!r}", path=f"$.{key}")
+    raw_settings: Any = state["reward_settings"]
+    reward_settings = (
+        CaptureRewardSettings.from_state(raw_settings) if raw_settings is not None else None
+    )
+    metrics = _validate_finalizer_metrics(state["finalizer_metrics_by_group"])
+    rewards = _validate_finalizer_rewards(state["finalizer_rewards_by_group"])
+    orphans = sorted(set(rewards) - set(metrics))
+    if orphans:
+        raise InvalidStateError(
+            "finalized reward observations require matching group metrics; missing for "
+            f"{orphans[:10]!r}",
+            path="$.finalizer_rewards_by_group",
+        )
+    return ParsedRolloutRecoveryState(
+        ledger_state={"schema_version": version, "groups": groups},
+        batch_shortfall=_validate_batch_shortfall(state.get("batch_shortfall", {})),
+        sampler_stamps_target_steps=stamps,
+        finalizer_metrics_by_group=metrics,
+        finalizer_rewards_by_group=rewards,
+        reward_settings=reward_settings,
+    )
