@@ -1,0 +1,191 @@
+"""The capture writer: stage one model call's token delta durably, then return its record.
+
+This is the generation side's half of the contract (§2 step 2). The order is the point: the
+row is ``put`` into the data plane's staging partition, and ``put`` returns only once the
+row is visible (and durable, for a durable store), *before* the call record exists. So a
+record that reaches a manifest always names a row that can be fetched; a crash in between
+leaves an orphan row, which the restore inventory pass deletes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ..dataplane._protocol import DataPlane, Row
+from ..errors import InvalidStateError
+from ._digest import (
+    EMPTY_EXTRAS_DIGEST,
+    compute_call_digest,
+    compute_chain_hash,
+    hash_token_ids,
+)
+from ._keys import parse_staging_key, staging_key
+from ._records import CallRecord, CaptureMode, StagedCallHeader
+
+__all__ = ["STAGING_PARTITION", "CaptureWriter"]
+
+STAGING_PARTITION = "rollout_staging"
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _token_array(
+    values: Sequence[int] | npt.NDArray[np.integer], name: str
+) -> npt.NDArray[np.int32]:
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise InvalidStateError(f"{name} must be a 1-D sequence of integers", path=name)
+    # Rows store int32; check the range before casting so nothing wraps silently.
+    if array.size and (int(array.min()) < 0 or int(array.max()) > _INT32_MAX):
+        raise InvalidStateError(f"{name} must lie in [0, 2**31)", path=name)
+    return array.astype(np.int32)
+
+
+class CaptureWriter:
+    """Stages model calls into ``partition`` of ``dataplane`` and mints their call records.
+
+    Stateless apart from its store: the caller keeps the records it gets back (the manifest
+    store) and passes a call's parent record when it stages a continuation.
+    """
+
+    def __init__(self, dataplane: DataPlane, *, partition: str = STAGING_PARTITION) -> None:
+        self._dataplane = dataplane
+        self._partition = partition
+
+    @property
+    def partition(self) -> str:
+        return self._partition
+
+    def stage_call(
+        self,
+        *,
+        rollout_id: str,
+        model_call_id: str,
+        parent: CallRecord | None,
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer],
+        generated_token_ids: Sequence[int] | npt.NDArray[np.integer],
+        generated_logprobs: Sequence[float] | npt.NDArray[np.floating],
+        weight_version: int,
+    ) -> CallRecord:
+        """Stage one call and return its manifest record.
+
+        ``prompt_token_ids`` is the whole prompt the engine saw; for a continuation it must
+        begin with the parent's full token sequence (checked against the parent's
+        ``cumulative_hash``, so the writer never needs the parent's tokens). The staged
+        delta is the prompt after that prefix (mask 0, logprob 0) followed by the generated
+        tokens (mask 1). ``weight_version`` is the policy version read at admission.
+        Raises ``InvalidStateError`` for inputs that break the contract; nothing is staged
+        then. Errors from the data plane propagate.
+        """
+        key = staging_key(rollout_id, model_call_id)
+        if isinstance(weight_version, bool) or not isinstance(weight_version, int):
+            raise InvalidStateError("weight_version must be an int", path="weight_version")
+        if not 0 <= weight_version < 2**63:
+            raise InvalidStateError("weight_version must be >= 0", path="weight_version")
+        prompt = _token_array(prompt_token_ids, "prompt_token_ids")
+        generated = _token_array(generated_token_ids, "generated_token_ids")
+        generated_lp = np.asarray(generated_logprobs, dtype=np.float64)
+        if generated.size == 0:
+            raise InvalidStateError(
+                "a call must generate at least one token", path="generated_token_ids"
+            )
+        if generated_lp.shape != generated.shape:
+            raise InvalidStateError(
+                "generated_logprobs must have one entry per generated token",
+                path="generated_logprobs",
+            )
+        generated_lp32 = generated_lp.astype(np.float32)
+        if not np.isfinite(generated_lp32).all():
+            raise InvalidStateError(
+                "generated_logprobs must be finite in float32", path="generated_logprobs"
+            )
+
+        mode: CaptureMode
+        if parent is None:
+            mode, prev_len, parent_call_id, parent_chain = "text", 0, None, None
+        else:
+            parent_rollout, _ = parse_staging_key(parent.staging_key)
+            if parent_rollout != rollout_id or parent.model_call_id == model_call_id:
+                raise InvalidStateError(
+                    f"parent {parent.staging_key!r} is not an earlier call of rollout "
+                    f"{rollout_id!r}",
+                    path="parent",
+                )
+            prev_len = parent.cum_len
+            if prompt.size < prev_len or hash_token_ids(prompt[:prev_len]) != (
+                parent.cumulative_hash
+            ):
+                # The contract's prefix check: a continuation must extend its parent's
+                # exact tokens, or earlier policy tokens would train as prompt.
+                raise InvalidStateError(
+                    f"prompt does not begin with the {prev_len} tokens of parent call "
+                    f"{parent.model_call_id!r}",
+                    path="prompt_token_ids",
+                )
+            mode, parent_call_id, parent_chain = "token_in", parent.model_call_id, parent.chain_hash
+
+        carried = prompt[prev_len:]
+        token_ids = np.concatenate([carried, generated]).astype(np.int32)
+        token_mask = np.concatenate(
+            [np.zeros(carried.size, np.float32), np.ones(generated.size, np.float32)]
+        )
+        logprobs = np.concatenate([np.zeros(carried.size, np.float32), generated_lp32])
+        delta_len = int(token_ids.size)
+        cum_len = prev_len + delta_len
+        chain_hash = compute_chain_hash(parent_chain, token_ids)
+        cumulative_hash = hash_token_ids(np.concatenate([prompt, generated]))
+        digest = compute_call_digest(
+            rollout_id=rollout_id,
+            model_call_id=model_call_id,
+            parent_call_id=parent_call_id,
+            mode=mode,
+            prev_len=prev_len,
+            delta_len=delta_len,
+            cum_len=cum_len,
+            weight_version=weight_version,
+            token_ids=token_ids,
+            token_mask=token_mask,
+            logprobs=logprobs,
+            extras_digest=EMPTY_EXTRAS_DIGEST,
+            chain_hash=chain_hash,
+            cumulative_hash=cumulative_hash,
+        )
+        header = StagedCallHeader(
+            rollout_id=rollout_id,
+            model_call_id=model_call_id,
+            parent_call_id=parent_call_id,
+            mode=mode,
+            prev_len=prev_len,
+            delta_len=delta_len,
+            cum_len=cum_len,
+            weight_version=weight_version,
+            digest=digest,
+            extras_digest=EMPTY_EXTRAS_DIGEST,
+            chain_hash=chain_hash,
+            cumulative_hash=cumulative_hash,
+        )
+        row = Row(
+            token_ids=token_ids,
+            token_mask=token_mask,
+            logprobs=logprobs,
+            metadata=header.to_dict(),
+        )
+        # Durable first: only a staged row may be acknowledged with a call record.
+        self._dataplane.put(self._partition, {key: row})
+        return CallRecord(
+            model_call_id=model_call_id,
+            parent_call_id=parent_call_id,
+            mode=mode,
+            prev_len=prev_len,
+            delta_len=delta_len,
+            cum_len=cum_len,
+            weight_version=weight_version,
+            digest=digest,
+            extras_digest=EMPTY_EXTRAS_DIGEST,
+            chain_hash=chain_hash,
+            cumulative_hash=cumulative_hash,
+            staging_key=key,
+        )
