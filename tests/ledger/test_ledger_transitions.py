@@ -311,7 +311,8 @@ def test_reserve_group_does_not_validate_idx_until_checkpoint() -> None:
     ledger = RolloutRecoveryLedger()
     reserve(ledger, prompt_payload={"task_name": None})
     with pytest.raises(
-        ValueError, match=starts_with("recovery group 'g' prompt payload must contain an integer idx")
+        ValueError,
+        match=starts_with("recovery group 'g' prompt payload must contain an integer idx"),
     ):
         ledger.state_dict()
 
@@ -363,7 +364,9 @@ def test_admission_has_no_status_check() -> None:
 
 def test_dispatch_requires_admission_then_succeeds_after_it() -> None:
     ledger = fresh(admitted=False)
-    with pytest.raises(ValueError, match=starts_with("cannot dispatch unadmitted recovery group 'g'")):
+    with pytest.raises(
+        ValueError, match=starts_with("cannot dispatch unadmitted recovery group 'g'")
+    ):
         ledger.mark_group_dispatched(CUT, "g")
     ledger.mark_group_admitted(CUT, "g", target_step=1, start_weight_version=0)
     ledger.mark_group_dispatched(CUT, "g")
@@ -457,8 +460,11 @@ def test_staging_keys_keep_manifest_order_and_duplicates() -> None:
     gate = gate_id(ledger, "g", 0)
     receipt = {
         "rollout_id": gate,
-        "manifest": [{"staging_key": f"{gate}/b"}, {"staging_key": f"{gate}/a"}]
-        + [{"staging_key": f"{gate}/b"}],
+        "manifest": [
+            {"staging_key": f"{gate}/b"},
+            {"staging_key": f"{gate}/a"},
+            {"staging_key": f"{gate}/b"},
+        ],
     }
     seal_call(ledger, 0, receipt=receipt)
     assert ledger.get_group("g").siblings[0].current_attempt.staging_keys == [
@@ -506,11 +512,17 @@ def _conflicts() -> list[tuple[str, dict[str, Any]]]:
         ("reward_checks_added", {"reward_checks": CHECKS}),
         (
             "reward_checks_duplicated_reasoning",
-            {"base_checks": True, "reward_checks": dataclasses.replace(CHECKS, duplicated_reasoning=False)},
+            {
+                "base_checks": True,
+                "reward_checks": dataclasses.replace(CHECKS, duplicated_reasoning=False),
+            },
         ),
         (
             "reward_checks_empty_final_answer",
-            {"base_checks": True, "reward_checks": dataclasses.replace(CHECKS, empty_final_answer=False)},
+            {
+                "base_checks": True,
+                "reward_checks": dataclasses.replace(CHECKS, empty_final_answer=False),
+            },
         ),
         (
             "reward_checks_low_effort",
@@ -548,7 +560,9 @@ def test_conflicting_duplicate_seal_is_rejected_and_changes_nothing(
 
 def test_prompt_group_seal_seals_every_sibling_atomically() -> None:
     ledger = dispatched(granularity=PROMPT_GROUP, n=3)
-    results = seal_results(ledger, "g", n_keys=2, missing=frozenset({1}), reward=0.5, mask_sample=True)
+    results = seal_results(
+        ledger, "g", n_keys=2, missing=frozenset({1}), reward=0.5, mask_sample=True
+    )
     ledger.mark_group_sealed(CUT, "g", results)
     record = ledger.get_group("g")
     assert record.status is S.READY_TO_FINALIZE
@@ -771,7 +785,9 @@ def test_finalization_started_then_unknown(granularity: RecoveryGranularity) -> 
 @pytest.mark.parametrize(
     "build", [fresh, dispatched, half_sealed, ready, finalizing, unknown, abandoned]
 )
-def test_discard_group_removes_a_group_in_any_status(build: Callable[[], RolloutRecoveryLedger]) -> None:
+def test_discard_group_removes_a_group_in_any_status(
+    build: Callable[[], RolloutRecoveryLedger],
+) -> None:
     ledger = build()
     reserve(ledger, 9, group_id="other")
     other = ledger.get_group("other")
@@ -1165,7 +1181,13 @@ REFUSALS: list[Case] = [
         "seal-granularity-checked-before-index",
         lambda: dispatched(granularity=PROMPT_GROUP),
         lambda ledger: ledger.mark_sibling_sealed(
-            CUT, "g", generation_index=9, gate_rollout_id="x", receipt=None, reward=0.0, mask_sample=False
+            CUT,
+            "g",
+            generation_index=9,
+            gate_rollout_id="x",
+            receipt=None,
+            reward=0.0,
+            mask_sample=False,
         ),
         ValueError,
         "prompt-group recovery must seal every sibling atomically",
@@ -1174,7 +1196,13 @@ REFUSALS: list[Case] = [
         "seal-index-outside",
         dispatched,
         lambda ledger: ledger.mark_sibling_sealed(
-            CUT, "g", generation_index=2, gate_rollout_id="x", receipt=None, reward=0.0, mask_sample=False
+            CUT,
+            "g",
+            generation_index=2,
+            gate_rollout_id="x",
+            receipt=None,
+            reward=0.0,
+            mask_sample=False,
         ),
         ValueError,
         "generation_index=2 is outside group 'g'",
@@ -1183,7 +1211,13 @@ REFUSALS: list[Case] = [
         "seal-negative-index",
         dispatched,
         lambda ledger: ledger.mark_sibling_sealed(
-            CUT, "g", generation_index=-1, gate_rollout_id="x", receipt=None, reward=0.0, mask_sample=False
+            CUT,
+            "g",
+            generation_index=-1,
+            gate_rollout_id="x",
+            receipt=None,
+            reward=0.0,
+            mask_sample=False,
         ),
         ValueError,
         "generation_index=-1 is outside group 'g'",
@@ -1269,7 +1303,8 @@ REFUSALS: list[Case] = [
         lambda ledger: seal_call(ledger, 0, gate="wrong"),
         ValueError,
         lambda ledger: (
-            f"streamed rollout identity mismatch: result='wrong', expected={gate_id(ledger, 'g', 0)!r}"
+            "streamed rollout identity mismatch: result='wrong', "
+            f"expected={gate_id(ledger, 'g', 0)!r}"
         ),
     ),
     (
@@ -1288,7 +1323,8 @@ REFUSALS: list[Case] = [
         lambda ledger: seal_call(ledger, 0, receipt={"rollout_id": "other", "manifest": []}),
         ValueError,
         lambda ledger: (
-            f"receipt rollout identity mismatch: receipt='other', expected={gate_id(ledger, 'g', 0)!r}"
+            "receipt rollout identity mismatch: receipt='other', "
+            f"expected={gate_id(ledger, 'g', 0)!r}"
         ),
     ),
     (
@@ -1306,7 +1342,8 @@ REFUSALS: list[Case] = [
         lambda ledger: seal_call(ledger, 0, gate="wrong"),
         ValueError,
         lambda ledger: (
-            f"streamed rollout identity mismatch: result='wrong', expected={gate_id(ledger, 'g', 0)!r}"
+            "streamed rollout identity mismatch: result='wrong', "
+            f"expected={gate_id(ledger, 'g', 0)!r}"
         ),
     ),
     (
@@ -1355,11 +1392,10 @@ REFUSALS: list[Case] = [
     (
         "group-seal-missing-sibling",
         lambda: dispatched(granularity=PROMPT_GROUP),
-        lambda ledger: ledger.mark_group_sealed(
-            CUT, "g", {1: seal_results(ledger, "g")[1]}
-        ),
+        lambda ledger: ledger.mark_group_sealed(CUT, "g", {1: seal_results(ledger, "g")[1]}),
         ValueError,
-        "prompt-group seal requires every logical sibling exactly once: expected=[0, 1], actual=[1]",
+        "prompt-group seal requires every logical sibling exactly once: "
+        "expected=[0, 1], actual=[1]",
     ),
     (
         "group-seal-extra-sibling",
@@ -1368,7 +1404,8 @@ REFUSALS: list[Case] = [
             CUT, "g", {**seal_results(ledger, "g"), 2: seal_results(ledger, "g")[1]}
         ),
         ValueError,
-        "prompt-group seal requires every logical sibling exactly once: expected=[0, 1], actual=[0, 1, 2]",
+        "prompt-group seal requires every logical sibling exactly once: "
+        "expected=[0, 1], actual=[0, 1, 2]",
     ),
     (
         "group-seal-reserved-sibling",
@@ -1392,7 +1429,8 @@ REFUSALS: list[Case] = [
         ),
         ValueError,
         lambda ledger: (
-            f"streamed rollout identity mismatch: result='wrong', expected={gate_id(ledger, 'g', 1)!r}"
+            "streamed rollout identity mismatch: result='wrong', "
+            f"expected={gate_id(ledger, 'g', 1)!r}"
         ),
     ),
     (
@@ -1433,7 +1471,10 @@ REFUSALS: list[Case] = [
             _results_with(
                 ledger,
                 1,
-                receipt={"rollout_id": gate_id(ledger, "g", 1), "manifest": [{"staging_key": None}]},
+                receipt={
+                    "rollout_id": gate_id(ledger, "g", 1),
+                    "manifest": [{"staging_key": None}],
+                },
             ),
         ),
         ValueError,
@@ -1582,7 +1623,9 @@ def test_refused_call_raises_the_seed_error_and_changes_no_state(
     assert snapshot(ledger) == before
 
 
-def _dead_cut_calls() -> list[tuple[str, Callable[[], RolloutRecoveryLedger], Callable[[Any], Any]]]:
+def _dead_cut_calls() -> list[
+    tuple[str, Callable[[], RolloutRecoveryLedger], Callable[[Any], Any]]
+]:
     """Calls that would succeed with a live cut, so the dead cut is the only fault."""
     return [
         ("reserve_group", fresh, lambda ledger: _reserve_kw(ledger, cut=DEAD)),
@@ -1593,9 +1636,17 @@ def _dead_cut_calls() -> list[tuple[str, Callable[[], RolloutRecoveryLedger], Ca
                 DEAD, "g", target_step=1, start_weight_version=1
             ),
         ),
-        ("bind_runtime_prompt", fresh, lambda ledger: ledger.bind_runtime_prompt(DEAD, "g", payload(7))),
+        (
+            "bind_runtime_prompt",
+            fresh,
+            lambda ledger: ledger.bind_runtime_prompt(DEAD, "g", payload(7)),
+        ),
         ("prepare_for_restart", dispatched, lambda ledger: ledger.prepare_for_restart(DEAD)),
-        ("prepare_incomplete_retry", abandoned, lambda ledger: ledger.prepare_incomplete_retry(DEAD, "g")),
+        (
+            "prepare_incomplete_retry",
+            abandoned,
+            lambda ledger: ledger.prepare_incomplete_retry(DEAD, "g"),
+        ),
         ("mark_group_dispatched", fresh, lambda ledger: ledger.mark_group_dispatched(DEAD, "g")),
         ("mark_sibling_sealed", dispatched, lambda ledger: seal_call(ledger, 0, cut=DEAD)),
         (
@@ -1604,14 +1655,22 @@ def _dead_cut_calls() -> list[tuple[str, Callable[[], RolloutRecoveryLedger], Ca
             lambda ledger: ledger.mark_group_sealed(DEAD, "g", seal_results(ledger, "g")),
         ),
         ("abandon_unsealed", dispatched, lambda ledger: ledger.abandon_unsealed(DEAD, "g")),
-        ("mark_finalization_started", ready, lambda ledger: ledger.mark_finalization_started(DEAD, "g")),
+        (
+            "mark_finalization_started",
+            ready,
+            lambda ledger: ledger.mark_finalization_started(DEAD, "g"),
+        ),
         (
             "mark_finalization_unknown",
             finalizing,
             lambda ledger: ledger.mark_finalization_unknown(DEAD, "g"),
         ),
         ("discard_group", ready, lambda ledger: ledger.discard_group(DEAD, "g")),
-        ("discard_canonical_groups", ready, lambda ledger: ledger.discard_canonical_groups(DEAD, {"g"})),
+        (
+            "discard_canonical_groups",
+            ready,
+            lambda ledger: ledger.discard_canonical_groups(DEAD, {"g"}),
+        ),
         (
             "load_state_dict",
             RolloutRecoveryLedger,
@@ -1657,9 +1716,12 @@ def test_any_object_with_require_live_is_accepted_as_a_cut() -> None:
 
 
 _UNKNOWN_GROUP_CALLS: list[tuple[str, Callable[[RolloutRecoveryLedger], Any]]] = [
-    ("mark_group_admitted", lambda ledger: ledger.mark_group_admitted(
-        CUT, "nope", target_step=1, start_weight_version=0
-    )),
+    (
+        "mark_group_admitted",
+        lambda ledger: ledger.mark_group_admitted(
+            CUT, "nope", target_step=1, start_weight_version=0
+        ),
+    ),
     ("bind_runtime_prompt", lambda ledger: ledger.bind_runtime_prompt(CUT, "nope", payload(7))),
     ("prepare_incomplete_retry", lambda ledger: ledger.prepare_incomplete_retry(CUT, "nope")),
     ("mark_group_dispatched", lambda ledger: ledger.mark_group_dispatched(CUT, "nope")),
@@ -1907,7 +1969,9 @@ def test_state_dict_format() -> None:
                         "generation_index": 0,
                         "attempts": [
                             {
-                                "attempt_uuid": record.siblings[0].current_attempt.attempt_uuid.bytes,
+                                "attempt_uuid": record.siblings[
+                                    0
+                                ].current_attempt.attempt_uuid.bytes,
                                 "status": "sealed",
                                 "receipt": make_receipt(gate0, 2),
                                 "reward": 1.0,
@@ -1929,7 +1993,9 @@ def test_state_dict_format() -> None:
                         "generation_index": 1,
                         "attempts": [
                             {
-                                "attempt_uuid": record.siblings[1].current_attempt.attempt_uuid.bytes,
+                                "attempt_uuid": record.siblings[
+                                    1
+                                ].current_attempt.attempt_uuid.bytes,
                                 "status": "dispatched",
                                 "receipt": None,
                                 "reward": None,
