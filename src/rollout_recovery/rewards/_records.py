@@ -115,6 +115,13 @@ class FinalizedReward:
                     f"finalized reward identifiers must be nonempty strings; {name}={value!r}",
                     path=name,
                 )
+        if self.log_context is not None and not isinstance(self.log_context, RewardLogContext):
+            # Without this, a raw dict slips in and only fails later, inside to_state().
+            raise InvalidStateError(
+                "finalized reward log_context must be a RewardLogContext or None, got "
+                f"{type(self.log_context).__name__}",
+                path="log_context",
+            )
         if type(self.reward) not in (int, float):
             raise InvalidStateError(
                 f"finalized reward must be numeric, got {type(self.reward).__name__} "
