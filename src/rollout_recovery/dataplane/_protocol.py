@@ -1,7 +1,11 @@
 """The data-plane seam: a partitioned row store behind one small protocol.
 
-Controller-side mutations (canonical puts, clears) pass the caller's barrier cut; generation
-workers stage rows without one, and the restore inventory pass reconciles what they left.
+Cut policy. Controller-side mutations (canonical puts, clears, restore) pass the caller's
+barrier cut and every backend calls ``cut.require_live()`` before it changes anything.
+Generation workers stage rows outside any barrier section and pass no cut; the restore
+inventory pass reconciles what they left behind. The store itself never *requires* a cut,
+because it cannot tell a worker's staging put from a controller's put; the owners of the
+canonical partition (the replay index, the finalizer) require one of their callers.
 """
 
 from __future__ import annotations
@@ -14,17 +18,33 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import RolloutRecoveryError
 from ..ledger._cut import MutationCut
 
-__all__ = ["DataPlane", "Row"]
+__all__ = [
+    "DataPlane",
+    "DataPlaneClosedError",
+    "InvalidRowError",
+    "MissingRowError",
+    "Row",
+]
+
+# Error messages list at most this many keys, then the total, so that a partition-sized
+# mismatch stays readable.
+MAX_LISTED_KEYS = 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
     """One stored row: token ids, a per-token mask, per-token logprobs and small metadata.
 
+    ``token_ids`` is 1-D int32, ``token_mask`` and ``logprobs`` are 1-D float32. The store
+    does not check that the three lengths agree: a misaligned row written by a worker must
+    reach the finalizer, which turns it into a placeholder with a reason.
+
     ``metadata`` holds JSON-like values only (str keys; str, int, float, bool, None, lists
-    and dicts of those), so every backend can persist it without pickling.
+    and dicts of those), so every backend can persist it without pickling. Tuples come back
+    as lists.
     """
 
     token_ids: npt.NDArray[np.int32]
@@ -33,17 +53,63 @@ class Row:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
+def format_keys(keys: Sequence[str]) -> str:
+    """``['a', 'b'] (total=2)``: the first few keys of a list, for error messages."""
+    shown = sorted(keys)[:MAX_LISTED_KEYS]
+    return f"{shown!r} (total={len(keys)})"
+
+
+class MissingRowError(RolloutRecoveryError, KeyError):
+    """``get`` named keys the partition does not hold; nothing was returned.
+
+    ``partition`` and ``keys`` (every missing key, in request order) are structured fields.
+    """
+
+    def __init__(self, partition: str, keys: Sequence[str]) -> None:
+        self.partition = partition
+        self.keys = list(keys)
+        super().__init__(
+            f"data plane partition {partition!r} has no row for keys {format_keys(self.keys)}"
+        )
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message and wrap it in quotes.
+        return str(self.args[0])
+
+
+class InvalidRowError(RolloutRecoveryError, ValueError):
+    """A row (on ``put``) or a stored row (on ``get`` / ``restore``) breaks the row format.
+
+    ``key`` names the row and ``field`` the offending field (for example ``token_ids`` or
+    ``metadata['calls'][2]``) when they are known.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.field = field
+
+
+class DataPlaneClosedError(RolloutRecoveryError, RuntimeError):
+    """The store was used after ``close()``."""
+
+
 class DataPlane(Protocol):
     """A partitioned key -> :class:`Row` store.
 
     Semantics every backend keeps:
     - ``put`` makes the rows visible to every reader when it returns (and, for a durable
-      backend, able to survive a SIGKILL of the process); putting an existing key replaces it.
-    - ``get`` returns rows in the order of ``keys``; a missing key raises ``KeyError`` naming it.
+      backend, able to survive a SIGKILL of the process); putting an existing key replaces
+      it. A put is all or nothing: a refused or failed put stores none of its rows.
+    - ``get`` returns rows in the order of ``keys`` as fresh arrays the caller may modify;
+      a missing key raises :class:`MissingRowError` (a ``KeyError``) naming it.
     - ``clear`` removes keys; clearing a missing key is not an error (cleanup is idempotent).
     - ``keys`` lists a partition's keys in sorted order.
-    - ``snapshot`` writes a self-contained copy to a new directory; ``restore`` replaces the
-      store's whole content with a snapshot's.
+    - ``snapshot`` writes a self-contained copy to a new directory, atomically: the directory
+      appears complete or not at all. ``restore`` replaces the store's whole content with a
+      snapshot's; a refused restore changes nothing. Every backend reads every backend's
+      snapshots.
+    - A ``cut``, when given, is checked with ``require_live()`` before any state changes.
     """
 
     def put(
@@ -58,8 +124,8 @@ class DataPlane(Protocol):
 
     def keys(self, partition: str) -> list[str]: ...
 
-    def snapshot(self, directory: Path) -> None: ...
+    def snapshot(self, directory: Path, *, cut: MutationCut | None = None) -> None: ...
 
-    def restore(self, directory: Path) -> None: ...
+    def restore(self, directory: Path, *, cut: MutationCut | None = None) -> None: ...
 
     def close(self) -> None: ...

@@ -1,0 +1,263 @@
+"""Row validation and the compact stored form every backend shares.
+
+A stored row is five byte strings: a tiny msgspec-encoded layout (format version, dtype and
+shape of each array), the raw little-endian bytes of the three arrays, and the
+msgspec-encoded metadata. Nothing is pickled, so reading a hostile row can fail but never
+runs code. The memory backend keeps rows in this same form, which gives both backends the
+same copy-on-put/copy-on-get and metadata round-trip semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+import numpy as np
+
+from ._protocol import InvalidRowError, Row
+
+__all__ = [
+    "EncodedRow",
+    "check_key",
+    "check_keys_argument",
+    "check_partition",
+    "check_stored",
+    "decode_row",
+    "encode_row",
+]
+
+_FORMAT_VERSION = 1
+# Stored dtypes are fixed little-endian so a store file means the same on every host.
+_FIELDS: tuple[tuple[str, np.dtype[Any]], ...] = (
+    ("token_ids", np.dtype("<i4")),
+    ("token_mask", np.dtype("<f4")),
+    ("logprobs", np.dtype("<f4")),
+)
+_NATIVE = {
+    "token_ids": np.dtype(np.int32),
+    "token_mask": np.dtype(np.float32),
+    "logprobs": np.dtype(np.float32),
+}
+
+
+class _ArrayLayout(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class _RowLayout(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    version: int
+    token_ids: _ArrayLayout
+    token_mask: _ArrayLayout
+    logprobs: _ArrayLayout
+
+
+_layout_decoder = msgspec.msgpack.Decoder(_RowLayout)
+_metadata_decoder = msgspec.msgpack.Decoder(dict[str, Any])
+_encoder = msgspec.msgpack.Encoder()
+
+
+class EncodedRow(NamedTuple):
+    """A row in stored form. Array fields may be memoryviews of the caller's arrays until
+    :meth:`owned` copies them, so a backend that keeps them must call it."""
+
+    layout: bytes
+    token_ids: bytes | memoryview
+    token_mask: bytes | memoryview
+    logprobs: bytes | memoryview
+    metadata: bytes
+
+    def owned(self) -> EncodedRow:
+        return EncodedRow(
+            self.layout,
+            bytes(self.token_ids),
+            bytes(self.token_mask),
+            bytes(self.logprobs),
+            self.metadata,
+        )
+
+
+def _check_text(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRowError(
+            f"{what} must be a non-empty str, got {value!r} of type {type(value).__name__}",
+            key=value if isinstance(value, str) else None,
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Both backends must accept the same keys; SQLite stores text as UTF-8.
+        raise InvalidRowError(
+            f"{what} {value!r} is not valid UTF-8 text: {exc}", key=value
+        ) from None
+    return value
+
+
+def check_partition(partition: object) -> str:
+    return _check_text(partition, "partition name")
+
+
+def check_key(key: object) -> str:
+    return _check_text(key, "row key")
+
+
+def check_keys_argument(keys: Iterable[str], *, operation: str) -> list[str]:
+    """Materialize a keys argument; a bare str is refused because iterating it would
+    silently address one-character keys."""
+    if isinstance(keys, str | bytes):
+        raise TypeError(
+            f"{operation}: keys must be a sequence of str, got a single {type(keys).__name__} "
+            f"{keys!r}; wrap it in a list"
+        )
+    return [check_key(key) for key in keys]
+
+
+def _check_json_like(value: object, path: str, key: str) -> None:
+    # Exact types on purpose: numpy scalars subclass float but are not JSON-like, and
+    # accepting them would make the stored form depend on msgspec's extension handling.
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return
+    if isinstance(value, list | tuple) and kind in (list, tuple):
+        for index, item in enumerate(value):
+            _check_json_like(item, f"{path}[{index}]", key)
+        return
+    if isinstance(value, dict) and kind is dict:
+        for name, item in value.items():
+            if type(name) is not str:
+                raise InvalidRowError(
+                    f"row {key!r}: {path} has a key {name!r} of type {type(name).__name__}; "
+                    "metadata dict keys must be str",
+                    key=key,
+                    field=path,
+                )
+            _check_json_like(item, f"{path}[{name!r}]", key)
+        return
+    raise InvalidRowError(
+        f"row {key!r}: {path} is {value!r} of type {kind.__name__}; metadata holds only "
+        "str, int, float, bool, None, lists and dicts of those",
+        key=key,
+        field=path,
+    )
+
+
+def _array_bytes(key: str, name: str, value: object, stored: np.dtype[Any]) -> memoryview:
+    expected = _NATIVE[name]
+    if not isinstance(value, np.ndarray):
+        raise InvalidRowError(
+            f"row {key!r}: {name} must be a numpy array of {expected}, got {type(value).__name__}",
+            key=key,
+            field=name,
+        )
+    if value.dtype != expected or value.ndim != 1:
+        raise InvalidRowError(
+            f"row {key!r}: {name} must be a 1-D {expected} array, got a {value.ndim}-D "
+            f"{value.dtype} array",
+            key=key,
+            field=name,
+        )
+    # No copy on little-endian hosts with contiguous input; the backend copies when it
+    # keeps the bytes (SQLite copies on bind, the memory store calls EncodedRow.owned()).
+    flat = np.ascontiguousarray(value.astype(stored, copy=False))
+    return flat.data.cast("B")
+
+
+def encode_row(key: str, row: object) -> EncodedRow:
+    """Validate ``row`` and return its stored form; raises :class:`InvalidRowError`."""
+    if not isinstance(row, Row):
+        raise InvalidRowError(f"row {key!r}: expected a Row, got {type(row).__name__}", key=key)
+    buffers = [_array_bytes(key, name, getattr(row, name), stored) for name, stored in _FIELDS]
+    metadata = row.metadata
+    if not isinstance(metadata, Mapping):
+        raise InvalidRowError(
+            f"row {key!r}: metadata must be a dict, got {type(metadata).__name__}",
+            key=key,
+            field="metadata",
+        )
+    _check_json_like(dict(metadata), "metadata", key)
+    try:
+        metadata_bytes = _encoder.encode(dict(metadata))
+    except (msgspec.EncodeError, OverflowError) as exc:
+        # Ints beyond 64 bits are the one JSON-like value MessagePack cannot hold.
+        raise InvalidRowError(
+            f"row {key!r}: metadata cannot be encoded: {exc}", key=key, field="metadata"
+        ) from None
+    layout = _RowLayout(
+        _FORMAT_VERSION,
+        *(
+            _ArrayLayout(stored.str, (len(buf) // stored.itemsize,))
+            for buf, (_, stored) in zip(buffers, _FIELDS, strict=True)
+        ),
+    )
+    return EncodedRow(_encoder.encode(layout), buffers[0], buffers[1], buffers[2], metadata_bytes)
+
+
+def _stored_error(key: str, message: str, field: str | None = None) -> InvalidRowError:
+    return InvalidRowError(f"stored row {key!r} is corrupt: {message}", key=key, field=field)
+
+
+def _decode_layout(key: str, layout: bytes) -> _RowLayout:
+    try:
+        decoded = _layout_decoder.decode(layout)
+    except msgspec.DecodeError as exc:
+        raise _stored_error(key, f"layout: {exc}", "layout") from None
+    if decoded.version != _FORMAT_VERSION:
+        raise _stored_error(
+            key,
+            f"layout version {decoded.version}, this reader knows {_FORMAT_VERSION}",
+            "layout",
+        )
+    return decoded
+
+
+def _check_arrays(key: str, layout: bytes, lengths: Sequence[int]) -> None:
+    decoded = _decode_layout(key, layout)
+    for (name, stored), size in zip(_FIELDS, lengths, strict=True):
+        array_layout: _ArrayLayout = getattr(decoded, name)
+        if array_layout.dtype != stored.str or len(array_layout.shape) != 1:
+            raise _stored_error(
+                key,
+                f"{name} is declared {array_layout.dtype}{list(array_layout.shape)}, "
+                f"expected 1-D {stored.str}",
+                name,
+            )
+        if array_layout.shape[0] * stored.itemsize != size:
+            raise _stored_error(
+                key,
+                f"{name} holds {size} bytes, its layout declares "
+                f"{array_layout.shape[0]} x {stored.itemsize}",
+                name,
+            )
+
+
+def _decode_metadata(key: str, metadata: bytes) -> dict[str, Any]:
+    try:
+        return _metadata_decoder.decode(metadata)
+    except msgspec.DecodeError as exc:
+        raise _stored_error(key, f"metadata: {exc}", "metadata") from None
+
+
+def check_stored(key: str, layout: bytes, lengths: Sequence[int], metadata: bytes) -> None:
+    """Check a stored row without materializing its arrays (used on restore).
+
+    ``lengths`` are the byte lengths of the three array blobs.
+    """
+    _check_arrays(key, layout, lengths)
+    _decode_metadata(key, metadata)
+
+
+def decode_row(key: str, stored: EncodedRow) -> Row:
+    """Rebuild a :class:`Row` with freshly allocated, writable arrays."""
+    blobs = (stored.token_ids, stored.token_mask, stored.logprobs)
+    _check_arrays(key, stored.layout, [len(blob) for blob in blobs])
+    # astype() always copies here, so the caller owns writable native-order arrays.
+    ids = np.frombuffer(stored.token_ids, dtype="<i4").astype(np.int32)
+    mask = np.frombuffer(stored.token_mask, dtype="<f4").astype(np.float32)
+    logprobs = np.frombuffer(stored.logprobs, dtype="<f4").astype(np.float32)
+    return Row(
+        token_ids=ids,
+        token_mask=mask,
+        logprobs=logprobs,
+        metadata=_decode_metadata(key, stored.metadata),
+    )
