@@ -176,7 +176,8 @@ def test_build_refuses_an_unrehydrated_ledger() -> None:
             "invalid finalizer metric name or value",
         ),
         (
-            {"finalizer_metrics_by_group": []},
+            # the seed reads ``metrics or {}``: an empty list passes, a non-empty one does not
+            {"finalizer_metrics_by_group": [("c", {})]},
             ValueError,
             "finalizer_metrics_by_group must be a mapping",
         ),
