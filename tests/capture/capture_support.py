@@ -64,10 +64,10 @@ class DictDataPlane:
     def keys(self, partition: str) -> list[str]:
         return sorted(self.partitions.get(partition, {}))
 
-    def snapshot(self, directory: Path) -> None:
+    def snapshot(self, directory: Path, *, cut: MutationCut | None = None) -> None:
         raise NotImplementedError
 
-    def restore(self, directory: Path) -> None:
+    def restore(self, directory: Path, *, cut: MutationCut | None = None) -> None:
         raise NotImplementedError
 
     def close(self) -> None:

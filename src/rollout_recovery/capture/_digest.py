@@ -96,7 +96,8 @@ def _encode_floats(values: FloatInput, name: str) -> bytes:
     array = np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iuf"):
         raise InvalidStateError(f"{name} must be a 1-D sequence of numbers", path=name)
-    as_f32 = array.astype(">f4")
+    with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+        as_f32 = array.astype(">f4")
     if not np.isfinite(as_f32).all():
         raise InvalidStateError(f"{name} must be finite in float32", path=name)
     return _u64(int(as_f32.size)) + as_f32.tobytes()

@@ -97,7 +97,8 @@ class CaptureWriter:
                 "generated_logprobs must have one entry per generated token",
                 path="generated_logprobs",
             )
-        generated_lp32 = generated_lp.astype(np.float32)
+        with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+            generated_lp32 = generated_lp.astype(np.float32)
         if not np.isfinite(generated_lp32).all():
             raise InvalidStateError(
                 "generated_logprobs must be finite in float32", path="generated_logprobs"

@@ -1,0 +1,161 @@
+"""The capture writer: durable staging before the record, and the contract's input rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from capture_support import DictDataPlane
+
+from rollout_recovery.capture import (
+    STAGING_PARTITION,
+    CallRecord,
+    CaptureWriter,
+    StagedCallHeader,
+    hash_token_ids,
+)
+from rollout_recovery.dataplane._protocol import Row
+from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.ledger._cut import MutationCut
+
+RID = "grp_g0_a1"
+
+
+def _root(writer: CaptureWriter, **overrides: Any) -> CallRecord:
+    args: dict[str, Any] = {
+        "rollout_id": RID,
+        "model_call_id": "c0",
+        "parent": None,
+        "prompt_token_ids": [1, 2, 3],
+        "generated_token_ids": [4, 5],
+        "generated_logprobs": [-0.5, -0.25],
+        "weight_version": 7,
+    }
+    args.update(overrides)
+    return writer.stage_call(**args)
+
+
+def test_stages_the_delta_then_returns_a_matching_record() -> None:
+    dataplane = DictDataPlane()
+    record = _root(CaptureWriter(dataplane))
+    assert dataplane.put_log == [(STAGING_PARTITION, (f"{RID}/c0",))]
+    (row,) = dataplane.get(STAGING_PARTITION, [record.staging_key])
+    assert row.token_ids.dtype == np.int32 and row.token_ids.tolist() == [1, 2, 3, 4, 5]
+    assert row.token_mask.dtype == np.float32 and row.token_mask.tolist() == [0, 0, 0, 1, 1]
+    assert row.logprobs.dtype == np.float32 and row.logprobs.tolist() == [0, 0, 0, -0.5, -0.25]
+    header = StagedCallHeader.from_dict(row.metadata)
+    assert header.rollout_id == RID
+    assert (record.mode, record.prev_len, record.delta_len, record.cum_len) == ("text", 0, 5, 5)
+    assert record.weight_version == 7
+    assert header.digest == record.digest
+    assert record.cumulative_hash == hash_token_ids([1, 2, 3, 4, 5])
+
+
+class _FailingPut(DictDataPlane):
+    def put(
+        self, partition: str, rows: Mapping[str, Row], *, cut: MutationCut | None = None
+    ) -> None:
+        raise OSError("disk full")
+
+
+def test_no_record_without_a_durable_row() -> None:
+    with pytest.raises(OSError, match="disk full"):
+        _root(CaptureWriter(_FailingPut()))
+
+
+def test_continuation_carries_only_the_new_prompt_tokens() -> None:
+    dataplane = DictDataPlane()
+    writer = CaptureWriter(dataplane, partition="staging2")
+    root = _root(writer)
+    child = writer.stage_call(
+        rollout_id=RID,
+        model_call_id="c1",
+        parent=root,
+        prompt_token_ids=np.array([1, 2, 3, 4, 5, 6, 7]),
+        generated_token_ids=np.array([8]),
+        generated_logprobs=np.array([-1.0]),
+        weight_version=8,
+    )
+    assert (child.mode, child.parent_call_id, child.prev_len, child.cum_len) == (
+        "token_in",
+        "c0",
+        5,
+        8,
+    )
+    (row,) = dataplane.get("staging2", [child.staging_key])
+    assert row.token_ids.tolist() == [6, 7, 8]
+    assert row.token_mask.tolist() == [0, 0, 1]
+    assert writer.partition == "staging2"
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        pytest.param([1, 2, 3, 4, 9, 6], id="prefix-token-differs"),
+        pytest.param([1, 2, 3], id="shorter-than-parent"),
+        pytest.param([9, 1, 2, 3, 4, 5], id="shifted"),
+    ],
+)
+def test_continuation_must_begin_with_the_parents_tokens(prompt: list[int]) -> None:
+    dataplane = DictDataPlane()
+    writer = CaptureWriter(dataplane)
+    root = _root(writer)
+    with pytest.raises(InvalidStateError, match="does not begin with") as info:
+        writer.stage_call(
+            rollout_id=RID,
+            model_call_id="c1",
+            parent=root,
+            prompt_token_ids=prompt,
+            generated_token_ids=[8],
+            generated_logprobs=[-1.0],
+            weight_version=8,
+        )
+    assert info.value.path == "prompt_token_ids"
+    assert dataplane.keys(STAGING_PARTITION) == [root.staging_key]  # nothing staged
+
+
+def test_parent_must_be_an_other_call_of_the_same_rollout() -> None:
+    writer = CaptureWriter(DictDataPlane())
+    root = _root(writer)
+    for rollout_id, call in (("grp_g0_a2", "c1"), (RID, "c0")):
+        with pytest.raises(InvalidStateError, match="parent"):
+            writer.stage_call(
+                rollout_id=rollout_id,
+                model_call_id=call,
+                parent=root,
+                prompt_token_ids=[1, 2, 3, 4, 5],
+                generated_token_ids=[8],
+                generated_logprobs=[-1.0],
+                weight_version=8,
+            )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path"),
+    [
+        ({"generated_token_ids": [], "generated_logprobs": []}, "generated_token_ids"),
+        ({"generated_logprobs": [-0.5]}, "generated_logprobs"),
+        ({"generated_logprobs": [-0.5, float("nan")]}, "generated_logprobs"),
+        ({"generated_logprobs": [-0.5, -1e39]}, "generated_logprobs"),
+        ({"generated_token_ids": [4, 2**31]}, "generated_token_ids"),
+        ({"prompt_token_ids": [1, -2, 3]}, "prompt_token_ids"),
+        ({"prompt_token_ids": [1.0, 2.0]}, "prompt_token_ids"),
+        ({"weight_version": True}, "weight_version"),
+        ({"weight_version": -1}, "weight_version"),
+        ({"rollout_id": "bad/id"}, "rollout_id"),
+        ({"model_call_id": ""}, "model_call_id"),
+    ],
+)
+def test_inputs_that_break_the_contract_stage_nothing(overrides: dict[str, Any], path: str) -> None:
+    dataplane = DictDataPlane()
+    with pytest.raises(InvalidStateError) as info:
+        _root(CaptureWriter(dataplane), **overrides)
+    assert info.value.path == path
+    assert dataplane.put_log == []
+
+
+def test_root_with_an_empty_prompt_is_allowed() -> None:
+    record = _root(CaptureWriter(DictDataPlane()), prompt_token_ids=[])
+    assert (record.prev_len, record.delta_len) == (0, 2)
