@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..dataplane._protocol import DataPlane, Row
+from ..dataplane._protocol import DataPlane, InvalidRowError, Row
 from ..errors import InvalidStateError
 from ._digest import (
     EMPTY_EXTRAS_DIGEST,
@@ -86,7 +86,8 @@ def fetch_and_verify(
 ) -> LinearizedRollout | Rejection:
     """Fetch every manifest row from ``dataplane`` in manifest order, then verify.
 
-    A key the store does not hold (its ``KeyError``) becomes ``missing_staging_row``.
+    A key the store does not hold (its ``KeyError``) becomes ``missing_staging_row``; a
+    stored row the store cannot decode (``InvalidRowError``) becomes ``invalid_staging_row``.
     Other data-plane errors propagate: they are infrastructure faults, not rollout faults.
     """
     checked = _check_receipt(receipt, expected_rollout_id)
@@ -102,6 +103,8 @@ def fetch_and_verify(
         else:
             detail = str(exc.args[0]) if exc.args else "?"
         return Rejection(code="missing_staging_row", detail=detail)
+    except InvalidRowError as exc:
+        return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
     return _verify_rows(checked, rows)
 
 
