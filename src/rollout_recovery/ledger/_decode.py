@@ -1,20 +1,24 @@
 """Strict decoding of a schema-3 ledger state dict into storage.
 
-Checks run in the seed's order with the seed's messages (each message starts with the
-seed's text, then adds the offending value); every error carries the JSON path of the field
-at fault, for example ``$.groups[3].siblings[0].attempts[1].status``. A state that fails
-any check produces no ledger at all: there is no partial load.
+Two steps. Types: a well-formed state converts with one strict ``msgspec.convert`` (C
+speed); anything it refuses goes through a Python pass that checks types in the seed's
+order with the seed's messages, and accepts what the seed accepts (bools as integers,
+missing optional keys). Values: one shared pass checks every cross-field invariant of the
+seed (non-empty ids, sibling counts, unique attempt identities, sealed-attempt rules,
+prompt references, status consistency, shared admissions).
 
-Deliberately kept from the seed: a missing optional key reads as ``None``; bools pass the
-integer checks of ``expected_generations``, ``target_step``, ``start_weight_version`` and
-``reward`` (Python ``isinstance``); FINALIZING groups load (``prepare_for_restart`` and
-``state_dict`` refuse them later).
+Every error starts with the seed's message and carries the JSON path of the field at
+fault, for example ``$.groups[3].siblings[0].attempts[1].status``. A state that fails any
+check yields no ledger: there is no partial load. With several faults in one state, the
+one reported may differ from the seed's first (types are checked before values).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, NoReturn
+
+import msgspec
 
 from ..errors import InvalidStateError, InvalidStateTypeError
 from ..rewards import RewardChecks, RewardLogContext, parse_reward_log_context
@@ -33,9 +37,9 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from ._receipts import freeze_receipt, receipt_staging_keys
+from ._receipts import receipt_staging_keys
 from ._records import PromptRef
-from ._storage import AttemptState, GroupState
+from ._storage import AttemptState, GroupState, SiblingState, copy_plain
 
 __all__ = ["decode_ledger_state", "reject_unknown_fields"]
 
@@ -45,6 +49,8 @@ _GROUP_STATUS = {member.value: member for member in PromptGroupStatus}
 _PHASE = {member.value: member for member in PromptGroupPhase}
 _GRANULARITY = {member.value: member for member in RecoveryGranularity}
 _SEALED = RolloutAttemptStatus.SEALED
+_GENERATING = PromptGroupStatus.GENERATING
+_LOG_CONTEXT_FIELDS = frozenset({"agent_name", "full_result_json"})
 
 
 def _fail(message: str, path: str) -> NoReturn:
@@ -85,44 +91,58 @@ def decode_ledger_state(state: object) -> dict[str, GroupState]:
     raw_groups = state.get("groups")
     if not isinstance(raw_groups, list):
         _fail("rollout-recovery state must contain a groups list", "$.groups")
-
-    groups: dict[str, GroupState] = {}
-    seen_uuids: set[bytes] = set()
-    for position, raw_group in enumerate(raw_groups):
-        path = f"$.groups[{position}]"
-        group = _decode_group(raw_group, path=path, seen_uuids=seen_uuids)
-        if group.group_id in groups:
-            _fail(f"duplicate recovery group_id={group.group_id!r}", f"{path}.group_id")
-        groups[group.group_id] = group
-
-    admissions: dict[str, tuple[PromptGroupPhase, int | None]] = {}
-    for group in groups.values():
-        signature = (group.phase, group.target_step)
-        if admissions.setdefault(group.admission_id, signature) != signature:
-            _fail(
-                "rollout recovery groups sharing admission_id="
-                f"{group.admission_id!r} disagree on phase or target_step",
-                f"$.groups[{list(groups).index(group.group_id)}].admission_id",
-            )
-    return groups
+    try:
+        groups = msgspec.convert(raw_groups, list[GroupState], strict=True)
+    except msgspec.ValidationError:
+        groups = None
+    if groups is None or not _converted_as_the_seed_reads(raw_groups):
+        groups = [_typed_group(raw, f"$.groups[{i}]") for i, raw in enumerate(raw_groups)]
+    return _check_values(groups)
 
 
-def _required_str(raw: dict[str, Any], name: str, path: str) -> str:
-    value = raw.get(name)
-    if not isinstance(value, str) or not value:
-        _fail(f"{name} must be a non-empty string, got {value!r}", f"{path}.{name}")
-    return value
+def _converted_as_the_seed_reads(raw_groups: list[Any]) -> bool:
+    """Whether a state msgspec converted is also one the seed's type checks accept.
+
+    msgspec is laxer in two places: any array passes for a list (the seed wants a list),
+    and dataclass-typed mappings (prompt_ref, reward checks, log context) may carry extra
+    or missing keys. A False sends the state through the seed-order path, which reports
+    the seed's message. A walk over dict lookups, about a tenth of the conversion's cost.
+    """
+    for group in raw_groups:
+        if group["prompt_ref"].keys() - PROMPT_REF_STATE_FIELDS:
+            return False
+        siblings = group["siblings"]
+        if type(siblings) is not list:
+            return False
+        for sibling in siblings:
+            attempts = sibling["attempts"]
+            if type(attempts) is not list:
+                return False
+            for attempt in attempts:
+                if type(attempt["staging_keys"]) is not list:
+                    return False
+                checks = attempt["reward_checks"]
+                if checks is not None and checks.keys() != REWARD_CHECKS_FIELDS:
+                    return False
+                context = attempt["reward_log_context"]
+                if context is not None and context.keys() != _LOG_CONTEXT_FIELDS:
+                    return False
+    return True
 
 
-def _decode_group(raw: object, *, path: str, seen_uuids: set[bytes]) -> GroupState:
+# ----------------------------------------------------------------------------- types
+
+
+def _typed_group(raw: object, path: str) -> GroupState:
+    """Seed-order type checks of one group; values are checked later, for both paths."""
     if not isinstance(raw, dict):
         _fail(f"rollout-recovery group must be a mapping, got {type(raw).__name__}", path)
     reject_unknown_fields(
         raw, expected=GROUP_STATE_FIELDS, context="rollout-recovery group", path=path
     )
-    group_id = _required_str(raw, "group_id", path)
-    admission_id = _required_str(raw, "admission_id", path)
-    prompt_id = _required_str(raw, "prompt_id", path)
+    for name in ("group_id", "admission_id", "prompt_id"):
+        if not isinstance(raw.get(name), str):
+            _fail(f"{name} must be a non-empty string, got {raw.get(name)!r}", f"{path}.{name}")
     task_source = raw.get("task_source")
     if task_source is not None and not isinstance(task_source, str):
         _fail(f"task_source must be a string or None, got {task_source!r}", f"{path}.task_source")
@@ -136,14 +156,17 @@ def _decode_group(raw: object, *, path: str, seen_uuids: set[bytes]) -> GroupSta
     if granularity is None:
         _fail(f"invalid recovery_granularity={raw_granularity!r}", f"{path}.recovery_granularity")
     expected = raw.get("expected_generations")
-    if not isinstance(expected, int) or expected < 1:
+    if not isinstance(expected, int):
         _fail(
             f"expected_generations must be a positive integer, got {expected!r}",
             f"{path}.expected_generations",
         )
     raw_siblings = raw.get("siblings")
-    if not isinstance(raw_siblings, list) or len(raw_siblings) != expected:
-        _fail(f"recovery group {group_id!r} must contain {expected} siblings", f"{path}.siblings")
+    if not isinstance(raw_siblings, list):
+        _fail(
+            f"recovery group {raw['group_id']!r} must contain {expected} siblings",
+            f"{path}.siblings",
+        )
     raw_status = raw.get("status")
     status = _GROUP_STATUS.get(raw_status) if isinstance(raw_status, str) else None
     if status is None:
@@ -152,18 +175,11 @@ def _decode_group(raw: object, *, path: str, seen_uuids: set[bytes]) -> GroupSta
     phase = _PHASE.get(raw_phase) if isinstance(raw_phase, str) else None
     if phase is None:
         _fail(f"invalid prompt group phase={raw_phase!r}", f"{path}.phase")
-
     siblings = [
-        _decode_sibling(
-            raw_sibling,
-            group_id=group_id,
-            generation_index=index,
-            path=f"{path}.siblings[{index}]",
-            seen_uuids=seen_uuids,
-        )
+        _typed_sibling(raw_sibling, f"{path}.siblings[{index}]")
         for index, raw_sibling in enumerate(raw_siblings)
     ]
-    prompt_ref = _decode_prompt_ref(raw.get("prompt_ref"), prompt_id, f"{path}.prompt_ref")
+    prompt_ref = _typed_prompt_ref(raw.get("prompt_ref"), f"{path}.prompt_ref")
     target_step = raw.get("target_step")
     if target_step is not None and not isinstance(target_step, int):
         _fail(f"target_step must be an integer or None, got {target_step!r}", f"{path}.target_step")
@@ -173,29 +189,23 @@ def _decode_group(raw: object, *, path: str, seen_uuids: set[bytes]) -> GroupSta
             f"start_weight_version must be an integer, got {start_weight!r}",
             f"{path}.start_weight_version",
         )
-    all_sealed = all(attempts[-1].status is _SEALED for attempts in siblings)
-    if status is PromptGroupStatus.GENERATING and all_sealed:
-        _fail("generating group must retain an unfinished sibling", f"{path}.status")
-    if status.requires_all_sealed() and not all_sealed:
-        _fail(f"group state {status.value!r} requires every sibling to be sealed", f"{path}.status")
     return GroupState(
-        group_id=group_id,
-        admission_id=admission_id,
-        prompt_id=prompt_id,
+        group_id=raw["group_id"],
+        admission_id=raw["admission_id"],
+        prompt_id=raw["prompt_id"],
         prompt_ref=prompt_ref,
         task_source=task_source,
         recovery_granularity=granularity,
-        payload=None,
         expected_generations=expected,
         target_step=target_step,
         start_weight_version=start_weight,
-        siblings=siblings,
-        phase=phase,
         status=status,
+        phase=phase,
+        siblings=siblings,
     )
 
 
-def _decode_prompt_ref(raw: object, prompt_id: str, path: str) -> PromptRef:
+def _typed_prompt_ref(raw: object, path: str) -> PromptRef:
     if not isinstance(raw, dict):
         _fail(f"prompt_ref must be a mapping, got {type(raw).__name__}", path)
     reject_unknown_fields(
@@ -207,138 +217,63 @@ def _decode_prompt_ref(raw: object, prompt_id: str, path: str) -> PromptRef:
         _fail(f"prompt_ref sample_id must be a non-empty string, got {sample_id!r}", path)
     if task_name is not None and not isinstance(task_name, str):
         _fail(f"prompt_ref task_name must be a string or None, got {task_name!r}", path)
-    if sample_id != prompt_id:
-        _fail(
-            f"prompt_ref sample_id must match prompt_id: {sample_id!r} != {prompt_id!r}",
-            f"{path}.sample_id",
-        )
     return PromptRef(sample_id=sample_id, task_name=task_name)
 
 
-def _decode_sibling(
-    raw: object,
-    *,
-    group_id: str,
-    generation_index: int,
-    path: str,
-    seen_uuids: set[bytes],
-) -> list[AttemptState]:
+def _typed_sibling(raw: object, path: str) -> SiblingState:
     if not isinstance(raw, dict):
         _fail(f"rollout-recovery sibling must be a mapping, got {type(raw).__name__}", path)
     reject_unknown_fields(
         raw, expected=SIBLING_STATE_FIELDS, context="rollout-recovery sibling", path=path
     )
-    if raw.get("generation_index") != generation_index:
-        _fail(
-            f"generation indices must be contiguous: expected {generation_index}, got "
-            f"{raw.get('generation_index')!r}",
-            f"{path}.generation_index",
-        )
     raw_attempts = raw.get("attempts")
-    if not isinstance(raw_attempts, list) or not raw_attempts:
-        _fail(
-            f"logical rollout '{group_id}_g{generation_index}' has no attempts", f"{path}.attempts"
-        )
-    gate_prefix = f"{group_id}_g{generation_index}_a"
-    return [
-        _decode_attempt(
-            raw_attempt,
-            gate_prefix=gate_prefix,
-            path=f"{path}.attempts[{position}]",
-            seen_uuids=seen_uuids,
-        )
-        for position, raw_attempt in enumerate(raw_attempts)
-    ]
+    attempts = (
+        [_typed_attempt(a, f"{path}.attempts[{i}]") for i, a in enumerate(raw_attempts)]
+        if isinstance(raw_attempts, list)
+        else []
+    )
+    # generation_index and empty attempt lists are value checks, made for both paths.
+    return SiblingState(generation_index=raw.get("generation_index"), attempts=attempts)  # type: ignore[arg-type]
 
 
-def _decode_attempt(
-    raw: object, *, gate_prefix: str, path: str, seen_uuids: set[bytes]
-) -> AttemptState:
+def _typed_attempt(raw: object, path: str) -> AttemptState:
     if not isinstance(raw, dict):
         _fail(f"rollout-recovery attempt must be a mapping, got {type(raw).__name__}", path)
     reject_unknown_fields(
         raw, expected=ATTEMPT_STATE_FIELDS, context="rollout-recovery attempt", path=path
     )
     uuid_bytes = raw.get("attempt_uuid")
-    if not isinstance(uuid_bytes, bytes) or len(uuid_bytes) != 16:
+    if not isinstance(uuid_bytes, bytes):
         _fail(
             f"attempt_uuid must contain exactly 16 bytes, got {uuid_bytes!r}",
             f"{path}.attempt_uuid",
         )
-    if uuid_bytes in seen_uuids:
-        _fail(f"duplicate rollout attempt identity {uuid_bytes.hex()}", f"{path}.attempt_uuid")
-    seen_uuids.add(uuid_bytes)
     raw_status = raw.get("status")
     status = _ATTEMPT_STATUS.get(raw_status) if isinstance(raw_status, str) else None
     if status is None:
         _fail(f"invalid rollout attempt status={raw_status!r}", f"{path}.status")
-    checks = _decode_reward_checks(raw.get("reward_checks"), f"{path}.reward_checks")
-    context = _decode_log_context(raw.get("reward_log_context"), f"{path}.reward_log_context")
+    checks = _typed_reward_checks(raw.get("reward_checks"), f"{path}.reward_checks")
+    context = _typed_log_context(raw.get("reward_log_context"), f"{path}.reward_log_context")
     staging_keys = raw.get("staging_keys")
-    if not isinstance(staging_keys, list) or not all(type(k) is str for k in staging_keys):
+    if not isinstance(staging_keys, list) or not all(isinstance(k, str) for k in staging_keys):
         _fail(
-            f"staging_keys must be a list of strings, got {staging_keys!r}", f"{path}.staging_keys"
+            f"staging_keys must be a list of strings, got {staging_keys!r}",
+            f"{path}.staging_keys",
         )
-    receipt = raw.get("receipt")
-    reward = raw.get("reward")
-    mask_sample = raw.get("mask_sample")
-    attempt = AttemptState(bytes(uuid_bytes), status)
-    if status is not _SEALED:
-        if (
-            receipt is not None
-            or reward is not None
-            or mask_sample is not None
-            or checks is not None
-            or context is not None
-            or staging_keys
-        ):
-            _fail(f"only sealed attempts may retain receipt data; status is {status.value!r}", path)
-        return attempt
-    if not isinstance(reward, int | float):
-        _fail(f"sealed attempts require a reward, got {reward!r}", f"{path}.reward")
-    if not isinstance(mask_sample, bool):
-        _fail(
-            f"sealed attempts require a boolean mask_sample, got {mask_sample!r}",
-            f"{path}.mask_sample",
-        )
-    if receipt is None:
-        if staging_keys:
-            _fail("sealed missing-receipt attempt cannot own staging keys", f"{path}.staging_keys")
-    elif isinstance(receipt, dict):
-        gate_id = gate_prefix + uuid_bytes.hex()
-        if receipt.get("rollout_id") != gate_id:
-            _fail(
-                f"sealed receipt identity mismatch: receipt={receipt.get('rollout_id')!r}, "
-                f"expected={gate_id!r}",
-                f"{path}.receipt.rollout_id",
-            )
-        try:
-            manifest_keys = receipt_staging_keys(receipt)
-        except InvalidStateError as error:
-            _fail(str(error), f"{path}.{error.path}")
-        if manifest_keys != staging_keys:
-            _fail("sealed receipt staging manifest mismatch", f"{path}.staging_keys")
-    else:
-        _fail(
-            f"sealed attempt receipt must be a mapping or None, got {type(receipt).__name__}",
-            f"{path}.receipt",
-        )
-    try:
-        blob = freeze_receipt(receipt)
-    except InvalidStateError as error:
-        _fail(str(error), f"{path}.receipt")
-    attempt.seal(
-        receipt_blob=blob,
-        reward=float(reward),
-        mask_sample=mask_sample,
+    # receipt, reward and mask_sample are checked by status in the value pass.
+    return AttemptState(
+        attempt_uuid=uuid_bytes,
+        status=status,
+        receipt=raw.get("receipt"),
+        reward=raw.get("reward"),
+        mask_sample=raw.get("mask_sample"),
         reward_checks=checks,
         reward_log_context=context,
-        staging_keys=tuple(staging_keys),
+        staging_keys=staging_keys,
     )
-    return attempt
 
 
-def _decode_reward_checks(raw: object, path: str) -> RewardChecks | None:
+def _typed_reward_checks(raw: object, path: str) -> RewardChecks | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or raw.keys() != REWARD_CHECKS_FIELDS:
@@ -349,8 +284,179 @@ def _decode_reward_checks(raw: object, path: str) -> RewardChecks | None:
         _fail(str(error), f"{path}.{error.path}")
 
 
-def _decode_log_context(raw: object, path: str) -> RewardLogContext | None:
+def _typed_log_context(raw: object, path: str) -> RewardLogContext | None:
     try:
         return parse_reward_log_context(raw)
     except InvalidStateError as error:
         _fail(str(error), path if error.path is None else f"{path}.{error.path}")
+
+
+# ---------------------------------------------------------------------------- values
+
+
+def _check_values(groups: list[GroupState]) -> dict[str, GroupState]:
+    """Cross-field invariants, the same for both type paths."""
+    by_id: dict[str, GroupState] = {}
+    seen_uuids: set[bytes] = set()
+    for position, group in enumerate(groups):
+        path = f"$.groups[{position}]"
+        _check_group(group, path, seen_uuids)
+        if group.group_id in by_id:
+            _fail(f"duplicate recovery group_id={group.group_id!r}", f"{path}.group_id")
+        by_id[group.group_id] = group
+    admissions: dict[str, tuple[PromptGroupPhase, int | None]] = {}
+    for position, group in enumerate(groups):
+        signature = (group.phase, group.target_step)
+        if admissions.setdefault(group.admission_id, signature) != signature:
+            _fail(
+                "rollout recovery groups sharing admission_id="
+                f"{group.admission_id!r} disagree on phase or target_step",
+                f"$.groups[{position}].admission_id",
+            )
+    return by_id
+
+
+class _Fault(Exception):
+    """A value fault inside one attempt; the caller adds the attempt's path.
+
+    Paths are built only on failure: formatting one per attempt cost more than the checks.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def _check_group(group: GroupState, path: str, seen_uuids: set[bytes]) -> None:
+    for name in ("group_id", "admission_id", "prompt_id"):
+        if not getattr(group, name):
+            _fail(f"{name} must be a non-empty string, got ''", f"{path}.{name}")
+    expected = group.expected_generations
+    if expected < 1:
+        _fail(
+            f"expected_generations must be a positive integer, got {expected!r}",
+            f"{path}.expected_generations",
+        )
+    if len(group.siblings) != expected:
+        _fail(
+            f"recovery group {group.group_id!r} must contain {expected} siblings",
+            f"{path}.siblings",
+        )
+    index = position = 0
+    try:
+        for index, sibling in enumerate(group.siblings):
+            if sibling.generation_index != index:
+                raise _Fault(
+                    f"generation indices must be contiguous: expected {index}, got "
+                    f"{sibling.generation_index!r}",
+                    ".generation_index",
+                )
+            if not sibling.attempts:
+                raise _Fault(
+                    f"logical rollout '{group.group_id}_g{index}' has no attempts", ".attempts"
+                )
+            gate_prefix = f"{group.group_id}_g{index}_a"
+            for position, attempt in enumerate(sibling.attempts):  # noqa: B007
+                _check_attempt(attempt, gate_prefix, seen_uuids)
+    except _Fault as fault:
+        where = f"{path}.siblings[{index}]"
+        if not fault.field.startswith("."):
+            where += f".attempts[{position}]"
+        _fail(fault.message, where + fault.field.lstrip("@"))
+    if group.prompt_ref.sample_id != group.prompt_id:
+        _fail(
+            "prompt_ref sample_id must match prompt_id: "
+            f"{group.prompt_ref.sample_id!r} != {group.prompt_id!r}",
+            f"{path}.prompt_ref.sample_id",
+        )
+    all_sealed = group.all_current_sealed()
+    if group.status is _GENERATING and all_sealed:
+        _fail("generating group must retain an unfinished sibling", f"{path}.status")
+    if group.status.requires_all_sealed() and not all_sealed:
+        _fail(
+            f"group state {group.status.value!r} requires every sibling to be sealed",
+            f"{path}.status",
+        )
+
+
+def _check_manifest(receipt: dict[str, Any], staging_keys: list[str]) -> None:
+    """The manifest must name exactly the attempt's staging keys, in order.
+
+    A fast comprehension covers well-formed receipts; on any doubt the seed's validator
+    runs, so a malformed manifest gets its own message rather than a mismatch.
+    """
+    manifest = receipt.get("manifest")
+    if type(manifest) is list:
+        try:
+            if [entry["staging_key"] for entry in manifest] == staging_keys:
+                return
+        except (KeyError, TypeError, IndexError):
+            pass
+    try:
+        keys = receipt_staging_keys(receipt)
+    except InvalidStateError as error:
+        raise _Fault(str(error), f"@.{error.path}") from error
+    if keys != staging_keys:
+        raise _Fault("sealed receipt staging manifest mismatch", "@.staging_keys")
+
+
+def _check_attempt(attempt: AttemptState, gate_prefix: str, seen_uuids: set[bytes]) -> None:
+    uuid_bytes = attempt.attempt_uuid
+    if len(uuid_bytes) != 16:
+        raise _Fault(
+            f"attempt_uuid must contain exactly 16 bytes, got {uuid_bytes!r}", "@.attempt_uuid"
+        )
+    if uuid_bytes in seen_uuids:
+        raise _Fault(f"duplicate rollout attempt identity {uuid_bytes.hex()}", "@.attempt_uuid")
+    seen_uuids.add(uuid_bytes)
+    receipt: Any = attempt.receipt
+    reward: Any = attempt.reward
+    mask_sample: Any = attempt.mask_sample
+    if attempt.status is not _SEALED:
+        if (
+            receipt is not None
+            or reward is not None
+            or mask_sample is not None
+            or attempt.reward_checks is not None
+            or attempt.reward_log_context is not None
+            or attempt.staging_keys
+        ):
+            raise _Fault(
+                f"only sealed attempts may retain receipt data; status is {attempt.status.value!r}",
+                "@",
+            )
+        return
+    if not isinstance(reward, int | float):
+        raise _Fault(f"sealed attempts require a reward, got {reward!r}", "@.reward")
+    if not isinstance(mask_sample, bool):
+        raise _Fault(
+            f"sealed attempts require a boolean mask_sample, got {mask_sample!r}",
+            "@.mask_sample",
+        )
+    if type(reward) is not float:
+        attempt.reward = float(reward)
+    if receipt is None:
+        if attempt.staging_keys:
+            raise _Fault("sealed missing-receipt attempt cannot own staging keys", "@.staging_keys")
+        return
+    if type(receipt) is not dict:
+        raise _Fault(
+            f"sealed attempt receipt must be a mapping or None, got {type(receipt).__name__}",
+            "@.receipt",
+        )
+    gate_id = gate_prefix + uuid_bytes.hex()
+    if receipt.get("rollout_id") != gate_id:
+        raise _Fault(
+            f"sealed receipt identity mismatch: receipt={receipt.get('rollout_id')!r}, "
+            f"expected={gate_id!r}",
+            "@.receipt.rollout_id",
+        )
+    _check_manifest(receipt, attempt.staging_keys)
+    # The ledger must not alias the caller's state: keep a private deep copy.
+    try:
+        attempt.receipt = copy_plain(receipt)
+    except (TypeError, ValueError) as error:
+        raise _Fault(
+            f"sealed rollout receipt must hold plain data only: {error}", "@.receipt"
+        ) from error

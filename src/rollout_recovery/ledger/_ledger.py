@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Self
 
+from .._gc import paused_gc
 from ..errors import CheckpointUnsafeError, InvalidTransitionError, UnknownGroupError
 from ..rewards import RewardChecks, RewardLogContext
 from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
@@ -23,11 +24,23 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from ._receipts import freeze_receipt, receipt_staging_keys, thaw_receipt
+from ._receipts import receipt_staging_keys
 from ._records import PromptGroupRecoveryRecord, PromptPayload, PromptRef, SiblingSealResult
-from ._storage import AttemptState, GroupState
+from ._storage import AttemptState, GroupState, SiblingState, copy_plain, groups_to_builtins
 
 __all__ = ["RolloutRecoveryLedger", "validate_prompt_identity"]
+
+
+def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
+    """A private deep copy of a caller's receipt; refuses what a sidecar cannot hold."""
+    try:
+        owned: dict[str, Any] = copy_plain(receipt)
+    except (TypeError, ValueError) as error:
+        raise InvalidTransitionError(
+            f"sealed rollout receipt must hold plain data only: {error}"
+        ) from error
+    return owned
+
 
 _RESERVED = RolloutAttemptStatus.RESERVED
 _DISPATCHED = RolloutAttemptStatus.DISPATCHED
@@ -83,14 +96,18 @@ class RolloutRecoveryLedger:
 
     def __init__(self) -> None:
         self._groups: dict[str, GroupState] = {}
+        # Runtime prompts live beside storage, not in it: they are never serialized, and a
+        # restored group has none until bind_runtime_prompt.
+        self._payloads: dict[str, PromptPayload] = {}
 
     # ------------------------------------------------------------------ reads
 
     def groups(self) -> list[PromptGroupRecoveryRecord]:
-        return [group.to_record() for group in self._groups.values()]
+        payloads = self._payloads
+        return [group.to_record(payloads.get(gid)) for gid, group in self._groups.items()]
 
     def get_group(self, group_id: str) -> PromptGroupRecoveryRecord:
-        return self._require_group(group_id).to_record()
+        return self._require_group(group_id).to_record(self._payloads.get(group_id))
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -102,8 +119,8 @@ class RolloutRecoveryLedger:
         """Staged token rows still owned by sealed current attempts (history excluded)."""
         keys: set[str] = set()
         for group in self._groups.values():
-            for attempts in group.siblings:
-                current = attempts[-1]
+            for sibling in group.siblings:
+                current = sibling.attempts[-1]
                 if current.status is _SEALED:
                     keys.update(current.staging_keys)
         return keys
@@ -163,18 +180,21 @@ class RolloutRecoveryLedger:
             prompt_ref=prompt_ref,
             task_source=task_source,
             recovery_granularity=RecoveryGranularity(recovery_granularity),
-            # Kept by reference: the dataloader sample may be a 131k-token prompt. It is
-            # never serialized and is released with the group.
-            payload=prompt_payload,
             expected_generations=expected_generations,
             target_step=target_step,
             start_weight_version=start_weight_version,
-            siblings=[[AttemptState.fresh()] for _ in range(expected_generations)],
-            phase=PromptGroupPhase.ADMITTED if admitted else PromptGroupPhase.RESERVED,
             status=_GENERATING,
+            phase=PromptGroupPhase.ADMITTED if admitted else PromptGroupPhase.RESERVED,
+            siblings=[
+                SiblingState(generation_index=index, attempts=[AttemptState.fresh()])
+                for index in range(expected_generations)
+            ],
         )
         self._groups[group_id] = group
-        return group.to_record()
+        # Kept by reference: the dataloader sample may be a 131k-token prompt. It is never
+        # serialized and is released with the group.
+        self._payloads[group_id] = prompt_payload
+        return group.to_record(prompt_payload)
 
     def mark_group_admitted(
         self,
@@ -205,7 +225,7 @@ class RolloutRecoveryLedger:
         cut.require_live()
         group = self._require_group(group_id)
         validate_prompt_identity(group.prompt_ref, prompt_payload, group_id=group_id)
-        group.payload = prompt_payload
+        self._payloads[group_id] = prompt_payload
 
     # --------------------------------------------------------------- dispatch
 
@@ -233,7 +253,7 @@ class RolloutRecoveryLedger:
             if generation_indices is None
             else list(generation_indices)
         )
-        attempts = [self._require_sibling(group, index)[-1] for index in indices]
+        attempts = [self._require_sibling(group, index).attempts[-1] for index in indices]
         not_reserved = [a for a in attempts if a.status is not _RESERVED]
         if not_reserved:
             raise InvalidTransitionError(
@@ -271,17 +291,17 @@ class RolloutRecoveryLedger:
                 f"{group_id!r} uses mark_group_sealed",
                 group_id=group_id,
             )
-        attempt = self._require_sibling(group, generation_index)[-1]
+        attempt = self._require_sibling(group, generation_index).attempts[-1]
         # The seed's check order: manifest, mask type, then identities.
-        staging_keys = tuple(receipt_staging_keys(receipt))
+        staging_keys = receipt_staging_keys(receipt)
         self._check_mask(group, generation_index, mask_sample)
         self._check_identity(
             group, generation_index, gate_rollout_id=gate_rollout_id, receipt=receipt
         )
-        blob = freeze_receipt(receipt)
+        owned_receipt = None if receipt is None else _own_receipt(receipt)
         if attempt.status is _SEALED:
             if (
-                thaw_receipt(attempt.receipt_blob) == thaw_receipt(blob)
+                attempt.receipt == owned_receipt
                 and attempt.reward == float(reward)
                 and attempt.mask_sample is mask_sample
                 and attempt.reward_checks == reward_checks
@@ -300,7 +320,7 @@ class RolloutRecoveryLedger:
                 group_id=group_id,
             )
         attempt.seal(
-            receipt_blob=blob,
+            receipt=owned_receipt,
             reward=float(reward),
             mask_sample=mask_sample,
             reward_checks=reward_checks,
@@ -339,7 +359,9 @@ class RolloutRecoveryLedger:
             )
         # Validate the whole cohort before touching any sibling, so a checkpoint observes
         # either no sealed sibling or the complete group.
-        validated: list[tuple[AttemptState, SiblingSealResult, tuple[str, ...], bytes | None]] = []
+        validated: list[
+            tuple[AttemptState, SiblingSealResult, list[str], dict[str, Any] | None]
+        ] = []
         for index in range(group.expected_generations):
             result = results[index]
             attempt = group.current(index)
@@ -353,11 +375,12 @@ class RolloutRecoveryLedger:
                 group, index, gate_rollout_id=result.gate_rollout_id, receipt=result.receipt
             )
             self._check_mask(group, index, result.mask_sample)
-            keys = tuple(receipt_staging_keys(result.receipt))
-            validated.append((attempt, result, keys, freeze_receipt(result.receipt)))
-        for attempt, result, keys, blob in validated:
+            keys = receipt_staging_keys(result.receipt)
+            owned = None if result.receipt is None else _own_receipt(result.receipt)
+            validated.append((attempt, result, keys, owned))
+        for attempt, result, keys, owned in validated:
             attempt.seal(
-                receipt_blob=blob,
+                receipt=owned,
                 reward=float(result.reward),
                 mask_sample=result.mask_sample,
                 reward_checks=result.reward_checks,
@@ -467,8 +490,8 @@ class RolloutRecoveryLedger:
                 )
             to_retry.append(index)
         for index in to_retry:
-            group.siblings[index].append(AttemptState.fresh())
-        return group.to_record()
+            group.siblings[index].attempts.append(AttemptState.fresh())
+        return group.to_record(self._payloads.get(group_id))
 
     def prepare_for_restart(self, cut: MutationCut) -> None:
         """Apply each group's persisted restore policy to attempts a crash interrupted."""
@@ -504,6 +527,7 @@ class RolloutRecoveryLedger:
         cut.require_live()
         self._require_group(group_id)
         del self._groups[group_id]
+        self._payloads.pop(group_id, None)
 
     def discard_canonical_groups(self, cut: MutationCut, group_ids: Iterable[str]) -> int:
         """Drop groups the replay index already owns; ids the ledger lacks are ignored."""
@@ -511,6 +535,7 @@ class RolloutRecoveryLedger:
         owned = [group_id for group_id in set(group_ids) if group_id in self._groups]
         for group_id in owned:
             del self._groups[group_id]
+            self._payloads.pop(group_id, None)
         return len(owned)
 
     # ----------------------------------------------------------- persistence
@@ -521,24 +546,23 @@ class RolloutRecoveryLedger:
         Attempt UUIDs are 16 raw bytes; no derived id and no prompt payload is stored.
         """
         self.assert_checkpoint_safe()
-        for group in self._groups.values():
-            if group.payload is None:
-                raise InvalidTransitionError(
-                    f"cannot checkpoint recovery group {group.group_id!r} before its prompt "
-                    "is rehydrated",
-                    group_id=group.group_id,
+        for group_id, group in self._groups.items():
+            payload = self._payloads.get(group_id)
+            if payload is None:
+                raise RuntimeError(
+                    f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
                 )
-            validate_prompt_identity(group.prompt_ref, group.payload, group_id=group.group_id)
-        return {
-            "schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION,
-            "groups": [group.to_state() for group in self._groups.values()],
-        }
+            validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
+        with paused_gc():
+            groups = groups_to_builtins(list(self._groups.values()))
+        return {"schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION, "groups": groups}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:
         """Build a ledger from a validated state; restored groups have no prompt yet."""
         ledger = cls()
-        ledger._groups = decode_ledger_state(state)
+        with paused_gc():
+            ledger._groups = decode_ledger_state(state)
         return ledger
 
     def load_state_dict(self, cut: MutationCut, state: dict[str, Any]) -> None:
@@ -549,7 +573,9 @@ class RolloutRecoveryLedger:
                 "cannot restore into a non-empty rollout recovery ledger "
                 f"(it holds {len(self._groups)} groups)"
             )
-        self._groups = decode_ledger_state(state)
+        with paused_gc():
+            self._groups = decode_ledger_state(state)
+        self._payloads = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -562,7 +588,7 @@ class RolloutRecoveryLedger:
             ) from None
 
     @staticmethod
-    def _require_sibling(group: GroupState, generation_index: int) -> list[AttemptState]:
+    def _require_sibling(group: GroupState, generation_index: int) -> SiblingState:
         if not isinstance(generation_index, int):
             raise TypeError(
                 f"generation_index must be an int, got {type(generation_index).__name__} "

@@ -47,7 +47,7 @@ def gate_rollout_id_for(group_id: str, generation_index: int, attempt_hex: str) 
     return f"{group_id}_g{generation_index}_a{attempt_hex}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PromptRef:
     """Small durable locator of a prompt owned by the input dataset.
 
@@ -65,7 +65,7 @@ class PromptRef:
             )
 
 
-@dataclass
+@dataclass(slots=True)
 class RolloutAttemptRecord:
     """One physical attempt of a stable logical sibling."""
 
@@ -84,7 +84,7 @@ class RolloutAttemptRecord:
         return self.attempt_uuid.hex
 
 
-@dataclass
+@dataclass(slots=True)
 class RolloutSiblingRecord:
     """One stable GRPO generation slot and its physical attempts, oldest first."""
 
@@ -98,7 +98,7 @@ class RolloutSiblingRecord:
         return self.attempts[-1]
 
 
-@dataclass
+@dataclass(slots=True)
 class PromptGroupRecoveryRecord:
     """Lineage and ownership of one logical prompt group."""
 

@@ -104,9 +104,7 @@ def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward
         observations: list[FinalizedReward] = []
         for position, row in enumerate(rows):
             try:
-                observations.append(
-                    row if isinstance(row, FinalizedReward) else FinalizedReward.from_state(row)
-                )
+                observations.append(FinalizedReward.from_state(row))
             except InvalidStateError as error:
                 raise InvalidStateError(str(error), path=f"{path}[{position}]") from error
         if len({row.sample_id for row in observations}) != len(observations):
@@ -115,6 +113,16 @@ def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward
             )
         result[group_id] = observations
     return result
+
+
+def _reward_row_state(group_id: str, row: object) -> dict[str, Any]:
+    if not isinstance(row, FinalizedReward):
+        raise InvalidStateTypeError(
+            f"finalizer_rewards_by_group[{group_id!r}] must hold FinalizedReward values, got "
+            f"{type(row).__name__}",
+            path=f"$.finalizer_rewards_by_group[{group_id!r}]",
+        )
+    return row.to_state()
 
 
 def build_rollout_recovery_state(
@@ -146,9 +154,9 @@ def build_rollout_recovery_state(
         finalizer_metrics_by_group or {}
     )
     state["reward_settings"] = reward_settings.to_state() if reward_settings is not None else None
-    rewards = _validate_finalizer_rewards(finalizer_rewards_by_group or {})
     state["finalizer_rewards_by_group"] = {
-        group_id: [row.to_state() for row in rows] for group_id, rows in rewards.items()
+        group_id: [_reward_row_state(group_id, row) for row in rows]
+        for group_id, rows in (finalizer_rewards_by_group or {}).items()
     }
     if canonical_group_ids is not None:
         state["groups"] = [g for g in state["groups"] if g["group_id"] not in canonical_group_ids]

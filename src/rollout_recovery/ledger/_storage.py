@@ -1,14 +1,23 @@
-"""The ledger's private, compact storage of groups and attempts.
+"""The ledger's private storage: msgspec Structs shaped exactly like the schema-3 state.
 
-Kept apart from the public records on purpose: storage is slotted, holds frozen receipts and
-raw UUID bytes, and is never handed out. Callers receive records built by ``to_record``
-(fresh copies) or plain dicts built by ``to_state`` (the schema-3 layout).
+Why Structs: a checkpoint holds the barrier while the ledger is serialized, and a restore
+validates ~10^5 attempts. With storage shaped like the state dict, ``state_dict`` is one
+C-level ``msgspec.to_builtins`` call (it builds fresh containers and shares immutable
+leaves), and a well-formed state converts back with one ``msgspec.convert`` call; only
+the cross-field invariants run in Python. ``gc=False``: these objects never form cycles,
+so the cyclic collector need not scan the 10^5 of them on every collection.
+
+Storage never leaves the ledger: callers get records built by ``to_record`` or plain
+dicts from ``to_builtins``. Field order is the state dict's key order.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from ..rewards import RewardChecks, RewardLogContext
 from ._enums import (
@@ -17,7 +26,6 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from ._receipts import thaw_receipt
 from ._records import (
     PromptGroupRecoveryRecord,
     PromptPayload,
@@ -28,67 +36,86 @@ from ._records import (
     logical_rollout_id_for,
 )
 
-__all__ = ["AttemptState", "GroupState"]
+__all__ = [
+    "AttemptState",
+    "GroupState",
+    "SiblingState",
+    "copy_plain",
+    "groups_to_builtins",
+    "uuid_from_bytes",
+]
 
 _SEALED = RolloutAttemptStatus.SEALED
 
 
-class AttemptState:
-    """One physical attempt as stored: UUID bytes, status and, once sealed, its results."""
+def _uuid_from_bytes_fast(raw: bytes) -> uuid.UUID:
+    # uuid.UUID(bytes=...) re-validates its arguments in Python; a record copy builds one
+    # UUID per attempt, so build it directly from its two slots (about 2x cheaper).
+    value = object.__new__(uuid.UUID)
+    object.__setattr__(value, "int", int.from_bytes(raw, "big"))
+    object.__setattr__(value, "is_safe", uuid.SafeUUID.unknown)
+    return value
 
-    __slots__ = (
-        "_uuid",
-        "mask_sample",
-        "receipt_blob",
-        "reward",
-        "reward_checks",
-        "reward_log_context",
-        "staging_keys",
-        "status",
-        "uuid_bytes",
-    )
 
-    def __init__(
-        self,
-        uuid_bytes: bytes,
-        status: RolloutAttemptStatus = RolloutAttemptStatus.RESERVED,
-        *,
-        attempt_uuid: uuid.UUID | None = None,
-    ) -> None:
-        self.uuid_bytes = uuid_bytes
-        # The UUID object is built lazily: a restore creates ~10^5 attempts and only the
-        # ones a caller looks at need one.
-        self._uuid = attempt_uuid
-        self.status = status
-        self.receipt_blob: bytes | None = None
-        self.reward: float | None = None
-        self.mask_sample: bool | None = None
-        self.reward_checks: RewardChecks | None = None
-        self.reward_log_context: RewardLogContext | None = None
-        self.staging_keys: tuple[str, ...] = ()
+def _uuid_from_bytes_plain(raw: bytes) -> uuid.UUID:
+    return uuid.UUID(bytes=raw)
+
+
+def _pick_uuid_builder() -> Callable[[bytes], uuid.UUID]:
+    """Use the fast builder only if it yields an identical UUID on this Python."""
+    probe = uuid.uuid4()
+    try:
+        built = _uuid_from_bytes_fast(probe.bytes)
+        if built == probe and hash(built) == hash(probe) and built.hex == probe.hex:
+            return _uuid_from_bytes_fast
+    except (AttributeError, TypeError):
+        pass
+    return _uuid_from_bytes_plain
+
+
+uuid_from_bytes = _pick_uuid_builder()
+
+
+def copy_plain(value: Any) -> Any:
+    """Deep-copy plain data (dicts, lists, scalars, bytes) at C speed.
+
+    Tuples come back as lists: receipts are JSON-like data, and this is the form a
+    sidecar round trip gives them anyway.
+    """
+    return msgspec.to_builtins(value, builtin_types=(bytes,))
+
+
+class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """One physical attempt; ``receipt`` is a private deep copy, never handed out."""
+
+    # No defaults on purpose: a state missing a key must fail the strict conversion and
+    # take the seed-order path, which decides what a missing key means.
+    attempt_uuid: bytes
+    status: RolloutAttemptStatus
+    receipt: dict[str, Any] | None
+    reward: float | None
+    mask_sample: bool | None
+    reward_checks: RewardChecks | None
+    reward_log_context: RewardLogContext | None
+    staging_keys: list[str]
 
     @classmethod
     def fresh(cls) -> AttemptState:
-        attempt_uuid = uuid.uuid4()
-        return cls(attempt_uuid.bytes, attempt_uuid=attempt_uuid)
-
-    @property
-    def attempt_uuid(self) -> uuid.UUID:
-        if self._uuid is None:
-            self._uuid = uuid.UUID(bytes=self.uuid_bytes)
-        return self._uuid
+        return cls(
+            uuid.uuid4().bytes, RolloutAttemptStatus.RESERVED, None, None, None, None, None, []
+        )
 
     def seal(
         self,
         *,
-        receipt_blob: bytes | None,
+        receipt: dict[str, Any] | None,
         reward: float,
         mask_sample: bool,
         reward_checks: RewardChecks | None,
         reward_log_context: RewardLogContext | None,
-        staging_keys: tuple[str, ...],
+        staging_keys: list[str],
     ) -> None:
-        self.receipt_blob = receipt_blob
+        self.receipt = receipt
         self.reward = reward
         self.mask_sample = mask_sample
         self.reward_checks = reward_checks
@@ -100,18 +127,18 @@ class AttemptState:
         """Mark abandoned; ``drop_results`` also forgets a seal (prompt-group restarts)."""
         self.status = RolloutAttemptStatus.ABANDONED
         if drop_results:
-            self.receipt_blob = None
+            self.receipt = None
             self.reward = None
             self.mask_sample = None
             self.reward_checks = None
             self.reward_log_context = None
-            self.staging_keys = ()
+            self.staging_keys = []
 
     def to_record(self) -> RolloutAttemptRecord:
         return RolloutAttemptRecord(
-            attempt_uuid=self.attempt_uuid,
+            attempt_uuid=uuid_from_bytes(self.attempt_uuid),
             status=self.status,
-            receipt=thaw_receipt(self.receipt_blob),
+            receipt=None if self.receipt is None else copy_plain(self.receipt),
             reward=self.reward,
             mask_sample=self.mask_sample,
             # Both are frozen values, so sharing them is a safe copy.
@@ -120,99 +147,47 @@ class AttemptState:
             staging_keys=list(self.staging_keys),
         )
 
-    def to_state(self) -> dict[str, Any]:
-        checks = self.reward_checks
-        context = self.reward_log_context
-        return {
-            "attempt_uuid": self.uuid_bytes,
-            "status": self.status.value,
-            "receipt": thaw_receipt(self.receipt_blob),
-            "reward": self.reward,
-            "mask_sample": self.mask_sample,
-            "reward_checks": None
-            if checks is None
-            else {
-                "duplicated_reasoning": checks.duplicated_reasoning,
-                "empty_final_answer": checks.empty_final_answer,
-                "low_effort": checks.low_effort,
-            },
-            "reward_log_context": None
-            if context is None
-            else {
-                "agent_name": context.agent_name,
-                "full_result_json": context.full_result_json,
-            },
-            "staging_keys": list(self.staging_keys),
-        }
+
+class SiblingState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """One generation slot: its attempts, oldest first; the last one is current."""
+
+    generation_index: int
+    attempts: list[AttemptState]
 
 
-class GroupState:
-    """One prompt group as stored; ``siblings[i]`` is sibling ``i``'s attempts, oldest first."""
+class GroupState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """One prompt group. The runtime prompt payload is kept beside it, never in it."""
 
-    __slots__ = (
-        "admission_id",
-        "expected_generations",
-        "group_id",
-        "payload",
-        "phase",
-        "prompt_id",
-        "prompt_ref",
-        "recovery_granularity",
-        "siblings",
-        "start_weight_version",
-        "status",
-        "target_step",
-        "task_source",
-    )
-
-    def __init__(
-        self,
-        *,
-        group_id: str,
-        admission_id: str,
-        prompt_id: str,
-        prompt_ref: PromptRef,
-        task_source: str | None,
-        recovery_granularity: RecoveryGranularity,
-        payload: PromptPayload | None,
-        expected_generations: int,
-        target_step: int | None,
-        start_weight_version: int,
-        siblings: list[list[AttemptState]],
-        phase: PromptGroupPhase,
-        status: PromptGroupStatus,
-    ) -> None:
-        self.group_id = group_id
-        self.admission_id = admission_id
-        self.prompt_id = prompt_id
-        self.prompt_ref = prompt_ref
-        self.task_source = task_source
-        self.recovery_granularity = recovery_granularity
-        self.payload = payload
-        self.expected_generations = expected_generations
-        self.target_step = target_step
-        self.start_weight_version = start_weight_version
-        self.siblings = siblings
-        self.phase = phase
-        self.status = status
+    group_id: str
+    admission_id: str
+    prompt_id: str
+    prompt_ref: PromptRef
+    task_source: str | None
+    recovery_granularity: RecoveryGranularity
+    expected_generations: int
+    target_step: int | None
+    start_weight_version: int
+    status: PromptGroupStatus
+    phase: PromptGroupPhase
+    siblings: list[SiblingState]
 
     def current(self, generation_index: int) -> AttemptState:
-        return self.siblings[generation_index][-1]
+        return self.siblings[generation_index].attempts[-1]
 
     def currents(self) -> list[AttemptState]:
-        return [attempts[-1] for attempts in self.siblings]
+        return [sibling.attempts[-1] for sibling in self.siblings]
 
     def all_current_sealed(self) -> bool:
-        return all(attempts[-1].status is _SEALED for attempts in self.siblings)
+        return all(sibling.attempts[-1].status is _SEALED for sibling in self.siblings)
 
     def logical_id(self, generation_index: int) -> str:
         return logical_rollout_id_for(self.group_id, generation_index)
 
     def gate_id(self, generation_index: int) -> str:
-        attempt = self.siblings[generation_index][-1]
-        return gate_rollout_id_for(self.group_id, generation_index, attempt.uuid_bytes.hex())
+        attempt = self.siblings[generation_index].attempts[-1]
+        return gate_rollout_id_for(self.group_id, generation_index, attempt.attempt_uuid.hex())
 
-    def to_record(self) -> PromptGroupRecoveryRecord:
+    def to_record(self, payload: PromptPayload | None) -> PromptGroupRecoveryRecord:
         return PromptGroupRecoveryRecord(
             group_id=self.group_id,
             admission_id=self.admission_id,
@@ -221,42 +196,23 @@ class GroupState:
             task_source=self.task_source,
             recovery_granularity=self.recovery_granularity,
             # Shared by reference on purpose: the payload can be a 131k-token prompt.
-            runtime_prompt_payload=self.payload,
+            runtime_prompt_payload=payload,
             expected_generations=self.expected_generations,
             target_step=self.target_step,
             start_weight_version=self.start_weight_version,
             siblings=[
                 RolloutSiblingRecord(
-                    generation_index=index,
-                    attempts=[attempt.to_record() for attempt in attempts],
+                    generation_index=sibling.generation_index,
+                    attempts=[attempt.to_record() for attempt in sibling.attempts],
                 )
-                for index, attempts in enumerate(self.siblings)
+                for sibling in self.siblings
             ],
             phase=self.phase,
             status=self.status,
         )
 
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "group_id": self.group_id,
-            "admission_id": self.admission_id,
-            "prompt_id": self.prompt_id,
-            "prompt_ref": {
-                "sample_id": self.prompt_ref.sample_id,
-                "task_name": self.prompt_ref.task_name,
-            },
-            "task_source": self.task_source,
-            "recovery_granularity": self.recovery_granularity.value,
-            "expected_generations": self.expected_generations,
-            "target_step": self.target_step,
-            "start_weight_version": self.start_weight_version,
-            "status": self.status.value,
-            "phase": self.phase.value,
-            "siblings": [
-                {
-                    "generation_index": index,
-                    "attempts": [attempt.to_state() for attempt in attempts],
-                }
-                for index, attempts in enumerate(self.siblings)
-            ],
-        }
+
+def groups_to_builtins(groups: list[GroupState]) -> list[dict[str, Any]]:
+    """The schema-3 ``groups`` list: fresh dicts and lists, UUIDs as 16 raw bytes."""
+    result: list[dict[str, Any]] = copy_plain(groups)
+    return result
