@@ -1,0 +1,5 @@
+"""``python -m rollout_recovery`` runs the command line."""
+
+from .cli import main
+
+main()
