@@ -1,0 +1,284 @@
+"""``finalize_group``: one sealed prompt group -> exactly N canonical rows (upstream §2.8).
+
+Reads only: it fetches staged rows, verifies and linearizes every sibling's receipt, and
+finalizes rewards (shape, then penalize), but it writes nothing and touches no ledger. So
+it can run before the group's publication is committed to, and a failure here leaves
+nothing to undo. :func:`publish_finalized_group` does the writing.
+
+Rollout-level problems never raise: each becomes a masked placeholder with a reason, and
+the group still yields N rows. What does raise: a group record that is not finalizable
+(wrong status, unsealed or misnumbered siblings; ``InvalidTransitionError``) and
+infrastructure faults of the data plane other than a missing or undecodable row (a closed
+store, an I/O error), which are not the rollout's fault and must not be masked as such.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from ..capture import (
+    STAGING_PARTITION,
+    LinearizedRollout,
+    Rejection,
+    fetch_and_verify,
+    verify_and_linearize,
+)
+from ..dataplane._protocol import DataPlane, InvalidRowError, Row
+from ..errors import InvalidStateError, InvalidTransitionError
+from ..ledger import (
+    PromptGroupRecoveryRecord,
+    PromptGroupStatus,
+    RolloutAttemptRecord,
+    RolloutAttemptStatus,
+)
+from ..rewards import (
+    CaptureRewardOutcome,
+    CaptureRewardSettings,
+    FinalizedReward,
+    finalize_capture_reward,
+    group_reward_metrics,
+)
+from ._metrics import REWARD_PROCESSING, capture_metrics
+from ._result import FinalizedGroup, SiblingOutcome
+from ._rows import canonical_row
+
+__all__ = ["FINALIZABLE_STATUSES", "finalize_group"]
+
+# READY_TO_FINALIZE is the normal input. FINALIZING is accepted too, for callers that follow
+# upstream's order (mark the start, then compute); finalizing is side-effect free either way.
+FINALIZABLE_STATUSES: frozenset[PromptGroupStatus] = frozenset(
+    {PromptGroupStatus.READY_TO_FINALIZE, PromptGroupStatus.FINALIZING}
+)
+
+
+def finalize_group(
+    *,
+    group: PromptGroupRecoveryRecord,
+    data_plane: DataPlane,
+    settings: CaptureRewardSettings,
+    staging_partition: str = STAGING_PARTITION,
+) -> FinalizedGroup:
+    """Verify, linearize and reward every sibling of ``group``; return its N canonical rows.
+
+    ``group`` is a ledger record (``ledger.get_group(gid)``) whose current attempts are all
+    sealed; ``settings`` are the run's reward settings (the ones persisted with the
+    checkpoint). Staged rows are read from ``staging_partition`` of ``data_plane``.
+    """
+    _require_finalizable(group)
+    attempts = [sibling.current_attempt for sibling in group.siblings]
+    gate_ids = [group.gate_rollout_id(index) for index in range(len(attempts))]
+    verdicts = _verify_siblings(attempts, gate_ids, data_plane, staging_partition)
+
+    outcomes: list[SiblingOutcome] = []
+    linearized: list[LinearizedRollout | None] = []
+    reward_outcomes: list[CaptureRewardOutcome] = []
+    observations: list[FinalizedReward] = []
+    failure_buckets: list[str] = []
+    rejections: list[Rejection] = []
+    valid_manifests: list[Sequence[Mapping[str, Any]]] = []
+    for index, (attempt, gate_id, verdict) in enumerate(
+        zip(attempts, gate_ids, verdicts, strict=True)
+    ):
+        sample_id = group.logical_rollout_id(index)
+        # ``mask_sample`` is a bool on every sealed attempt (a ledger invariant); ``is True``
+        # keeps a hand-built record with None from flagging anything.
+        mask_sample = attempt.mask_sample is True
+        reward: CaptureRewardOutcome | str
+        if isinstance(verdict, Rejection):
+            reward = verdict.reason
+            rejections.append(verdict)
+            failure_buckets.append(verdict.code)
+        else:
+            reward = _final_reward(attempt, verdict, settings)
+            if isinstance(reward, str):
+                failure_buckets.append(REWARD_PROCESSING)
+        if isinstance(reward, str):
+            outcomes.append(_placeholder(index, sample_id, gate_id, mask_sample, reward))
+            linearized.append(None)
+            continue
+        assert isinstance(verdict, LinearizedRollout)
+        outcomes.append(
+            SiblingOutcome(
+                generation_index=index,
+                sample_id=sample_id,
+                rollout_id=gate_id,
+                valid=True,
+                mask_sample=mask_sample,
+                reward=reward.reward,
+                reason=None,
+                prompt_len=verdict.prompt_len,
+                min_weight_version=verdict.min_weight_version,
+                max_weight_version=verdict.max_weight_version,
+            )
+        )
+        linearized.append(verdict)
+        reward_outcomes.append(reward)
+        observations.append(
+            FinalizedReward(
+                sample_id=sample_id,
+                rollout_id=gate_id,
+                reward=reward.reward,
+                log_context=attempt.reward_log_context,
+            )
+        )
+        assert attempt.receipt is not None  # a verified rollout had a receipt
+        valid_manifests.append(attempt.receipt["manifest"])
+
+    valid = [outcome for outcome in outcomes if outcome.valid]
+    min_version = min(
+        (o.min_weight_version for o in valid if o.min_weight_version is not None),
+        default=group.start_weight_version,
+    )
+    max_version = max(
+        (o.max_weight_version for o in valid if o.max_weight_version is not None),
+        default=group.start_weight_version,
+    )
+    metrics = group_reward_metrics(reward_outcomes, settings=settings)
+    metrics.update(
+        capture_metrics(
+            total_rows=len(outcomes),
+            failure_buckets=failure_buckets,
+            valid_manifests=valid_manifests,
+            rejections=rejections,
+            mask_sample_count=sum(o.mask_sample for o in valid),
+        )
+    )
+    rows = tuple(
+        canonical_row(
+            outcome,
+            rollout,
+            group_id=group.group_id,
+            prompt_id=group.prompt_id,
+            target_step=group.target_step,
+            group_min_weight_version=min_version,
+        )
+        for outcome, rollout in zip(outcomes, linearized, strict=True)
+    )
+    return FinalizedGroup(
+        group_id=group.group_id,
+        target_step=group.target_step,
+        outcomes=tuple(outcomes),
+        row_keys=tuple(outcome.sample_id for outcome in outcomes),
+        rows=rows,
+        staging_keys=tuple(key for attempt in attempts for key in attempt.staging_keys),
+        min_weight_version=min_version,
+        max_weight_version=max_version,
+        metrics=metrics,
+        reward_observations=tuple(observations),
+    )
+
+
+def _require_finalizable(group: PromptGroupRecoveryRecord) -> None:
+    gid = group.group_id
+    if group.status not in FINALIZABLE_STATUSES:
+        raise InvalidTransitionError(
+            f"cannot finalize group {gid!r} from {group.status.value!r}", group_id=gid
+        )
+    if len(group.siblings) != group.expected_generations or group.expected_generations < 1:
+        raise InvalidTransitionError(
+            f"group {gid!r} has {len(group.siblings)} siblings, expected "
+            f"{group.expected_generations}",
+            group_id=gid,
+        )
+    for position, sibling in enumerate(group.siblings):
+        if sibling.generation_index != position:
+            raise InvalidTransitionError(
+                f"group {gid!r}: sibling at position {position} has generation_index "
+                f"{sibling.generation_index}",
+                group_id=gid,
+            )
+        status = sibling.current_attempt.status
+        if status is not RolloutAttemptStatus.SEALED:
+            raise InvalidTransitionError(
+                f"cannot finalize group {gid!r}: sibling {group.logical_rollout_id(position)!r} "
+                f"current attempt is {status.value!r}, not sealed",
+                group_id=gid,
+            )
+
+
+def _verify_siblings(
+    attempts: Sequence[RolloutAttemptRecord],
+    gate_ids: Sequence[str],
+    data_plane: DataPlane,
+    partition: str,
+) -> list[LinearizedRollout | Rejection]:
+    """Verify every sibling; one data-plane round trip when every staged row is there.
+
+    The ledger's ``staging_keys`` of a sealed attempt are its receipt's manifest keys in
+    manifest order, so one batched ``get`` returns exactly what per-sibling fetches would.
+    If any row is missing or undecodable, fall back to per-sibling fetches, so that only
+    the affected siblings become placeholders, each with its own reason.
+    """
+    keys = [
+        key for attempt in attempts if attempt.receipt is not None for key in attempt.staging_keys
+    ]
+    fetched: list[Row] | None = None
+    if keys:
+        try:
+            fetched = data_plane.get(partition, keys)
+        except (KeyError, InvalidRowError):
+            fetched = None
+    if fetched is None or len(fetched) != len(keys):
+        return [
+            fetch_and_verify(
+                attempt.receipt, data_plane, partition=partition, expected_rollout_id=gate_id
+            )
+            for attempt, gate_id in zip(attempts, gate_ids, strict=True)
+        ]
+    verdicts: list[LinearizedRollout | Rejection] = []
+    start = 0
+    for attempt, gate_id in zip(attempts, gate_ids, strict=True):
+        if attempt.receipt is None:
+            verdicts.append(Rejection(code="missing_receipt"))
+            continue
+        end = start + len(attempt.staging_keys)
+        verdicts.append(
+            verify_and_linearize(attempt.receipt, fetched[start:end], expected_rollout_id=gate_id)
+        )
+        start = end
+    return verdicts
+
+
+def _final_reward(
+    attempt: RolloutAttemptRecord, rollout: LinearizedRollout, settings: CaptureRewardSettings
+) -> CaptureRewardOutcome | str:
+    """The row's reward outcome, or a ``reward_processing:...`` placeholder reason."""
+    if attempt.reward is None:
+        return f"{REWARD_PROCESSING}:missing_reward"
+    try:
+        outcome = finalize_capture_reward(
+            attempt.reward,
+            settings=settings,
+            checks=attempt.reward_checks,
+            # An int32 array does all the reward code asks of a sequence (len, slices,
+            # iteration yielding ints that hash and compare like Python ints), without the
+            # cost of a list copy of every token.
+            token_ids=cast(Sequence[int], rollout.token_ids),
+            link_spans=rollout.link_spans,
+        )
+    except InvalidStateError as exc:
+        return f"{REWARD_PROCESSING}:{exc}"
+    if not math.isfinite(outcome.reward):
+        # An infinite raw reward (or shaping overflow) would poison the group's baseline and
+        # every pooled statistic; it is a broken reward, not a very good one.
+        return f"{REWARD_PROCESSING}:non_finite_reward"
+    return outcome
+
+
+def _placeholder(
+    index: int, sample_id: str, gate_id: str, mask_sample: bool, reason: str
+) -> SiblingOutcome:
+    return SiblingOutcome(
+        generation_index=index,
+        sample_id=sample_id,
+        rollout_id=gate_id,
+        valid=False,
+        mask_sample=mask_sample,
+        reward=0.0,
+        reason=reason,
+        prompt_len=0,
+        min_weight_version=None,
+        max_weight_version=None,
+    )
