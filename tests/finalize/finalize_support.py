@@ -119,7 +119,8 @@ def stage_chain(store: DataPlane, rollout_id: str, plan: Sequence[CallPlan]) -> 
         tokens = prompt + call.generated
         mask += [0.0] * len(call.carried) + [1.0] * len(call.generated)
         logprobs += [0.0] * len(call.carried) + [float(np.float32(x)) for x in call.logprobs]
-    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=records[-1].model_call_id)
+    terminal = records[-1].model_call_id
+    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=terminal)
     return StagedSibling(
         rollout_id=rollout_id,
         receipt=receipt,

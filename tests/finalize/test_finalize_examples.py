@@ -222,9 +222,7 @@ def test_penalties_zero_the_reward_and_are_counted(
     settings = CaptureRewardSettings.from_configs(
         penalties={"penalize_unwanted_tokens": True, "token_ids": {"unwanted": [205]}}
     )
-    build_group(
-        ledger, store, ["sealed", "sealed"], options=[SealOptions(2.0), SealOptions(2.0)]
-    )
+    build_group(ledger, store, ["sealed", "sealed"], options=[SealOptions(2.0), SealOptions(2.0)])
     result = run(ledger, store, settings)
     assert [o.reward for o in result.outcomes] == [2.0, 0.0]
     assert all(o.valid for o in result.outcomes)

@@ -44,7 +44,7 @@ def grpo_advantages(
     bad = np.flatnonzero(mask & ~np.isfinite(values))
     if bad.size:
         raise ValueError(
-            f"rewards of valid rows must be finite; row {int(bad[0])} is {values[bad[0]]!r}"
+            f"rewards of valid rows must be finite; row {int(bad[0])} is {float(values[bad[0]])!r}"
         )
     advantages = np.zeros(values.shape[0], dtype=np.float64)
     valid_rows = np.flatnonzero(mask)
