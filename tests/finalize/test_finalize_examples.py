@@ -18,7 +18,7 @@ from finalize_support import (
     stage_chain,
 )
 
-from rollout_recovery.capture import STAGING_PARTITION, fetch_and_verify
+from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, fetch_and_verify
 from rollout_recovery.dataplane import (
     DataPlane,
     DataPlaneClosedError,
@@ -313,10 +313,10 @@ def test_valid_rows_equal_a_direct_linearization(
         direct = fetch_and_verify(
             attempt.receipt, store, expected_rollout_id=record.gate_rollout_id(index)
         )
-        assert not hasattr(direct, "code")
+        assert isinstance(direct, LinearizedRollout)
         row = result.rows[index]
-        assert np.array_equal(row.token_ids, direct.token_ids)  # type: ignore[union-attr]
-        assert np.array_equal(row.logprobs, direct.logprobs)  # type: ignore[union-attr]
+        assert np.array_equal(row.token_ids, direct.token_ids)
+        assert np.array_equal(row.logprobs, direct.logprobs)
 
 
 def test_refuses_a_group_that_is_still_generating(
