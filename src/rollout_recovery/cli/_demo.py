@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..checkpoint._torch_pt import read_torch_pt, write_torch_pt
-from ..dataplane import DataPlaneCheckpointBarrier
+from ..dataplane import DataPlaneCheckpointBarrier, DataPlaneMutationCut
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     PromptGroupRecoveryRecord,
@@ -107,6 +107,26 @@ class _Demo:
             )
         table.add_section()
 
+    def _seal_siblings(
+        self, cut: DataPlaneMutationCut, group_id: str, rewards: dict[int, float]
+    ) -> None:
+        """Seal the given siblings as a worker's streamed results would arrive."""
+        group = self.ledger.get_group(group_id)
+        for index, reward in rewards.items():
+            gate_id = group.gate_rollout_id(index)
+            self.ledger.mark_sibling_sealed(
+                cut,
+                group_id,
+                generation_index=index,
+                gate_rollout_id=gate_id,
+                receipt=_receipt(gate_id),
+                reward=reward,
+                mask_sample=False,
+                reward_checks=RewardChecks(
+                    duplicated_reasoning=False, empty_final_answer=False, low_effort=False
+                ),
+            )
+
     async def run(self) -> None:
         async with self.barrier.mutation(kind="prompt_reservations") as cut:
             for prompt_idx, group_id, granularity, siblings in (
@@ -139,21 +159,7 @@ class _Demo:
         self.show("admit and dispatch", "Every sibling runs on a generation worker.")
 
         async with self.barrier.mutation(kind="sibling_seals") as cut:
-            group = self.ledger.get_group(GROUP_A)
-            for index in (0, 1):
-                gate_id = group.gate_rollout_id(index)
-                self.ledger.mark_sibling_sealed(
-                    cut,
-                    GROUP_A,
-                    generation_index=index,
-                    gate_rollout_id=gate_id,
-                    receipt=_receipt(gate_id),
-                    reward=1.0 if index == 0 else 0.0,
-                    mask_sample=False,
-                    reward_checks=RewardChecks(
-                        duplicated_reasoning=False, empty_final_answer=False, low_effort=False
-                    ),
-                )
+            self._seal_siblings(cut, GROUP_A, {0: 1.0, 1: 0.0})
         self.show("partial seal", "Two siblings of prompt-7 finished; their receipts are sealed.")
 
         async with self.barrier.mutation(kind="recovery_retries") as cut:
@@ -211,18 +217,7 @@ class _Demo:
         self.show("redispatch", "Only unfinished siblings get new attempts and run again.")
 
         async with self.barrier.mutation(kind="sibling_seals") as cut:
-            group = self.ledger.get_group(GROUP_A)
-            for index in (2, 3):
-                gate_id = group.gate_rollout_id(index)
-                self.ledger.mark_sibling_sealed(
-                    cut,
-                    GROUP_A,
-                    generation_index=index,
-                    gate_rollout_id=gate_id,
-                    receipt=_receipt(gate_id),
-                    reward=1.0,
-                    mask_sample=False,
-                )
+            self._seal_siblings(cut, GROUP_A, {2: 1.0, 3: 1.0})
             group_b = self.ledger.get_group(GROUP_B)
             self.ledger.mark_group_sealed(
                 cut,

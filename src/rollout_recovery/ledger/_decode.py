@@ -41,7 +41,7 @@ from ._receipts import receipt_staging_keys
 from ._records import PromptRef
 from ._storage import AttemptState, GroupState, SiblingState, copy_plain
 
-__all__ = ["decode_ledger_state", "reject_unknown_fields"]
+__all__ = ["check_envelope", "decode_ledger_state", "reject_unknown_fields"]
 
 # Dict lookups instead of Enum(value) calls: about ten times cheaper per attempt.
 _ATTEMPT_STATUS = {member.value: member for member in RolloutAttemptStatus}
@@ -67,16 +67,23 @@ def reject_unknown_fields(
     _fail(f"{context} contains unknown fields: {unknown!r}", path)
 
 
-def decode_ledger_state(state: object) -> dict[str, GroupState]:
-    """Validate a ``{"schema_version", "groups"}`` state and build storage for it."""
+def check_envelope(
+    state: object,
+    *,
+    context: str,
+    fields: frozenset[str],
+    type_message: str,
+    version_message: str,
+) -> dict[str, Any]:
+    """The checks shared by the ledger state and the sidecar around it, in seed order.
+
+    The seed words the two readers' messages differently, so they are passed in:
+    ``type_message`` and ``version_message`` are the seed's texts, formatted with the
+    offending ``type`` name or ``version``.
+    """
     if not isinstance(state, dict):
-        raise InvalidStateTypeError(
-            f"rollout recovery state must be a dictionary, got {type(state).__name__}",
-            path="$",
-        )
-    reject_unknown_fields(
-        state, expected=LEDGER_STATE_FIELDS, context="rollout recovery state", path="$"
-    )
+        raise InvalidStateTypeError(type_message.format(type=type(state).__name__), path="$")
+    reject_unknown_fields(state, expected=fields, context=context, path="$")
     version = state.get("schema_version")
     if (
         isinstance(version, bool)
@@ -84,10 +91,22 @@ def decode_ledger_state(state: object) -> dict[str, GroupState]:
         or version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
     ):
         _fail(
-            f"Unsupported rollout-recovery schema version: {version!r}; supported versions "
-            f"are {sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)}",
+            f"{version_message.format(version=version)}; supported versions are "
+            f"{sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)}",
             "$.schema_version",
         )
+    return state
+
+
+def decode_ledger_state(state: object) -> dict[str, GroupState]:
+    """Validate a ``{"schema_version", "groups"}`` state and build storage for it."""
+    state = check_envelope(
+        state,
+        context="rollout recovery state",
+        fields=LEDGER_STATE_FIELDS,
+        type_message="rollout recovery state must be a dictionary, got {type}",
+        version_message="Unsupported rollout-recovery schema version: {version!r}",
+    )
     raw_groups = state.get("groups")
     if not isinstance(raw_groups, list):
         _fail("rollout-recovery state must contain a groups list", "$.groups")

@@ -14,10 +14,9 @@ from ..errors import InvalidStateError, InvalidStateTypeError
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._constants import (
     SIDECAR_STATE_FIELDS,
-    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
     RolloutRecoveryState,
 )
-from ._decode import reject_unknown_fields
+from ._decode import check_envelope
 from ._ledger import RolloutRecoveryLedger
 
 __all__ = [
@@ -176,25 +175,14 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
 
     Group contents are validated by the ledger when it loads ``ledger_state``.
     """
-    if not isinstance(state, dict):
-        raise InvalidStateTypeError(
-            f"rollout recovery sidecar must contain a dictionary, got {type(state).__name__}",
-            path="$",
-        )
-    reject_unknown_fields(
-        state, expected=SIDECAR_STATE_FIELDS, context="rollout recovery sidecar", path="$"
+    state = check_envelope(
+        state,
+        context="rollout recovery sidecar",
+        fields=SIDECAR_STATE_FIELDS,
+        type_message="rollout recovery sidecar must contain a dictionary, got {type}",
+        version_message="unsupported rollout recovery schema_version={version!r}",
     )
-    version = state.get("schema_version")
-    if (
-        isinstance(version, bool)
-        or not isinstance(version, int)
-        or version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
-    ):
-        raise InvalidStateError(
-            f"unsupported rollout recovery schema_version={version!r}; supported versions "
-            f"are {sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)}",
-            path="$.schema_version",
-        )
+    version = state["schema_version"]
     groups = state.get("groups")
     if not isinstance(groups, list):
         raise InvalidStateTypeError(
