@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     rule,
 )
@@ -93,7 +93,7 @@ class Refused(Exception):
         self.text = text
 
 
-group_ids = Bundle("group_ids")
+CHOICE = st.integers(0, 2**16)
 RECEIPT_KEYS = st.one_of(st.none(), st.integers(0, 2))
 REWARDS = st.sampled_from([0.0, 1.0, -2.0, 0.5, 1])
 
@@ -112,6 +112,7 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             apply = verdict()
         except Refused as refusal:
+            event(f"refused: {refusal.text.split(chr(39))[0][:40]}")
             before = snapshot(self.ledger)
             try:
                 call()
@@ -123,6 +124,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 raise AssertionError(f"expected {refusal.error.__name__}: {refusal.text}")
             assert snapshot(self.ledger) == before, "a refused call changed ledger state"
             return None
+        event("accepted")
         result = call()
         if apply is not None:
             apply(result)
@@ -137,6 +139,13 @@ class LedgerMachine(RuleBasedStateMachine):
         if not 0 <= index < len(group.siblings):
             raise Refused(ValueError, f"generation_index={index} is outside group {group_id!r}")
 
+    def gid(self, choice: int) -> str:
+        """Mostly a live group; sometimes an id the ledger never owned or already dropped."""
+        live = list(self.model)
+        if not live or choice % 10 == 0:
+            return f"grp{choice % (self.counter + 2)}" if choice % 20 else "nope"
+        return live[choice % len(live)]
+
     def checkpoint_safe(self) -> bool:
         return not any(g.status in UNSAFE for g in self.model.values())
 
@@ -146,13 +155,12 @@ class LedgerMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------------------------- rules
 
     @rule(
-        target=group_ids,
         admitted=st.booleans(),
         granularity=st.sampled_from(["sibling", "prompt_group"]),
         n=st.integers(1, 4),
         target_step=st.one_of(st.none(), st.integers(0, 5)),
     )
-    def reserve(self, admitted: bool, granularity: str, n: int, target_step: int | None) -> str:
+    def reserve(self, admitted: bool, granularity: str, n: int, target_step: int | None) -> None:
         self.counter += 1
         group_id = f"grp{self.counter}"
         record = self.ledger.reserve_group(
@@ -175,10 +183,10 @@ class LedgerMachine(RuleBasedStateMachine):
             start_weight_version=self.counter,
             siblings=[[Attempt(s.current_attempt.attempt_uuid)] for s in record.siblings],
         )
-        return group_id
 
-    @rule(group_id=group_ids)
-    def reserve_duplicate(self, group_id: str) -> None:
+    def reserve_duplicate(self, choice: int) -> None:
+        group_id = self.gid(choice)
+
         def verdict() -> None:
             if group_id in self.model:
                 raise Refused(ValueError, f"duplicate recovery group_id={group_id!r}")
@@ -197,8 +205,12 @@ class LedgerMachine(RuleBasedStateMachine):
             verdict,
         )
 
-    @rule(group_id=group_ids, target_step=st.one_of(st.none(), st.integers(0, 5)))
-    def admit(self, group_id: str, target_step: int | None) -> None:
+    @rule(choice=CHOICE, target_step=st.one_of(st.none(), st.integers(0, 5)))
+    def admit(self, choice: int, target_step: int | None) -> None:
+        self.admit_id(self.gid(choice), target_step)
+
+    def admit_id(self, group_id: str, target_step: int | None) -> None:
+
         def verdict() -> Callable[[Any], None]:
             group = self.require(group_id)
             if group.phase != "reserved":
@@ -219,10 +231,14 @@ class LedgerMachine(RuleBasedStateMachine):
         )
 
     @rule(
-        group_id=group_ids,
+        choice=CHOICE,
         indices=st.one_of(st.none(), st.lists(st.integers(-1, 4), max_size=4, unique=True)),
     )
-    def dispatch(self, group_id: str, indices: list[int] | None) -> None:
+    def dispatch(self, choice: int, indices: list[int] | None) -> None:
+        self.dispatch_indices(self.gid(choice), indices)
+
+    def dispatch_indices(self, group_id: str, indices: list[int] | None) -> None:
+
         def verdict() -> Callable[[Any], None]:
             group = self.require(group_id)
             if group.phase != "admitted":
@@ -249,13 +265,22 @@ class LedgerMachine(RuleBasedStateMachine):
         )
 
     @rule(
-        group_id=group_ids,
-        index=st.integers(0, 4),
+        choice=CHOICE,
+        index=CHOICE,
         n_keys=RECEIPT_KEYS,
         reward=REWARDS,
         mask=st.booleans(),
     )
     def seal_sibling(
+        self, choice: int, index: int, n_keys: int | None, reward: float, mask: bool
+    ) -> None:
+        group_id = self.gid(choice)
+        group = self.model.get(group_id)
+        # mostly an existing sibling, sometimes one past the end
+        index = index % (len(group.siblings) + 1) if group else index % 3
+        self.seal_sibling_id(group_id, index, n_keys, reward, mask)
+
+    def seal_sibling_id(
         self, group_id: str, index: int, n_keys: int | None, reward: float, mask: bool
     ) -> None:
         group = self.model.get(group_id)
@@ -303,8 +328,11 @@ class LedgerMachine(RuleBasedStateMachine):
             verdict,
         )
 
-    @rule(group_id=group_ids, index=st.integers(0, 3))
-    def reseal_identically(self, group_id: str, index: int) -> None:
+    def reseal_identically(self, choice: int, index: int) -> None:
+        group = self.model.get(self.gid(choice))
+        self._reseal_identically_id(self.gid(choice), index % len(group.siblings) if group else 0)
+
+    def _reseal_identically_id(self, group_id: str, index: int) -> None:
         group = self.model.get(group_id)
         if group is None or group.granularity != "sibling" or index >= len(group.siblings):
             return
@@ -324,8 +352,11 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         assert snapshot(self.ledger) == before, "an identical duplicate seal must be a no-op"
 
-    @rule(group_id=group_ids, index=st.integers(0, 3))
-    def reseal_conflicting(self, group_id: str, index: int) -> None:
+    def reseal_conflicting(self, choice: int, index: int) -> None:
+        group = self.model.get(self.gid(choice))
+        self._reseal_conflicting_id(self.gid(choice), index % len(group.siblings) if group else 0)
+
+    def _reseal_conflicting_id(self, group_id: str, index: int) -> None:
         group = self.model.get(group_id)
         if group is None or group.granularity != "sibling" or index >= len(group.siblings):
             return
@@ -350,9 +381,10 @@ class LedgerMachine(RuleBasedStateMachine):
             verdict,
         )
 
-    @rule(group_id=group_ids, index=st.integers(0, 3))
-    def seal_with_a_stale_or_wrong_gate(self, group_id: str, index: int) -> None:
+    def seal_with_a_stale_or_wrong_gate(self, choice: int, index: int) -> None:
+        group_id = self.gid(choice)
         group = self.model.get(group_id)
+        index = index % len(group.siblings) if group else 0
         if group is None or index >= len(group.siblings):
             return
         attempts = group.siblings[index]
@@ -383,12 +415,15 @@ class LedgerMachine(RuleBasedStateMachine):
         )
 
     @rule(
-        group_id=group_ids,
+        choice=CHOICE,
         missing=st.sets(st.integers(0, 3), max_size=2),
         n_keys=st.integers(0, 2),
         drop_one=st.booleans(),
     )
-    def seal_group(self, group_id: str, missing: set[int], n_keys: int, drop_one: bool) -> None:
+    def seal_group(self, choice: int, missing: set[int], n_keys: int, drop_one: bool) -> None:
+        self.seal_group_ids(self.gid(choice), missing, n_keys, drop_one)
+
+    def seal_group_ids(self, group_id: str, missing: set[int], n_keys: int, drop_one: bool) -> None:
         group = self.model.get(group_id)
         results: dict[int, SiblingSealResult] = {}
         if group is not None:
@@ -455,8 +490,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 attempt.status = "abandoned"
         group.status = "ready_to_finalize" if group.all_sealed() else "generating"
 
-    @rule(group_id=group_ids)
-    def abandon_unsealed(self, group_id: str) -> None:
+    @rule(choice=CHOICE)
+    def abandon_unsealed(self, choice: int) -> None:
+        self.abandon_unsealed_id(self.gid(choice))
+
+    def abandon_unsealed_id(self, group_id: str) -> None:
+
         def verdict() -> Callable[[Any], None]:
             group = self.require(group_id)
             if group.status not in {"generating", "ready_to_finalize"}:
@@ -467,8 +506,12 @@ class LedgerMachine(RuleBasedStateMachine):
 
         self.expect(lambda: self.ledger.abandon_unsealed(CUT, group_id), verdict)
 
-    @rule(group_id=group_ids)
-    def retry(self, group_id: str) -> None:
+    @rule(choice=CHOICE)
+    def retry(self, choice: int) -> None:
+        self.retry_id(self.gid(choice))
+
+    def retry_id(self, group_id: str) -> None:
+
         def verdict() -> Callable[[Any], None]:
             group = self.require(group_id)
             if group.status != "generating":
@@ -509,8 +552,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
         self.expect(lambda: self.ledger.prepare_incomplete_retry(CUT, group_id), verdict)
 
-    @rule(group_id=group_ids)
-    def finalization_started(self, group_id: str) -> None:
+    def finalization_started(self, choice: int) -> None:
+        self.finalization_started_id(self.gid(choice))
+
+    def finalization_started_id(self, group_id: str) -> None:
+
         def verdict() -> Callable[[Any], None]:
             group = self.require(group_id)
             if group.status != "ready_to_finalize":
@@ -522,8 +568,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
         self.expect(lambda: self.ledger.mark_finalization_started(CUT, group_id), verdict)
 
-    @rule(group_id=group_ids)
-    def finalization_unknown(self, group_id: str) -> None:
+    def finalization_unknown(self, choice: int) -> None:
+        group_id = self.gid(choice)
+
         def verdict() -> Callable[[Any], None]:
             group = self.require(group_id)
             if group.status != "finalizing":
@@ -535,24 +582,25 @@ class LedgerMachine(RuleBasedStateMachine):
 
         self.expect(lambda: self.ledger.mark_finalization_unknown(CUT, group_id), verdict)
 
-    @rule(group_id=group_ids)
-    def discard(self, group_id: str) -> None:
+    def discard(self, choice: int) -> None:
+        group_id = self.gid(choice)
+
         def verdict() -> Callable[[Any], None]:
             self.require(group_id)
             return lambda _: self.model.pop(group_id)
 
         self.expect(lambda: self.ledger.discard_group(CUT, group_id), verdict)
 
-    @rule(chosen=st.lists(group_ids, max_size=3), bogus=st.booleans())
-    def discard_canonical(self, chosen: list[str], bogus: bool) -> None:
-        ids = set(chosen) | ({"not-owned"} if bogus else set())
+    def discard_canonical(self, chosen: list[int], bogus: bool) -> None:
+        ids = {self.gid(c) for c in chosen} | ({"not-owned"} if bogus else set())
         owned = ids & set(self.model)
         assert self.ledger.discard_canonical_groups(CUT, ids) == len(owned)
         for group_id in owned:
             del self.model[group_id]
 
-    @rule(group_id=group_ids)
-    def bind_same_identity(self, group_id: str) -> None:
+    def bind_same_identity(self, choice: int) -> None:
+        group_id = self.gid(choice)
+
         def verdict() -> None:
             self.require(group_id)
 
@@ -563,8 +611,9 @@ class LedgerMachine(RuleBasedStateMachine):
             verdict,
         )
 
-    @rule(group_id=group_ids)
-    def bind_wrong_identity(self, group_id: str) -> None:
+    def bind_wrong_identity(self, choice: int) -> None:
+        group_id = self.gid(choice)
+
         def verdict() -> None:
             group = self.require(group_id)
             raise Refused(
@@ -576,22 +625,8 @@ class LedgerMachine(RuleBasedStateMachine):
         idx = self.model[group_id].idx + 1000 if group_id in self.model else 0
         self.expect(lambda: self.ledger.bind_runtime_prompt(CUT, group_id, payload(idx)), verdict)
 
-    @rule(
-        operation=st.sampled_from(
-            [
-                "dispatch",
-                "abandon",
-                "retry",
-                "discard",
-                "discard_canonical",
-                "restart",
-                "start",
-                "admit",
-            ]
-        ),
-        group_id=group_ids,
-    )
-    def dead_cut(self, operation: str, group_id: str) -> None:
+    def dead_cut(self, operation: str, choice: int) -> None:
+        group_id = self.gid(choice)
         calls: dict[str, Callable[[], Any]] = {
             "dispatch": lambda: self.ledger.mark_group_dispatched(DEAD, group_id),
             "abandon": lambda: self.ledger.abandon_unsealed(DEAD, group_id),
@@ -610,11 +645,146 @@ class LedgerMachine(RuleBasedStateMachine):
 
         self.expect(calls[operation], verdict)
 
+    @initialize(
+        groups=st.lists(
+            st.tuples(
+                st.booleans(), st.sampled_from(["sibling", "prompt_group"]), st.integers(1, 4)
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    def start_with_groups(self, groups: list[tuple[bool, str, int]]) -> None:
+        for admitted, granularity, n in groups:
+            self.reserve(admitted, granularity, n, None)
+
+    @rule(
+        choice=CHOICE,
+        index=CHOICE,
+        n_keys=RECEIPT_KEYS,
+        mask=st.booleans(),
+        steps=st.integers(1, 8),
+    )
+    def progress(self, choice: int, index: int, n_keys: int | None, mask: bool, steps: int) -> None:
+        """Advance one live group up to ``steps`` moves along the happy path.
+
+        Uniformly random operations mostly get refused; this rule reaches deep states (sealed
+        siblings, retries with kept seals, ready groups) often enough to test them.
+        """
+        if not self.model:
+            return
+        group_id = list(self.model)[choice % len(self.model)]
+        for step in range(steps):
+            group = self.model.get(group_id)
+            if group is None:
+                return
+            statuses = [a.status for a in group.currents()]
+            n = len(statuses)
+            pick = index + step
+            if group.phase == "reserved":
+                self.admit_id(group_id, 1)
+            elif group.status == "generating" and "reserved" in statuses:
+                reserved = [i for i, s in enumerate(statuses) if s == "reserved"]
+                subset = reserved if pick % 3 else reserved[: 1 + pick % len(reserved)]
+                self.dispatch_indices(group_id, subset)
+            elif group.status == "generating" and group.granularity == "prompt_group":
+                if all(s == "dispatched" for s in statuses):
+                    missing = {pick % n} if pick % 4 == 0 else set()
+                    self.seal_group_ids(group_id, missing, 1 + pick % 2, False)
+                else:
+                    self.retry_id(group_id)
+            elif group.status != "generating" and group.granularity == "sibling" and pick % 3:
+                # duplicate deliveries of a sealed sibling: identical is a no-op, else refused
+                self.reseal_for(group_id, pick % len(statuses), identical=pick % 3 == 1)
+                if group.status == "ready_to_finalize":
+                    self.abandon_unsealed_id(group_id)  # keeps a ready group ready
+                return
+            elif group.status == "generating":
+                sealed = [i for i, s in enumerate(statuses) if s == SEALED]
+                if group.granularity == "sibling" and sealed and pick % 4 == 3:
+                    self.reseal_for(group_id, sealed[pick % len(sealed)], identical=pick % 2 == 0)
+                dispatched = [i for i, s in enumerate(statuses) if s == "dispatched"]
+                if dispatched and pick % 5 == 4:
+                    self.abandon_unsealed_id(group_id)  # a worker died
+                elif dispatched:
+                    target = dispatched[pick % len(dispatched)]
+                    self.seal_sibling_id(group_id, target, n_keys, 1.0, mask)
+                else:
+                    self.retry_id(group_id)
+            elif group.status == "ready_to_finalize" and pick % 6 == 0:
+                self.finalization_started_id(group_id)
+            else:
+                return
+
+    @rule(choice=CHOICE, unknown=st.booleans())
+    def finalize(self, choice: int, unknown: bool) -> None:
+        if unknown:
+            self.finalization_unknown(choice)
+        else:
+            self.finalization_started(choice)
+
+    @rule(choice=CHOICE, canonical=st.booleans(), chosen=st.lists(CHOICE, max_size=3))
+    def drop(self, choice: int, canonical: bool, chosen: list[int]) -> None:
+        if canonical:
+            self.discard_canonical(chosen, bool(choice % 2))
+        else:
+            self.discard(choice)
+
+    @rule(
+        kind=st.sampled_from(["identical", "conflicting", "stale_gate"]),
+        choice=CHOICE,
+        index=CHOICE,
+    )
+    def reseal(self, kind: str, choice: int, index: int) -> None:
+        {
+            "identical": self.reseal_identically,
+            "conflicting": self.reseal_conflicting,
+            "stale_gate": self.seal_with_a_stale_or_wrong_gate,
+        }[kind](choice, index)
+
+    @rule(
+        kind=st.sampled_from(["reserve_duplicate", "bind_same", "bind_wrong", "dead_cut"]),
+        choice=CHOICE,
+        operation=st.sampled_from(
+            [
+                "dispatch",
+                "abandon",
+                "retry",
+                "discard",
+                "discard_canonical",
+                "restart",
+                "start",
+                "admit",
+            ]
+        ),
+    )
+    def misuse(self, kind: str, choice: int, operation: str) -> None:
+        if kind == "reserve_duplicate":
+            self.reserve_duplicate(choice)
+        elif kind == "bind_same":
+            self.bind_same_identity(choice)
+        elif kind == "bind_wrong":
+            self.bind_wrong_identity(choice)
+        else:
+            self.dead_cut(operation, choice)
+
+    def reseal_for(self, group_id: str, index: int, *, identical: bool) -> None:
+        if identical:
+            self._reseal_identically_id(group_id, index)
+        else:
+            self._reseal_conflicting_id(group_id, index)
+
     def _rebind(self, ledger: RolloutRecoveryLedger) -> None:
         for group_id, group in self.model.items():
             ledger.bind_runtime_prompt(CUT, group_id, payload(group.idx))
 
-    @rule(via_load=st.booleans())
+    @rule(kind=st.sampled_from(["from_state_dict", "load_state_dict", "restart"]))
+    def checkpoint(self, kind: str) -> None:
+        if kind == "restart":
+            self.restart()
+        else:
+            self.checkpoint_round_trip(kind == "load_state_dict")
+
     def checkpoint_round_trip(self, via_load: bool) -> None:
         if not self.checkpoint_safe():
             self._expect_unsafe(self.ledger.state_dict)
@@ -630,7 +800,6 @@ class LedgerMachine(RuleBasedStateMachine):
         assert restored.state_dict() == state
         self.ledger = restored
 
-    @rule()
     def restart(self) -> None:
         if not self.checkpoint_safe():
             self._expect_unsafe(self.ledger.state_dict)
@@ -698,6 +867,19 @@ class LedgerMachine(RuleBasedStateMachine):
             ]
 
     @invariant()
+    def note_coverage(self) -> None:
+        for group in self.model.values():
+            if group.status != "generating":
+                event(f"reached {group.granularity} {group.status}")
+            sealed = sum(a.status == SEALED for a in group.currents())
+            if group.status == "generating" and sealed:
+                event(f"reached {group.granularity} generating with a sealed sibling")
+            if any(len(attempts) > 1 for attempts in group.siblings):
+                event(f"reached {group.granularity} retried")
+                if sealed:
+                    event(f"reached {group.granularity} retried with a kept seal")
+
+    @invariant()
     def staging_keys_match_model(self) -> None:
         expected = {
             key
@@ -721,7 +903,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 LedgerMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
