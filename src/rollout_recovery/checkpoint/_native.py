@@ -1,0 +1,353 @@
+"""The native sidecar file: MessagePack through typed msgspec Structs in a versioned envelope.
+
+Layout of a file::
+
+    MAGIC (15 bytes) | MessagePack map: NativeEnvelope{format, format_version,
+                                                       writer_version, checksum, payload}
+
+``payload`` is the MessagePack encoding of the sidecar dict (``build_rollout_recovery_state``
+output) and ``checksum`` is ``"sha256:" + hexdigest(payload)``. The magic prefix lets every
+reader recognise the format from content alone; its first byte is non-ASCII and it holds a
+CR-LF pair and a Ctrl-Z, so text-mode transfers that mangle line ends are detected, as in
+PNG's signature.
+
+Reading is layered so each layer only trusts what the previous one proved: the magic; the
+envelope, strictly typed with unknown fields refused; the format name and version; the
+checksum (a torn, truncated or bit-flipped payload stops here); then the payload, decoded
+straight into typed Structs shaped like the schema-3 sidecar, so a type error names its
+field path (``$.groups[3].siblings[0].attempts[1].status``) and comes from C, not from a
+Python walk. The schema's value rules (enums, invariants) are the ledger's job: see
+``_sidecar_io.load_sidecar``. Nothing in a file is ever executed; MessagePack has no code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Final
+
+import msgspec
+
+from .. import __version__
+from ..errors import InvalidStateError, InvalidStateTypeError
+from ._errors import SidecarFormatError
+
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "SUPPORTED_FORMAT_VERSIONS",
+    "NativeEnvelope",
+    "decode_native",
+    "decode_native_payload",
+    "encode_native",
+    "looks_like_native",
+    "read_native_envelope",
+]
+
+MAGIC: Final = b"\x89RRSIDECAR\r\n\x1a\n"
+FORMAT_NAME: Final = "rollout-recovery-sidecar"
+# Bump when the envelope or the payload encoding changes shape; the sidecar's own
+# ``schema_version`` versions the ledger schema inside the payload independently.
+FORMAT_VERSION: Final = 1
+SUPPORTED_FORMAT_VERSIONS: Final = frozenset({FORMAT_VERSION})
+# The same cap as the .pt reader: a sidecar for tens of thousands of groups is tens of MB.
+DEFAULT_MAX_FILE_BYTES: Final = 256 * 1024 * 1024
+_CHECKSUM_PREFIX: Final = "sha256:"
+
+
+class NativeEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The versioned wrapper around the payload bytes (what ``inspect`` shows as metadata)."""
+
+    format: str
+    format_version: int
+    writer_version: str
+    checksum: str
+    payload: bytes
+
+
+# ------------------------------------------------------------------------ payload schema
+# Shaped exactly like the sidecar dict, so field paths in errors are the state's paths.
+# Leaves whose rules are the ledger's (enum values, id formats) are typed as their storage
+# type only; the ledger checks them after. ``gc=False``: 10^5 attempts, never cyclic.
+# ``Any`` appears only where the schema holds free-form plain data: receipts, reward
+# settings and finalized-reward rows, whose owners validate them on load.
+
+
+class _PromptRef(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    sample_id: str
+    task_name: str | None
+
+
+class _RewardChecks(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    duplicated_reasoning: bool
+    empty_final_answer: bool
+    low_effort: bool
+
+
+class _RewardLogContext(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    agent_name: str
+    full_result_json: str | None
+
+
+class _Attempt(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    attempt_uuid: bytes
+    status: str
+    receipt: dict[Any, Any] | None
+    # int stays int: the file must load to exactly the state that was written.
+    reward: int | float | None
+    mask_sample: bool | None
+    reward_checks: _RewardChecks | None
+    reward_log_context: _RewardLogContext | None
+    staging_keys: list[str]
+
+
+class _Sibling(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    generation_index: int
+    attempts: list[_Attempt]
+
+
+class _Group(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    group_id: str
+    admission_id: str
+    prompt_id: str
+    prompt_ref: _PromptRef
+    task_source: str | None
+    recovery_granularity: str
+    expected_generations: int
+    target_step: int | None
+    start_weight_version: int
+    status: str
+    phase: str
+    siblings: list[_Sibling]
+
+
+class _Sidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    schema_version: int
+    groups: list[_Group]
+    finalizer_metrics_by_group: dict[str, dict[str, int | float]]
+    finalizer_rewards_by_group: dict[str, list[dict[str, Any]]]
+    reward_settings: dict[str, Any] | None
+    # The two keys the schema lets older sidecars omit. UNSET (not None) so an absent key
+    # stays absent after a round trip: ``to_builtins`` drops UNSET fields.
+    batch_shortfall: dict[int, int] | msgspec.UnsetType = msgspec.UNSET
+    sampler_stamps_target_steps: bool | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class _ExtensionRefused(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _refuse_extension(code: int, data: memoryview) -> Any:
+    # MessagePack extension types decode to objects that are not sidecar primitives.
+    raise _ExtensionRefused(code)
+
+
+_ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(NativeEnvelope, ext_hook=_refuse_extension)
+_PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar, ext_hook=_refuse_extension)
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_PATH_IN_MESSAGE: Final = re.compile(r" - at `(\$[^`]*)`$")
+
+
+def _split_msgspec_error(error: msgspec.ValidationError) -> tuple[str, str]:
+    """msgspec ends a message with `` - at `$.path` ``; return (message, path)."""
+    text = str(error)
+    match = _PATH_IN_MESSAGE.search(text)
+    if match is None:
+        return text, "$"
+    return text[: match.start()], match.group(1)
+
+
+# ------------------------------------------------------------------------------ detect
+
+
+def looks_like_native(data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` starts with the native magic (a format guess; never raises)."""
+    return bytes(memoryview(data)[: len(MAGIC)]) == MAGIC
+
+
+# ------------------------------------------------------------------------------- write
+
+
+def encode_native(state: dict[Any, Any], *, verify: bool = True) -> bytes:
+    """Encode a sidecar dict as the bytes of a native file.
+
+    With ``verify`` (the default) the payload is decoded again by the reader's typed
+    decoder and must equal ``state``: a value MessagePack cannot carry faithfully (a tuple,
+    a set, a dataclass, a datetime) is refused here, at write time, rather than found to
+    have changed at restore time. Raises :class:`InvalidStateTypeError` for a value that
+    cannot be encoded, :class:`InvalidStateError` for an integer outside MessagePack's
+    64-bit range, a string with lone surrogates, or a state the reader would reject or read
+    back differently (``path`` names the field when the typed decoder knows it).
+    """
+    if type(state) is not dict:
+        raise InvalidStateTypeError(
+            f"native sidecar state must be a dict, not {type(state).__name__}", path="$"
+        )
+    try:
+        payload = _ENCODER.encode(state)
+    except TypeError as error:
+        raise InvalidStateTypeError(
+            f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
+        ) from None
+    except (OverflowError, UnicodeEncodeError, ValueError) as error:
+        raise InvalidStateError(
+            f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
+        ) from None
+    if verify:
+        decoded = decode_native_payload(payload)
+        if decoded != state and not _same_tree(decoded, state):
+            raise InvalidStateError(
+                "native sidecar: state would not read back unchanged (it holds tuples, sets "
+                "or other non-primitive values)",
+                path="$",
+            )
+    envelope = NativeEnvelope(
+        format=FORMAT_NAME,
+        format_version=FORMAT_VERSION,
+        writer_version=__version__,
+        checksum=_CHECKSUM_PREFIX + hashlib.sha256(payload).hexdigest(),
+        payload=payload,
+    )
+    return MAGIC + _ENCODER.encode(envelope)
+
+
+def _same_tree(left: object, right: object) -> bool:
+    """Exact equality that also holds for NaN; the slow path behind a failed ``==``.
+
+    ``==`` says NaN differs from itself, so a state with a NaN metric would fail the fast
+    check although it reads back faithfully. Types must match exactly (a tuple is not a
+    list); a ``str`` enum member matches its value, as it is written as that string.
+    """
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(
+            _same_tree(value, right[key]) for key, value in left.items()
+        )
+    if isinstance(left, list) and type(right) is list:
+        return len(left) == len(right) and all(map(_same_tree, left, right))
+    if type(left) is float and type(right) is float and left != left and right != right:
+        return True
+    if isinstance(right, str) and type(left) is str:
+        return left == right
+    return type(left) is type(right) and left == right
+
+
+# -------------------------------------------------------------------------------- read
+
+
+def read_native_envelope(
+    data: bytes | bytearray | memoryview, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> NativeEnvelope:
+    """Check magic, envelope, format, version and checksum; return the envelope.
+
+    Raises :class:`SidecarFormatError` for anything that is not an intact native file of
+    a supported version. The payload is not decoded.
+    """
+    view = memoryview(data)
+    if view.nbytes > max_file_bytes:
+        raise SidecarFormatError(
+            f"native sidecar: file is {view.nbytes} bytes, over the {max_file_bytes}-byte limit"
+        )
+    if not looks_like_native(view):
+        raise SidecarFormatError("native sidecar: missing the magic prefix")
+    try:
+        envelope = _ENVELOPE_DECODER.decode(view[len(MAGIC) :])
+    except msgspec.ValidationError as error:
+        message, path = _split_msgspec_error(error)
+        raise SidecarFormatError(
+            f"native sidecar: invalid envelope: {message}", path=path
+        ) from None
+    except (msgspec.DecodeError, _ExtensionRefused, RecursionError) as error:
+        raise SidecarFormatError(
+            f"native sidecar: envelope is not valid MessagePack (truncated or corrupted): {error!s}"
+        ) from None
+    if envelope.format != FORMAT_NAME:
+        raise SidecarFormatError(
+            f"native sidecar: format is {envelope.format!r}, expected {FORMAT_NAME!r}",
+            path="$.format",
+        )
+    if envelope.format_version not in SUPPORTED_FORMAT_VERSIONS:
+        raise SidecarFormatError(
+            f"native sidecar: unsupported format_version={envelope.format_version!r}; this "
+            f"reader supports {sorted(SUPPORTED_FORMAT_VERSIONS)}",
+            path="$.format_version",
+        )
+    expected = _CHECKSUM_PREFIX + hashlib.sha256(envelope.payload).hexdigest()
+    if envelope.checksum != expected:
+        raise SidecarFormatError(
+            "native sidecar: payload checksum mismatch (the file is corrupted or was "
+            "modified after writing)",
+            path="$.checksum",
+        )
+    return envelope
+
+
+def decode_native(
+    data: bytes | bytearray | memoryview, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> dict[Any, Any]:
+    """Decode a native file's bytes into a fresh sidecar dict (type-checked, not validated).
+
+    Raises :class:`SidecarFormatError` when the bytes are not an intact native file and
+    :class:`InvalidStateError` (with ``path``) when the payload breaks the sidecar's types.
+    Value rules are checked by ``parse_rollout_recovery_state`` and the ledger.
+    """
+    envelope = read_native_envelope(data, max_file_bytes=max_file_bytes)
+    return decode_native_payload(envelope.payload)
+
+
+def decode_native_payload(payload: bytes) -> dict[Any, Any]:
+    """Decode an envelope's (checksum-verified) payload; raises like :func:`decode_native`."""
+    try:
+        sidecar = _PAYLOAD_DECODER.decode(payload)
+    except msgspec.ValidationError as error:
+        message, path = _split_msgspec_error(error)
+        raise InvalidStateError(f"native sidecar: {message} (at {path})", path=path) from None
+    except _ExtensionRefused as error:
+        raise SidecarFormatError(
+            f"native sidecar: payload holds MessagePack extension type {error.code}, which "
+            "is not a sidecar primitive"
+        ) from None
+    except (msgspec.DecodeError, RecursionError) as error:
+        raise SidecarFormatError(
+            f"native sidecar: payload is not valid MessagePack: {error}"
+        ) from None
+    _refuse_timestamps(sidecar)
+    state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
+    return state
+
+
+def _free_form_parts(sidecar: _Sidecar) -> list[tuple[str, Any]]:
+    parts: list[tuple[str, Any]] = [
+        (f"$.groups[{g}].siblings[{s}].attempts[{a}].receipt", attempt.receipt)
+        for g, group in enumerate(sidecar.groups)
+        for s, sibling in enumerate(group.siblings)
+        for a, attempt in enumerate(sibling.attempts)
+        if attempt.receipt is not None
+    ]
+    parts.append(("$.reward_settings", sidecar.reward_settings))
+    parts.append(("$.finalizer_rewards_by_group", sidecar.finalizer_rewards_by_group))
+    return parts
+
+
+def _refuse_timestamps(sidecar: _Sidecar) -> None:
+    """Refuse MessagePack timestamps inside the free-form (``Any``-typed) parts.
+
+    msgspec decodes the timestamp extension to ``datetime`` without consulting the ext hook,
+    and ``to_builtins`` would then quietly turn it into a string: a silent change. A
+    ``to_builtins`` image differs from its input exactly when such a value is present, and
+    comparing the two runs in C, which a Python walk over 10^5 receipts would not.
+    """
+    parts = [value for _, value in _free_form_parts(sidecar)]
+    if msgspec.to_builtins(parts, builtin_types=(bytes,), str_keys=False) == parts:
+        return
+    for path, value in _free_form_parts(sidecar):
+        if msgspec.to_builtins(value, builtin_types=(bytes,), str_keys=False) != value:
+            raise InvalidStateError(
+                f"native sidecar: {path} holds a MessagePack timestamp or another value that "
+                f"is not a sidecar primitive (at {path})",
+                path=path,
+            )
+    raise InvalidStateError("native sidecar: payload holds a value that is not a primitive")

@@ -1,0 +1,267 @@
+"""One small API for sidecar files in either format: write in a chosen one, read any.
+
+Checkpoint code calls :func:`write_sidecar` with ``format="native"`` (the default) or
+``format="pt"`` (NeMo-RL's ``rollout_recovery.pt``, loadable by ``torch.load``), and
+:func:`load_sidecar` to read one back, whatever its format: the format is detected from
+the file's first bytes, never from its name. Loading is all or nothing: it returns only
+after ``parse_rollout_recovery_state`` and ``RolloutRecoveryLedger.from_state_dict``
+accepted the whole state.
+
+Errors a reader can see, and nothing else for bad content:
+
+* :class:`SidecarFormatError`: the bytes are not an intact sidecar of a known format;
+* :class:`~rollout_recovery.errors.InvalidStateError` /
+  :class:`~rollout_recovery.errors.InvalidStateTypeError`: decoded, but the state breaks
+  the schema; ``path`` names the field;
+* ``OSError``: the file cannot be opened or read (missing, a directory without a sidecar,
+  no permission).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, get_args
+
+from ..ledger import (
+    ROLLOUT_RECOVERY_STATE_FILENAME,
+    ParsedRolloutRecoveryState,
+    RolloutRecoveryLedger,
+    parse_rollout_recovery_state,
+)
+from ._atomic import atomic_write_bytes
+from ._errors import SidecarFormatError
+from ._native import (
+    DEFAULT_MAX_FILE_BYTES,
+    decode_native_payload,
+    encode_native,
+    looks_like_native,
+    read_native_envelope,
+)
+from ._torch_pt import decode_torch_pt, encode_torch_pt, looks_like_torch_zip
+
+__all__ = [
+    "NATIVE_SIDECAR_FILENAME",
+    "PT_SIDECAR_FILENAME",
+    "SIDECAR_FILENAMES",
+    "SIDECAR_FORMATS",
+    "LoadedSidecar",
+    "SidecarFormat",
+    "decode_sidecar",
+    "detect_sidecar_format",
+    "encode_sidecar",
+    "load_sidecar",
+    "read_sidecar",
+    "read_sidecar_bytes",
+    "resolve_sidecar_path",
+    "sidecar_filename",
+    "validate_sidecar_state",
+    "write_sidecar",
+]
+
+SidecarFormat = Literal["native", "pt"]
+SIDECAR_FORMATS: Final[tuple[SidecarFormat, ...]] = get_args(SidecarFormat)
+NATIVE_SIDECAR_FILENAME: Final = "rollout_recovery.sidecar"
+PT_SIDECAR_FILENAME: Final = ROLLOUT_RECOVERY_STATE_FILENAME
+# The names a checkpoint directory may hold its sidecar under. The name only finds the
+# file; its content decides how it is read.
+SIDECAR_FILENAMES: Final = (NATIVE_SIDECAR_FILENAME, PT_SIDECAR_FILENAME)
+
+
+@dataclass(frozen=True)
+class LoadedSidecar:
+    """A sidecar file that passed every check, with what ``inspect`` reports about it."""
+
+    path: Path
+    format: SidecarFormat
+    size: int
+    #: The state exactly as stored (a fresh tree; nothing else references it).
+    state: dict[Any, Any]
+    parsed: ParsedRolloutRecoveryState
+    #: A ledger restored from ``parsed.ledger_state`` (no runtime prompts bound yet).
+    ledger: RolloutRecoveryLedger
+    #: From the native envelope; all ``None`` for ``.pt`` (which records none of them).
+    format_version: int | None
+    writer_version: str | None
+    payload_checksum: str | None
+
+
+def sidecar_filename(format: SidecarFormat) -> str:
+    """The conventional file name for a sidecar in ``format`` inside a checkpoint."""
+    _check_format(format)
+    return NATIVE_SIDECAR_FILENAME if format == "native" else PT_SIDECAR_FILENAME
+
+
+def _check_format(format: object) -> None:
+    if format not in SIDECAR_FORMATS:
+        raise ValueError(f"unknown sidecar format {format!r}; expected one of {SIDECAR_FORMATS}")
+
+
+def detect_sidecar_format(data: bytes | bytearray | memoryview) -> SidecarFormat | None:
+    """The format of a sidecar's bytes, judged on content only; ``None`` if neither."""
+    if looks_like_native(data):
+        return "native"
+    if looks_like_torch_zip(data):
+        return "pt"
+    return None
+
+
+# ------------------------------------------------------------------------------ write
+
+
+def validate_sidecar_state(
+    state: object,
+) -> tuple[ParsedRolloutRecoveryState, RolloutRecoveryLedger]:
+    """Full validation: the sidecar's own rules, then every ledger load invariant.
+
+    Raises the first :class:`InvalidStateError` / :class:`InvalidStateTypeError` found.
+    """
+    parsed = parse_rollout_recovery_state(state)
+    ledger = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
+    return parsed, ledger
+
+
+def encode_sidecar(
+    state: dict[Any, Any], *, format: SidecarFormat = "native", validate: bool = True
+) -> bytes:
+    """The bytes of a sidecar file holding ``state`` in ``format``.
+
+    With ``validate`` (the default) the state must pass :func:`validate_sidecar_state`
+    first and must read back unchanged, so a file that could not be loaded is never
+    produced. Both formats are deterministic for a given state.
+    """
+    _check_format(format)
+    if validate:
+        validate_sidecar_state(state)
+    if format == "native":
+        return encode_native(state, verify=validate)
+    # The .pt encoder accepts exact primitive types only, so what it writes reads back equal.
+    return encode_torch_pt(state)
+
+
+def write_sidecar(
+    path: str | os.PathLike[str],
+    state: dict[Any, Any],
+    *,
+    format: SidecarFormat = "native",
+    validate: bool = True,
+) -> None:
+    """Atomically write ``state`` to ``path`` in ``format`` (see :func:`encode_sidecar`).
+
+    A crash leaves either the previous file or the complete new one at ``path``.
+    """
+    atomic_write_bytes(path, encode_sidecar(state, format=format, validate=validate))
+
+
+# ------------------------------------------------------------------------------- read
+
+
+def resolve_sidecar_path(path: str | os.PathLike[str]) -> Path:
+    """A sidecar file itself, or the one sidecar inside a checkpoint directory.
+
+    Raises ``FileNotFoundError`` when a directory holds none of :data:`SIDECAR_FILENAMES`
+    and :class:`SidecarFormatError` when it holds more than one (which to trust would be
+    a guess).
+    """
+    candidate = Path(path)
+    if not candidate.is_dir():
+        return candidate
+    found = [candidate / name for name in SIDECAR_FILENAMES if (candidate / name).is_file()]
+    if not found:
+        raise FileNotFoundError(
+            f"checkpoint directory {str(candidate)!r} holds no sidecar (looked for "
+            f"{', '.join(SIDECAR_FILENAMES)})"
+        )
+    if len(found) > 1:
+        raise SidecarFormatError(
+            f"checkpoint directory {str(candidate)!r} holds several sidecars: "
+            f"{', '.join(p.name for p in found)}"
+        )
+    return found[0]
+
+
+def read_sidecar_bytes(
+    path: str | os.PathLike[str], *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> tuple[Path, bytes]:
+    """The resolved sidecar path and its bytes, refusing files over ``max_file_bytes``."""
+    resolved = resolve_sidecar_path(path)
+    with open(resolved, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > max_file_bytes:
+            raise SidecarFormatError(
+                f"sidecar file is {size} bytes, over the {max_file_bytes}-byte limit"
+            )
+        # One byte past the cap, so a file growing while read is still bounded.
+        data = handle.read(max_file_bytes + 1)
+    if len(data) > max_file_bytes:
+        raise SidecarFormatError(f"sidecar file is over the {max_file_bytes}-byte limit")
+    return resolved, data
+
+
+def decode_sidecar(
+    data: bytes | bytearray | memoryview,
+) -> tuple[SidecarFormat, dict[Any, Any]]:
+    """Detect the format and decode the bytes to a fresh state tree (no value checks).
+
+    Raises :class:`SidecarFormatError` when the bytes are neither format or are damaged,
+    and, for a native payload whose types break the schema, :class:`InvalidStateError`.
+    """
+    format = detect_sidecar_format(data)
+    if format == "native":
+        return format, decode_native_payload(read_native_envelope(data).payload)
+    if format == "pt":
+        try:
+            return format, decode_torch_pt(data)
+        except SidecarFormatError:
+            raise
+        except ValueError as error:
+            # Everything the .pt codec refuses is a container problem: it checks only that
+            # the file is a primitive tree, never the sidecar's schema.
+            raise SidecarFormatError(str(error), path=getattr(error, "path", None)) from None
+    raise SidecarFormatError(
+        "not a rollout-recovery sidecar: the content is neither the native format (magic "
+        "prefix) nor a torch zip archive with a data.pkl"
+    )
+
+
+def read_sidecar(path: str | os.PathLike[str]) -> dict[Any, Any]:
+    """Read a sidecar file (or a checkpoint directory's) in either format, fully validated.
+
+    Returns the state as stored. For the parsed parts and a restored ledger, use
+    :func:`load_sidecar`.
+    """
+    return load_sidecar(path).state
+
+
+def load_sidecar(path: str | os.PathLike[str]) -> LoadedSidecar:
+    """Read, decode and fully validate a sidecar; all or nothing (see the module doc)."""
+    resolved, data = read_sidecar_bytes(path)
+    format = detect_sidecar_format(data)
+    if format == "native":
+        # Read the envelope once: it carries the metadata and the verified payload.
+        envelope = read_native_envelope(data)
+        state = decode_native_payload(envelope.payload)
+        metadata: tuple[int | None, str | None, str | None] = (
+            envelope.format_version,
+            envelope.writer_version,
+            envelope.checksum,
+        )
+        del envelope  # the payload bytes need not outlive the decode
+    else:
+        format, state = decode_sidecar(data)
+        metadata = (None, None, None)
+    size = len(data)
+    del data
+    parsed, ledger = validate_sidecar_state(state)
+    return LoadedSidecar(
+        path=resolved,
+        format=format,
+        size=size,
+        state=state,
+        parsed=parsed,
+        ledger=ledger,
+        format_version=metadata[0],
+        writer_version=metadata[1],
+        payload_checksum=metadata[2],
+    )
