@@ -1,0 +1,66 @@
+"""``rollout-recovery validate PATH``: every problem of a sidecar, one line each."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from ..checkpoint import (
+    SidecarFormatError,
+    SidecarProblem,
+    decode_sidecar,
+    find_sidecar_problems,
+    read_native_envelope,
+    read_sidecar_bytes,
+)
+from ..errors import InvalidStateError, InvalidStateTypeError
+from ._sidecar_errors import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, fail, problem_line
+
+__all__ = ["validate"]
+
+
+def _untyped_problems(data: bytes) -> list[SidecarProblem]:
+    """All problems of a native file whose typed decode stopped at its first type error.
+
+    The checksum already proved the payload is what the writer wrote, so decoding it
+    without the schema is safe and lets the per-field validators list everything. Any
+    surprise here only means falling back to the typed decoder's single message.
+    """
+    try:
+        state: Any = msgspec.msgpack.decode(read_native_envelope(data).payload)
+        return find_sidecar_problems(state)
+    except Exception:  # a best-effort listing; the typed error is reported regardless
+        return []
+
+
+@click.command("validate")
+@click.argument("path", type=click.Path(path_type=Path))
+def validate(path: Path) -> None:
+    """Check a sidecar file (or a checkpoint directory's) against the full schema.
+
+    Exit 0 when valid; 1 with one line per problem, each naming the field path; 2 when
+    PATH cannot be read as a sidecar at all. The format is detected from content.
+    """
+    try:
+        resolved, data = read_sidecar_bytes(path)
+        format, state = decode_sidecar(data)
+    except SidecarFormatError as error:
+        fail(f"unreadable sidecar {os.fspath(path)!r}: {error}", EXIT_UNREADABLE)
+    except OSError as error:
+        fail(f"cannot read {os.fspath(path)!r}: {error.strerror or error}", EXIT_UNREADABLE)
+    except (InvalidStateError, InvalidStateTypeError) as error:
+        # Only the native decoder gets here: its typed payload decode stops at one fault.
+        lines = [str(p) for p in _untyped_problems(data)] or [problem_line(error)]
+        click.echo("\n".join(lines))
+        raise SystemExit(EXIT_INVALID) from None
+    problems = find_sidecar_problems(state)
+    if problems:
+        click.echo("\n".join(str(problem) for problem in problems))
+        raise SystemExit(EXIT_INVALID)
+    groups = len(state["groups"])
+    click.echo(f"{resolved}: valid {format} sidecar, {groups} groups")
+    raise SystemExit(EXIT_OK)
