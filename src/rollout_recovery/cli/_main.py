@@ -21,6 +21,15 @@ def _register() -> None:
     from ._demo import demo
 
     cli.add_command(demo)
+    from ._inspect import inspect
+
+    cli.add_command(inspect)
+    from ._validate import validate
+
+    cli.add_command(validate)
+    from ._convert import convert
+
+    cli.add_command(convert)
 
 
 _register()
