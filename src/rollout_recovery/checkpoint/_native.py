@@ -149,6 +149,9 @@ def _refuse_extension(code: int, data: memoryview) -> Any:
 _ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(NativeEnvelope, ext_hook=_refuse_extension)
 _PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar, ext_hook=_refuse_extension)
 _ENCODER: Final = msgspec.msgpack.Encoder()
+# Besides DecodeError, msgspec lets these escape on malformed input (found by the fuzz
+# tests: a flipped byte inside a string raises UnicodeDecodeError, a ValueError).
+_MALFORMED: Final = (ValueError, OverflowError, RecursionError)
 _PATH_IN_MESSAGE: Final = re.compile(r" - at `(\$[^`]*)`$")
 
 
@@ -260,7 +263,7 @@ def read_native_envelope(
         raise SidecarFormatError(
             f"native sidecar: invalid envelope: {message}", path=path
         ) from None
-    except (msgspec.DecodeError, _ExtensionRefused, RecursionError) as error:
+    except (msgspec.DecodeError, _ExtensionRefused, *_MALFORMED) as error:
         raise SidecarFormatError(
             f"native sidecar: envelope is not valid MessagePack (truncated or corrupted): {error!s}"
         ) from None
@@ -310,7 +313,7 @@ def decode_native_payload(payload: bytes) -> dict[Any, Any]:
             f"native sidecar: payload holds MessagePack extension type {error.code}, which "
             "is not a sidecar primitive"
         ) from None
-    except (msgspec.DecodeError, RecursionError) as error:
+    except (msgspec.DecodeError, *_MALFORMED) as error:
         raise SidecarFormatError(
             f"native sidecar: payload is not valid MessagePack: {error}"
         ) from None

@@ -166,7 +166,8 @@ def _group_problems(groups: list[Any]) -> list[SidecarProblem]:
                     )
                 else:
                     first_by_uuid[uuid_bytes] = where
-        signature = (group["phase"], group["target_step"])
+        # target_step may be absent: the seed reads it with .get (None).
+        signature = (group["phase"], group.get("target_step"))
         if admissions.setdefault(group["admission_id"], signature) != signature:
             problems.append(
                 SidecarProblem(
