@@ -123,16 +123,18 @@ class _Group(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     siblings: list[_Sibling]
 
 
-class _Sidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+class _Sidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+    # Field order is ``build_rollout_recovery_state``'s key order, so decoding keeps it and
+    # a .pt -> native -> .pt conversion reproduces the original bytes.
     schema_version: int
     groups: list[_Group]
-    finalizer_metrics_by_group: dict[str, dict[str, int | float]]
-    finalizer_rewards_by_group: dict[str, list[dict[str, Any]]]
-    reward_settings: dict[str, Any] | None
     # The two keys the schema lets older sidecars omit. UNSET (not None) so an absent key
     # stays absent after a round trip: ``to_builtins`` drops UNSET fields.
     batch_shortfall: dict[int, int] | msgspec.UnsetType = msgspec.UNSET
     sampler_stamps_target_steps: bool | msgspec.UnsetType | None = msgspec.UNSET
+    finalizer_metrics_by_group: dict[str, dict[str, int | float]]
+    reward_settings: dict[str, Any] | None
+    finalizer_rewards_by_group: dict[str, list[dict[str, Any]]]
 
 
 class _ExtensionRefused(Exception):
