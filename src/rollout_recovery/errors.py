@@ -9,16 +9,33 @@ instead of parsing message text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
+    "MAX_LISTED_KEYS",
     "BarrierNestingError",
     "CheckpointUnsafeError",
+    "DataPlaneClosedError",
     "DeadCutError",
+    "InvalidRowError",
     "InvalidStateError",
     "InvalidStateTypeError",
     "InvalidTransitionError",
+    "MissingRowError",
     "RolloutRecoveryError",
     "UnknownGroupError",
+    "UnknownMutationKindError",
+    "format_keys",
 ]
+
+# Messages list at most this many ids: enough to debug, bounded for a 10^5-key inventory.
+MAX_LISTED_KEYS = 10
+
+
+def format_keys(keys: Sequence[str]) -> str:
+    """``['a', 'b'] (total=2)``: the first few keys of a list, for error messages."""
+    shown = sorted(keys)[:MAX_LISTED_KEYS]
+    return f"{shown!r} (total={len(keys)})"
 
 
 class RolloutRecoveryError(Exception):
@@ -74,3 +91,42 @@ class CheckpointUnsafeError(RolloutRecoveryError, RuntimeError):
     def __init__(self, message: str, *, group_ids: list[str]) -> None:
         super().__init__(message)
         self.group_ids = group_ids
+
+
+class UnknownMutationKindError(RolloutRecoveryError, ValueError):
+    """``barrier.mutation(kind=...)`` named a kind outside ``CHECKPOINT_MUTATION_KINDS``."""
+
+
+class MissingRowError(RolloutRecoveryError, KeyError):
+    """A data-plane ``get`` named keys the partition does not hold; nothing was returned.
+
+    ``partition`` and ``keys`` (every missing key, in request order) are structured fields.
+    """
+
+    def __init__(self, partition: str, keys: Sequence[str]) -> None:
+        self.partition = partition
+        self.keys = list(keys)
+        super().__init__(
+            f"data plane partition {partition!r} has no row for keys {format_keys(self.keys)}"
+        )
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message and wrap it in quotes.
+        return str(self.args[0])
+
+
+class InvalidRowError(RolloutRecoveryError, ValueError):
+    """A row (on ``put``) or a stored row (on ``get`` / ``restore``) breaks the row format.
+
+    ``key`` names the row and ``field`` the offending field (for example ``token_ids`` or
+    ``metadata['calls'][2]``) when they are known.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.field = field
+
+
+class DataPlaneClosedError(RolloutRecoveryError, RuntimeError):
+    """A data-plane store was used after ``close()``."""

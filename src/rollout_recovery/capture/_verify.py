@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..dataplane._protocol import DataPlane, InvalidRowError, Row
-from ..errors import InvalidStateError
+from ..dataplane._protocol import DataPlane, Row
+from ..errors import InvalidRowError, InvalidStateError
 from ._digest import (
     EMPTY_EXTRAS_DIGEST,
     compute_call_digest,

@@ -1,5 +1,6 @@
 """Data plane: the checkpoint barrier and its cut, and the partitioned row stores."""
 
+from ..errors import DataPlaneClosedError, InvalidRowError, MissingRowError
 from ._barrier import (
     CHECKPOINT_MUTATION_KINDS,
     DataPlaneCheckpointBarrier,
@@ -7,7 +8,7 @@ from ._barrier import (
     DataPlaneMutationCut,
 )
 from ._memory import MemoryDataPlane
-from ._protocol import DataPlane, DataPlaneClosedError, InvalidRowError, MissingRowError, Row
+from ._protocol import DataPlane, Row
 from ._replay import CANONICAL_PARTITION, ReplayGroup, ReplayIndex
 from ._sqlite import SNAPSHOT_FILE, SqliteDataPlane
 

@@ -22,7 +22,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import BarrierNestingError, DeadCutError, RolloutRecoveryError
+from ..errors import BarrierNestingError, DeadCutError, UnknownMutationKindError
 
 __all__ = [
     "CHECKPOINT_MUTATION_KINDS",
@@ -53,10 +53,6 @@ _NESTED = (
     "this task already holds a data-plane barrier section; pass the DataPlaneMutationCut "
     "you already have instead of opening another"
 )
-
-
-class UnknownMutationKindError(RolloutRecoveryError, ValueError):
-    """``mutation(kind=...)`` named a kind outside :data:`CHECKPOINT_MUTATION_KINDS`."""
 
 
 class DataPlaneMutationCut:

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
-from ._protocol import InvalidRowError, Row
+from ..errors import InvalidRowError
+from ._protocol import Row
 
 __all__ = [
     "EncodedRow",

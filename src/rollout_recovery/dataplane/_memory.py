@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ..errors import DataPlaneClosedError, MissingRowError
 from ..ledger._cut import MutationCut
 from ._codec import (
     EncodedRow,
@@ -21,7 +22,7 @@ from ._codec import (
     decode_row,
     encode_row,
 )
-from ._protocol import DataPlaneClosedError, MissingRowError, Row
+from ._protocol import Row
 from ._sqlite import read_snapshot, write_snapshot
 
 __all__ = ["MemoryDataPlane"]

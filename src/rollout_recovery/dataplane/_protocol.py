@@ -18,7 +18,11 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import RolloutRecoveryError
+from ..errors import (
+    DataPlaneClosedError,
+    InvalidRowError,
+    MissingRowError,
+)
 from ..ledger._cut import MutationCut
 
 __all__ = [
@@ -31,7 +35,6 @@ __all__ = [
 
 # Error messages list at most this many keys, then the total, so that a partition-sized
 # mismatch stays readable.
-MAX_LISTED_KEYS = 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,47 +54,6 @@ class Row:
     token_mask: npt.NDArray[np.float32]
     logprobs: npt.NDArray[np.float32]
     metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-def format_keys(keys: Sequence[str]) -> str:
-    """``['a', 'b'] (total=2)``: the first few keys of a list, for error messages."""
-    shown = sorted(keys)[:MAX_LISTED_KEYS]
-    return f"{shown!r} (total={len(keys)})"
-
-
-class MissingRowError(RolloutRecoveryError, KeyError):
-    """``get`` named keys the partition does not hold; nothing was returned.
-
-    ``partition`` and ``keys`` (every missing key, in request order) are structured fields.
-    """
-
-    def __init__(self, partition: str, keys: Sequence[str]) -> None:
-        self.partition = partition
-        self.keys = list(keys)
-        super().__init__(
-            f"data plane partition {partition!r} has no row for keys {format_keys(self.keys)}"
-        )
-
-    def __str__(self) -> str:
-        # KeyError.__str__ would repr() the message and wrap it in quotes.
-        return str(self.args[0])
-
-
-class InvalidRowError(RolloutRecoveryError, ValueError):
-    """A row (on ``put``) or a stored row (on ``get`` / ``restore``) breaks the row format.
-
-    ``key`` names the row and ``field`` the offending field (for example ``token_ids`` or
-    ``metadata['calls'][2]``) when they are known.
-    """
-
-    def __init__(self, message: str, *, key: str | None = None, field: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-        self.field = field
-
-
-class DataPlaneClosedError(RolloutRecoveryError, RuntimeError):
-    """The store was used after ``close()``."""
 
 
 class DataPlane(Protocol):

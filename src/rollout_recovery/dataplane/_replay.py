@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidStateError, InvalidTransitionError, UnknownGroupError
+from ..errors import InvalidStateError, InvalidTransitionError, UnknownGroupError, format_keys
 from ..ledger._cut import MutationCut
-from ._protocol import DataPlane, format_keys
+from ._protocol import DataPlane
 
 __all__ = ["CANONICAL_PARTITION", "ReplayGroup", "ReplayIndex"]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
-from ..errors import InvalidStateError
+from ..errors import DataPlaneClosedError, InvalidRowError, InvalidStateError, MissingRowError
 from ..ledger._cut import MutationCut
 from ._codec import (
     EncodedRow,
@@ -46,7 +46,7 @@ from ._codec import (
     decode_row,
     encode_row,
 )
-from ._protocol import DataPlaneClosedError, InvalidRowError, MissingRowError, Row
+from ._protocol import Row
 from ._publish import fsync_directory, publish_directory
 
 __all__ = ["SNAPSHOT_FILE", "SqliteDataPlane", "read_snapshot", "write_snapshot"]

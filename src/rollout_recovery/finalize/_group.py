@@ -25,8 +25,8 @@ from ..capture import (
     fetch_and_verify,
     verify_and_linearize,
 )
-from ..dataplane._protocol import DataPlane, InvalidRowError, Row
-from ..errors import InvalidStateError, InvalidTransitionError
+from ..dataplane._protocol import DataPlane, Row
+from ..errors import InvalidRowError, InvalidStateError, InvalidTransitionError
 from ..ledger import (
     PromptGroupRecoveryRecord,
     PromptGroupStatus,
