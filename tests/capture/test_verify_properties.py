@@ -171,9 +171,11 @@ def test_a_consistently_forged_relink_is_caught_by_the_lineage_checks(
     result = verify_and_linearize(receipt, rows)
     twin = next((r for r in built.records if r.model_call_id == new_parent), None)
     parent_record = next(r for r in built.records if r.model_call_id == current)
-    if twin is not None and twin.chain_hash == parent_record.chain_hash:
-        # The new parent is token-for-token identical to the old one (same ancestry content):
-        # nothing observable changed, so the row must come out the same.
+    twin_listed_first = twin is not None and built.records.index(twin) < index
+    if twin is not None and twin.chain_hash == parent_record.chain_hash and twin_listed_first:
+        # The new parent is token-for-token identical to the old one (same ancestry content)
+        # and listed before the child: nothing observable changed, so the row is the same.
+        # (A twin listed after the child is still refused, by manifest order.)
         assert isinstance(result, LinearizedRollout), result
         assert result.token_ids.tolist() == built.expected_tokens
         return
