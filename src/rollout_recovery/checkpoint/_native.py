@@ -319,36 +319,59 @@ def decode_native_payload(payload: bytes) -> dict[Any, Any]:
         raise SidecarFormatError(
             f"native sidecar: payload is not valid MessagePack: {error}"
         ) from None
-    _refuse_timestamps(sidecar)
     state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
+    _refuse_timestamps(sidecar, state)
     return state
 
 
-def _free_form_parts(sidecar: _Sidecar) -> list[tuple[str, Any]]:
-    parts: list[tuple[str, Any]] = [
-        (f"$.groups[{g}].siblings[{s}].attempts[{a}].receipt", attempt.receipt)
+def _free_form_values(sidecar: _Sidecar) -> list[Any]:
+    values: list[Any] = [
+        attempt.receipt
+        for group in sidecar.groups
+        for sibling in group.siblings
+        for attempt in sibling.attempts
+        if attempt.receipt is not None
+    ]
+    values.append(sidecar.reward_settings)
+    values.append(sidecar.finalizer_rewards_by_group)
+    return values
+
+
+def _free_form_paths(sidecar: _Sidecar) -> list[str]:
+    # Built only after a failed check: formatting a path per attempt up front cost more than
+    # the check itself.
+    paths = [
+        f"$.groups[{g}].siblings[{s}].attempts[{a}].receipt"
         for g, group in enumerate(sidecar.groups)
         for s, sibling in enumerate(group.siblings)
         for a, attempt in enumerate(sibling.attempts)
         if attempt.receipt is not None
     ]
-    parts.append(("$.reward_settings", sidecar.reward_settings))
-    parts.append(("$.finalizer_rewards_by_group", sidecar.finalizer_rewards_by_group))
-    return parts
+    return [*paths, "$.reward_settings", "$.finalizer_rewards_by_group"]
 
 
-def _refuse_timestamps(sidecar: _Sidecar) -> None:
+def _refuse_timestamps(sidecar: _Sidecar, state: dict[Any, Any]) -> None:
     """Refuse MessagePack timestamps inside the free-form (``Any``-typed) parts.
 
     msgspec decodes the timestamp extension to ``datetime`` without consulting the ext hook,
-    and ``to_builtins`` would then quietly turn it into a string: a silent change. A
-    ``to_builtins`` image differs from its input exactly when such a value is present, and
-    comparing the two runs in C, which a Python walk over 10^5 receipts would not.
+    and ``to_builtins`` then quietly turns it into a string: a silent change. ``state`` (the
+    ``to_builtins`` image of ``sidecar``) differs from the decoded values exactly when such
+    a value is present, and comparing the two runs in C, which a Python walk over 10^5
+    receipts would not.
     """
-    parts = [value for _, value in _free_form_parts(sidecar)]
-    if msgspec.to_builtins(parts, builtin_types=(bytes,), str_keys=False) == parts:
+    values = _free_form_values(sidecar)
+    converted: list[Any] = [
+        attempt["receipt"]
+        for group in state["groups"]
+        for sibling in group["siblings"]
+        for attempt in sibling["attempts"]
+        if attempt["receipt"] is not None
+    ]
+    converted.append(state["reward_settings"])
+    converted.append(state["finalizer_rewards_by_group"])
+    if converted == values:
         return
-    for path, value in _free_form_parts(sidecar):
+    for path, value in zip(_free_form_paths(sidecar), values, strict=True):
         if msgspec.to_builtins(value, builtin_types=(bytes,), str_keys=False) != value:
             raise InvalidStateError(
                 f"native sidecar: {path} holds a MessagePack timestamp or another value that "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
+from .._gc import paused_gc
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -132,12 +133,15 @@ def encode_sidecar(
     produced. Both formats are deterministic for a given state.
     """
     _check_format(format)
-    if validate:
-        validate_sidecar_state(state)
-    if format == "native":
-        return encode_native(state, verify=validate)
-    # The .pt encoder accepts exact primitive types only, so what it writes reads back equal.
-    return encode_torch_pt(state)
+    # Validation and the read-back check build 10^6 acyclic containers; without the pause
+    # every 700 of them trigger a collection that rescans the whole heap.
+    with paused_gc():
+        if validate:
+            validate_sidecar_state(state)
+        if format == "native":
+            return encode_native(state, verify=validate)
+        # The .pt encoder accepts exact primitive types only, so its output reads back equal.
+        return encode_torch_pt(state)
 
 
 def write_sidecar(
@@ -209,10 +213,12 @@ def decode_sidecar(
     """
     format = detect_sidecar_format(data)
     if format == "native":
-        return format, decode_native_payload(read_native_envelope(data).payload)
+        with paused_gc():
+            return format, decode_native_payload(read_native_envelope(data).payload)
     if format == "pt":
         try:
-            return format, decode_torch_pt(data)
+            with paused_gc():
+                return format, decode_torch_pt(data)
         except SidecarFormatError:
             raise
         except ValueError as error:
@@ -237,6 +243,11 @@ def read_sidecar(path: str | os.PathLike[str]) -> dict[Any, Any]:
 def load_sidecar(path: str | os.PathLike[str]) -> LoadedSidecar:
     """Read, decode and fully validate a sidecar; all or nothing (see the module doc)."""
     resolved, data = read_sidecar_bytes(path)
+    with paused_gc():  # decoding and validating build only acyclic containers
+        return _load_bytes(resolved, data)
+
+
+def _load_bytes(resolved: Path, data: bytes) -> LoadedSidecar:
     format = detect_sidecar_format(data)
     if format == "native":
         # Read the envelope once: it carries the metadata and the verified payload.
