@@ -176,3 +176,15 @@ def test_convert_into_a_directory_uses_the_conventional_name(tmp_path: Path) -> 
 def test_convert_invalid_source(tmp_path: Path) -> None:
     assert run("convert", str(tmp_path / "nope"), str(tmp_path / "d"), "--to", "pt").exit_code == 2
     assert not (tmp_path / "d").exists()
+
+
+def test_validate_reports_a_fault_only_the_typed_decoder_sees(tmp_path: Path) -> None:
+    state = copy.deepcopy(STATE)
+    state["groups"][1]["target_step"] = True  # the seed's isinstance check lets a bool pass
+    state["groups"][2]["phase"] = "nowhere"
+    path = tmp_path / "bad"
+    path.write_bytes(encode_sidecar(state, validate=False))
+    result = run("validate", str(path))
+    assert result.exit_code == 1, result.output
+    paths = {line.split(": ", 1)[0] for line in result.output.splitlines()}
+    assert paths == {"$.groups[1].target_step", "$.groups[2].phase"}

@@ -54,7 +54,12 @@ def validate(path: Path) -> None:
         fail(f"cannot read {os.fspath(path)!r}: {error.strerror or error}", EXIT_UNREADABLE)
     except (InvalidStateError, InvalidStateTypeError) as error:
         # Only the native decoder gets here: its typed payload decode stops at one fault.
-        lines = [str(p) for p in _untyped_problems(data)] or [problem_line(error)]
+        problems = _untyped_problems(data)
+        lines = [str(problem) for problem in problems]
+        # The typed decoder is stricter in places (a bool where an int belongs), so its own
+        # fault is listed too unless the validators already named that field.
+        if (error.path or "$") not in {problem.path for problem in problems}:
+            lines.append(problem_line(error))
         click.echo("\n".join(lines))
         raise SystemExit(EXIT_INVALID) from None
     problems = find_sidecar_problems(state)
