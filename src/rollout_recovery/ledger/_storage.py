@@ -135,16 +135,18 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
             self.staging_keys = []
 
     def to_record(self) -> RolloutAttemptRecord:
+        receipt = self.receipt
+        # Positional arguments in field order: the hot path of every record copy.
         return RolloutAttemptRecord(
-            attempt_uuid=uuid_from_bytes(self.attempt_uuid),
-            status=self.status,
-            receipt=None if self.receipt is None else copy_plain(self.receipt),
-            reward=self.reward,
-            mask_sample=self.mask_sample,
+            uuid_from_bytes(self.attempt_uuid),
+            self.status,
+            None if receipt is None else copy_plain(receipt),
+            self.reward,
+            self.mask_sample,
             # Both are frozen values, so sharing them is a safe copy.
-            reward_checks=self.reward_checks,
-            reward_log_context=self.reward_log_context,
-            staging_keys=list(self.staging_keys),
+            self.reward_checks,
+            self.reward_log_context,
+            list(self.staging_keys),
         )
 
 
@@ -202,8 +204,7 @@ class GroupState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
             start_weight_version=self.start_weight_version,
             siblings=[
                 RolloutSiblingRecord(
-                    generation_index=sibling.generation_index,
-                    attempts=[attempt.to_record() for attempt in sibling.attempts],
+                    sibling.generation_index, [attempt.to_record() for attempt in sibling.attempts]
                 )
                 for sibling in self.siblings
             ],
