@@ -139,6 +139,7 @@ WRONG_VALUES = [None, 0, -1, True, 1.5, "x", "", b"\x00" * 16, [], {}, {"k": 1},
 def _mutate_state(state: dict[str, Any], kind: str, choice: int, value: Any) -> None:
     slots = _slots(state, [])
     container, key = slots[choice % len(slots)]
+    value = copy.deepcopy(value)  # never share one WRONG_VALUES object between slots
     if kind == "wrong_type":
         container[key] = value
     elif kind == "unknown_field":
@@ -224,3 +225,16 @@ def test_structural_mutations(mutations: list[tuple[str, int, Any]]) -> None:
         if not valid:
             assert outcome == "refused"
     assert state == snapshot  # nothing above mutated its input
+
+
+@pytest.mark.parametrize("fmt", sorted(FILES))
+def test_self_referencing_state_is_refused_on_write(fmt: str) -> None:
+    """Found by the structural fuzzer: a cycle in memory must not escape as RecursionError."""
+    state = copy.deepcopy(STATE)
+    loop: list[Any] = []
+    loop.append(loop)
+    state["groups"][2]["siblings"][0]["attempts"][0]["receipt"]["meta"]["loop"] = loop
+    with pytest.raises(DOCUMENTED):
+        encode_sidecar(state, format=fmt)  # type: ignore[arg-type]
+    with pytest.raises(DOCUMENTED):
+        encode_sidecar(state, format=fmt, validate=False)  # type: ignore[arg-type]

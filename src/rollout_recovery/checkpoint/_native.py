@@ -198,6 +198,10 @@ def encode_native(state: dict[Any, Any], *, verify: bool = True) -> bytes:
         raise InvalidStateTypeError(
             f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
         ) from None
+    except RecursionError:
+        raise InvalidStateError(
+            "native sidecar: state is nested too deeply or refers to itself", path="$"
+        ) from None
     except (OverflowError, UnicodeEncodeError, ValueError) as error:
         raise InvalidStateError(
             f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 from .._gc import paused_gc
+from ..errors import InvalidStateError
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -118,8 +119,15 @@ def validate_sidecar_state(
 
     Raises the first :class:`InvalidStateError` / :class:`InvalidStateTypeError` found.
     """
-    parsed = parse_rollout_recovery_state(state)
-    ledger = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
+    try:
+        parsed = parse_rollout_recovery_state(state)
+        ledger = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
+    except RecursionError:
+        # Only an in-memory state can do this (a file cannot express a cycle, and both
+        # decoders bound depth); the ledger's receipt copy recurses without a limit.
+        raise InvalidStateError(
+            "sidecar state is nested too deeply or refers to itself", path="$"
+        ) from None
     return parsed, ledger
 
 
