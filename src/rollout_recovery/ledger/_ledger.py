@@ -26,9 +26,39 @@ from ._enums import (
 )
 from ._receipts import receipt_staging_keys
 from ._records import PromptGroupRecoveryRecord, PromptPayload, PromptRef, SiblingSealResult
-from ._storage import AttemptState, GroupState, SiblingState, copy_plain, groups_to_builtins
+from ._storage import (
+    AttemptState,
+    GroupState,
+    PromptRefState,
+    RewardChecksState,
+    RewardLogContextState,
+    SiblingState,
+    checks_state,
+    context_state,
+    copy_plain,
+    groups_to_builtins,
+    prompt_ref_state,
+)
 
 __all__ = ["RolloutRecoveryLedger", "validate_prompt_identity"]
+
+
+_SealStates = tuple[dict[str, Any] | None, RewardChecksState | None, RewardLogContextState | None]
+
+
+def _reward_states(
+    checks: object, context: object
+) -> tuple[RewardChecksState | None, RewardLogContextState | None]:
+    """Storage forms of a seal's reward records, refusing anything but the public types."""
+    if checks is not None and not isinstance(checks, RewardChecks):
+        raise TypeError(
+            f"reward_checks must be a RewardChecks or None, got {type(checks).__name__}"
+        )
+    if context is not None and not isinstance(context, RewardLogContext):
+        raise TypeError(
+            f"reward_log_context must be a RewardLogContext or None, got {type(context).__name__}"
+        )
+    return checks_state(checks), context_state(context)
 
 
 def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +91,7 @@ def _task_name_of(prompt_payload: PromptPayload) -> str | None:
 
 
 def validate_prompt_identity(
-    prompt_ref: PromptRef, prompt_payload: PromptPayload, *, group_id: str
+    prompt_ref: PromptRef | PromptRefState, prompt_payload: PromptPayload, *, group_id: str
 ) -> None:
     """Require a runtime prompt to resolve to the ledger's durable dataset key."""
     sample_id = prompt_payload.get("idx")
@@ -177,7 +207,7 @@ class RolloutRecoveryLedger:
             group_id=group_id,
             admission_id=admission_id,
             prompt_id=prompt_id,
-            prompt_ref=prompt_ref,
+            prompt_ref=prompt_ref_state(prompt_ref),
             task_source=task_source,
             recovery_granularity=RecoveryGranularity(recovery_granularity),
             expected_generations=expected_generations,
@@ -299,13 +329,14 @@ class RolloutRecoveryLedger:
             group, generation_index, gate_rollout_id=gate_rollout_id, receipt=receipt
         )
         owned_receipt = None if receipt is None else _own_receipt(receipt)
+        checks, context = _reward_states(reward_checks, reward_log_context)
         if attempt.status is _SEALED:
             if (
                 attempt.receipt == owned_receipt
                 and attempt.reward == float(reward)
                 and attempt.mask_sample is mask_sample
-                and attempt.reward_checks == reward_checks
-                and attempt.reward_log_context == reward_log_context
+                and attempt.reward_checks == checks
+                and attempt.reward_log_context == context
                 and attempt.staging_keys == staging_keys
             ):
                 return
@@ -323,8 +354,8 @@ class RolloutRecoveryLedger:
             receipt=owned_receipt,
             reward=float(reward),
             mask_sample=mask_sample,
-            reward_checks=reward_checks,
-            reward_log_context=reward_log_context,
+            reward_checks=checks,
+            reward_log_context=context,
             staging_keys=staging_keys,
         )
         if group.all_current_sealed():
@@ -359,9 +390,7 @@ class RolloutRecoveryLedger:
             )
         # Validate the whole cohort before touching any sibling, so a checkpoint observes
         # either no sealed sibling or the complete group.
-        validated: list[
-            tuple[AttemptState, SiblingSealResult, list[str], dict[str, Any] | None]
-        ] = []
+        validated: list[tuple[AttemptState, SiblingSealResult, list[str], _SealStates]] = []
         for index in range(group.expected_generations):
             result = results[index]
             attempt = group.current(index)
@@ -377,14 +406,15 @@ class RolloutRecoveryLedger:
             self._check_mask(group, index, result.mask_sample)
             keys = receipt_staging_keys(result.receipt)
             owned = None if result.receipt is None else _own_receipt(result.receipt)
-            validated.append((attempt, result, keys, owned))
-        for attempt, result, keys, owned in validated:
+            states = (owned, *_reward_states(result.reward_checks, result.reward_log_context))
+            validated.append((attempt, result, keys, states))
+        for attempt, result, keys, (owned, checks, context) in validated:
             attempt.seal(
                 receipt=owned,
                 reward=float(result.reward),
                 mask_sample=result.mask_sample,
-                reward_checks=result.reward_checks,
-                reward_log_context=result.reward_log_context,
+                reward_checks=checks,
+                reward_log_context=context,
                 staging_keys=keys,
             )
         group.status = _READY

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -39,13 +39,20 @@ from ._records import (
 __all__ = [
     "AttemptState",
     "GroupState",
+    "PromptRefState",
+    "RewardChecksState",
+    "RewardLogContextState",
     "SiblingState",
+    "checks_state",
+    "context_state",
     "copy_plain",
     "groups_to_builtins",
+    "prompt_ref_state",
     "uuid_from_bytes",
 ]
 
 _SEALED = RolloutAttemptStatus.SEALED
+_T = TypeVar("_T")
 
 
 def _uuid_from_bytes_fast(raw: bytes) -> uuid.UUID:
@@ -85,6 +92,83 @@ def copy_plain(value: Any) -> Any:
     return msgspec.to_builtins(value, builtin_types=(bytes,))
 
 
+# The three small records nested in the state are kept as strict Structs rather than the
+# public frozen dataclasses: msgspec silently drops unknown keys when it builds a
+# dataclass, while a Struct with forbid_unknown_fields refuses them, so one typed decode
+# of a file (or one conversion of a dict) is exactly as strict as the seed's checks.
+# Records handed to callers carry the public types (``to_record``).
+
+
+class PromptRefState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    sample_id: str
+    task_name: str | None
+
+    def to_public(self) -> PromptRef:
+        return _trusted(PromptRef, sample_id=self.sample_id, task_name=self.task_name)
+
+
+class RewardChecksState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    duplicated_reasoning: bool
+    empty_final_answer: bool
+    low_effort: bool
+
+    def to_public(self) -> RewardChecks:
+        return _PUBLIC_CHECKS[(self.duplicated_reasoning, self.empty_final_answer, self.low_effort)]
+
+
+class RewardLogContextState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    agent_name: str
+    full_result_json: str | None
+
+    def to_public(self) -> RewardLogContext:
+        return _trusted(
+            RewardLogContext, agent_name=self.agent_name, full_result_json=self.full_result_json
+        )
+
+    def validate(self) -> None:
+        """Run the public type's checks (non-empty agent, JSON object) on stored values."""
+        RewardLogContext(agent_name=self.agent_name, full_result_json=self.full_result_json)
+
+
+def _trusted(cls: type[_T], **values: Any) -> _T:
+    """Build a frozen record from values storage already validated, skipping re-validation.
+
+    A log context may hold a large JSON document; parsing it again on every record copy
+    would make ``get_group`` as slow as the document is large.
+    """
+    record = object.__new__(cls)
+    for name, value in values.items():
+        object.__setattr__(record, name, value)
+    return record
+
+
+# RewardChecks has eight possible values; records share these frozen instances.
+_PUBLIC_CHECKS: dict[tuple[bool, bool, bool], RewardChecks] = {
+    (a, b, c): RewardChecks(duplicated_reasoning=a, empty_final_answer=b, low_effort=c)
+    for a in (False, True)
+    for b in (False, True)
+    for c in (False, True)
+}
+
+
+def prompt_ref_state(prompt_ref: PromptRef) -> PromptRefState:
+    return PromptRefState(prompt_ref.sample_id, prompt_ref.task_name)
+
+
+def checks_state(checks: RewardChecks | None) -> RewardChecksState | None:
+    if checks is None:
+        return None
+    return RewardChecksState(
+        checks.duplicated_reasoning, checks.empty_final_answer, checks.low_effort
+    )
+
+
+def context_state(context: RewardLogContext | None) -> RewardLogContextState | None:
+    if context is None:
+        return None
+    return RewardLogContextState(context.agent_name, context.full_result_json)
+
+
 class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     """One physical attempt; ``receipt`` is a private deep copy, never handed out."""
 
@@ -95,8 +179,8 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     receipt: dict[str, Any] | None
     reward: float | None
     mask_sample: bool | None
-    reward_checks: RewardChecks | None
-    reward_log_context: RewardLogContext | None
+    reward_checks: RewardChecksState | None
+    reward_log_context: RewardLogContextState | None
     staging_keys: list[str]
 
     @classmethod
@@ -111,8 +195,8 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
         receipt: dict[str, Any] | None,
         reward: float,
         mask_sample: bool,
-        reward_checks: RewardChecks | None,
-        reward_log_context: RewardLogContext | None,
+        reward_checks: RewardChecksState | None,
+        reward_log_context: RewardLogContextState | None,
         staging_keys: list[str],
     ) -> None:
         self.receipt = receipt
@@ -136,6 +220,8 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 
     def to_record(self) -> RolloutAttemptRecord:
         receipt = self.receipt
+        checks = self.reward_checks
+        context = self.reward_log_context
         # Positional arguments in field order: the hot path of every record copy.
         return RolloutAttemptRecord(
             uuid_from_bytes(self.attempt_uuid),
@@ -143,9 +229,8 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
             None if receipt is None else copy_plain(receipt),
             self.reward,
             self.mask_sample,
-            # Both are frozen values, so sharing them is a safe copy.
-            self.reward_checks,
-            self.reward_log_context,
+            None if checks is None else checks.to_public(),
+            None if context is None else context.to_public(),
             list(self.staging_keys),
         )
 
@@ -163,7 +248,7 @@ class GroupState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     group_id: str
     admission_id: str
     prompt_id: str
-    prompt_ref: PromptRef
+    prompt_ref: PromptRefState
     task_source: str | None
     recovery_granularity: RecoveryGranularity
     expected_generations: int
@@ -194,7 +279,7 @@ class GroupState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
             group_id=self.group_id,
             admission_id=self.admission_id,
             prompt_id=self.prompt_id,
-            prompt_ref=self.prompt_ref,
+            prompt_ref=self.prompt_ref.to_public(),
             task_source=self.task_source,
             recovery_granularity=self.recovery_granularity,
             # Shared by reference on purpose: the payload can be a 131k-token prompt.
