@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, TypeVar
 
 import msgspec
 
 from .. import __version__
 from ..errors import InvalidStateError, InvalidStateTypeError
+from ..ledger import GroupState
 from ._errors import SidecarFormatError
 
 __all__ = [
@@ -41,10 +43,13 @@ __all__ = [
     "NativeEnvelope",
     "decode_native",
     "decode_native_payload",
+    "decode_native_payload_for_load",
     "encode_native",
     "looks_like_native",
     "read_native_envelope",
 ]
+
+_T = TypeVar("_T")
 
 MAGIC: Final = b"\x89RRSIDECAR\r\n\x1a\n"
 FORMAT_NAME: Final = "rollout-recovery-sidecar"
@@ -137,6 +142,23 @@ class _Sidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=Tru
     finalizer_rewards_by_group: dict[str, list[dict[str, Any]]]
 
 
+class _LoadableSidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+    """The payload schema with groups typed as the ledger's own storage.
+
+    ``load_sidecar`` decodes into this, so the groups go to the ledger without another
+    conversion or copy (``RolloutRecoveryLedger.from_decoded_groups``). Stricter than
+    ``_Sidecar`` only where the ledger would refuse anyway (enum values).
+    """
+
+    schema_version: int
+    groups: list[GroupState]
+    batch_shortfall: dict[int, int] | msgspec.UnsetType = msgspec.UNSET
+    sampler_stamps_target_steps: bool | msgspec.UnsetType | None = msgspec.UNSET
+    finalizer_metrics_by_group: dict[str, dict[str, int | float]]
+    reward_settings: dict[str, Any] | None
+    finalizer_rewards_by_group: dict[str, list[dict[str, Any]]]
+
+
 class _ExtensionRefused(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
@@ -150,6 +172,7 @@ def _refuse_extension(code: int, data: memoryview) -> Any:
 
 _ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(NativeEnvelope, ext_hook=_refuse_extension)
 _PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar, ext_hook=_refuse_extension)
+_LOADABLE_DECODER: Final = msgspec.msgpack.Decoder(_LoadableSidecar, ext_hook=_refuse_extension)
 _ENCODER: Final = msgspec.msgpack.Encoder()
 # Besides DecodeError, msgspec lets these escape on malformed input (found by the fuzz
 # tests: a flipped byte inside a string raises UnicodeDecodeError, a ValueError).
@@ -309,8 +332,28 @@ def decode_native(
 
 def decode_native_payload(payload: bytes) -> dict[Any, Any]:
     """Decode an envelope's (checksum-verified) payload; raises like :func:`decode_native`."""
+    sidecar = _typed_decode(_PAYLOAD_DECODER, payload)
+    state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
+    _refuse_timestamps(sidecar, state)
+    return state
+
+
+def decode_native_payload_for_load(payload: bytes) -> tuple[dict[Any, Any], list[GroupState]]:
+    """Decode a payload to its state dict and, separately, the ledger's storage groups.
+
+    The groups share no container with the dict, and nothing else references them: hand
+    them to ``RolloutRecoveryLedger.from_decoded_groups``. Raises like
+    :func:`decode_native`.
+    """
+    sidecar = _typed_decode(_LOADABLE_DECODER, payload)
+    state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
+    _refuse_timestamps(sidecar, state)
+    return state, sidecar.groups
+
+
+def _typed_decode(decoder: msgspec.msgpack.Decoder[_T], payload: bytes) -> _T:
     try:
-        sidecar = _PAYLOAD_DECODER.decode(payload)
+        return decoder.decode(payload)
     except msgspec.ValidationError as error:
         message, path = _split_msgspec_error(error)
         raise InvalidStateError(f"native sidecar: {message} (at {path})", path=path) from None
@@ -323,12 +366,9 @@ def decode_native_payload(payload: bytes) -> dict[Any, Any]:
         raise SidecarFormatError(
             f"native sidecar: payload is not valid MessagePack: {error}"
         ) from None
-    state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
-    _refuse_timestamps(sidecar, state)
-    return state
 
 
-def _free_form_values(sidecar: _Sidecar) -> list[Any]:
+def _free_form_values(sidecar: _Sidecar | _LoadableSidecar) -> list[Any]:
     values: list[Any] = [
         attempt.receipt
         for group in sidecar.groups
@@ -341,12 +381,13 @@ def _free_form_values(sidecar: _Sidecar) -> list[Any]:
     return values
 
 
-def _free_form_paths(sidecar: _Sidecar) -> list[str]:
+def _free_form_paths(sidecar: _Sidecar | _LoadableSidecar) -> list[str]:
     # Built only after a failed check: formatting a path per attempt up front cost more than
     # the check itself.
+    groups: Sequence[Any] = sidecar.groups  # either payload schema: the same shape
     paths = [
         f"$.groups[{g}].siblings[{s}].attempts[{a}].receipt"
-        for g, group in enumerate(sidecar.groups)
+        for g, group in enumerate(groups)
         for s, sibling in enumerate(group.siblings)
         for a, attempt in enumerate(sibling.attempts)
         if attempt.receipt is not None
@@ -354,7 +395,7 @@ def _free_form_paths(sidecar: _Sidecar) -> list[str]:
     return [*paths, "$.reward_settings", "$.finalizer_rewards_by_group"]
 
 
-def _refuse_timestamps(sidecar: _Sidecar, state: dict[Any, Any]) -> None:
+def _refuse_timestamps(sidecar: _Sidecar | _LoadableSidecar, state: dict[Any, Any]) -> None:
     """Refuse MessagePack timestamps inside the free-form (``Any``-typed) parts.
 
     msgspec decodes the timestamp extension to ``datetime`` without consulting the ext hook,

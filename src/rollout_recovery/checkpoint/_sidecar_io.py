@@ -37,6 +37,7 @@ from ._errors import SidecarFormatError
 from ._native import (
     DEFAULT_MAX_FILE_BYTES,
     decode_native_payload,
+    decode_native_payload_for_load,
     encode_native,
     looks_like_native,
     read_native_envelope,
@@ -258,21 +259,27 @@ def load_sidecar(path: str | os.PathLike[str]) -> LoadedSidecar:
 def _load_bytes(resolved: Path, data: bytes) -> LoadedSidecar:
     format = detect_sidecar_format(data)
     if format == "native":
-        # Read the envelope once: it carries the metadata and the verified payload.
+        # Read the envelope once: it carries the metadata and the verified payload. The
+        # payload decodes straight into the ledger's storage schema, so the ledger is
+        # built from it without a second conversion (the state dict is built alongside).
         envelope = read_native_envelope(data)
-        state = decode_native_payload(envelope.payload)
+        state, groups = decode_native_payload_for_load(envelope.payload)
         metadata: tuple[int | None, str | None, str | None] = (
             envelope.format_version,
             envelope.writer_version,
             envelope.checksum,
         )
         del envelope  # the payload bytes need not outlive the decode
+        size = len(data)
+        del data
+        parsed = parse_rollout_recovery_state(state)
+        ledger = RolloutRecoveryLedger.from_decoded_groups(groups)
     else:
         format, state = decode_sidecar(data)
         metadata = (None, None, None)
-    size = len(data)
-    del data
-    parsed, ledger = validate_sidecar_state(state)
+        size = len(data)
+        del data
+        parsed, ledger = validate_sidecar_state(state)
     return LoadedSidecar(
         path=resolved,
         format=format,

@@ -31,11 +31,23 @@ from ._sidecar import (
     build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
+from ._storage import (
+    AttemptState,
+    GroupState,
+    PromptRefState,
+    RewardChecksState,
+    RewardLogContextState,
+    SiblingState,
+)
 
+# The storage schema (``GroupState`` and what it holds) is exported for codecs that decode
+# file bytes straight into it and hand the result to ``from_decoded_groups``.
 __all__ = [
     "ROLLOUT_RECOVERY_SCHEMA_VERSION",
     "ROLLOUT_RECOVERY_STATE_FILENAME",
     "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
+    "AttemptState",
+    "GroupState",
     "MutationCut",
     "ParsedRolloutRecoveryState",
     "PromptGroupPhase",
@@ -43,13 +55,17 @@ __all__ = [
     "PromptGroupStatus",
     "PromptPayload",
     "PromptRef",
+    "PromptRefState",
     "RecoveryGranularity",
+    "RewardChecksState",
+    "RewardLogContextState",
     "RolloutAttemptRecord",
     "RolloutAttemptStatus",
     "RolloutRecoveryLedger",
     "RolloutRecoveryState",
     "RolloutSiblingRecord",
     "SiblingSealResult",
+    "SiblingState",
     "build_rollout_recovery_state",
     "parse_rollout_recovery_state",
 ]

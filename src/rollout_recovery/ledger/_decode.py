@@ -50,7 +50,12 @@ from ._storage import (
     copy_plain,
 )
 
-__all__ = ["check_envelope", "decode_ledger_state", "reject_unknown_fields"]
+__all__ = [
+    "check_decoded_groups",
+    "check_envelope",
+    "decode_ledger_state",
+    "reject_unknown_fields",
+]
 
 # Dict lookups instead of Enum(value) calls: about ten times cheaper per attempt.
 _ATTEMPT_STATUS = {member.value: member for member in RolloutAttemptStatus}
@@ -125,7 +130,12 @@ def decode_ledger_state(state: object) -> dict[str, GroupState]:
         groups = None
     if groups is None or not _converted_as_the_seed_reads(raw_groups):
         groups = [_typed_group(raw, f"$.groups[{i}]") for i, raw in enumerate(raw_groups)]
-    return _check_values(groups)
+    return _check_values(groups, own_receipts=False)
+
+
+def check_decoded_groups(groups: list[GroupState]) -> dict[str, GroupState]:
+    """Value-check groups a codec decoded straight into storage (receipts it owns)."""
+    return _check_values(groups, own_receipts=True)
 
 
 def _converted_as_the_seed_reads(raw_groups: list[Any]) -> bool:
@@ -313,13 +323,17 @@ def _typed_log_context(raw: object, path: str) -> RewardLogContextState | None:
 # ---------------------------------------------------------------------------- values
 
 
-def _check_values(groups: list[GroupState]) -> dict[str, GroupState]:
-    """Cross-field invariants, the same for both type paths."""
+def _check_values(groups: list[GroupState], *, own_receipts: bool) -> dict[str, GroupState]:
+    """Cross-field invariants, the same for every type path.
+
+    ``own_receipts``: the receipts were decoded for the ledger alone (from file bytes), so
+    no caller can alias them and the deep copy is skipped.
+    """
     by_id: dict[str, GroupState] = {}
     seen_uuids: set[bytes] = set()
     for position, group in enumerate(groups):
         path = f"$.groups[{position}]"
-        _check_group(group, path, seen_uuids)
+        _check_group(group, path, seen_uuids, own_receipts)
         if group.group_id in by_id:
             _fail(f"duplicate recovery group_id={group.group_id!r}", f"{path}.group_id")
         by_id[group.group_id] = group
@@ -347,7 +361,7 @@ class _Fault(Exception):
         self.field = field
 
 
-def _check_group(group: GroupState, path: str, seen_uuids: set[bytes]) -> None:
+def _check_group(group: GroupState, path: str, seen_uuids: set[bytes], own_receipts: bool) -> None:
     for name in ("group_id", "admission_id", "prompt_id"):
         if not getattr(group, name):
             _fail(f"{name} must be a non-empty string, got ''", f"{path}.{name}")
@@ -377,7 +391,7 @@ def _check_group(group: GroupState, path: str, seen_uuids: set[bytes]) -> None:
                 )
             gate_prefix = f"{group.group_id}_g{index}_a"
             for position, attempt in enumerate(sibling.attempts):  # noqa: B007
-                _check_attempt(attempt, gate_prefix, seen_uuids)
+                _check_attempt(attempt, gate_prefix, seen_uuids, own_receipts)
     except _Fault as fault:
         where = f"{path}.siblings[{index}]"
         if not fault.field.startswith("."):
@@ -422,7 +436,9 @@ def _check_manifest(receipt: dict[str, Any], staging_keys: list[str]) -> None:
         raise _Fault("sealed receipt staging manifest mismatch", "@.staging_keys")
 
 
-def _check_attempt(attempt: AttemptState, gate_prefix: str, seen_uuids: set[bytes]) -> None:
+def _check_attempt(
+    attempt: AttemptState, gate_prefix: str, seen_uuids: set[bytes], own_receipts: bool
+) -> None:
     uuid_bytes = attempt.attempt_uuid
     if len(uuid_bytes) != 16:
         raise _Fault(
@@ -481,6 +497,8 @@ def _check_attempt(attempt: AttemptState, gate_prefix: str, seen_uuids: set[byte
             "@.receipt.rollout_id",
         )
     _check_manifest(receipt, attempt.staging_keys)
+    if own_receipts:
+        return
     # The ledger must not alias the caller's state: keep a private deep copy.
     try:
         attempt.receipt = copy_plain(receipt)

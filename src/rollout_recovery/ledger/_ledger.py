@@ -17,7 +17,7 @@ from ..errors import CheckpointUnsafeError, InvalidTransitionError, UnknownGroup
 from ..rewards import RewardChecks, RewardLogContext
 from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
 from ._cut import MutationCut
-from ._decode import decode_ledger_state
+from ._decode import check_decoded_groups, decode_ledger_state
 from ._enums import (
     PromptGroupPhase,
     PromptGroupStatus,
@@ -593,6 +593,19 @@ class RolloutRecoveryLedger:
         ledger = cls()
         with paused_gc():
             ledger._groups = decode_ledger_state(state)
+        return ledger
+
+    @classmethod
+    def from_decoded_groups(cls, groups: list[GroupState]) -> Self:
+        """Build a ledger from groups a codec decoded straight into the storage schema.
+
+        For sidecar readers: a typed decode of file bytes into ``GroupState`` already did
+        the type checks, so only the cross-field invariants run, and the freshly decoded
+        receipts are taken over rather than copied. The groups must not be used after.
+        """
+        ledger = cls()
+        with paused_gc():
+            ledger._groups = check_decoded_groups(groups)
         return ledger
 
     def load_state_dict(self, cut: MutationCut, state: dict[str, Any]) -> None:
