@@ -7,8 +7,9 @@ makes of it. Every case runs in this one process on the same state, best of ``--
 - native write            ``write_sidecar(format="native")``: full validation, encode,
                           read-back check, atomic fsynced write
 - native write, unchecked the same with ``validate=False`` (encode + atomic write only)
-- native read             ``load_sidecar``: checksum, typed decode and full validation
-                          (``parse_rollout_recovery_state`` + ``from_state_dict``)
+- native read             ``load_sidecar``: checksum, typed decode straight into the
+                          ledger's storage, and full validation (the sidecar's rules and
+                          every ledger load invariant)
 - native decode only      the same without the ledger's validation
 - .pt write / read        the same API with ``format="pt"``; torch is not used
 - torch.save / torch.load ``torch.save(state, path)`` and ``torch.load(path,
