@@ -188,3 +188,47 @@ def test_validate_reports_a_fault_only_the_typed_decoder_sees(tmp_path: Path) ->
     assert result.exit_code == 1, result.output
     paths = {line.split(": ", 1)[0] for line in result.output.splitlines()}
     assert paths == {"$.groups[1].target_step", "$.groups[2].phase"}
+
+
+def test_convert_keeps_an_int_reward_exactly(tmp_path: Path) -> None:
+    """The loader normalizes rewards to floats; a conversion must not (found by review)."""
+    from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
+    from rollout_recovery.ledger import RolloutRecoveryLedger, build_rollout_recovery_state
+
+    class _Cut:
+        def require_live(self) -> None:
+            return None
+
+    ledger = RolloutRecoveryLedger()
+    ledger.reserve_group(
+        _Cut(),
+        prompt_id="1",
+        prompt_payload={"idx": 1},
+        expected_generations=2,
+        target_step=0,
+        start_weight_version=0,
+        group_id="g",
+    )
+    ledger.mark_group_dispatched(_Cut(), "g")
+    gate = ledger.get_group("g").gate_rollout_id(0)
+    ledger.mark_sibling_sealed(
+        _Cut(),
+        "g",
+        generation_index=0,
+        gate_rollout_id=gate,
+        receipt=None,
+        reward=1.0,
+        mask_sample=False,
+    )
+    state = copy.deepcopy(
+        build_rollout_recovery_state(ledger, batch_shortfall={}, sampler_stamps_target_steps=True)
+    )
+    state["groups"][0]["siblings"][0]["attempts"][0]["reward"] = 1  # an int, as the seed allows
+    source = tmp_path / "s.native"
+    source.write_bytes(encode_sidecar(state, format="native"))
+    result = CliRunner().invoke(
+        cli, ["convert", str(source), str(tmp_path / "out.pt"), "--to", "pt"]
+    )
+    assert result.exit_code == 0, result.output
+    _, written = decode_sidecar((tmp_path / "out.pt").read_bytes())
+    assert type(written["groups"][0]["siblings"][0]["attempts"][0]["reward"]) is int

@@ -20,6 +20,8 @@ Errors a reader can see, and nothing else for bad content:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
@@ -79,7 +81,9 @@ class LoadedSidecar:
     path: Path
     format: SidecarFormat
     size: int
-    #: The state exactly as stored (a fresh tree; nothing else references it).
+    #: The state as loaded (a fresh tree; nothing else references it). A native file's
+    #: groups come through the ledger's storage schema, so rewards read as floats, as the
+    #: ledger holds them; ``decode_sidecar`` gives the bytes' exact values.
     state: dict[Any, Any]
     parsed: ParsedRolloutRecoveryState
     #: A ledger restored from ``parsed.ledger_state`` (no runtime prompts bound yet).
@@ -113,6 +117,22 @@ def detect_sidecar_format(data: bytes | bytearray | memoryview) -> SidecarFormat
 # ------------------------------------------------------------------------------ write
 
 
+@contextmanager
+def _deep_nesting_refused() -> Iterator[None]:
+    """Turn a RecursionError from validating hostile nesting into the documented error.
+
+    A file can nest a JSON document inside a string (a log context's full_result_json) or
+    an in-memory state can refer to itself; either would otherwise escape as a bare
+    RecursionError.
+    """
+    try:
+        yield
+    except RecursionError:
+        raise InvalidStateError(
+            "sidecar state is nested too deeply or refers to itself", path="$"
+        ) from None
+
+
 def validate_sidecar_state(
     state: object,
 ) -> tuple[ParsedRolloutRecoveryState, RolloutRecoveryLedger]:
@@ -120,15 +140,9 @@ def validate_sidecar_state(
 
     Raises the first :class:`InvalidStateError` / :class:`InvalidStateTypeError` found.
     """
-    try:
+    with _deep_nesting_refused():
         parsed = parse_rollout_recovery_state(state)
         ledger = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
-    except RecursionError:
-        # Only an in-memory state can do this (a file cannot express a cycle, and both
-        # decoders bound depth); the ledger's receipt copy recurses without a limit.
-        raise InvalidStateError(
-            "sidecar state is nested too deeply or refers to itself", path="$"
-        ) from None
     return parsed, ledger
 
 
@@ -272,8 +286,9 @@ def _load_bytes(resolved: Path, data: bytes) -> LoadedSidecar:
         del envelope  # the payload bytes need not outlive the decode
         size = len(data)
         del data
-        parsed = parse_rollout_recovery_state(state)
-        ledger = RolloutRecoveryLedger.from_decoded_groups(groups)
+        with _deep_nesting_refused():
+            parsed = parse_rollout_recovery_state(state)
+            ledger = RolloutRecoveryLedger.from_decoded_groups(groups)
     else:
         format, state = decode_sidecar(data)
         metadata = (None, None, None)

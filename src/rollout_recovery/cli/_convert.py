@@ -43,15 +43,18 @@ def convert(src: Path, dst: Path, target: SidecarFormat, force: bool) -> None:
     destination = dst / sidecar_filename(target) if dst.is_dir() else dst
     if destination.exists() and not force:
         fail(f"{os.fspath(destination)!r} exists; pass --force to replace it", EXIT_INVALID)
+    # The exact decode, not loaded.state: the loader normalizes what the ledger normalizes
+    # (an int reward becomes a float), and a conversion must not change a byte of meaning.
+    _, source_state = decode_sidecar(read_sidecar_bytes(loaded.path)[1])
     try:
-        write_sidecar(destination, loaded.state, format=target)
+        write_sidecar(destination, source_state, format=target)
     except (InvalidStateError, InvalidStateTypeError) as error:
         fail(f"cannot write {target}: {problem_line(error)}", EXIT_INVALID)
     except OSError as error:
         fail(f"cannot write {os.fspath(destination)!r}: {error.strerror or error}", EXIT_INVALID)
     _, data = read_sidecar_bytes(destination)
     written_format, written = decode_sidecar(data)
-    if written_format != target or written != loaded.state:
+    if written_format != target or written != source_state:
         fail(f"{os.fspath(destination)!r} does not read back unchanged", EXIT_INVALID)
     click.echo(
         f"converted {loaded.path} ({loaded.format}) -> {destination} ({target}): "

@@ -54,8 +54,20 @@ class _RowLayout(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     logprobs: _ArrayLayout
 
 
-_layout_decoder = msgspec.msgpack.Decoder(_RowLayout)
-_metadata_decoder = msgspec.msgpack.Decoder(dict[str, Any])
+class _ExtensionInMetadata(Exception):
+    pass
+
+
+def _refuse_extension(code: int, data: memoryview) -> Any:
+    # Extension types decode to objects that are not JSON-like metadata.
+    raise _ExtensionInMetadata(f"MessagePack extension type {code} is not row metadata")
+
+
+_layout_decoder = msgspec.msgpack.Decoder(_RowLayout, ext_hook=_refuse_extension)
+_metadata_decoder = msgspec.msgpack.Decoder(dict[str, Any], ext_hook=_refuse_extension)
+# Besides DecodeError, corrupt bytes can raise these from inside msgspec (a flipped byte in
+# a string is a UnicodeDecodeError; hostile nesting a RecursionError).
+_CORRUPT = (msgspec.DecodeError, ValueError, RecursionError, _ExtensionInMetadata)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -201,7 +213,7 @@ def _stored_error(key: str, message: str, field: str | None = None) -> InvalidRo
 def _decode_layout(key: str, layout: bytes) -> _RowLayout:
     try:
         decoded = _layout_decoder.decode(layout)
-    except msgspec.DecodeError as exc:
+    except _CORRUPT as exc:
         raise _stored_error(key, f"layout: {exc}", "layout") from None
     if decoded.version != _FORMAT_VERSION:
         raise _stored_error(
@@ -234,9 +246,14 @@ def _check_arrays(key: str, layout: bytes, lengths: Sequence[int]) -> None:
 
 def _decode_metadata(key: str, metadata: bytes) -> dict[str, Any]:
     try:
-        return _metadata_decoder.decode(metadata)
-    except msgspec.DecodeError as exc:
+        decoded = _metadata_decoder.decode(metadata)
+    except _CORRUPT as exc:
         raise _stored_error(key, f"metadata: {exc}", "metadata") from None
+    # msgspec decodes the timestamp extension to datetime without the ext hook; metadata
+    # holds only JSON-like values, so a datetime here means corrupt or foreign bytes.
+    if msgspec.to_builtins(decoded) != decoded:
+        raise _stored_error(key, "metadata holds a MessagePack timestamp", "metadata")
+    return decoded
 
 
 def check_stored(key: str, layout: bytes, lengths: Sequence[int], metadata: bytes) -> None:

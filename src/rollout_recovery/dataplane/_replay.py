@@ -20,6 +20,7 @@ must train those groups again.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -200,6 +201,46 @@ class ReplayIndex:
                 f"cannot commit group {group_id!r}: it has no unready slot ({state})",
                 group_id=group_id,
             )
+        keys = self.check_commit(
+            group_id,
+            row_keys,
+            target_step=target_step,
+            min_weight_version=min_weight_version,
+            max_weight_version=max_weight_version,
+            metrics=metrics,
+        )
+        group = ReplayGroup(
+            group_id=group_id,
+            row_keys=keys,
+            target_step=target_step,
+            min_weight_version=min_weight_version,
+            max_weight_version=max_weight_version,
+            metrics=self._check_metrics(group_id, metrics),
+        )
+        self._reserved.discard(group_id)
+        self._groups[group_id] = group
+        self._owner.update(dict.fromkeys(keys, group_id))
+        return group
+
+    def check_commit(
+        self,
+        group_id: str,
+        row_keys: Sequence[str],
+        *,
+        target_step: int,
+        min_weight_version: int,
+        max_weight_version: int,
+        metrics: Mapping[str, float] | None = None,
+    ) -> tuple[str, ...]:
+        """Every check of :meth:`commit` but the slot's, with no effect; returns the keys.
+
+        The finalizer runs this before it writes canonical rows: a refusal after the
+        write would leave the group's outcome unknown, which is fatal.
+        """
+        if group_id in self._groups:
+            raise InvalidTransitionError(
+                f"cannot commit group {group_id!r}: it is already committed", group_id=group_id
+            )
         keys = tuple(row_keys) if not isinstance(row_keys, str) else (row_keys,)
         if len(keys) != self._group_size:
             raise InvalidTransitionError(
@@ -213,7 +254,7 @@ class ReplayIndex:
                 f"group {group_id!r}: row keys must be non-empty str, got {bad[:10]!r}",
                 group_id=group_id,
             )
-        duplicates = sorted({key for key in keys if keys.count(key) > 1})
+        duplicates = sorted(key for key, count in Counter(keys).items() if count > 1)
         if duplicates:
             raise InvalidTransitionError(
                 f"group {group_id!r} repeats row keys {format_keys(duplicates)}",
@@ -228,18 +269,8 @@ class ReplayIndex:
         _check_int(target_step, "target_step", group_id)
         _check_int(min_weight_version, "min_weight_version", group_id)
         _check_int(max_weight_version, "max_weight_version", group_id, minimum=min_weight_version)
-        group = ReplayGroup(
-            group_id=group_id,
-            row_keys=keys,
-            target_step=target_step,
-            min_weight_version=min_weight_version,
-            max_weight_version=max_weight_version,
-            metrics=self._check_metrics(group_id, metrics),
-        )
-        self._reserved.discard(group_id)
-        self._groups[group_id] = group
-        self._owner.update(dict.fromkeys(keys, group_id))
-        return group
+        self._check_metrics(group_id, metrics)
+        return keys
 
     def abort(self, cut: MutationCut, group_id: str) -> bool:
         """Drop an unready slot; ``False`` for a committed or unknown group (so cleanup
@@ -418,7 +449,7 @@ class ReplayIndex:
         if isinstance(group_ids, str):
             raise TypeError(f"{operation}: group_ids must be a sequence of str, got a str")
         ids = list(group_ids)
-        duplicates = sorted({gid for gid in ids if ids.count(gid) > 1})
+        duplicates = sorted(gid for gid, count in Counter(ids).items() if count > 1)
         if duplicates:
             raise InvalidTransitionError(
                 f"{operation}: duplicate group ids {format_keys(duplicates)}",

@@ -82,6 +82,16 @@ def publish_finalized_group(
         group=group, data_plane=data_plane, settings=settings, staging_partition=staging_partition
     )
 
+    # Every argument check the replay commit will make, before anything is written: a
+    # refusal after the canonical put would leave the outcome unknown, which is fatal.
+    replay_index.check_commit(
+        group_id,
+        finalized.row_keys,
+        target_step=target_step,
+        min_weight_version=finalized.min_weight_version,
+        max_weight_version=finalized.max_weight_version,
+        metrics=finalized.metrics,
+    )
     ledger.mark_finalization_started(cut, group_id)
     try:
         data_plane.put(replay_index.partition, finalized.rows_by_key, cut=cut)

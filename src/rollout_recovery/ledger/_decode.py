@@ -64,7 +64,6 @@ _PHASE = {member.value: member for member in PromptGroupPhase}
 _GRANULARITY = {member.value: member for member in RecoveryGranularity}
 _SEALED = RolloutAttemptStatus.SEALED
 _GENERATING = PromptGroupStatus.GENERATING
-_LOG_CONTEXT_FIELDS = frozenset({"agent_name", "full_result_json"})
 
 
 def _fail(message: str, path: str) -> NoReturn:
@@ -479,7 +478,12 @@ def _check_attempt(
             "@.mask_sample",
         )
     if type(reward) is not float:
-        attempt.reward = float(reward)
+        try:
+            attempt.reward = float(reward)
+        except OverflowError:
+            raise _Fault(
+                f"sealed attempts require a reward a float can hold, got {reward!r}", "@.reward"
+            ) from None
     if receipt is None:
         if attempt.staging_keys:
             raise _Fault("sealed missing-receipt attempt cannot own staging keys", "@.staging_keys")

@@ -13,7 +13,12 @@ from collections.abc import Iterable
 from typing import Any, Self
 
 from .._gc import paused_gc
-from ..errors import CheckpointUnsafeError, InvalidTransitionError, UnknownGroupError
+from ..errors import (
+    CheckpointUnsafeError,
+    InvalidStateError,
+    InvalidTransitionError,
+    UnknownGroupError,
+)
 from ..rewards import RewardChecks, RewardLogContext
 from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
 from ._cut import MutationCut
@@ -24,6 +29,7 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
+from ._plain import plain_copy
 from ._receipts import receipt_staging_keys
 from ._records import PromptGroupRecoveryRecord, PromptPayload, PromptRef, SiblingSealResult
 from ._storage import (
@@ -35,7 +41,6 @@ from ._storage import (
     SiblingState,
     checks_state,
     context_state,
-    copy_plain,
     groups_to_builtins,
     prompt_ref_state,
 )
@@ -64,12 +69,33 @@ def _reward_states(
 def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
     """A private deep copy of a caller's receipt; refuses what a sidecar cannot hold."""
     try:
-        owned: dict[str, Any] = copy_plain(receipt)
-    except (TypeError, ValueError) as error:
-        raise InvalidTransitionError(
-            f"sealed rollout receipt must hold plain data only: {error}"
-        ) from error
+        owned: dict[str, Any] = plain_copy(receipt)
+    except InvalidStateError as error:
+        raise InvalidStateError(
+            f"sealed rollout receipt must hold plain data only: {error}", path=error.path
+        ) from None
     return owned
+
+
+def _reward_value(reward: object, logical_id: str) -> float:
+    """The reward as the ledger stores it; converted before any state changes."""
+    try:
+        return float(reward)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidTransitionError(
+            f"reward for {logical_id!r} must be a number, got {reward!r}: {error}"
+        ) from None
+
+
+def _check_scheduling(target_step: object, start_weight_version: object) -> None:
+    """Stricter than the seed on purpose: a value the checkpoint loader or the replay
+    index would refuse later is refused now, while the call can still change nothing."""
+    if target_step is not None and (type(target_step) is not int or target_step < 0):
+        raise TypeError(f"target_step must be a non-negative int or None, got {target_step!r}")
+    if type(start_weight_version) is not int or start_weight_version < 0:
+        raise TypeError(
+            f"start_weight_version must be a non-negative int, got {start_weight_version!r}"
+        )
 
 
 _RESERVED = RolloutAttemptStatus.RESERVED
@@ -197,6 +223,7 @@ class RolloutRecoveryLedger:
             raise InvalidTransitionError(
                 f"expected_generations must be at least one, got {expected_generations!r}"
             )
+        _check_scheduling(target_step, start_weight_version)
         group_id = group_id or str(uuid.uuid4())
         if group_id in self._groups:
             raise InvalidTransitionError(
@@ -241,6 +268,7 @@ class RolloutRecoveryLedger:
             raise InvalidTransitionError(
                 f"recovery group {group_id!r} is already {group.phase.value}", group_id=group_id
             )
+        _check_scheduling(target_step, start_weight_version)
         group.target_step = target_step
         group.start_weight_version = start_weight_version
         group.phase = PromptGroupPhase.ADMITTED
@@ -330,10 +358,11 @@ class RolloutRecoveryLedger:
         )
         owned_receipt = None if receipt is None else _own_receipt(receipt)
         checks, context = _reward_states(reward_checks, reward_log_context)
+        reward_value = _reward_value(reward, group.logical_id(generation_index))
         if attempt.status is _SEALED:
             if (
                 attempt.receipt == owned_receipt
-                and attempt.reward == float(reward)
+                and attempt.reward == reward_value
                 and attempt.mask_sample is mask_sample
                 and attempt.reward_checks == checks
                 and attempt.reward_log_context == context
@@ -352,7 +381,7 @@ class RolloutRecoveryLedger:
             )
         attempt.seal(
             receipt=owned_receipt,
-            reward=float(reward),
+            reward=reward_value,
             mask_sample=mask_sample,
             reward_checks=checks,
             reward_log_context=context,
@@ -390,7 +419,7 @@ class RolloutRecoveryLedger:
             )
         # Validate the whole cohort before touching any sibling, so a checkpoint observes
         # either no sealed sibling or the complete group.
-        validated: list[tuple[AttemptState, SiblingSealResult, list[str], _SealStates]] = []
+        validated: list[tuple[AttemptState, SiblingSealResult, list[str], _SealStates, float]] = []
         for index in range(group.expected_generations):
             result = results[index]
             attempt = group.current(index)
@@ -407,11 +436,12 @@ class RolloutRecoveryLedger:
             keys = receipt_staging_keys(result.receipt)
             owned = None if result.receipt is None else _own_receipt(result.receipt)
             states = (owned, *_reward_states(result.reward_checks, result.reward_log_context))
-            validated.append((attempt, result, keys, states))
-        for attempt, result, keys, (owned, checks, context) in validated:
+            reward = _reward_value(result.reward, group.logical_id(index))
+            validated.append((attempt, result, keys, states, reward))
+        for attempt, result, keys, (owned, checks, context), reward in validated:
             attempt.seal(
                 receipt=owned,
-                reward=float(result.reward),
+                reward=reward,
                 mask_sample=result.mask_sample,
                 reward_checks=checks,
                 reward_log_context=context,

@@ -80,7 +80,13 @@ def _validate_finalizer_metrics(value: object) -> dict[str, dict[str, float]]:
                     f"invalid finalizer metric name or value {name!r}: {number!r}",
                     path=f"{path}[{name!r}]",
                 )
-            copied[name] = float(number)
+            try:
+                copied[name] = float(number)
+            except OverflowError:
+                raise InvalidStateError(
+                    f"invalid finalizer metric value {name!r}: an integer no float can hold",
+                    path=f"{path}[{name!r}]",
+                ) from None
         result[group_id] = copied
     return result
 

@@ -71,7 +71,7 @@ class RewardLogContext:
             )
         try:
             decoded = json.loads(self.full_result_json)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: hostile nesting
             raise InvalidStateError(
                 f"reward log full_result_json must encode an object: {error}",
                 path="full_result_json",

@@ -366,7 +366,11 @@ def _finite_float(value: object, path: str) -> float:
     # bool is an int subclass; a flag slipped into a weight is a config mistake, not 1.0.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidStateError(f"{path} must be a number, got {_describe(value)}", path=path)
-    if not math.isfinite(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer wider than any float
+        finite = False
+    if not finite:
         raise InvalidStateError(f"{path} must be finite, got {value!r}", path=path)
     return float(value)
 
