@@ -25,6 +25,7 @@ LAYERS = [
     "rewards",
     "errors",
     "_gc",
+    "_durable",
 ]
 LEDGER_FORBIDDEN_STDLIB = {"asyncio", "os", "io", "sqlite3", "socket", "subprocess", "pathlib"}
 

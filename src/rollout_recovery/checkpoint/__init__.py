@@ -4,7 +4,7 @@ Checkpoint code needs only :func:`write_sidecar` and :func:`load_sidecar` (or
 :func:`read_sidecar`); the codecs below them are public for tools and tests.
 """
 
-from ._atomic import atomic_write_bytes, fsync_directory
+from .._durable import atomic_write_bytes, fsync_directory
 from ._errors import SidecarFormatError
 from ._native import (
     FORMAT_NAME,

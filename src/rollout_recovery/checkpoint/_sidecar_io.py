@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
+from .._durable import atomic_write_bytes
 from .._gc import paused_gc
 from ..errors import InvalidStateError
 from ..ledger import (
@@ -34,7 +35,6 @@ from ..ledger import (
     RolloutRecoveryLedger,
     parse_rollout_recovery_state,
 )
-from ._atomic import atomic_write_bytes
 from ._errors import SidecarFormatError
 from ._native import (
     DEFAULT_MAX_FILE_BYTES,

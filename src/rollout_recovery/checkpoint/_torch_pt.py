@@ -24,19 +24,18 @@ gives the same bytes, so the SHA-256 advertised in checkpoint metadata is reprod
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import io
 import os
 import pickle
 import struct
-import tempfile
 import zipfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Final, NoReturn
 
-from rollout_recovery.errors import InvalidStateError, InvalidStateTypeError
+from .._durable import atomic_write_bytes
+from .._gc import paused_gc
+from ..errors import InvalidStateError, InvalidStateTypeError
 
 __all__ = [
     "ADMITTED_GLOBALS",
@@ -442,10 +441,9 @@ def _unpickle(pickle_bytes: bytes) -> Any:
     # Building a million fresh containers triggers the cyclic collector over and over (it
     # tripled the load time of a 5,000-group sidecar); the result is a tree, so pausing the
     # collector for the duration loses nothing. Restored even if loading fails.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        return _SidecarUnpickler(io.BytesIO(pickle_bytes)).load()
+        with paused_gc():
+            return _SidecarUnpickler(io.BytesIO(pickle_bytes)).load()
     except InvalidStateError:
         raise
     except Exception as error:
@@ -456,9 +454,6 @@ def _unpickle(pickle_bytes: bytes) -> Any:
         raise InvalidStateError(
             f"rollout_recovery.pt: data.pkl does not unpickle: {type(error).__name__}: {error}"
         ) from None
-    finally:
-        if collecting:
-            gc.enable()
 
 
 _LEAF_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes})
@@ -520,23 +515,7 @@ def write_torch_pt(
     ``path`` in one rename, after which the directory is fsynced: a crash leaves either the
     old file or the new one, never a torn sidecar. Raises like :func:`encode_torch_pt`.
     """
-    payload = encode_torch_pt(state, max_depth=max_depth)
-    target = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    atomic_write_bytes(path, encode_torch_pt(state, max_depth=max_depth))
 
 
 def encode_torch_pt(

@@ -8,16 +8,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fsync_directory", "publish_directory"]
+from .._durable import fsync_directory
 
-
-def fsync_directory(directory: Path) -> None:
-    """Make a directory's entries (created, renamed files) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+__all__ = ["publish_directory"]
 
 
 def publish_directory(directory: Path, fill: Callable[[Path], None]) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
+from .._durable import fsync_directory
 from ..errors import DataPlaneClosedError, InvalidRowError, InvalidStateError, MissingRowError
 from ..ledger._cut import MutationCut
 from ._codec import (
@@ -47,7 +48,7 @@ from ._codec import (
     encode_row,
 )
 from ._protocol import Row
-from ._publish import fsync_directory, publish_directory
+from ._publish import publish_directory
 
 __all__ = ["SNAPSHOT_FILE", "SqliteDataPlane", "read_snapshot", "write_snapshot"]
 

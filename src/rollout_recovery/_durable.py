@@ -1,4 +1,4 @@
-"""Crash-safe replacement of one file.
+"""Durable files: crash-safe replacement of one file, and durable directory entries.
 
 A reader must see either the old file or the complete new one, whatever instant the
 process or the machine dies at. The bytes go to a temporary file in the target's own
