@@ -23,6 +23,8 @@ from the last checkpoint, which predates this publication.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..capture import STAGING_PARTITION
 from ..dataplane._protocol import DataPlane
 from ..dataplane._replay import ReplayIndex
@@ -84,14 +86,13 @@ def publish_finalized_group(
 
     # Every argument check the replay commit will make, before anything is written: a
     # refusal after the canonical put would leave the outcome unknown, which is fatal.
-    replay_index.check_commit(
-        group_id,
-        finalized.row_keys,
-        target_step=target_step,
-        min_weight_version=finalized.min_weight_version,
-        max_weight_version=finalized.max_weight_version,
-        metrics=finalized.metrics,
-    )
+    commit_arguments: dict[str, Any] = {
+        "target_step": target_step,
+        "min_weight_version": finalized.min_weight_version,
+        "max_weight_version": finalized.max_weight_version,
+        "metrics": finalized.metrics,
+    }
+    replay_index.check_commit(group_id, finalized.row_keys, **commit_arguments)
     ledger.mark_finalization_started(cut, group_id)
     try:
         data_plane.put(replay_index.partition, finalized.rows_by_key, cut=cut)
@@ -99,15 +100,7 @@ def publish_finalized_group(
             # Slots are in-memory only (never checkpointed), so a group restored as
             # READY_TO_FINALIZE arrives without one; taking it here keeps it in this cut.
             replay_index.reserve(cut, group_id)
-        replay_index.commit(
-            cut,
-            group_id,
-            finalized.row_keys,
-            target_step=target_step,
-            min_weight_version=finalized.min_weight_version,
-            max_weight_version=finalized.max_weight_version,
-            metrics=finalized.metrics,
-        )
+        replay_index.commit(cut, group_id, finalized.row_keys, **commit_arguments)
         data_plane.clear(staging_partition, finalized.staging_keys, cut=cut)
         ledger.discard_group(cut, group_id)
     except BaseException as error:
