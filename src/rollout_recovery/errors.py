@@ -23,6 +23,7 @@ __all__ = [
     "InvalidTransitionError",
     "MissingRowError",
     "RolloutRecoveryError",
+    "StagingInventoryError",
     "UnknownGroupError",
     "UnknownMutationKindError",
     "format_keys",
@@ -130,3 +131,17 @@ class InvalidRowError(RolloutRecoveryError, ValueError):
 
 class DataPlaneClosedError(RolloutRecoveryError, RuntimeError):
     """A data-plane store was used after ``close()``."""
+
+
+class StagingInventoryError(RolloutRecoveryError, RuntimeError):
+    """The ledger owns staging rows the data plane does not hold: sealed work was lost.
+
+    ``missing`` lists every missing staging key. Nothing was deleted.
+    """
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        self.missing = list(missing)
+        super().__init__(
+            "rollout-recovery ownership references staging rows missing from the data "
+            f"plane: missing={format_keys(self.missing)}"
+        )

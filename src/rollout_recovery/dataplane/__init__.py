@@ -7,6 +7,7 @@ from ._barrier import (
     DataPlaneCheckpointBarrierTelemetry,
     DataPlaneMutationCut,
 )
+from ._inventory import reconcile_staging
 from ._memory import MemoryDataPlane
 from ._protocol import DataPlane, Row
 from ._replay import CANONICAL_PARTITION, ReplayGroup, ReplayIndex
@@ -32,4 +33,5 @@ __all__ += [
     "ReplayIndex",
     "Row",
     "SqliteDataPlane",
+    "reconcile_staging",
 ]

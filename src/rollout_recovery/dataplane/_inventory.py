@@ -1,0 +1,44 @@
+"""The staging inventory pass: staged rows must match what the ledger owns.
+
+Rows of abandoned attempts, of prompt-group cohorts dropped by ``prepare_for_restart`` and
+of calls a crash interrupted are owned by nobody; a live run cannot tell them from rows of
+calls still in flight, so they are reclaimed here, at restore, when nothing is in flight.
+The other direction is fatal: a sealed attempt whose staged row is gone cannot be
+finalized, and must not be trained as if it were complete.
+"""
+
+from __future__ import annotations
+
+from ..errors import StagingInventoryError
+from ..ledger import MutationCut, RolloutRecoveryLedger
+from ._protocol import DataPlane
+
+__all__ = ["reconcile_staging"]
+
+
+def reconcile_staging(
+    ledger: RolloutRecoveryLedger,
+    data_plane: DataPlane,
+    cut: MutationCut,
+    *,
+    partition: str,
+    clear_unreferenced: bool,
+) -> list[str]:
+    """Check the staging partition against ``ledger.expected_staging_keys()``.
+
+    Returns the staged keys the ledger does not own. Raises
+    :class:`StagingInventoryError` (deleting nothing) when an expected row is missing.
+    With ``clear_unreferenced`` (at restore, after ``prepare_for_restart``) those rows are
+    deleted, so the partition then holds exactly the expected keys; without it (at
+    checkpoint time, when calls may be in flight) they are tolerated and nothing changes.
+    """
+    cut.require_live()
+    expected = ledger.expected_staging_keys()
+    actual = set(data_plane.keys(partition))
+    missing = sorted(expected - actual)
+    if missing:
+        raise StagingInventoryError(missing)
+    unreferenced = sorted(actual - expected)
+    if clear_unreferenced and unreferenced:
+        data_plane.clear(partition, unreferenced, cut=cut)
+    return unreferenced
