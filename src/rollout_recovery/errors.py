@@ -14,6 +14,7 @@ from collections.abc import Sequence
 __all__ = [
     "MAX_LISTED_KEYS",
     "BarrierNestingError",
+    "BarrierTimeoutError",
     "CheckpointUnsafeError",
     "DataPlaneClosedError",
     "DeadCutError",
@@ -145,3 +146,21 @@ class StagingInventoryError(RolloutRecoveryError, RuntimeError):
             "rollout-recovery ownership references staging rows missing from the data "
             f"plane: missing={format_keys(self.missing)}"
         )
+
+
+class BarrierTimeoutError(RolloutRecoveryError, TimeoutError):
+    """A barrier section could not be entered before its deadline; nothing was held.
+
+    ``section`` is ``"mutation"`` or ``"checkpoint"``; ``kind`` the mutation kind (None for
+    a checkpoint); ``timeout`` the deadline in seconds.
+    """
+
+    def __init__(self, *, section: str, kind: str | None, timeout: float) -> None:
+        what = f"{section} section" + (f" of kind {kind!r}" if kind else "")
+        super().__init__(
+            f"could not enter the data-plane barrier's {what} within {timeout:g} s; "
+            "nothing is held and the barrier is unchanged"
+        )
+        self.section = section
+        self.kind = kind
+        self.timeout = timeout

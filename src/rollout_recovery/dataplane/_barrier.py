@@ -22,7 +22,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import BarrierNestingError, DeadCutError, UnknownMutationKindError
+from ..errors import (
+    BarrierNestingError,
+    BarrierTimeoutError,
+    DeadCutError,
+    UnknownMutationKindError,
+)
 
 __all__ = [
     "CHECKPOINT_MUTATION_KINDS",
@@ -53,6 +58,22 @@ _NESTED = (
     "this task already holds a data-plane barrier section; pass the DataPlaneMutationCut "
     "you already have instead of opening another"
 )
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+
+def _as_barrier_timeout(error: BaseException, timeout: float | None) -> BaseException:
+    """A TimeoutError of our own deadline becomes the project error; anything else stays."""
+    if isinstance(error, TimeoutError) and timeout is not None:
+        return BarrierTimeoutError(section="checkpoint", kind=None, timeout=timeout)
+    return error
 
 
 class DataPlaneMutationCut:
@@ -161,27 +182,38 @@ class DataPlaneCheckpointBarrier:
         """A checkpoint owns the exclusive slot (draining mutations or inside its section)."""
         return self._checkpoint_active
 
-    def mutation(self, kind: str = "other") -> AbstractAsyncContextManager[DataPlaneMutationCut]:
+    def mutation(
+        self, kind: str = "other", *, timeout: float | None = None
+    ) -> AbstractAsyncContextManager[DataPlaneMutationCut]:
         """Open a shared mutation section; ``kind`` labels it for telemetry.
 
         Raises :class:`UnknownMutationKindError` (a ``ValueError``) at call time for a kind
         outside :data:`CHECKPOINT_MUTATION_KINDS`, and :class:`BarrierNestingError` on entry
         when the current task already holds a section or there is no current task.
+        ``timeout`` bounds the wait to enter (not the body): past it,
+        :class:`BarrierTimeoutError` is raised and nothing is held.
         """
         if kind not in CHECKPOINT_MUTATION_KINDS:
             raise UnknownMutationKindError(
                 f"unknown checkpoint mutation kind {kind!r}; "
                 f"expected one of {CHECKPOINT_MUTATION_KINDS}"
             )
-        return self._mutation_section(kind)
+        _check_timeout(timeout)
+        return self._mutation_section(kind, timeout)
 
-    def checkpoint(self) -> AbstractAsyncContextManager[DataPlaneMutationCut]:
+    def checkpoint(
+        self, *, timeout: float | None = None
+    ) -> AbstractAsyncContextManager[DataPlaneMutationCut]:
         """Open the exclusive checkpoint section once every earlier checkpoint has finished
         and every open mutation section has exited.
 
         The yielded cut may also guard ledger mutations made while checkpointing.
+        ``timeout`` bounds the wait to enter: a mutation that never exits must not hang a
+        checkpoint forever. Past it, :class:`BarrierTimeoutError` is raised, the checkpoint
+        leaves the queue and mutations flow again.
         """
-        return self._checkpoint_section()
+        _check_timeout(timeout)
+        return self._checkpoint_section(timeout)
 
     def drain_telemetry(self) -> DataPlaneCheckpointBarrierTelemetry:
         """Report mutations blocked by checkpoints since the last drain and reset the interval."""
@@ -202,11 +234,20 @@ class DataPlaneCheckpointBarrier:
     # -- sections ---------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _mutation_section(self, kind: str) -> AsyncIterator[DataPlaneMutationCut]:
+    async def _mutation_section(
+        self, kind: str, timeout: float | None
+    ) -> AsyncIterator[DataPlaneMutationCut]:
         task = self._task_free_of_sections()
+        deadline = _deadline(timeout)
         async with self._cond:
             if not self._mutations_admitted():
-                await self._wait_behind_checkpoint(kind)
+                try:
+                    await self._wait_behind_checkpoint(kind, deadline)
+                except TimeoutError:
+                    assert timeout is not None
+                    raise BarrierTimeoutError(
+                        section="mutation", kind=kind, timeout=timeout
+                    ) from None
             self._active_mutations += 1
             self._holders.add(task)
         cut = DataPlaneMutationCut(self)
@@ -222,29 +263,33 @@ class DataPlaneCheckpointBarrier:
                 self._wake_sleepers()
 
     @asynccontextmanager
-    async def _checkpoint_section(self) -> AsyncIterator[DataPlaneMutationCut]:
+    async def _checkpoint_section(
+        self, timeout: float | None
+    ) -> AsyncIterator[DataPlaneMutationCut]:
         task = self._task_free_of_sections()
         ticket = object()
+        deadline = _deadline(timeout)
         async with self._cond:
             # Queue first: from here on, newly arriving mutations wait behind this checkpoint.
             self._checkpoint_queue.append(ticket)
             try:
                 await self._sleep_until(
-                    lambda: not self._checkpoint_active and self._checkpoint_queue[0] is ticket
+                    lambda: not self._checkpoint_active and self._checkpoint_queue[0] is ticket,
+                    deadline,
                 )
-            except BaseException:
+                self._checkpoint_queue.popleft()
+                self._checkpoint_active = True
+            except BaseException as error:
                 self._checkpoint_queue.remove(ticket)
                 # Mutations queued only behind us, and the next checkpoint, may now proceed.
                 self._cond.notify_all()
-                raise
-            self._checkpoint_queue.popleft()
-            self._checkpoint_active = True
+                raise _as_barrier_timeout(error, timeout) from None
             try:
-                await self._sleep_until(lambda: self._active_mutations == 0)
-            except BaseException:
+                await self._sleep_until(lambda: self._active_mutations == 0, deadline)
+            except BaseException as error:
                 self._checkpoint_active = False
                 self._cond.notify_all()
-                raise
+                raise _as_barrier_timeout(error, timeout) from None
             self._holders.add(task)
         cut = DataPlaneMutationCut(self)
         try:
@@ -272,12 +317,12 @@ class DataPlaneCheckpointBarrier:
     def _mutations_admitted(self) -> bool:
         return not self._checkpoint_active and not self._checkpoint_queue
 
-    async def _wait_behind_checkpoint(self, kind: str) -> None:
+    async def _wait_behind_checkpoint(self, kind: str, deadline: float | None) -> None:
         self._waiting_mutations += 1
         self._max_waiting_mutations = max(self._max_waiting_mutations, self._waiting_mutations)
         started = time.monotonic()
         try:
-            await self._sleep_until(self._mutations_admitted)
+            await self._sleep_until(self._mutations_admitted, deadline)
         finally:
             # Counted when the wait ends (entered or cancelled), so each blocked mutation has
             # exactly one duration sample next to its kind count.
@@ -285,10 +330,23 @@ class DataPlaneCheckpointBarrier:
             self._blocked_by_kind[kind] += 1
             self._wait_durations_s.append(time.monotonic() - started)
 
-    async def _sleep_until(self, predicate: Callable[[], bool]) -> None:
+    async def _sleep_until(self, predicate: Callable[[], bool], deadline: float | None) -> None:
+        """Wait on the condition until ``predicate`` holds; TimeoutError past ``deadline``.
+
+        A timed-out wait is a cancelled condition wait, which re-acquires the lock before
+        it propagates, so callers clean up exactly as for a cancellation.
+        """
+        if predicate():
+            return
         self._sleepers += 1
         try:
-            await self._cond.wait_for(predicate)
+            if deadline is None:
+                await self._cond.wait_for(predicate)
+            else:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(self._cond.wait_for(predicate), remaining)
         finally:
             self._sleepers -= 1
 
