@@ -7,6 +7,9 @@ makes of it. Every case runs in this one process on the same state, best of ``--
 - native write            ``write_sidecar(format="native")``: full validation, encode,
                           read-back check, atomic fsynced write
 - native write, unchecked the same with ``validate=False`` (encode + atomic write only)
+- checkpoint bytes        what the barrier is held for: ``build_rollout_recovery_state``
+                          + ``encode_sidecar`` (validated), versus
+                          ``encode_native_checkpoint`` straight from ledger storage
 - native read             ``load_sidecar``: checksum, typed decode straight into the
                           ledger's storage, and full validation (the sidecar's rules and
                           every ledger load invariant)
@@ -40,6 +43,8 @@ from bench_ledger import build_workload
 from rollout_recovery import build_rollout_recovery_state
 from rollout_recovery.checkpoint import (
     decode_sidecar,
+    encode_native_checkpoint,
+    encode_sidecar,
     load_sidecar,
     validate_sidecar_state,
     write_sidecar,
@@ -92,6 +97,23 @@ def main(argv: list[str] | None = None) -> int:
         rows["native write"] = _best_of(args.repeat, lambda: write_sidecar(native, state))
         rows["native write, unchecked"] = _best_of(
             args.repeat, lambda: write_sidecar(native, state, validate=False)
+        )
+        # What a checkpoint holds the barrier for: the ledger and controller state turned
+        # into file bytes (the write and fsync can follow after the cut is released).
+        rows["checkpoint bytes: build_rollout_recovery_state + encode"] = _best_of(
+            args.repeat,
+            lambda: encode_sidecar(
+                build_rollout_recovery_state(
+                    ledger, batch_shortfall={7: 1}, sampler_stamps_target_steps=True
+                ),
+                format="native",
+            ),
+        )
+        rows["checkpoint bytes: encode_native_checkpoint (from storage)"] = _best_of(
+            args.repeat,
+            lambda: encode_native_checkpoint(
+                ledger, batch_shortfall={7: 1}, sampler_stamps_target_steps=True
+            ),
         )
         rows["native read (full validation)"] = _best_of(args.repeat, lambda: load_sidecar(native))
         native_bytes = native.read_bytes()

@@ -1,7 +1,9 @@
 """Checkpoint files: the sidecar in the native format or NeMo-RL's ``.pt``, written atomically.
 
 Checkpoint code needs only :func:`write_sidecar` and :func:`load_sidecar` (or
-:func:`read_sidecar`); the codecs below them are public for tools and tests.
+:func:`read_sidecar`); inside a checkpoint cut, :func:`encode_native_checkpoint` produces
+the file's bytes straight from ledger storage, to be written after the cut. The codecs
+below them are public for tools and tests.
 """
 
 from .._durable import atomic_write_bytes, fsync_directory
@@ -15,6 +17,7 @@ from ._native import (
     decode_native,
     decode_native_payload,
     encode_native,
+    encode_native_checkpoint,
     looks_like_native,
     read_native_envelope,
 )
@@ -66,6 +69,7 @@ __all__ = [
     "decode_torch_pt",
     "detect_sidecar_format",
     "encode_native",
+    "encode_native_checkpoint",
     "encode_sidecar",
     "encode_torch_pt",
     "find_sidecar_problems",

@@ -31,7 +31,13 @@ import msgspec
 
 from .. import __version__
 from ..errors import InvalidStateError, InvalidStateTypeError
-from ..ledger import GroupState
+from ..ledger import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    GroupState,
+    RolloutRecoveryLedger,
+    build_controller_state,
+)
+from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._errors import SidecarFormatError
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "decode_native_payload",
     "decode_native_payload_for_load",
     "encode_native",
+    "encode_native_checkpoint",
     "looks_like_native",
     "read_native_envelope",
 ]
@@ -237,6 +244,44 @@ def encode_native(state: dict[Any, Any], *, verify: bool = True) -> bytes:
                 "or other non-primitive values)",
                 path="$",
             )
+    return _wrap(payload)
+
+
+def encode_native_checkpoint(
+    ledger: RolloutRecoveryLedger,
+    *,
+    batch_shortfall: dict[int, int],
+    sampler_stamps_target_steps: bool,
+    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
+    reward_settings: CaptureRewardSettings | None = None,
+    canonical_group_ids: set[str] | None = None,
+) -> bytes:
+    """The native file's bytes for a checkpoint, encoded straight from ledger storage.
+
+    Reads back to exactly ``build_rollout_recovery_state(ledger, ...)`` with the same
+    arguments, and refuses what it refuses, but builds no dicts for the groups: run it
+    inside the checkpoint cut, then write the bytes (``atomic_write_bytes``) after the cut
+    is released. The ledger's own checks (checkpoint-safe, prompts bound) and the
+    sidecar's validation seam run first; receipts are plain data by construction.
+    """
+    controller = build_controller_state(
+        batch_shortfall=batch_shortfall,
+        sampler_stamps_target_steps=sampler_stamps_target_steps,
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+        reward_settings=reward_settings,
+        canonical_group_ids=canonical_group_ids,
+    )
+    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
+    sidecar = _LoadableSidecar(
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups, **controller
+    )
+    return _wrap(_ENCODER.encode(sidecar))
+
+
+def _wrap(payload: bytes) -> bytes:
+    """Magic prefix plus the versioned, checksummed envelope around ``payload``."""
     envelope = NativeEnvelope(
         format=FORMAT_NAME,
         format_version=FORMAT_VERSION,

@@ -28,6 +28,7 @@ from ._records import (
 )
 from ._sidecar import (
     ParsedRolloutRecoveryState,
+    build_controller_state,
     build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "RolloutSiblingRecord",
     "SiblingSealResult",
     "SiblingState",
+    "build_controller_state",
     "build_rollout_recovery_state",
     "parse_rollout_recovery_state",
 ]

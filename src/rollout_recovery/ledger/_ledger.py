@@ -9,7 +9,7 @@ reference and never copied or serialized.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Self
 
 from .._gc import paused_gc
@@ -605,6 +605,18 @@ class RolloutRecoveryLedger:
 
         Attempt UUIDs are 16 raw bytes; no derived id and no prompt payload is stored.
         """
+        groups = self.checkpoint_groups()
+        with paused_gc():
+            state = groups_to_builtins(groups)
+        return {"schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION, "groups": state}
+
+    def checkpoint_groups(self, *, exclude: Collection[str] = ()) -> list[GroupState]:
+        """The live storage of every group not in ``exclude``, after ``state_dict``'s checks.
+
+        For codecs that encode a checkpoint straight from storage inside the checkpoint cut
+        (storage is shaped exactly like the state dict), skipping the dicts. The objects are
+        the ledger's own: encode them at once; never keep or change them.
+        """
         self.assert_checkpoint_safe()
         for group_id, group in self._groups.items():
             payload = self._payloads.get(group_id)
@@ -613,9 +625,7 @@ class RolloutRecoveryLedger:
                     f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
                 )
             validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
-        with paused_gc():
-            groups = groups_to_builtins(list(self._groups.values()))
-        return {"schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION, "groups": groups}
+        return [group for group_id, group in self._groups.items() if group_id not in exclude]
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InvalidStateError, InvalidStateTypeError
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._constants import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
     SIDECAR_STATE_FIELDS,
     RolloutRecoveryState,
 )
@@ -21,6 +22,7 @@ from ._ledger import RolloutRecoveryLedger
 
 __all__ = [
     "ParsedRolloutRecoveryState",
+    "build_controller_state",
     "build_rollout_recovery_state",
     "parse_rollout_recovery_state",
 ]
@@ -130,6 +132,15 @@ def _reward_row_state(group_id: str, row: object) -> dict[str, Any]:
     return row.to_state()
 
 
+def _check_stamps_flag(value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidStateTypeError(
+            "rollout recovery sampler_stamps_target_steps must be a boolean, got "
+            f"{type(value).__name__}",
+            path="$.sampler_stamps_target_steps",
+        )
+
+
 def build_rollout_recovery_state(
     ledger: RolloutRecoveryLedger,
     *,
@@ -146,34 +157,59 @@ def build_rollout_recovery_state(
     part, and finalizer observations are kept only for those canonical groups (the others'
     observations would be orphans after a restore).
     """
-    if not isinstance(sampler_stamps_target_steps, bool):
-        raise InvalidStateTypeError(
-            "rollout recovery sampler_stamps_target_steps must be a boolean, got "
-            f"{type(sampler_stamps_target_steps).__name__}",
-            path="$.sampler_stamps_target_steps",
-        )
+    # The seed's order: the flag's type, then the ledger's checks, then the rest.
+    _check_stamps_flag(sampler_stamps_target_steps)
     state = ledger.state_dict()
-    state["batch_shortfall"] = _validate_batch_shortfall(batch_shortfall)
-    state["sampler_stamps_target_steps"] = sampler_stamps_target_steps
-    state["finalizer_metrics_by_group"] = _validate_finalizer_metrics(
-        finalizer_metrics_by_group or {}
+    controller = build_controller_state(
+        batch_shortfall=batch_shortfall,
+        sampler_stamps_target_steps=sampler_stamps_target_steps,
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+        reward_settings=reward_settings,
+        canonical_group_ids=canonical_group_ids,
     )
-    state["reward_settings"] = reward_settings.to_state() if reward_settings is not None else None
-    state["finalizer_rewards_by_group"] = {
-        group_id: [_reward_row_state(group_id, row) for row in rows]
-        for group_id, rows in (finalizer_rewards_by_group or {}).items()
-    }
     if canonical_group_ids is not None:
         state["groups"] = [g for g in state["groups"] if g["group_id"] not in canonical_group_ids]
-        for key in ("finalizer_metrics_by_group", "finalizer_rewards_by_group"):
-            state[key] = {
-                group_id: value
-                for group_id, value in state[key].items()
-                if group_id in canonical_group_ids
-            }
+    state.update(controller)
     # The reader's validation seam, run before anything is written.
     parse_rollout_recovery_state(state)
     return state
+
+
+def build_controller_state(
+    *,
+    batch_shortfall: dict[int, int],
+    sampler_stamps_target_steps: bool,
+    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
+    reward_settings: CaptureRewardSettings | None = None,
+    canonical_group_ids: set[str] | None = None,
+) -> dict[str, Any]:
+    """The sidecar's fields besides ``schema_version`` and ``groups``, validated by the
+    reader's own seam; :func:`build_rollout_recovery_state` and the checkpoint encoder
+    that works from ledger storage share it."""
+    _check_stamps_flag(sampler_stamps_target_steps)
+    controller: dict[str, Any] = {
+        "batch_shortfall": _validate_batch_shortfall(batch_shortfall),
+        "sampler_stamps_target_steps": sampler_stamps_target_steps,
+        "finalizer_metrics_by_group": _validate_finalizer_metrics(finalizer_metrics_by_group or {}),
+        "reward_settings": reward_settings.to_state() if reward_settings is not None else None,
+        "finalizer_rewards_by_group": {
+            group_id: [_reward_row_state(group_id, row) for row in rows]
+            for group_id, rows in (finalizer_rewards_by_group or {}).items()
+        },
+    }
+    if canonical_group_ids is not None:
+        for key in ("finalizer_metrics_by_group", "finalizer_rewards_by_group"):
+            controller[key] = {
+                group_id: value
+                for group_id, value in controller[key].items()
+                if group_id in canonical_group_ids
+            }
+    parse_rollout_recovery_state(
+        {"schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION, "groups": [], **controller}
+    )
+    return controller
 
 
 def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
