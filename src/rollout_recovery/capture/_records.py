@@ -133,3 +133,8 @@ class StagedCallHeader(_CallFields, frozen=True, kw_only=True, forbid_unknown_fi
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StagedCallHeader:
         return decode_struct(data, cls, "staged call header")
+
+    def call_record(self, staging_key: str) -> CallRecord:
+        """The manifest entry for this staged row: the same coordinates, keyed by row."""
+        fields = {name: getattr(self, name) for name in _CallFields.__struct_fields__}
+        return CallRecord(**fields, staging_key=staging_key)

@@ -176,17 +176,4 @@ class CaptureWriter:
         )
         # Durable first: only a staged row may be acknowledged with a call record.
         self._dataplane.put(self._partition, {key: row})
-        return CallRecord(
-            model_call_id=model_call_id,
-            parent_call_id=parent_call_id,
-            mode=mode,
-            prev_len=prev_len,
-            delta_len=delta_len,
-            cum_len=cum_len,
-            weight_version=weight_version,
-            digest=digest,
-            extras_digest=EMPTY_EXTRAS_DIGEST,
-            chain_hash=chain_hash,
-            cumulative_hash=cumulative_hash,
-            staging_key=key,
-        )
+        return header.call_record(key)
