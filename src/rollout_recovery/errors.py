@@ -28,10 +28,22 @@ __all__ = [
     "UnknownGroupError",
     "UnknownMutationKindError",
     "format_keys",
+    "split_validation_path",
 ]
 
 # Messages list at most this many ids: enough to debug, bounded for a 10^5-key inventory.
 MAX_LISTED_KEYS = 10
+
+
+def split_validation_path(message: str) -> tuple[str, str | None]:
+    """Split msgspec's ``"... - at `$.a[0].b`"`` into the message and its JSON path.
+
+    The path is ``None`` when the message names none.
+    """
+    head, marker, tail = message.rpartition(" - at `")
+    if marker and tail.endswith("`") and tail.startswith("$"):
+        return head, tail[:-1]
+    return message, None
 
 
 def format_keys(keys: Sequence[str]) -> str:

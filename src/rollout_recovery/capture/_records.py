@@ -24,13 +24,12 @@ variant): they are what lets verification detect a broken link.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, split_validation_path
 
 __all__ = [
     "CallRecord",
@@ -52,7 +51,6 @@ DigestHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
 Length = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 PositiveLength = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
-_PATH_SUFFIX = re.compile(r" - at `(?P<path>[^`]*)`$")
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -65,8 +63,7 @@ def decode_struct(data: object, kind: type[S], what: str) -> S:
         return msgspec.convert(data, kind, strict=True)
     except msgspec.ValidationError as exc:
         message = str(exc)
-        match = _PATH_SUFFIX.search(message)
-        path = match.group("path") if match else "$"
+        path = split_validation_path(message)[1] or "$"
         raise InvalidStateError(f"invalid {what}: {message}", path=path) from exc
 
 

@@ -23,14 +23,13 @@ Python walk. The schema's value rules (enums, invariants) are the ledger's job: 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from typing import Any, Final, TypeVar
 
 import msgspec
 
 from .. import __version__
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..errors import InvalidStateError, InvalidStateTypeError, split_validation_path
 from ..ledger import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     GroupState,
@@ -184,16 +183,11 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 # Besides DecodeError, msgspec lets these escape on malformed input (found by the fuzz
 # tests: a flipped byte inside a string raises UnicodeDecodeError, a ValueError).
 _MALFORMED: Final = (ValueError, OverflowError, RecursionError)
-_PATH_IN_MESSAGE: Final = re.compile(r" - at `(\$[^`]*)`$")
 
 
 def _split_msgspec_error(error: msgspec.ValidationError) -> tuple[str, str]:
-    """msgspec ends a message with `` - at `$.path` ``; return (message, path)."""
-    text = str(error)
-    match = _PATH_IN_MESSAGE.search(text)
-    if match is None:
-        return text, "$"
-    return text[: match.start()], match.group(1)
+    message, path = split_validation_path(str(error))
+    return message, path or "$"
 
 
 # ------------------------------------------------------------------------------ detect

@@ -27,7 +27,13 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidStateError, InvalidTransitionError, UnknownGroupError, format_keys
+from ..errors import (
+    InvalidStateError,
+    InvalidTransitionError,
+    UnknownGroupError,
+    format_keys,
+    split_validation_path,
+)
 from ..ledger._cut import MutationCut
 from ._protocol import DataPlane
 
@@ -482,12 +488,7 @@ class ReplayIndex:
 
 
 def _path(exc: msgspec.ValidationError) -> str | None:
-    # msgspec ends its messages with "- at `$.groups[0].row_keys`".
-    message = str(exc)
-    marker = " - at `"
-    if marker in message and message.endswith("`"):
-        return message.rsplit(marker, 1)[1][:-1]
-    return None
+    return split_validation_path(str(exc))[1]
 
 
 class _LiveCut:

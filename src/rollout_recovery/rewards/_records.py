@@ -91,7 +91,7 @@ def parse_reward_log_context(value: object) -> RewardLogContext | None:
     if not isinstance(value, dict) or set(value) != _REWARD_LOG_CONTEXT_FIELDS:
         raise InvalidStateError(
             "invalid reward log context: expected a mapping with exactly "
-            f"{sorted(_REWARD_LOG_CONTEXT_FIELDS)}, got {_describe_keys(value)}"
+            f"{sorted(_REWARD_LOG_CONTEXT_FIELDS)}, got {describe_keys(value)}"
         )
     return RewardLogContext(
         agent_name=value["agent_name"], full_result_json=value["full_result_json"]
@@ -147,7 +147,7 @@ class FinalizedReward:
         if not isinstance(value, dict) or set(value) != _FINALIZED_REWARD_FIELDS:
             raise InvalidStateError(
                 "invalid finalized reward observation: expected a mapping with exactly "
-                f"{sorted(_FINALIZED_REWARD_FIELDS)}, got {_describe_keys(value)}"
+                f"{sorted(_FINALIZED_REWARD_FIELDS)}, got {describe_keys(value)}"
             )
         return cls(
             sample_id=value["sample_id"],
@@ -157,7 +157,8 @@ class FinalizedReward:
         )
 
 
-def _describe_keys(value: object) -> str:
+def describe_keys(value: object) -> str:
+    """``keys ['a', 'b']`` for a mapping, else the type's name: for "expected exactly" errors."""
     if isinstance(value, dict):
         return f"keys {sorted(map(str, value))}"
     return type(value).__name__

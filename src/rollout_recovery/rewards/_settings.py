@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ..errors import InvalidStateError
+from ._records import describe_keys
 
 __all__ = [
     "CAPTURE_PENALTIES",
@@ -243,7 +244,8 @@ class CaptureRewardSettings:
         if not isinstance(value, dict) or set(value) not in (_VERSIONED_KEYS, _UNVERSIONED_KEYS):
             raise InvalidStateError(
                 "invalid capture reward_settings record: expected a mapping with keys "
-                f"{sorted(_VERSIONED_KEYS)} or {sorted(_UNVERSIONED_KEYS)}, got {_keys(value)}",
+                f"{sorted(_VERSIONED_KEYS)} or {sorted(_UNVERSIONED_KEYS)}, "
+                f"got {describe_keys(value)}",
                 path="reward_settings",
             )
         if "version" in value:
@@ -382,9 +384,3 @@ def _require_int(value: object, path: str) -> None:
 
 def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
-
-
-def _keys(value: object) -> str:
-    if isinstance(value, dict):
-        return f"keys {sorted(map(str, value))}"
-    return type(value).__name__
