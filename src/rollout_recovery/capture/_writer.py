@@ -10,6 +10,7 @@ leaves an orphan row, which the restore inventory pass deletes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -138,36 +139,24 @@ class CaptureWriter:
         cum_len = prev_len + delta_len
         chain_hash = compute_chain_hash(parent_chain, token_ids)
         cumulative_hash = hash_token_ids(np.concatenate([prompt, generated]))
+        # The coordinates the digest covers are exactly the header's fields.
+        coordinates: dict[str, Any] = {
+            "rollout_id": rollout_id,
+            "model_call_id": model_call_id,
+            "parent_call_id": parent_call_id,
+            "mode": mode,
+            "prev_len": prev_len,
+            "delta_len": delta_len,
+            "cum_len": cum_len,
+            "weight_version": weight_version,
+            "extras_digest": EMPTY_EXTRAS_DIGEST,
+            "chain_hash": chain_hash,
+            "cumulative_hash": cumulative_hash,
+        }
         digest = compute_call_digest(
-            rollout_id=rollout_id,
-            model_call_id=model_call_id,
-            parent_call_id=parent_call_id,
-            mode=mode,
-            prev_len=prev_len,
-            delta_len=delta_len,
-            cum_len=cum_len,
-            weight_version=weight_version,
-            token_ids=token_ids,
-            token_mask=token_mask,
-            logprobs=logprobs,
-            extras_digest=EMPTY_EXTRAS_DIGEST,
-            chain_hash=chain_hash,
-            cumulative_hash=cumulative_hash,
+            **coordinates, token_ids=token_ids, token_mask=token_mask, logprobs=logprobs
         )
-        header = StagedCallHeader(
-            rollout_id=rollout_id,
-            model_call_id=model_call_id,
-            parent_call_id=parent_call_id,
-            mode=mode,
-            prev_len=prev_len,
-            delta_len=delta_len,
-            cum_len=cum_len,
-            weight_version=weight_version,
-            digest=digest,
-            extras_digest=EMPTY_EXTRAS_DIGEST,
-            chain_hash=chain_hash,
-            cumulative_hash=cumulative_hash,
-        )
+        header = StagedCallHeader(**coordinates, digest=digest)
         row = Row(
             token_ids=token_ids,
             token_mask=token_mask,
