@@ -116,3 +116,49 @@ def test_a_bad_timeout_is_refused_at_call_time(timeout: Any) -> None:
         barrier.mutation(kind="other", timeout=timeout)
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         barrier.checkpoint(timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_a_cancel_that_was_accepted_is_never_dropped(timeout: float | None) -> None:
+    """Found by review: on Python 3.11 a wait_for-based deadline could swallow a cancel that
+    raced a successful entry, and the checkpoint body ran anyway. Scheduling is stepped
+    with sleep(0) turns, so every interleaving k is reproduced exactly."""
+
+    async def trial(turns: int) -> tuple[bool, str, list[str]]:
+        barrier = DataPlaneCheckpointBarrier()
+        release, entered = asyncio.Event(), asyncio.Event()
+        body: list[str] = []
+
+        async def mutation() -> None:
+            async with barrier.mutation(kind="other"):
+                entered.set()
+                await release.wait()
+
+        async def checkpoint() -> None:
+            async with barrier.checkpoint(timeout=timeout):
+                body.append("entered")
+
+        holder = asyncio.create_task(mutation())
+        await entered.wait()
+        task = asyncio.create_task(checkpoint())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        release.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        requested = task.cancel()
+        try:
+            await task
+            outcome = "completed"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        await holder
+        return requested, outcome, body
+
+    async def scenario() -> None:
+        for turns in range(12):
+            requested, outcome, body = await trial(turns)
+            if requested:
+                assert outcome == "cancelled" and body == [], (turns, outcome, body)
+
+    run(scenario())

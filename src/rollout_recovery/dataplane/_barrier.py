@@ -343,10 +343,11 @@ class DataPlaneCheckpointBarrier:
             if deadline is None:
                 await self._cond.wait_for(predicate)
             else:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(self._cond.wait_for(predicate), remaining)
+                # timeout_at, not wait_for: it waits in this task. On Python 3.11,
+                # wait_for's child task can finish just as the caller is cancelled and
+                # then drop the cancellation, so a cancelled checkpoint would still run.
+                async with asyncio.timeout_at(deadline):
+                    await self._cond.wait_for(predicate)
         finally:
             self._sleepers -= 1
 
