@@ -141,3 +141,42 @@ def test_a_dead_cut_is_refused(tmp_path: Path) -> None:
             ledger, store, _Cut(live=False), partition=STAGING, clear_unreferenced=True
         )
     assert store.keys(STAGING) == before
+
+
+def test_the_canonical_partition_is_never_reconciled(tmp_path: Path) -> None:
+    from rollout_recovery.dataplane import CANONICAL_PARTITION
+    from rollout_recovery.errors import InvalidTransitionError
+
+    store = SqliteDataPlane(tmp_path / "rows.sqlite")
+    store.put(CANONICAL_PARTITION, {"g_g0": _row()})
+    with pytest.raises(InvalidTransitionError, match="canonical rows"):
+        reconcile_staging(
+            RolloutRecoveryLedger(),
+            store,
+            CUT,
+            partition=CANONICAL_PARTITION,
+            clear_unreferenced=True,
+        )
+    assert store.keys(CANONICAL_PARTITION) == ["g_g0"]
+
+
+def test_clearing_is_refused_while_attempts_are_in_flight(tmp_path: Path) -> None:
+    from rollout_recovery.errors import InvalidTransitionError
+
+    store = SqliteDataPlane(tmp_path / "rows.sqlite")
+    ledger = RolloutRecoveryLedger()
+    ledger.reserve_group(
+        CUT,
+        prompt_id="7",
+        prompt_payload={"idx": 7},
+        expected_generations=1,
+        target_step=0,
+        start_weight_version=0,
+        group_id="g",
+    )
+    ledger.mark_group_dispatched(CUT, "g")
+    gate = ledger.get_group("g").gate_rollout_id(0)
+    store.put(STAGING, {f"{gate}/c0": _row()})  # a call still being made
+    with pytest.raises(InvalidTransitionError, match="1 attempts are dispatched"):
+        reconcile_staging(ledger, store, CUT, partition=STAGING, clear_unreferenced=True)
+    assert store.keys(STAGING) == [f"{gate}/c0"]

@@ -9,9 +9,10 @@ finalized, and must not be trained as if it were complete.
 
 from __future__ import annotations
 
-from ..errors import StagingInventoryError
+from ..errors import InvalidTransitionError, StagingInventoryError
 from ..ledger import MutationCut, RolloutRecoveryLedger
 from ._protocol import DataPlane
+from ._replay import CANONICAL_PARTITION
 
 __all__ = ["reconcile_staging"]
 
@@ -33,6 +34,19 @@ def reconcile_staging(
     checkpoint time, when calls may be in flight) they are tolerated and nothing changes.
     """
     cut.require_live()
+    if partition == CANONICAL_PARTITION:
+        raise InvalidTransitionError(
+            f"reconcile_staging checks a staging partition; {partition!r} holds canonical "
+            "rows, which the replay index owns"
+        )
+    in_flight = ledger.dispatched_attempt_count()
+    if clear_unreferenced and in_flight:
+        # Their rows are staged but not yet named by any receipt: clearing would destroy
+        # calls still being made. Restores run prepare_for_restart first.
+        raise InvalidTransitionError(
+            f"cannot clear unreferenced staging rows while {in_flight} attempts are "
+            "dispatched; run prepare_for_restart first"
+        )
     expected = ledger.expected_staging_keys()
     actual = set(data_plane.keys(partition))
     missing = sorted(expected - actual)

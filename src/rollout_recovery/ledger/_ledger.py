@@ -8,6 +8,7 @@ reference and never copied or serialized.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Collection, Iterable
 from typing import Any, Self
@@ -77,22 +78,43 @@ def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
     return owned
 
 
+# Both sidecar formats carry 64-bit integers; a larger scheduling value could never be
+# checkpointed.
+_INT64_MAX = 2**63 - 1
+
+
 def _reward_value(reward: object, logical_id: str) -> float:
-    """The reward as the ledger stores it; converted before any state changes."""
-    try:
-        return float(reward)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError) as error:
+    """The reward as the ledger stores it; converted before any state changes.
+
+    A number (bools pass, as in the seed's loader); a string is refused, not parsed.
+    """
+    if not isinstance(reward, int | float):
         raise InvalidTransitionError(
-            f"reward for {logical_id!r} must be a number, got {reward!r}: {error}"
+            f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
+        )
+    try:
+        return float(reward)
+    except OverflowError:
+        raise InvalidTransitionError(
+            f"reward for {logical_id!r} must be a number a float can hold, got {reward!r}"
         ) from None
+
+
+def _same_reward(stored: float | None, incoming: float) -> bool:
+    """Equality for duplicate seals, where a redelivered NaN equals the NaN it repeats."""
+    return stored == incoming or (
+        stored is not None and math.isnan(stored) and math.isnan(incoming)
+    )
 
 
 def _check_scheduling(target_step: object, start_weight_version: object) -> None:
     """Stricter than the seed on purpose: a value the checkpoint loader or the replay
     index would refuse later is refused now, while the call can still change nothing."""
-    if target_step is not None and (type(target_step) is not int or target_step < 0):
+    if target_step is not None and (
+        type(target_step) is not int or not 0 <= target_step <= _INT64_MAX
+    ):
         raise TypeError(f"target_step must be a non-negative int or None, got {target_step!r}")
-    if type(start_weight_version) is not int or start_weight_version < 0:
+    if type(start_weight_version) is not int or not 0 <= start_weight_version <= _INT64_MAX:
         raise TypeError(
             f"start_weight_version must be a non-negative int, got {start_weight_version!r}"
         )
@@ -180,6 +202,14 @@ class RolloutRecoveryLedger:
                 if current.status is _SEALED:
                     keys.update(current.staging_keys)
         return keys
+
+    def dispatched_attempt_count(self) -> int:
+        """Current attempts running on a worker right now (DISPATCHED)."""
+        return sum(
+            sibling.attempts[-1].status is _DISPATCHED
+            for group in self._groups.values()
+            for sibling in group.siblings
+        )
 
     def assert_checkpoint_safe(self) -> None:
         """Refuse states whose canonical publication outcome is ambiguous."""
@@ -362,7 +392,7 @@ class RolloutRecoveryLedger:
         if attempt.status is _SEALED:
             if (
                 attempt.receipt == owned_receipt
-                and attempt.reward == reward_value
+                and _same_reward(attempt.reward, reward_value)
                 and attempt.mask_sample is mask_sample
                 and attempt.reward_checks == checks
                 and attempt.reward_log_context == context
