@@ -41,7 +41,11 @@ def split_validation_path(message: str) -> tuple[str, str | None]:
     The path is ``None`` when the message names none.
     """
     head, marker, tail = message.rpartition(" - at `")
-    if marker and tail.endswith("`") and tail.startswith("$"):
+    if not marker or not tail.endswith("`"):
+        return message, None
+    # A bad mapping key reads "- at `key` in `$.path`": the path is the mapping's.
+    tail = tail.removeprefix("key` in `")
+    if tail.startswith("$"):
         return head, tail[:-1]
     return message, None
 

@@ -90,3 +90,14 @@ def test_refuses_what_the_builder_refuses() -> None:
         encode_native_checkpoint(_ledger(), **{**CONTROLLER, "sampler_stamps_target_steps": 1})
     with pytest.raises(InvalidStateError, match="batch_shortfall"):
         encode_native_checkpoint(_ledger(), **{**CONTROLLER, "batch_shortfall": {-1: 1}})
+
+
+def test_the_same_bad_input_raises_the_same_error_as_the_builder() -> None:
+    unbound = RolloutRecoveryLedger.from_state_dict(_ledger().state_dict())
+    bad = {**CONTROLLER, "batch_shortfall": {"x": 1}}
+    for encode in (build_rollout_recovery_state, encode_native_checkpoint):
+        with pytest.raises(RuntimeError, match="before its prompt is rehydrated"):
+            encode(unbound, **bad)  # type: ignore[operator]
+    for encode in (build_rollout_recovery_state, encode_native_checkpoint):
+        with pytest.raises(InvalidStateError, match="batch_shortfall"):
+            encode(_ledger(), **{**CONTROLLER, "batch_shortfall": {0: 2**70}})  # type: ignore[operator]

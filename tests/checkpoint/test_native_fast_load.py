@@ -145,9 +145,9 @@ def test_native_load_runs_the_value_checks(tmp_path: Path) -> None:
     with pytest.raises(InvalidStateError, match="sealed receipt staging manifest mismatch"):
         load_sidecar(tmp_path / "s")
     state = _sidecar(_ledger())
-    state["groups"][0]["siblings"][0]["attempts"][0]["reward_log_context"][
-        "full_result_json"
-    ] = "[1, 2]"
+    state["groups"][0]["siblings"][0]["attempts"][0]["reward_log_context"]["full_result_json"] = (
+        "[1, 2]"
+    )
     (tmp_path / "s").write_bytes(_native_bytes(state))
     with pytest.raises(InvalidStateError, match="must encode an object"):
         load_sidecar(tmp_path / "s")

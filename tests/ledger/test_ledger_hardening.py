@@ -68,6 +68,8 @@ def test_a_group_seal_with_one_bad_reward_seals_nothing() -> None:
         (uuid.UUID(int=5), "['x']"),
         (2**70, "['x']"),
         ({1.5: "float key"}, "['x']"),
+        ({7: "int key"}, "['x']"),  # native storage types receipt keys as str
+        ("lone \udc80 surrogate", "['x']"),
         ([[object()]], "['x'][0][0]"),
     ],
 )
@@ -126,3 +128,45 @@ def test_admission_refuses_a_negative_weight_version_and_changes_nothing() -> No
     with pytest.raises(TypeError, match="start_weight_version must be a non-negative int"):
         ledger.mark_group_admitted(CUT, "g", target_step=1, start_weight_version=-1)
     assert snapshot(ledger) == before
+
+
+def test_a_string_reward_is_refused_not_parsed() -> None:
+    ledger = _dispatched(RecoveryGranularity.SIBLING)
+    gate = ledger.get_group("g").gate_rollout_id(0)
+    before = snapshot(ledger)
+    with pytest.raises(ValueError, match="must be a number"):
+        ledger.mark_sibling_sealed(
+            CUT,
+            "g",
+            generation_index=0,
+            gate_rollout_id=gate,
+            receipt=None,
+            reward="1.5",
+            mask_sample=False,  # type: ignore[arg-type]
+        )
+    assert snapshot(ledger) == before
+
+
+def test_a_redelivered_nan_seal_is_a_duplicate_not_a_conflict() -> None:
+    ledger = _dispatched(RecoveryGranularity.SIBLING)
+    gate = ledger.get_group("g").gate_rollout_id(0)
+    for _ in range(2):
+        ledger.mark_sibling_sealed(
+            CUT,
+            "g",
+            generation_index=0,
+            gate_rollout_id=gate,
+            receipt=None,
+            reward=float("nan"),
+            mask_sample=True,
+        )
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64])
+def test_scheduling_values_beyond_64_bits_are_refused(value: int) -> None:
+    ledger = RolloutRecoveryLedger()
+    with pytest.raises(TypeError, match="target_step"):
+        reserve(ledger, target_step=value)
+    with pytest.raises(TypeError, match="start_weight_version"):
+        reserve(ledger, start_weight_version=value)
+    assert len(ledger) == 0

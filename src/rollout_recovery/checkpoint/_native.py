@@ -35,6 +35,7 @@ from ..ledger import (
     GroupState,
     RolloutRecoveryLedger,
     build_controller_state,
+    check_sampler_stamps_flag,
 )
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._errors import SidecarFormatError
@@ -216,20 +217,7 @@ def encode_native(state: dict[Any, Any], *, verify: bool = True) -> bytes:
         raise InvalidStateTypeError(
             f"native sidecar state must be a dict, not {type(state).__name__}", path="$"
         )
-    try:
-        payload = _ENCODER.encode(state)
-    except TypeError as error:
-        raise InvalidStateTypeError(
-            f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
-        ) from None
-    except RecursionError:
-        raise InvalidStateError(
-            "native sidecar: state is nested too deeply or refers to itself", path="$"
-        ) from None
-    except (OverflowError, UnicodeEncodeError, ValueError) as error:
-        raise InvalidStateError(
-            f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
-        ) from None
+    payload = _encode_payload(state)
     if verify:
         decoded = decode_native_payload(payload)
         if decoded != state and not _same_tree(decoded, state):
@@ -259,6 +247,10 @@ def encode_native_checkpoint(
     is released. The ledger's own checks (checkpoint-safe, prompts bound) and the
     sidecar's validation seam run first; receipts are plain data by construction.
     """
+    # The builder's order, so the same bad input raises the same error: the flag's type,
+    # then the ledger's checks, then the controller fields.
+    check_sampler_stamps_flag(sampler_stamps_target_steps)
+    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
     controller = build_controller_state(
         batch_shortfall=batch_shortfall,
         sampler_stamps_target_steps=sampler_stamps_target_steps,
@@ -267,11 +259,28 @@ def encode_native_checkpoint(
         reward_settings=reward_settings,
         canonical_group_ids=canonical_group_ids,
     )
-    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
     sidecar = _LoadableSidecar(
         schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups, **controller
     )
-    return _wrap(_ENCODER.encode(sidecar))
+    return _wrap(_encode_payload(sidecar))
+
+
+def _encode_payload(value: object) -> bytes:
+    """MessagePack-encode a payload; what it cannot carry becomes the documented errors."""
+    try:
+        return _ENCODER.encode(value)
+    except TypeError as error:
+        raise InvalidStateTypeError(
+            f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
+        ) from None
+    except RecursionError:
+        raise InvalidStateError(
+            "native sidecar: state is nested too deeply or refers to itself", path="$"
+        ) from None
+    except (OverflowError, UnicodeEncodeError, ValueError) as error:
+        raise InvalidStateError(
+            f"native sidecar: state holds a value MessagePack cannot encode: {error}", path="$"
+        ) from None
 
 
 def _wrap(payload: bytes) -> bytes:

@@ -30,6 +30,7 @@ from ._sidecar import (
     ParsedRolloutRecoveryState,
     build_controller_state,
     build_rollout_recovery_state,
+    check_sampler_stamps_flag,
     parse_rollout_recovery_state,
 )
 from ._storage import (
@@ -69,5 +70,6 @@ __all__ = [
     "SiblingState",
     "build_controller_state",
     "build_rollout_recovery_state",
+    "check_sampler_stamps_flag",
     "parse_rollout_recovery_state",
 ]

@@ -1,8 +1,10 @@
 """Strict copies of plain data: what a receipt may hold so that every sidecar can carry it.
 
 A receipt is sealed once and checkpointed many times. Anything a sidecar format cannot
-hold (a set, a datetime, a custom object, a 2^70 integer) is refused when it is sealed,
-naming where it sits, rather than failing every later checkpoint. Tuples become lists:
+hold, or would read back differently, is refused when it is sealed, naming where it sits,
+rather than failing every later checkpoint or restore: a set, a datetime, a custom object,
+an integer outside 64 bits, a string with lone surrogates, a mapping key that is not a
+string (receipts are JSON-like, and the native format types them so). Tuples become lists:
 that is what any sidecar round trip gives back anyway.
 """
 
@@ -16,7 +18,7 @@ __all__ = ["MAX_PLAIN_DEPTH", "plain_copy"]
 
 # Both sidecar codecs bound nesting at 64; a receipt deeper than that could never load.
 MAX_PLAIN_DEPTH = 64
-_LEAF_TYPES = frozenset({str, float, bool, bytes, type(None)})
+_LEAF_TYPES = frozenset({float, bool, bytes, type(None)})
 # MessagePack integers: the native format's range, narrower than the .pt codec's.
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
@@ -46,6 +48,10 @@ def _copy(value: Any, depth: int) -> Any:
     kind = type(value)
     if kind in _LEAF_TYPES:
         return value
+    if kind is str:
+        if not _encodable(value):
+            raise _NotPlain("a string with lone surrogates, which UTF-8 cannot carry", [])
+        return value
     if kind is int:
         if not _INT_MIN <= value <= _INT_MAX:
             raise _NotPlain("integer outside the 64-bit range a sidecar can hold", [])
@@ -55,8 +61,10 @@ def _copy(value: Any, depth: int) -> Any:
     if kind is dict:
         copied: dict[Any, Any] = {}
         for key, item in value.items():
-            if type(key) is not str and type(key) is not int:
-                raise _NotPlain(f"mapping key {key!r} of type {type(key).__name__}", [])
+            if type(key) is not str or not _encodable(key):
+                raise _NotPlain(
+                    f"mapping key {key!r}: receipt keys must be UTF-8 encodable strings", []
+                )
             try:
                 copied[key] = _copy(item, depth + 1)
             except _NotPlain as error:
@@ -73,3 +81,13 @@ def _copy(value: Any, depth: int) -> Any:
                 raise
         return items
     raise _NotPlain(f"a {kind.__name__} value, which is not plain data", [])
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():  # the common case, checked in C without encoding
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

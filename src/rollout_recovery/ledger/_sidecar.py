@@ -24,6 +24,7 @@ __all__ = [
     "ParsedRolloutRecoveryState",
     "build_controller_state",
     "build_rollout_recovery_state",
+    "check_sampler_stamps_flag",
     "parse_rollout_recovery_state",
 ]
 
@@ -40,6 +41,10 @@ class ParsedRolloutRecoveryState:
     reward_settings: CaptureRewardSettings | None
 
 
+# Both sidecar formats carry 64-bit integers; larger ones are refused when built.
+_INT64_MAX = 2**63 - 1
+
+
 def _validate_batch_shortfall(value: object) -> dict[int, int]:
     """Copy the per-target-step count of groups that will never arrive."""
     if not isinstance(value, dict):
@@ -49,7 +54,12 @@ def _validate_batch_shortfall(value: object) -> dict[int, int]:
         )
     shortfall: dict[int, int] = {}
     for step, count in value.items():
-        if type(step) is not int or step < 0 or type(count) is not int or count < 0:
+        if (
+            type(step) is not int
+            or not 0 <= step <= _INT64_MAX
+            or type(count) is not int
+            or not 0 <= count <= _INT64_MAX
+        ):
             raise InvalidStateError(
                 "rollout recovery batch_shortfall entries must contain non-negative integer "
                 f"steps and counts, got {step!r}: {count!r}",
@@ -132,7 +142,8 @@ def _reward_row_state(group_id: str, row: object) -> dict[str, Any]:
     return row.to_state()
 
 
-def _check_stamps_flag(value: object) -> None:
+def check_sampler_stamps_flag(value: object) -> None:
+    """The sidecar builder's first check, in the seed's order."""
     if not isinstance(value, bool):
         raise InvalidStateTypeError(
             "rollout recovery sampler_stamps_target_steps must be a boolean, got "
@@ -158,7 +169,7 @@ def build_rollout_recovery_state(
     observations would be orphans after a restore).
     """
     # The seed's order: the flag's type, then the ledger's checks, then the rest.
-    _check_stamps_flag(sampler_stamps_target_steps)
+    check_sampler_stamps_flag(sampler_stamps_target_steps)
     state = ledger.state_dict()
     controller = build_controller_state(
         batch_shortfall=batch_shortfall,
@@ -188,7 +199,7 @@ def build_controller_state(
     """The sidecar's fields besides ``schema_version`` and ``groups``, validated by the
     reader's own seam; :func:`build_rollout_recovery_state` and the checkpoint encoder
     that works from ledger storage share it."""
-    _check_stamps_flag(sampler_stamps_target_steps)
+    check_sampler_stamps_flag(sampler_stamps_target_steps)
     controller: dict[str, Any] = {
         "batch_shortfall": _validate_batch_shortfall(batch_shortfall),
         "sampler_stamps_target_steps": sampler_stamps_target_steps,
