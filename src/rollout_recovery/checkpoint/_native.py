@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
@@ -135,30 +135,24 @@ class _Group(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     siblings: list[_Sibling]
 
 
-class _Sidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+_G = TypeVar("_G", "_Group", GroupState)
+
+
+class _Sidecar(msgspec.Struct, Generic[_G], gc=False, forbid_unknown_fields=True, kw_only=True):
+    """The payload schema; the group type is the parameter.
+
+    ``_Sidecar[_Group]`` keeps every value exactly as stored (conversions reproduce the
+    original bytes). ``_Sidecar[GroupState]`` decodes straight into the ledger's storage,
+    so ``load_sidecar`` hands groups to ``RolloutRecoveryLedger.from_decoded_groups``
+    without another conversion; it is stricter only where the ledger would refuse anyway.
+    """
+
     # Field order is ``build_rollout_recovery_state``'s key order, so decoding keeps it and
     # a .pt -> native -> .pt conversion reproduces the original bytes.
     schema_version: int
-    groups: list[_Group]
+    groups: list[_G]
     # The two keys the schema lets older sidecars omit. UNSET (not None) so an absent key
     # stays absent after a round trip: ``to_builtins`` drops UNSET fields.
-    batch_shortfall: dict[int, int] | msgspec.UnsetType = msgspec.UNSET
-    sampler_stamps_target_steps: bool | msgspec.UnsetType | None = msgspec.UNSET
-    finalizer_metrics_by_group: dict[str, dict[str, int | float]]
-    reward_settings: dict[str, Any] | None
-    finalizer_rewards_by_group: dict[str, list[dict[str, Any]]]
-
-
-class _LoadableSidecar(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
-    """The payload schema with groups typed as the ledger's own storage.
-
-    ``load_sidecar`` decodes into this, so the groups go to the ledger without another
-    conversion or copy (``RolloutRecoveryLedger.from_decoded_groups``). Stricter than
-    ``_Sidecar`` only where the ledger would refuse anyway (enum values).
-    """
-
-    schema_version: int
-    groups: list[GroupState]
     batch_shortfall: dict[int, int] | msgspec.UnsetType = msgspec.UNSET
     sampler_stamps_target_steps: bool | msgspec.UnsetType | None = msgspec.UNSET
     finalizer_metrics_by_group: dict[str, dict[str, int | float]]
@@ -178,8 +172,8 @@ def _refuse_extension(code: int, data: memoryview) -> Any:
 
 
 _ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(NativeEnvelope, ext_hook=_refuse_extension)
-_PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar, ext_hook=_refuse_extension)
-_LOADABLE_DECODER: Final = msgspec.msgpack.Decoder(_LoadableSidecar, ext_hook=_refuse_extension)
+_PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar[_Group], ext_hook=_refuse_extension)
+_LOADABLE_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar[GroupState], ext_hook=_refuse_extension)
 _ENCODER: Final = msgspec.msgpack.Encoder()
 # Besides DecodeError, msgspec lets these escape on malformed input (found by the fuzz
 # tests: a flipped byte inside a string raises UnicodeDecodeError, a ValueError).
@@ -259,7 +253,7 @@ def encode_native_checkpoint(
         reward_settings=reward_settings,
         canonical_group_ids=canonical_group_ids,
     )
-    sidecar = _LoadableSidecar(
+    sidecar = _Sidecar[GroupState](
         schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups, **controller
     )
     return _wrap(_encode_payload(sidecar))
@@ -416,7 +410,7 @@ def _typed_decode(decoder: msgspec.msgpack.Decoder[_T], payload: bytes) -> _T:
         ) from None
 
 
-def _free_form_values(sidecar: _Sidecar | _LoadableSidecar) -> list[Any]:
+def _free_form_values(sidecar: _Sidecar[Any]) -> list[Any]:
     values: list[Any] = [
         attempt.receipt
         for group in sidecar.groups
@@ -429,7 +423,7 @@ def _free_form_values(sidecar: _Sidecar | _LoadableSidecar) -> list[Any]:
     return values
 
 
-def _free_form_paths(sidecar: _Sidecar | _LoadableSidecar) -> list[str]:
+def _free_form_paths(sidecar: _Sidecar[Any]) -> list[str]:
     # Built only after a failed check: formatting a path per attempt up front cost more than
     # the check itself.
     groups: Sequence[Any] = sidecar.groups  # either payload schema: the same shape
@@ -443,7 +437,7 @@ def _free_form_paths(sidecar: _Sidecar | _LoadableSidecar) -> list[str]:
     return [*paths, "$.reward_settings", "$.finalizer_rewards_by_group"]
 
 
-def _refuse_timestamps(sidecar: _Sidecar | _LoadableSidecar, state: dict[Any, Any]) -> None:
+def _refuse_timestamps(sidecar: _Sidecar[Any], state: dict[Any, Any]) -> None:
     """Refuse MessagePack timestamps inside the free-form (``Any``-typed) parts.
 
     msgspec decodes the timestamp extension to ``datetime`` without consulting the ext hook,
