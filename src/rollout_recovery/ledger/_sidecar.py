@@ -181,9 +181,9 @@ def build_rollout_recovery_state(
     )
     if canonical_group_ids is not None:
         state["groups"] = [g for g in state["groups"] if g["group_id"] not in canonical_group_ids]
+    # build_controller_state already ran the reader's validation seam on every field added
+    # here; the groups come from state_dict, whose checks are the loader's.
     state.update(controller)
-    # The reader's validation seam, run before anything is written.
-    parse_rollout_recovery_state(state)
     return state
 
 
