@@ -13,8 +13,15 @@ from collections.abc import Sequence
 
 __all__ = [
     "MAX_LISTED_KEYS",
+    "BareStringError",
     "BarrierNestingError",
     "BarrierTimeoutError",
+    "CheckpointDirectoryError",
+    "ConfigError",
+    "GenerationError",
+    "JobMismatchError",
+    "LivenessError",
+    "StepShortfallError",
     "CheckpointUnsafeError",
     "DataPlaneClosedError",
     "DeadCutError",
@@ -28,6 +35,8 @@ __all__ = [
     "UnknownGroupError",
     "UnknownMutationKindError",
     "format_keys",
+    "refuse_bare_string",
+    "is_utf8_text",
     "split_validation_path",
 ]
 
@@ -48,6 +57,21 @@ def split_validation_path(message: str) -> tuple[str, str | None]:
     if tail.startswith("$"):
         return head, tail[:-1]
     return message, None
+
+
+def is_utf8_text(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (no lone surrogates).
+
+    Every file and store the library writes holds UTF-8; a string that cannot be encoded is
+    refused where it comes in rather than failing at the next write or use.
+    """
+    if text.isascii():  # the common case, checked in C without encoding
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def format_keys(keys: Sequence[str]) -> str:
@@ -180,3 +204,78 @@ class BarrierTimeoutError(RolloutRecoveryError, TimeoutError):
         self.section = section
         self.kind = kind
         self.timeout = timeout
+
+
+class BareStringError(RolloutRecoveryError, TypeError):
+    """A single ``str`` (or bytes) was passed where a collection of ids or keys belongs.
+
+    Iterating it would address one-character ids, so it is refused; wrap it in a list.
+    """
+
+
+def refuse_bare_string(value: object, *, what: str, operation: str) -> None:
+    """Raise :class:`BareStringError` if ``value`` is a str or bytes, not a collection."""
+    if isinstance(value, str | bytes | bytearray):
+        raise BareStringError(
+            f"{operation}: {what} must be a collection of str, got a single "
+            f"{type(value).__name__} {value!r}; wrap it in a list"
+        )
+
+
+class GenerationError(RolloutRecoveryError, RuntimeError):
+    """One attempt failed on the generation side; the controller abandons and retries it.
+
+    ``reason`` is a short code recorded in the audit trail (``attempt_failed``,
+    ``worker_crashed``, ``deadline_exceeded``, ...); ``worker`` names the worker when known.
+    """
+
+    def __init__(self, reason: str, message: str, *, worker: str | None = None) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.worker = worker
+
+
+class ConfigError(RolloutRecoveryError, ValueError):
+    """A job configuration was refused before anything started; ``path`` names the field."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message if path is None else f"{path}: {message}")
+        self.path = path
+
+
+class CheckpointDirectoryError(RolloutRecoveryError, RuntimeError):
+    """A checkpoint directory is incomplete, corrupt or unreadable; ``directory`` names it."""
+
+    def __init__(self, message: str, *, directory: str | None = None) -> None:
+        super().__init__(message if directory is None else f"{directory}: {message}")
+        self.directory = directory
+
+
+class JobMismatchError(RolloutRecoveryError, ValueError):
+    """An output directory holds another job's checkpoints; ``differences`` lists the fields."""
+
+    def __init__(self, message: str, *, differences: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.differences = list(differences)
+
+
+class LivenessError(RolloutRecoveryError, RuntimeError):
+    """A bounded wait ran out: ``waited_for`` says what, ``seconds`` how long."""
+
+    def __init__(self, waited_for: str, seconds: float) -> None:
+        super().__init__(f"gave up waiting for {waited_for} after {seconds:g} s")
+        self.waited_for = waited_for
+        self.seconds = seconds
+
+
+class StepShortfallError(RolloutRecoveryError, RuntimeError):
+    """Too many prompts of one step were dropped for it to train; the run stops."""
+
+    def __init__(self, *, step: int, available: int, required: int) -> None:
+        super().__init__(
+            f"step {step} can train at most {available} groups but needs at least {required} "
+            "(job.min_step_fraction): too many of its prompts were dropped"
+        )
+        self.step = step
+        self.available = available
+        self.required = required
