@@ -1,0 +1,50 @@
+"""The trainer seam: what the controller needs from whatever learns from canonical rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["TrainSample", "Trainer"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainSample:
+    """One valid canonical row, ready for the loss.
+
+    ``token_mask`` is 1.0 on generated tokens (the only ones that train) and 0.0 on carried
+    prompt tokens; ``logprobs`` are the behaviour policy's logprobs captured at generation
+    (0.0 on prompt tokens); ``advantage`` is the row's GRPO advantage. Placeholders never
+    reach a trainer: the controller drops them after computing advantages.
+    """
+
+    token_ids: npt.NDArray[np.int32]
+    token_mask: npt.NDArray[np.float32]
+    logprobs: npt.NDArray[np.float32]
+    advantage: float
+
+
+class Trainer(Protocol):
+    """Learns from GRPO samples and hands its weights to generation.
+
+    ``weight_version`` counts completed train steps; ``train_step`` advances it by one, even
+    for an empty batch, so versions and steps stay in lockstep. ``weights`` returns an
+    immutable snapshot a generation backend may keep while training goes on. ``state`` is
+    everything needed to resume bit-for-bit (plain numpy arrays, saved without pickle);
+    ``load_state`` restores it.
+    """
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def weights(self) -> object: ...
+
+    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]: ...
+
+    def state(self) -> dict[str, npt.NDArray[Any]]: ...
+
+    def load_state(self, state: Mapping[str, npt.NDArray[Any]]) -> None: ...
