@@ -17,6 +17,7 @@ LAYERS = [
     "cli",
     "control",
     "rollout",
+    "policy",
     "finalize",
     "capture",
     "dataplane",

@@ -30,6 +30,9 @@ def _register() -> None:
     from ._convert import convert
 
     cli.add_command(convert)
+    from ._run import run
+
+    cli.add_command(run)
 
 
 _register()

@@ -1,0 +1,93 @@
+"""Deletions deferred until no retained checkpoint can need the rows.
+
+Why: a checkpoint must not copy token rows under the exclusive barrier hold, or the hold
+grows with the bytes stored. So a checkpoint copies no rows at all. It records which rows
+it owns (the ledger's expected staging keys, the replay index's canonical keys), and the
+durable store keeps every such row until no retained checkpoint references it. The live
+store is then always a superset of what each retained checkpoint needs, and a restore
+only has to delete what the restored checkpoint does not own.
+
+A deletion requested while ``epoch`` checkpoints have committed may be needed by any of
+those checkpoints. With ``keep`` checkpoints retained, after commit number ``m`` the
+retained ones are ``m - keep + 1 .. m``, so a deletion of epoch ``e`` is safe once
+``e <= m - keep``. Pending deletions live in memory only: after a crash the restore's
+inventory pass deletes whatever the restored checkpoint does not own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from ..dataplane import DataPlane, Row
+from ..ledger import MutationCut
+
+__all__ = ["DeferredDeletionDataPlane"]
+
+
+class DeferredDeletionDataPlane:
+    """A :class:`DataPlane` whose ``clear`` waits for the checkpoints that need the rows.
+
+    Reads, puts, snapshots and restores go straight to ``inner``. ``clear`` checks the cut
+    like any backend, then only records the keys. :meth:`checkpoint_committed` performs the
+    deletions that no retained checkpoint can need any more. ``inner`` stays reachable for
+    the restore, which deletes unowned rows at once.
+    """
+
+    def __init__(self, inner: DataPlane, *, keep: int, committed_epochs: int = 0) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep!r}")
+        self.inner = inner
+        self._keep = keep
+        self._epoch = committed_epochs
+        # (partition, key) -> epoch of the request; a later request keeps the earliest.
+        self._pending: dict[tuple[str, str], int] = {}
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def put(
+        self, partition: str, rows: Mapping[str, Row], *, cut: MutationCut | None = None
+    ) -> None:
+        self.inner.put(partition, rows, cut=cut)
+        for key in rows:  # a re-put row is live again
+            self._pending.pop((partition, key), None)
+
+    def get(self, partition: str, keys: Sequence[str]) -> list[Row]:
+        return self.inner.get(partition, keys)
+
+    def clear(self, partition: str, keys: Iterable[str], *, cut: MutationCut | None = None) -> None:
+        if isinstance(keys, str):
+            raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
+        if cut is not None:
+            cut.require_live()
+        for key in keys:
+            self._pending.setdefault((partition, key), self._epoch)
+
+    def keys(self, partition: str) -> list[str]:
+        return self.inner.keys(partition)
+
+    def snapshot(self, directory: Path, *, cut: MutationCut | None = None) -> None:
+        self.inner.snapshot(directory, cut=cut)
+
+    def restore(self, directory: Path, *, cut: MutationCut | None = None) -> None:
+        self.inner.restore(directory, cut=cut)
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def checkpoint_committed(self) -> int:
+        """Count one more committed checkpoint and delete what is now safe; returns how many."""
+        self._epoch += 1
+        horizon = self._epoch - self._keep
+        due: dict[str, list[str]] = {}
+        for (partition, key), epoch in self._pending.items():
+            if epoch <= horizon:
+                due.setdefault(partition, []).append(key)
+        for partition, keys in due.items():
+            self.inner.clear(partition, keys)
+            for key in keys:
+                del self._pending[(partition, key)]
+        return sum(len(keys) for keys in due.values())

@@ -1,0 +1,295 @@
+"""``rollout-recovery run``: one run directory, started fresh or resumed by the same command.
+
+The run directory holds::
+
+    job.toml               the job's configuration: a directory belongs to one job
+    dataplane.sqlite       the durable row store (staging and canonical rows)
+    checkpoints/           step_NNNNNN/ (sidecar, replay index, controller state, policy)
+    trained_rows.jsonl     audit trail, cut back to the restored checkpoint on resume
+    events.jsonl
+    metrics.jsonl          one line per trained step (also cut back)
+    run_log.jsonl          one line per start or resume; never cut back
+    reward.png             mean reward per step, restarts and checkpoints marked
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._durable import atomic_write_bytes
+from ..capture import STAGING_PARTITION
+from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
+from ..errors import JobMismatchError
+from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
+from ..rollout import FaultSettings, GenerationBackend, SimulatedAgentBackend
+from ._audit import AUDIT_FILES, EVENTS, METRICS, AuditTrail
+from ._checkpoint_dir import CheckpointStore, SkippedCheckpoint
+from ._checkpointing import (
+    CheckpointTiming,
+    RestoreReport,
+    VerifiedCheckpoint,
+    restore_controller,
+    take_checkpoint,
+    verify_checkpoint,
+)
+from ._config import RunConfig, config_differences, config_to_toml, load_config
+from ._controller import Controller, PromptDataset, RunProgress
+from ._plot import write_reward_plot
+from ._report import RunSummary
+
+__all__ = [
+    "DATA_PLANE_FILE",
+    "JOB_FILE",
+    "RUN_LOG",
+    "JobComponents",
+    "JobResult",
+    "default_components",
+    "run_job",
+]
+
+JOB_FILE = "job.toml"
+DATA_PLANE_FILE = "dataplane.sqlite"
+RUN_LOG = "run_log.jsonl"
+PLOT_FILE = "reward.png"
+
+
+@dataclass(slots=True)
+class JobComponents:
+    """What a run plugs in: the dataset, a generation backend and a trainer."""
+
+    dataset: PromptDataset
+    backend: GenerationBackend
+    trainer: Trainer
+
+
+def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
+    """The embedded default: synthetic tasks, simulated agents, the numpy GRPO policy."""
+    job, faults = config.job, config.faults
+    dataset = TaskSet(
+        config.task.dataset_size, seed=job.seed, prompt_group_every=config.task.prompt_group_every
+    )
+    trainer = NumpyGRPOTrainer(
+        seed=job.seed,
+        learning_rate=config.policy.learning_rate,
+        clip_epsilon=config.policy.clip_epsilon,
+    )
+    backend = SimulatedAgentBackend(
+        task_set=dataset,
+        seed=job.seed,
+        workers=config.generation.workers,
+        call_latency_s=config.generation.call_latency_s,
+        latency_jitter=config.generation.latency_jitter,
+        faults=FaultSettings(
+            attempt_failure_rate=faults.attempt_failure_rate,
+            straggler_rate=faults.straggler_rate,
+            straggler_factor=faults.straggler_factor,
+            hang_rate=faults.hang_rate,
+            capture_failure_rate=faults.capture_failure_rate,
+            tamper_rate=faults.tamper_rate,
+            worker_crash_rate=faults.worker_crash_rate,
+            worker_restart_s=faults.worker_restart_s,
+        ),
+        initial_weights=trainer.weights(),
+        data_plane=data_plane,
+    )
+    return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
+
+
+@dataclass(slots=True)
+class JobResult:
+    summary: RunSummary
+    restored: RestoreReport | None
+    skipped: list[SkippedCheckpoint]
+    checkpoints: list[CheckpointTiming] = field(default_factory=list)
+
+
+def claim_run_directory(out: Path, config: RunConfig) -> bool:
+    """Make ``out`` this job's directory; True when it already was (a resume candidate).
+
+    Refuses, changing nothing, a directory that holds another job (naming every differing
+    field) or that is not empty and not a run directory at all.
+    """
+    job_file = out / JOB_FILE
+    if out.exists() and not out.is_dir():
+        raise JobMismatchError(f"{out} exists and is not a directory")
+    if job_file.exists():
+        saved = load_config(job_file)
+        differences = config_differences(saved, config)
+        if differences:
+            raise JobMismatchError(
+                f"{out} holds another job's run ({JOB_FILE} differs: "
+                + "; ".join(differences)
+                + "); rerun with the same config and seed, or choose another --out",
+                differences=differences,
+            )
+        return True
+    if out.exists() and any(out.iterdir()):
+        raise JobMismatchError(
+            f"{out} is not empty and is not a rollout-recovery run directory (no {JOB_FILE}); "
+            "choose a new or empty --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(job_file, config_to_toml(config).encode())
+    return False
+
+
+def run_job(
+    out: Path,
+    config: RunConfig,
+    *,
+    progress: RunProgress | None = None,
+    components: Callable[[RunConfig, DataPlane], JobComponents] = default_components,
+    log: Callable[[str], None] = lambda message: None,
+) -> JobResult:
+    """Start or resume the job in ``out`` and run it to the end."""
+    started = time.monotonic()
+    claim_run_directory(out, config)
+    inner = SqliteDataPlane(out / DATA_PLANE_FILE)
+    audit = AuditTrail(out)
+    try:
+        parts = components(config, inner)
+        controller = Controller(
+            config=config,
+            dataset=parts.dataset,
+            backend=parts.backend,
+            trainer=parts.trainer,
+            data_plane=inner,
+            audit=audit,
+            progress=progress,
+        )
+        store = CheckpointStore(out, keep=config.checkpoint.keep)
+        store.remove_stale()  # what a save killed mid-way left behind
+        result = asyncio.run(_run(controller, store, out, log))
+    finally:
+        audit.close()
+        inner.close()
+    summary = _summary(out, controller, time.monotonic() - started)
+    result.summary = summary
+    _plot(out, config)
+    return result
+
+
+async def _run(
+    controller: Controller, store: CheckpointStore, out: Path, log: Callable[[str], None]
+) -> JobResult:
+    config = controller.config
+    found = store.newest_loadable(
+        lambda loaded: verify_checkpoint(loaded, config=config, controller=controller)
+    )
+    timings: list[CheckpointTiming] = []
+    restored: RestoreReport | None = None
+    skipped: list[SkippedCheckpoint] = []
+    try:
+        if found is None:
+            await _start_fresh(controller)
+            _log_run(out, "start", step=0)
+            log(f"starting a new run of {config.job.steps} steps in {out}")
+        else:
+            _, verified, skipped = found
+            for skip in skipped:
+                log(f"skipping checkpoint {skip}")
+            assert isinstance(verified, VerifiedCheckpoint)
+            restored = await restore_controller(controller, verified)
+            _log_run(out, "resume", step=restored.step, checkpoint=restored.checkpoint)
+            log(
+                f"resumed from {restored.checkpoint}: step {restored.step}, "
+                f"{restored.groups_in_ledger} groups in the ledger, "
+                f"{restored.sealed_siblings_kept} sealed siblings kept "
+                f"({restored.tokens_reused} tokens reused), "
+                f"{restored.canonical_groups} canonical groups, "
+                f"shortfall {restored.shortfall or '{}'}"
+            )
+
+        async def checkpoint() -> None:
+            timing = await take_checkpoint(controller, store)
+            timings.append(timing)
+
+        if found is None:
+            await checkpoint()  # the bootstrap anchor: every later start can resume
+        controller.set_checkpointer(checkpoint)
+        await controller.run()
+    finally:
+        await controller.backend.aclose()
+    return JobResult(
+        summary=_empty_summary(), restored=restored, skipped=skipped, checkpoints=timings
+    )
+
+
+async def _start_fresh(controller: Controller) -> None:
+    """No checkpoint at all: whatever a run killed before its first one left is void."""
+    store = controller.data_plane.inner
+    async with controller.barrier.mutation("recovery_restore") as cut:
+        for partition in (STAGING_PARTITION, CANONICAL_PARTITION):
+            store.clear(partition, store.keys(partition), cut=cut)
+        controller.audit.truncate_to(dict.fromkeys(AUDIT_FILES, 0))
+
+
+def _log_run(out: Path, event: str, **fields: Any) -> None:
+    line = json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **fields})
+    with open(out / RUN_LOG, "a") as handle:
+        handle.write(line + "\n")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _tenth_means(rewards: list[float]) -> tuple[float | None, float | None]:
+    if not rewards:
+        return None, None
+    tenth = max(1, math.ceil(len(rewards) / 10))
+    return sum(rewards[:tenth]) / tenth, sum(rewards[-tenth:]) / tenth
+
+
+def _empty_summary() -> RunSummary:
+    return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
+
+
+def _summary(out: Path, controller: Controller, wall_time: float) -> RunSummary:
+    counters = controller.counters
+    metrics = _read_jsonl(out / METRICS)
+    rewards = [m["mean_reward"] for m in metrics if m.get("mean_reward") is not None]
+    first, last = _tenth_means(rewards)
+    restores = sum(1 for line in _read_jsonl(out / RUN_LOG) if line["event"] == "resume")
+    return RunSummary(
+        steps=controller.step,
+        prompts_taken=counters["prompts_taken"],
+        prompts_trained=counters["prompts_trained"],
+        prompts_dropped=counters["prompts_dropped"],
+        attempts=counters["attempts"],
+        retries=counters["retries"],
+        siblings_reused=counters["siblings_reused"],
+        checkpoints=counters["checkpoints"],
+        restores=restores,
+        longest_checkpoint_stall_s=counters["longest_checkpoint_stall_us"] / 1e6,
+        wall_time_s=wall_time,
+        first_tenth_reward=first,
+        last_tenth_reward=last,
+    )
+
+
+def _plot(out: Path, config: RunConfig) -> None:
+    metrics = _read_jsonl(out / METRICS)
+    events = _read_jsonl(out / EVENTS)
+    restarts = [line["step"] for line in _read_jsonl(out / RUN_LOG) if line["event"] == "resume"]
+    write_reward_plot(
+        out / PLOT_FILE,
+        steps=[m["step"] for m in metrics],
+        mean_rewards=[
+            math.nan if m.get("mean_reward") is None else float(m["mean_reward"]) for m in metrics
+        ],
+        restarts=restarts,
+        checkpoints=[e["step"] for e in events if e["event"] == "checkpoint_committed"],
+        title=f"rollout-recovery: mean reward per step (seed {config.job.seed})",
+    )

@@ -1,0 +1,284 @@
+"""What a run shows while it runs and when it ends: progress, the summary, metrics.jsonl.
+
+``RunReporter`` draws a rich progress bar on a terminal and prints plain log lines
+otherwise (a CI log, a file), so a captured log holds one line per step. ``render_summary``
+prints the end-of-run table. ``MetricsWriter`` appends one strict JSON object per line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["MetricsWriter", "RunReporter", "RunSummary", "render_summary"]
+
+
+def _format_reward(reward: float | None) -> str:
+    if reward is None:
+        return "n/a"
+    return f"{reward:.3f}"
+
+
+class RunReporter:
+    """Live progress of one run.
+
+    On a terminal (``console.is_terminal``) it shows a rich progress bar with the step
+    count, the last mean reward, attempts in flight, retries and checkpoints. Anywhere
+    else, or with ``force_plain=True``, it prints plain lines instead::
+
+        starting 40 steps
+        step 12/40 reward=0.531 in_flight=23 retries=4 checkpoints=2
+
+    A plain line is printed when ``update`` reports a step other than the last one
+    printed; repeated updates of the same step (live in-flight counts) only refresh the
+    bar. ``log`` lines are printed as is, markup and highlighting off.
+    """
+
+    def __init__(
+        self, console: Console | TextIO | None = None, *, force_plain: bool = False
+    ) -> None:
+        if console is None:
+            console = Console(stderr=True)
+        elif not isinstance(console, Console):
+            console = Console(file=console)
+        self._console = console
+        self._plain = force_plain or not console.is_terminal
+        self._total: int | None = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._last_printed_step: int | None = None
+        self._closed = False
+
+    @property
+    def plain(self) -> bool:
+        """True when this reporter prints plain lines rather than a progress bar."""
+        return self._plain
+
+    def __enter__(self) -> RunReporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self, total_steps: int, resumed_from: int | None) -> None:
+        """Begin the display; ``resumed_from`` is the completed-step count of the restore.
+
+        ``None`` means a fresh run.
+        """
+        self._check_open()
+        self._total = total_steps
+        done = resumed_from or 0
+        if resumed_from is None:
+            self._print(f"starting {total_steps} steps")
+        else:
+            self._print(
+                f"resuming after step {resumed_from}: {max(total_steps - done, 0)} "
+                f"of {total_steps} steps left"
+            )
+        if self._plain:
+            return
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("[bold]step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn(
+                    "reward={task.fields[reward]} in_flight={task.fields[in_flight]} "
+                    "retries={task.fields[retries]} checkpoints={task.fields[checkpoints]}"
+                ),
+                TimeElapsedColumn(),
+                console=self._console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "run",
+                total=total_steps,
+                completed=done,
+                reward="n/a",
+                in_flight=0,
+                retries=0,
+                checkpoints=0,
+            )
+        else:
+            assert self._task is not None
+            self._progress.update(self._task, total=total_steps, completed=done)
+
+    def update(
+        self,
+        *,
+        step: int,
+        mean_reward: float | None,
+        in_flight: int,
+        retries: int,
+        checkpoints: int,
+    ) -> None:
+        """Report progress: ``step`` is the number of steps completed (1-based last step)."""
+        self._check_open()
+        reward = _format_reward(mean_reward)
+        if self._plain:
+            if step == self._last_printed_step:
+                return
+            self._last_printed_step = step
+            total = "?" if self._total is None else str(self._total)
+            self._print(
+                f"step {step}/{total} reward={reward} in_flight={in_flight} "
+                f"retries={retries} checkpoints={checkpoints}"
+            )
+            return
+        if self._progress is None:
+            self.start(self._total or step, None)
+        assert self._progress is not None and self._task is not None
+        self._progress.update(
+            self._task,
+            completed=step,
+            reward=reward,
+            in_flight=in_flight,
+            retries=retries,
+            checkpoints=checkpoints,
+        )
+
+    def log(self, message: str) -> None:
+        """One line of text, printed as is (above the bar on a terminal)."""
+        self._check_open()
+        self._print(message)
+
+    def close(self) -> None:
+        """Stop the bar (leaving its last state on screen); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _print(self, message: str) -> None:
+        console = self._progress.console if self._progress is not None else self._console
+        console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the run reporter is closed")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """The end-of-run numbers printed by ``render_summary``."""
+
+    steps: int
+    prompts_taken: int
+    prompts_trained: int
+    prompts_dropped: int
+    attempts: int
+    retries: int
+    siblings_reused: int
+    checkpoints: int
+    restores: int
+    longest_checkpoint_stall_s: float
+    wall_time_s: float
+    # Mean reward over the first and the last tenth of the steps (None: no reward yet).
+    first_tenth_reward: float | None
+    last_tenth_reward: float | None
+
+
+_SUMMARY_LABELS = {
+    "steps": "steps trained",
+    "prompts_taken": "prompts taken",
+    "prompts_trained": "prompts trained",
+    "prompts_dropped": "prompts dropped",
+    "attempts": "attempts",
+    "retries": "retries",
+    "siblings_reused": "siblings reused",
+    "checkpoints": "checkpoints written",
+    "restores": "restores",
+    "longest_checkpoint_stall_s": "longest checkpoint stall",
+    "wall_time_s": "wall time",
+    "first_tenth_reward": "mean reward, first tenth",
+    "last_tenth_reward": "mean reward, last tenth",
+}
+
+
+def _format_summary_value(name: str, value: object) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if name.endswith("_s"):
+            return f"{value:.3f} s"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def render_summary(summary: RunSummary, console: Console) -> None:
+    """Print the summary as a two-column table (also readable on a plain console)."""
+    table = Table(title="run summary", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for field in fields(summary):
+        value = getattr(summary, field.name)
+        table.add_row(_SUMMARY_LABELS[field.name], _format_summary_value(field.name, value))
+    console.print(table)
+
+
+def _enc_hook(value: object) -> object:
+    # numpy scalars (and anything else with .item()) become their Python value.
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise NotImplementedError(f"cannot write a {type(value).__name__} to metrics.jsonl")
+
+
+class MetricsWriter:
+    """Appends one strict JSON object per line to ``path`` (created if missing).
+
+    NaN and infinities are written as ``null``. Each line goes out with one ``os.write`` on
+    an ``O_APPEND`` descriptor, so a crash leaves at most one torn last line and a
+    concurrent appender never interleaves inside a line.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # msgspec writes non-finite floats as null: strict JSON by construction.
+        self._encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def append(self, record: Mapping[str, object]) -> None:
+        """Write ``record`` as one JSON line."""
+        if self._fd is None:
+            raise ValueError(f"metrics writer for {self.path} is closed")
+        line = self._encoder.encode(dict(record)) + b"\n"
+        written = os.write(self._fd, line)
+        # A regular file takes the whole line at once; finish a short write regardless.
+        while written < len(line):
+            written += os.write(self._fd, line[written:])
+
+    def close(self) -> None:
+        """Close the file; idempotent."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
