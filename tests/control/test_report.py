@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import io
-import json
-import os
 from dataclasses import fields
-from pathlib import Path
 
-import numpy as np
 import pytest
 from rich.console import Console
 
 from rollout_recovery.control._report import (
-    MetricsWriter,
     RunReporter,
     RunSummary,
     render_summary,
@@ -190,68 +185,3 @@ def test_the_summary_is_frozen() -> None:
     summary = _summary()
     with pytest.raises(AttributeError):
         summary.steps = 1  # type: ignore[misc]
-
-
-# --------------------------------------------------------------------------------------
-# MetricsWriter
-
-
-def _strict_lines(path: Path) -> list[dict[str, object]]:
-    def refuse(constant: str) -> object:
-        raise AssertionError(f"non-strict JSON constant {constant}")
-
-    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
-
-
-def test_metrics_are_strict_json_lines_with_null_for_non_finite(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    with MetricsWriter(path) as writer:
-        writer.append({"step": 1, "mean_reward": float("nan"), "stall_s": float("inf")})
-        writer.append({"step": 2, "mean_reward": 0.5, "nested": {"x": [float("-inf"), 1.0]}})
-    assert _strict_lines(path) == [
-        {"step": 1, "mean_reward": None, "stall_s": None},
-        {"step": 2, "mean_reward": 0.5, "nested": {"x": [None, 1.0]}},
-    ]
-
-
-def test_metrics_accept_numpy_scalars(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    with MetricsWriter(path) as writer:
-        writer.append({"a": np.float32(1.5), "b": np.int64(3), "c": np.float64("nan")})
-    assert _strict_lines(path) == [{"a": 1.5, "b": 3, "c": None}]
-
-
-def test_metrics_append_to_an_existing_file(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step":0}\n')
-    with MetricsWriter(path) as writer:
-        writer.append({"step": 1})
-    with MetricsWriter(path) as writer:
-        writer.append({"step": 2})
-    assert _strict_lines(path) == [{"step": 0}, {"step": 1}, {"step": 2}]
-
-
-def test_each_metrics_line_is_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_write = os.write
-    writes: list[bytes] = []
-
-    def recording_write(fd: int, data: bytes) -> int:
-        writes.append(bytes(data))
-        return real_write(fd, data)
-
-    path = tmp_path / "metrics.jsonl"
-    with MetricsWriter(path) as writer:
-        monkeypatch.setattr(os, "write", recording_write)
-        writer.append({"step": 1, "text": "x" * 10_000})
-        writer.append({"step": 2})
-    assert len(writes) == 2
-    assert all(chunk.endswith(b"\n") and chunk.count(b"\n") == 1 for chunk in writes)
-    assert b"".join(writes) == path.read_bytes()
-
-
-def test_a_closed_metrics_writer_refuses_appends(tmp_path: Path) -> None:
-    writer = MetricsWriter(tmp_path / "metrics.jsonl")
-    writer.close()
-    writer.close()
-    with pytest.raises(ValueError, match="closed"):
-        writer.append({"step": 1})

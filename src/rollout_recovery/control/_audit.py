@@ -11,12 +11,13 @@ trail always tells the one history the restored state continues.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ..errors import CheckpointDirectoryError
 
@@ -36,21 +37,21 @@ METRICS = "metrics.jsonl"
 AUDIT_FILES = (TRAINED_ROWS, EVENTS, METRICS)
 
 
-def _finite(value: Any) -> Any:
-    # Standard JSON has no NaN or Infinity: they are written as null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
+def _plain_number(value: object) -> object:
+    # numpy scalars (a reward, a step count) become their Python value.
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise NotImplementedError(f"cannot write a {type(value).__name__} to the audit trail")
+
+
+# msgspec writes NaN and infinities as null: strict JSON by construction.
+_ENCODER = msgspec.json.Encoder(enc_hook=_plain_number)
 
 
 def strict_json_line(record: Mapping[str, Any]) -> bytes:
     """One strict-JSON line (non-finite floats become null)."""
-    text = json.dumps(_finite(dict(record)), separators=(",", ":"), allow_nan=False)
-    return (text + "\n").encode()
+    return _ENCODER.encode(dict(record)) + b"\n"
 
 
 @dataclass(frozen=True, slots=True)

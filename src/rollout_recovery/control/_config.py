@@ -61,7 +61,7 @@ class JobConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     prompts_per_step: PositiveInt = 8
     generations_per_prompt: PositiveInt = 4
     # How many steps ahead of training admission may run.
-    staleness_window: NonNegativeInt = 1
+    staleness_window: NonNegativeInt = 2
     seed: NonNegativeInt = 0
     # A step trains once it holds ceil(fraction * prompts_per_step) groups; the rest are
     # dropped (shortfall). Fewer than that and the run fails.
@@ -89,7 +89,7 @@ class GenerationConfig(_Section, frozen=True, kw_only=True, forbid_unknown_field
     backend: Literal["simulated"] = "simulated"
     workers: PositiveInt = 4
     max_inflight_attempts: PositiveInt = 64
-    call_latency_s: NonNegativeFloat = 0.02
+    call_latency_s: NonNegativeFloat = 0.04
     latency_jitter: NonNegativeFloat = 0.5
     attempt_deadline_s: PositiveFloat = 2.0
 

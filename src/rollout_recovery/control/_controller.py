@@ -201,11 +201,17 @@ class Controller:
         """Run until every step is trained; redispatches restored work first."""
         self._signals = _Signals()
         self._inflight_slots = asyncio.Semaphore(self.config.generation.max_inflight_attempts)
-        async with asyncio.TaskGroup() as tasks:
-            self._tasks = tasks
-            tasks.create_task(self._rollout_pump(), name="rollout-pump")
-            tasks.create_task(self._train_pump(), name="train-pump")
-        self._tasks = None
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                tasks.create_task(self._rollout_pump(), name="rollout-pump")
+                tasks.create_task(self._train_pump(), name="train-pump")
+        except BaseExceptionGroup as group:
+            # The first failure is the cause; the rest are its consequences (cancelled
+            # siblings). Callers branch on the error's class, not on a group.
+            raise _first_failure(group) from None
+        finally:
+            self._tasks = None
 
     def _launch(self, group_id: str) -> None:
         assert self._tasks is not None
@@ -586,3 +592,12 @@ def _batch_of(admission_id: str) -> int:
     if not admission_id.startswith("batch") or not admission_id[5:].isdigit():
         raise ValueError(f"admission_id {admission_id!r} was not minted by this controller")
     return int(admission_id[5:])
+
+
+def _first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    if isinstance(first, BaseExceptionGroup):
+        return _first_failure(first)
+    for other in group.exceptions[1:]:
+        first.add_note(f"rollout-recovery: also failed: {type(other).__name__}: {other}")
+    return first

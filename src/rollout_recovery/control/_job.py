@@ -99,6 +99,8 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
         ),
         initial_weights=trainer.weights(),
         data_plane=data_plane,
+        # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
+        stage_in_thread=True,
     )
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 

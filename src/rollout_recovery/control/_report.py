@@ -2,25 +2,21 @@
 
 ``RunReporter`` draws a rich progress bar on a terminal and prints plain log lines
 otherwise (a CI log, a file), so a captured log holds one line per step. ``render_summary``
-prints the end-of-run table. ``MetricsWriter`` appends one strict JSON object per line.
+prints the end-of-run table.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
-import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["MetricsWriter", "RunReporter", "RunSummary", "render_summary"]
+__all__ = ["RunReporter", "RunSummary", "render_summary"]
 
 
 def _format_reward(reward: float | None) -> str:
@@ -232,53 +228,3 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         value = getattr(summary, field.name)
         table.add_row(_SUMMARY_LABELS[field.name], _format_summary_value(field.name, value))
     console.print(table)
-
-
-def _enc_hook(value: object) -> object:
-    # numpy scalars (and anything else with .item()) become their Python value.
-    item = getattr(value, "item", None)
-    if callable(item):
-        return item()
-    raise NotImplementedError(f"cannot write a {type(value).__name__} to metrics.jsonl")
-
-
-class MetricsWriter:
-    """Appends one strict JSON object per line to ``path`` (created if missing).
-
-    NaN and infinities are written as ``null``. Each line goes out with one ``os.write`` on
-    an ``O_APPEND`` descriptor, so a crash leaves at most one torn last line and a
-    concurrent appender never interleaves inside a line.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        # msgspec writes non-finite floats as null: strict JSON by construction.
-        self._encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
-
-    def __enter__(self) -> MetricsWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def append(self, record: Mapping[str, object]) -> None:
-        """Write ``record`` as one JSON line."""
-        if self._fd is None:
-            raise ValueError(f"metrics writer for {self.path} is closed")
-        line = self._encoder.encode(dict(record)) + b"\n"
-        written = os.write(self._fd, line)
-        # A regular file takes the whole line at once; finish a short write regardless.
-        while written < len(line):
-            written += os.write(self._fd, line[written:])
-
-    def close(self) -> None:
-        """Close the file; idempotent."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
