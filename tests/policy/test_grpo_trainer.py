@@ -21,6 +21,7 @@ from rollout_recovery.policy import (
     THINK,
     THOUGHT_BASE,
     NumpyGRPOTrainer,
+    Trainer,
     TrainSample,
     initial_params,
 )
@@ -127,7 +128,8 @@ def test_grpo_learns_the_hidden_rule_quickly() -> None:
 
 
 def test_version_advances_once_per_step_even_when_empty() -> None:
-    trainer = NumpyGRPOTrainer(seed=0)
+    trainer: Trainer = NumpyGRPOTrainer(seed=0)  # statically checks the protocol too
+    assert isinstance(trainer, NumpyGRPOTrainer)
     assert trainer.weight_version == 0 and trainer.weights().version == 0
     before = trainer.state()
     metrics = trainer.train_step([])

@@ -192,7 +192,8 @@ class NumpyGRPOTrainer:
 
         Metrics are measured before the first update (what the behaviour data looked like
         to the current policy). An empty batch (or one without generated tokens) changes
-        no parameter and no optimizer state, but still advances the version.
+        no parameter and no optimizer state, but still advances the version. A sample this
+        policy cannot have produced raises ``ValueError`` before anything changes.
         """
         batch = _Batch(samples)
         metrics = {

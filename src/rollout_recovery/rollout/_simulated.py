@@ -149,7 +149,8 @@ class SimulatedAgentBackend:
     ``data_plane`` must be the store the attempts' ``CaptureWriter`` writes to; it is only
     needed (and then required) for the tamper fault, which rewrites a staged row behind the
     writer's back. ``stage_in_thread`` runs each ``stage_call`` in a worker thread, for a
-    durable store whose fsync should not block the event loop.
+    durable store whose fsync should not block the event loop. A backend's events belong
+    to the first event loop that waits on them: use one backend per loop.
     """
 
     def __init__(
