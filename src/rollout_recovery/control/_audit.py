@@ -3,8 +3,9 @@
 Two JSON-lines files in the run directory, ``trained_rows.jsonl`` and ``events.jsonl``
 (and the per-step ``metrics.jsonl``). Each line is appended with one ``os.write`` on an
 ``O_APPEND`` descriptor, so a SIGKILL never leaves half a line: the kernel has the bytes
-once the call returns. A checkpoint records every file's length inside its cut and
-fsyncs the files before it commits; a resume cuts each file back to that length, so the
+once the call returns (lines this small are not split by a kill, and a resume cuts any
+tail back to the checkpoint anyway). A checkpoint records every file's length inside its
+cut and fsyncs the files before it commits; a resume cuts each file back to that length, so the
 trail always tells the one history the restored state continues.
 """
 
@@ -105,7 +106,10 @@ class AuditTrail:
                 if b'"sibling_sealed"' not in line:
                     continue
                 record = json.loads(line)
-                if record.get("rollout_id") in rollout_ids:
+                if (
+                    record.get("event") == "sibling_sealed"
+                    and record.get("rollout_id") in rollout_ids
+                ):
                     total += int(record.get("tokens") or 0)
         return total
 
@@ -115,10 +119,14 @@ class AuditTrail:
             raise CheckpointDirectoryError(
                 f"audit offsets name {sorted(offsets)}, expected {sorted(AUDIT_FILES)}"
             )
-        tails: dict[str, bytes] = {}
-        for name, fd in self._fds.items():
-            length = os.fstat(fd).st_size
+        lengths = {name: os.fstat(fd).st_size for name, fd in self._fds.items()}
+        # Every offset is checked before any file is cut: a refusal changes nothing.
+        for name, length in lengths.items():
             offset = offsets[name]
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise CheckpointDirectoryError(
+                    f"audit offset of {name} must be an int >= 0, got {offset!r}"
+                )
             if offset > length:
                 # Only an OS crash loses appended bytes (a SIGKILL does not); the checkpoint
                 # fsynced them, so a shorter file means the disk lost acknowledged data.
@@ -127,10 +135,12 @@ class AuditTrail:
                     "audit trail lost data the checkpoint had synced",
                     directory=str(self._directory),
                 )
+        tails: dict[str, bytes] = {}
+        for name, fd in self._fds.items():
             with open(self._directory / name, "rb") as handle:
-                handle.seek(offset)
+                handle.seek(offsets[name])
                 tails[name] = handle.read()
-            os.ftruncate(fd, offset)
+            os.ftruncate(fd, offsets[name])
             os.fsync(fd)
         seals = tokens = 0
         events = 0

@@ -89,7 +89,7 @@ class GenerationConfig(_Section, frozen=True, kw_only=True, forbid_unknown_field
     backend: Literal["simulated"] = "simulated"
     workers: PositiveInt = 4
     max_inflight_attempts: PositiveInt = 64
-    call_latency_s: NonNegativeFloat = 0.04
+    call_latency_s: NonNegativeFloat = 0.08
     latency_jitter: NonNegativeFloat = 0.5
     attempt_deadline_s: PositiveFloat = 2.0
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..dataplane import DataPlane, Row
+from ..dataplane._codec import check_keys_argument, check_partition
 from ..ledger import MutationCut
 
 __all__ = ["DeferredDeletionDataPlane"]
@@ -58,11 +59,12 @@ class DeferredDeletionDataPlane:
         return self.inner.get(partition, keys)
 
     def clear(self, partition: str, keys: Iterable[str], *, cut: MutationCut | None = None) -> None:
-        if isinstance(keys, str):
-            raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
         if cut is not None:
             cut.require_live()
-        for key in keys:
+        # The inner store's own checks, now: a key it would refuse later would make every
+        # later checkpoint_committed() fail after its checkpoint had already committed.
+        check_partition(partition)
+        for key in check_keys_argument(keys, operation="clear"):
             self._pending.setdefault((partition, key), self._epoch)
 
     def keys(self, partition: str) -> list[str]:

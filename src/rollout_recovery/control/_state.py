@@ -50,7 +50,24 @@ def encode_controller_state(state: ControllerState) -> bytes:
     return msgspec.msgpack.encode(state)
 
 
+class _Envelope(msgspec.Struct):
+    """Just the format and version, read first so a newer file is named as such."""
+
+    format: str = ""
+    version: int = -1
+
+
 def decode_controller_state(data: bytes) -> ControllerState:
+    try:
+        envelope = msgspec.msgpack.decode(data, type=_Envelope)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        envelope = _Envelope()
+    if envelope.version not in (-1, CONTROLLER_STATE_VERSION):
+        raise InvalidStateError(
+            f"controller state version {envelope.version} is not supported "
+            f"(expected {CONTROLLER_STATE_VERSION})",
+            path="$.version",
+        )
     try:
         state = msgspec.msgpack.decode(data, type=ControllerState)
     except msgspec.ValidationError as error:

@@ -1,0 +1,210 @@
+"""ControllerState: exact round trip; a damaged or foreign file is refused with its path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_recovery.control._state import (
+    CONTROLLER_STATE_VERSION,
+    ControllerState,
+    decode_controller_state,
+    encode_controller_state,
+)
+from rollout_recovery.errors import InvalidStateError
+
+
+def sample_state(**changes: Any) -> ControllerState:
+    fields: dict[str, Any] = {
+        "step": 7,
+        "prompts_taken": 41,
+        "rounds_used": {"g-1": 2, "g-2": 1},
+        "audit_offsets": {"trained_rows.jsonl": 1200, "events.jsonl": 3400, "metrics.jsonl": 90},
+        "counters": {"attempts": 50, "retries": 3, "prompts_dropped": 1},
+        "config": {"job": {"seed": 3, "name": "run"}, "checkpoint": {"keep": 2, "every": 1.5}},
+        "config_fingerprint": "sha256:abc",
+    }
+    fields.update(changes)
+    return ControllerState(**fields)
+
+
+def as_builtins(state: ControllerState) -> dict[str, Any]:
+    return msgspec.to_builtins(state)
+
+
+def encode_dict(fields: dict[str, Any]) -> bytes:
+    return msgspec.msgpack.encode(fields)
+
+
+def refused(data: bytes) -> InvalidStateError:
+    with pytest.raises(InvalidStateError) as caught:
+        decode_controller_state(data)
+    return caught.value
+
+
+# -- round trip -------------------------------------------------------------------------------
+
+
+def test_round_trip_of_a_sample_state() -> None:
+    state = sample_state()
+    decoded = decode_controller_state(encode_controller_state(state))
+    assert decoded == state
+    assert decoded.format == "rollout-recovery-controller-state"
+    assert decoded.version == CONTROLLER_STATE_VERSION
+
+
+INTS = st.integers(-(2**63), 2**64 - 1)
+NAMES = st.text(max_size=10)
+CONFIG_VALUES = st.recursive(
+    st.none() | st.booleans() | INTS | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAMES, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    step=INTS,
+    prompts_taken=INTS,
+    rounds_used=st.dictionaries(NAMES, INTS, max_size=5),
+    audit_offsets=st.dictionaries(NAMES, INTS, max_size=4),
+    counters=st.dictionaries(NAMES, INTS, max_size=5),
+    config=st.dictionaries(NAMES, CONFIG_VALUES, max_size=5),
+    fingerprint=st.text(max_size=20),
+)
+def test_round_trip_is_exact(
+    step: int,
+    prompts_taken: int,
+    rounds_used: dict[str, int],
+    audit_offsets: dict[str, int],
+    counters: dict[str, int],
+    config: dict[str, Any],
+    fingerprint: str,
+) -> None:
+    state = ControllerState(
+        step=step,
+        prompts_taken=prompts_taken,
+        rounds_used=rounds_used,
+        audit_offsets=audit_offsets,
+        counters=counters,
+        config=config,
+        config_fingerprint=fingerprint,
+    )
+    data = encode_controller_state(state)
+    decoded = decode_controller_state(data)
+    assert decoded == state
+    assert encode_controller_state(decoded) == data
+
+
+# -- damaged bytes ----------------------------------------------------------------------------
+
+
+def test_every_truncation_is_refused() -> None:
+    data = encode_controller_state(sample_state())
+    for length in range(len(data)):
+        error = refused(data[:length])
+        assert "controller state" in str(error)
+
+
+def test_trailing_bytes_are_refused() -> None:
+    data = encode_controller_state(sample_state())
+    error = refused(data + b"\xc0")
+    assert "not MessagePack" in str(error)
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b'{"step": 1}', b"\xff" * 10])
+def test_bytes_that_are_not_msgpack_are_refused(data: bytes) -> None:
+    refused(data)
+
+
+@pytest.mark.parametrize("top", [[1, 2], 3, "state", None])
+def test_a_top_level_that_is_not_a_map_is_refused(top: Any) -> None:
+    error = refused(msgspec.msgpack.encode(top))
+    assert "Expected `object`" in str(error)
+
+
+def test_the_error_is_a_value_error() -> None:
+    assert issubclass(InvalidStateError, ValueError)
+
+
+# -- damaged fields ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        ("step", "7", "$.step"),
+        ("step", True, "$.step"),
+        ("step", 7.0, "$.step"),
+        ("prompts_taken", None, "$.prompts_taken"),
+        ("rounds_used", [1, 2], "$.rounds_used"),
+        ("rounds_used", {"g-1": "two"}, "$.rounds_used[...]"),
+        ("audit_offsets", {"events.jsonl": 1.5}, "$.audit_offsets[...]"),
+        ("audit_offsets", {1: 2}, "$.audit_offsets"),
+        ("counters", "none", "$.counters"),
+        ("config", [], "$.config"),
+        ("config", {3: "x"}, "$.config"),
+        ("config_fingerprint", b"abc", "$.config_fingerprint"),
+        ("config_fingerprint", 5, "$.config_fingerprint"),
+        ("format", "nemo-rl-sidecar", "$.format"),
+        ("version", "1", "$.version"),
+    ],
+)
+def test_a_wrong_type_at_a_field_names_the_field(field: str, value: Any, path: str) -> None:
+    fields = as_builtins(sample_state())
+    fields[field] = value
+    error = refused(encode_dict(fields))
+    assert error.path == path
+    assert str(error).startswith("invalid controller state")
+
+
+@pytest.mark.parametrize("version", [0, 2, -1, 2**40])
+def test_a_wrong_version_is_refused_at_the_version(version: int) -> None:
+    fields = as_builtins(sample_state())
+    fields["version"] = version
+    error = refused(encode_dict(fields))
+    assert error.path == "$.version"
+    assert f"version {version} is not supported" in str(error)
+
+
+def test_an_unknown_field_is_refused_and_named() -> None:
+    fields = as_builtins(sample_state())
+    fields["retry_budget"] = 3
+    error = refused(encode_dict(fields))
+    assert "unknown field `retry_budget`" in str(error)
+    assert error.path in (None, "$")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "step",
+        "prompts_taken",
+        "rounds_used",
+        "audit_offsets",
+        "counters",
+        "config",
+        "config_fingerprint",
+    ],
+)
+def test_a_missing_required_field_is_refused_and_named(field: str) -> None:
+    fields = as_builtins(sample_state())
+    del fields[field]
+    error = refused(encode_dict(fields))
+    assert f"missing required field `{field}`" in str(error)
+
+
+def test_missing_format_and_version_take_their_defaults() -> None:
+    fields = as_builtins(sample_state())
+    del fields["format"], fields["version"]
+    assert decode_controller_state(encode_dict(fields)) == sample_state()
+
+
+def test_the_state_is_frozen() -> None:
+    state = sample_state()
+    with pytest.raises(AttributeError):
+        state.step = 8  # type: ignore[misc]
