@@ -17,26 +17,29 @@ __all__ = [
     "BarrierNestingError",
     "BarrierTimeoutError",
     "CheckpointDirectoryError",
-    "ConfigError",
-    "GenerationError",
-    "JobMismatchError",
-    "LivenessError",
-    "StepShortfallError",
     "CheckpointUnsafeError",
+    "ConfigError",
+    "DataPlaneBusyError",
     "DataPlaneClosedError",
     "DeadCutError",
+    "GenerationError",
     "InvalidRowError",
     "InvalidStateError",
     "InvalidStateTypeError",
     "InvalidTransitionError",
+    "JobMismatchError",
+    "LivenessError",
     "MissingRowError",
+    "NotARegularFileError",
+    "NotARunDirectoryError",
     "RolloutRecoveryError",
     "StagingInventoryError",
+    "StepShortfallError",
     "UnknownGroupError",
     "UnknownMutationKindError",
     "format_keys",
-    "refuse_bare_string",
     "is_utf8_text",
+    "refuse_bare_string",
     "split_validation_path",
 ]
 
@@ -206,6 +209,34 @@ class BarrierTimeoutError(RolloutRecoveryError, TimeoutError):
         self.timeout = timeout
 
 
+class DataPlaneBusyError(RolloutRecoveryError, RuntimeError):
+    """Another connection held the data-plane store's lock past the busy timeout.
+
+    Nothing changed: the call can be retried as it is (``retryable`` is True). ``path`` is
+    the store file, ``operation`` the call that waited, and ``holder_pids`` the processes
+    holding a write lock on the store when the operating system can say (Linux
+    ``/proc/locks``), else empty.
+    """
+
+    retryable = True
+
+    def __init__(
+        self, message: str, *, path: str, operation: str, holder_pids: Sequence[int] = ()
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.operation = operation
+        self.holder_pids = list(holder_pids)
+
+
+class NotARegularFileError(RolloutRecoveryError, OSError):
+    """A path that must be read as a file is a FIFO, a device, a socket or a directory.
+
+    Refused before anything is read, so a FIFO never blocks the reader. An ``OSError``
+    (``errno`` EINVAL, ``filename`` set), as any other file that cannot be read.
+    """
+
+
 class BareStringError(RolloutRecoveryError, TypeError):
     """A single ``str`` (or bytes) was passed where a collection of ids or keys belongs.
 
@@ -279,3 +310,7 @@ class StepShortfallError(RolloutRecoveryError, RuntimeError):
         self.step = step
         self.available = available
         self.required = required
+
+
+class NotARunDirectoryError(RolloutRecoveryError, ValueError):
+    """A path given as a run directory holds no rollout-recovery job."""

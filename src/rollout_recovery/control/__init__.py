@@ -7,6 +7,7 @@ and trainer through ``components=``.
 """
 
 from ._audit import AuditTrail
+from ._auditor import AuditReport, audit_run
 from ._checkpoint_dir import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ._checkpointing import CheckpointTiming, RestoreReport
 from ._config import RunConfig, config_to_toml, load_config
@@ -17,6 +18,7 @@ from ._report import RunReporter, RunSummary, render_summary
 
 __all__ = [
     "CRASH_POINTS",
+    "AuditReport",
     "AuditTrail",
     "CheckpointStore",
     "CheckpointTiming",
@@ -31,6 +33,7 @@ __all__ = [
     "RunReporter",
     "RunSummary",
     "SkippedCheckpoint",
+    "audit_run",
     "config_to_toml",
     "crash_point",
     "default_components",

@@ -31,6 +31,7 @@ from ..errors import JobMismatchError
 from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
 from ..rollout import FaultSettings, GenerationBackend, SimulatedAgentBackend
 from ._audit import AUDIT_FILES, EVENTS, METRICS, AuditTrail
+from ._auditor import DATA_PLANE_FILE, JOB_FILE, RUN_LOG
 from ._checkpoint_dir import CheckpointStore, SkippedCheckpoint
 from ._checkpointing import (
     CheckpointTiming,
@@ -55,9 +56,6 @@ __all__ = [
     "run_job",
 ]
 
-JOB_FILE = "job.toml"
-DATA_PLANE_FILE = "dataplane.sqlite"
-RUN_LOG = "run_log.jsonl"
 PLOT_FILE = "reward.png"
 
 

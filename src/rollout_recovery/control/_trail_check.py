@@ -24,7 +24,7 @@ from typing import Any
 
 from ._audit import EVENTS, TRAINED_ROWS
 
-__all__ = ["TrailReport", "check_trail"]
+__all__ = ["CommittedOwnership", "TrailReport", "check_trail"]
 
 
 @dataclass(slots=True)
@@ -37,20 +37,52 @@ class TrailReport:
         return not self.violations
 
 
-def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                yield number, json.loads(line)
+def _lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The file's JSON lines, numbered from 1; only its first ``limit`` bytes if given."""
+    with open(path, "rb") as handle:
+        data = handle.read() if limit is None else handle.read(limit)
+    for number, line in enumerate(data.splitlines(), start=1):
+        if line.strip():
+            yield number, json.loads(line)
 
 
-def check_trail(run_dir: Path, *, group_size: int, complete: bool = True) -> TrailReport:
-    """Check the trail in ``run_dir``; ``complete`` means the run finished every step."""
+@dataclass(frozen=True, slots=True)
+class CommittedOwnership:
+    """What the newest committed checkpoint still owns, for a run that has not finished.
+
+    ``ledger_groups`` maps each group the ledger owns to its sealed siblings
+    (generation index -> rollout id); ``replay_groups`` are the canonical groups waiting to
+    train. ``offsets`` are the audit files' lengths in that checkpoint: the committed
+    prefix of the trail.
+    """
+
+    ledger_groups: dict[str, dict[int, str]]
+    replay_groups: frozenset[str]
+    offsets: dict[str, int]
+
+
+def check_trail(
+    run_dir: Path,
+    *,
+    group_size: int,
+    complete: bool = True,
+    committed: CommittedOwnership | None = None,
+) -> TrailReport:
+    """Check the trail in ``run_dir``; ``complete`` means the run finished every step.
+
+    With ``committed``, only the trail's committed prefix is read, and work the
+    checkpoint still owns (prompts in its ledger or replay index, siblings sealed in its
+    ledger) counts as accounted for.
+    """
+    rows_limit = events_limit = None
+    if committed is not None:
+        rows_limit = committed.offsets.get(TRAINED_ROWS)
+        events_limit = committed.offsets.get(EVENTS)
     report = TrailReport()
     bad = report.violations
     rows_by_group: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     trained_sibling: dict[tuple[str, int], tuple[int, str]] = {}
-    for number, row in _lines(run_dir / TRAINED_ROWS):
+    for number, row in _lines(run_dir / TRAINED_ROWS, rows_limit):
         key = (row["group_id"], row["generation_index"])
         where = f"{TRAINED_ROWS}:{number}"
         if key in trained_sibling:
@@ -80,7 +112,7 @@ def check_trail(run_dir: Path, *, group_size: int, complete: bool = True) -> Tra
     dropped: dict[str, int] = {}
     sealed: list[tuple[int, str, int, str]] = []
     abandoned: dict[str, int] = {}  # rollout id -> line
-    for number, event in _lines(run_dir / EVENTS):
+    for number, event in _lines(run_dir / EVENTS, events_limit):
         kind = event.get("event")
         if kind == "prompt_taken":
             if event["group_id"] in taken:
@@ -115,12 +147,16 @@ def check_trail(run_dir: Path, *, group_size: int, complete: bool = True) -> Tra
             bad.append(
                 f"prompt {prompt_idx} trained {count} times but taken {times_taken[prompt_idx]}"
             )
-    if complete:
+    owned: set[str] = set()
+    if committed is not None:
+        owned = set(committed.ledger_groups) | set(committed.replay_groups)
+    if complete or committed is not None:
         for group_id, (number, prompt_idx) in taken.items():
-            if group_id not in rows_by_group and group_id not in dropped:
+            if group_id not in rows_by_group and group_id not in dropped and group_id not in owned:
                 bad.append(
                     f"prompt {prompt_idx} (group {group_id}, {EVENTS}:{number}) was neither "
                     "trained nor dropped"
+                    + ("" if committed is None else ", and the newest checkpoint does not own it")
                 )
     reused = regenerated = 0
     for number, group_id, index, rollout_id in sealed:
@@ -131,7 +167,11 @@ def check_trail(run_dir: Path, *, group_size: int, complete: bool = True) -> Tra
         if abandoned.get(rollout_id, 0) > number or group_id in dropped:
             regenerated += 1
             continue
-        if trained is None and not complete:
+        if trained is None and committed is not None:
+            held = committed.ledger_groups.get(group_id, {})
+            if held.get(index) == rollout_id or group_id in committed.replay_groups:
+                continue
+        if trained is None and not complete and committed is None:
             continue
         bad.append(
             f"sibling ({group_id}, {index}) sealed as {rollout_id} ({EVENTS}:{number}) but "
