@@ -101,3 +101,52 @@ def test_the_same_bad_input_raises_the_same_error_as_the_builder() -> None:
     for encode in (build_rollout_recovery_state, encode_native_checkpoint):
         with pytest.raises(InvalidStateError, match="batch_shortfall"):
             encode(_ledger(), **{**CONTROLLER, "batch_shortfall": {0: 2**70}})  # type: ignore[operator]
+
+
+def _half_admitted_batch() -> RolloutRecoveryLedger:
+    ledger = RolloutRecoveryLedger()
+    for index, group_id in enumerate(("a", "b")):
+        ledger.reserve_group(
+            CUT,
+            prompt_id=str(index),
+            prompt_payload={"idx": index},
+            expected_generations=1,
+            target_step=None,
+            start_weight_version=0,
+            admitted=False,
+            group_id=group_id,
+            admission_id="batch",
+        )
+    ledger.mark_group_admitted(CUT, "a", target_step=3, start_weight_version=0)
+    return ledger
+
+
+def test_a_half_admitted_batch_is_refused_before_writing_naming_both_groups() -> None:
+    ledger = _half_admitted_batch()
+    with pytest.raises(InvalidStateError, match="admission_id='batch'") as raised:
+        encode_native_checkpoint(ledger, batch_shortfall={}, sampler_stamps_target_steps=True)
+    assert "'a'" in str(raised.value) and "'b'" in str(raised.value)
+    assert raised.value.path == "$.groups[1].admission_id"
+    # The loader's check is the same function, with the same message.
+    ledger.mark_group_admitted(CUT, "b", target_step=3, start_weight_version=0)
+    state = build_rollout_recovery_state(
+        ledger, batch_shortfall={}, sampler_stamps_target_steps=True
+    )
+    state["groups"][1]["target_step"] = 4
+    with pytest.raises(InvalidStateError, match="group 'a' is admitted with target_step=3"):
+        RolloutRecoveryLedger.from_state_dict({"schema_version": 3, "groups": state["groups"]})
+
+
+def test_a_whole_admitted_batch_checkpoints_and_loads(tmp_path: Path) -> None:
+    ledger = _half_admitted_batch()
+    ledger.mark_group_admitted(CUT, "b", target_step=3, start_weight_version=0)
+    data = encode_native_checkpoint(ledger, batch_shortfall={}, sampler_stamps_target_steps=True)
+    (tmp_path / "s").write_bytes(data)
+    assert [g.group_id for g in load_sidecar(tmp_path / "s").ledger.groups()] == ["a", "b"]
+
+
+def test_the_excluded_canonical_group_is_not_held_to_the_batch_rule() -> None:
+    ledger = _half_admitted_batch()
+    encode_native_checkpoint(
+        ledger, batch_shortfall={}, sampler_stamps_target_steps=True, canonical_group_ids={"b"}
+    )

@@ -8,6 +8,7 @@ rows were written.
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from typing import Any
 
@@ -21,7 +22,7 @@ from rollout_recovery import (
     build_rollout_recovery_state,
 )
 from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
-from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.errors import InvalidStateError, InvalidTransitionError
 
 CUT = LiveCut()
 
@@ -170,3 +171,112 @@ def test_scheduling_values_beyond_64_bits_are_refused(value: int) -> None:
     with pytest.raises(TypeError, match="start_weight_version"):
         reserve(ledger, start_weight_version=value)
     assert len(ledger) == 0
+
+
+# --- a value the checkpoint loader would refuse is refused by the call that brings it in
+
+
+def _reserve_with(**overrides: Any) -> RolloutRecoveryLedger:
+    ledger = RolloutRecoveryLedger()
+    arguments: dict[str, Any] = {
+        "prompt_id": "7",
+        "prompt_payload": {"idx": 7},
+        "expected_generations": 2,
+        "target_step": 0,
+        "start_weight_version": 0,
+        "group_id": "g",
+    }
+    arguments.update(overrides)
+    ledger.reserve_group(CUT, **arguments)
+    return ledger
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("group_id", 5),
+        ("group_id", True),
+        ("group_id", "g\ud800"),
+        ("admission_id", 5),
+        ("admission_id", "a\udc00"),
+        ("task_source", 5),
+        ("task_source", False),
+        ("task_source", "\ud800"),
+        ("prompt_id", 7),
+        ("expected_generations", True),
+        ("expected_generations", 2.0),
+    ],
+)
+def test_reserve_refuses_a_value_the_loader_would_refuse(field: str, value: Any) -> None:
+    ledger = _reserve_with(group_id="other", prompt_id="8", prompt_payload={"idx": 8})
+    before = snapshot(ledger)
+    with pytest.raises(InvalidTransitionError, match=f"^{re.escape(field)}") as raised:
+        ledger.reserve_group(
+            CUT,
+            **{
+                "prompt_id": "7",
+                "prompt_payload": {"idx": 7},
+                "expected_generations": 2,
+                "target_step": 0,
+                "start_weight_version": 0,
+                "group_id": "g",
+                field: value,
+            },
+        )
+    assert isinstance(raised.value, ValueError)
+    assert snapshot(ledger) == before
+
+
+def test_reserve_refuses_a_lone_surrogate_task_name() -> None:
+    with pytest.raises(InvalidTransitionError, match=r"^prompt_ref\.task_name"):
+        _reserve_with(prompt_payload={"idx": 7, "task_name": "m\ud800"})
+
+
+def test_reserve_still_generates_ids_for_none_and_empty() -> None:
+    ledger = _reserve_with(group_id="", admission_id="", task_source="")
+    (group,) = ledger.groups()
+    assert group.group_id and group.admission_id == group.group_id
+    assert group.task_source == ""
+
+
+# --- a bare string where a collection of group ids belongs is refused, never iterated
+
+
+def _three_groups() -> RolloutRecoveryLedger:
+    ledger = RolloutRecoveryLedger()
+    for index, group_id in enumerate(("a", "b", "ab")):
+        ledger.reserve_group(
+            CUT,
+            prompt_id=str(index),
+            prompt_payload={"idx": index},
+            expected_generations=1,
+            target_step=0,
+            start_weight_version=0,
+            group_id=group_id,
+        )
+    return ledger
+
+
+def test_discard_canonical_groups_refuses_a_bare_string() -> None:
+    from rollout_recovery.errors import BareStringError
+
+    ledger = _three_groups()
+    with pytest.raises(BareStringError, match="group_ids must be a collection of str"):
+        ledger.discard_canonical_groups(CUT, "ab")
+    assert [g.group_id for g in ledger.groups()] == ["a", "b", "ab"]
+    assert ledger.discard_canonical_groups(CUT, ["ab"]) == 1
+
+
+@pytest.mark.parametrize("canonical", ["ab", b"ab"])
+def test_checkpoints_refuse_a_bare_string_of_canonical_ids(canonical: Any) -> None:
+    from rollout_recovery.checkpoint import encode_native_checkpoint
+    from rollout_recovery.errors import BareStringError
+
+    ledger = _three_groups()
+    controller: dict[str, Any] = {"batch_shortfall": {}, "sampler_stamps_target_steps": True}
+    with pytest.raises(BareStringError):
+        build_rollout_recovery_state(ledger, canonical_group_ids=canonical, **controller)
+    with pytest.raises(BareStringError):
+        encode_native_checkpoint(ledger, canonical_group_ids=canonical, **controller)
+    with pytest.raises(BareStringError):
+        ledger.checkpoint_groups(exclude=canonical)

@@ -15,7 +15,7 @@ one reported may differ from the seed's first (types are checked before values).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import msgspec
@@ -37,6 +37,7 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
+from ._plain import MAX_PLAIN_DEPTH, nested_deeper_than
 from ._receipts import receipt_staging_keys
 from ._storage import (
     AttemptState,
@@ -51,6 +52,7 @@ from ._storage import (
 )
 
 __all__ = [
+    "check_admission_batches",
     "check_decoded_groups",
     "check_envelope",
     "decode_ledger_state",
@@ -336,16 +338,34 @@ def _check_values(groups: list[GroupState], *, own_receipts: bool) -> dict[str, 
         if group.group_id in by_id:
             _fail(f"duplicate recovery group_id={group.group_id!r}", f"{path}.group_id")
         by_id[group.group_id] = group
-    admissions: dict[str, tuple[PromptGroupPhase, int | None]] = {}
-    for position, group in enumerate(groups):
-        signature = (group.phase, group.target_step)
-        if admissions.setdefault(group.admission_id, signature) != signature:
-            _fail(
-                "rollout recovery groups sharing admission_id="
-                f"{group.admission_id!r} disagree on phase or target_step",
-                f"$.groups[{position}].admission_id",
-            )
+    check_admission_batches(groups)
     return by_id
+
+
+def check_admission_batches(groups: Sequence[GroupState]) -> None:
+    """Groups of one admission batch must agree on phase and target step.
+
+    The one cross-group rule, shared by the loader and every checkpoint encoder (through
+    ``RolloutRecoveryLedger.checkpoint_groups``): a controller admits a batch one call at a
+    time inside one cut, so the rule may break between calls, but a checkpoint that breaks
+    it could never be restored. The error names both groups; ``path`` is the later one's.
+    """
+    admissions: dict[str, int] = {}
+    for position, group in enumerate(groups):
+        first = admissions.setdefault(group.admission_id, position)
+        if first == position:
+            continue
+        other = groups[first]
+        if other.phase is group.phase and other.target_step == group.target_step:
+            continue
+        _fail(
+            "rollout recovery groups sharing admission_id="
+            f"{group.admission_id!r} disagree on phase or target_step: group "
+            f"{other.group_id!r} is {other.phase.value} with target_step={other.target_step!r}, "
+            f"group {group.group_id!r} is {group.phase.value} with "
+            f"target_step={group.target_step!r}",
+            f"$.groups[{position}].admission_id",
+        )
 
 
 class _Fault(Exception):
@@ -501,6 +521,9 @@ def _check_attempt(
             "@.receipt.rollout_id",
         )
     _check_manifest(receipt, attempt.staging_keys)
+    if nested_deeper_than(receipt):
+        # What a seal refuses; the .pt reader's whole-file bound is set to match.
+        raise _Fault(f"receipt nested deeper than {MAX_PLAIN_DEPTH} levels", "@.receipt")
     if own_receipts:
         return
     # The ledger must not alias the caller's state: keep a private deep copy.

@@ -19,11 +19,13 @@ from ..errors import (
     InvalidStateError,
     InvalidTransitionError,
     UnknownGroupError,
+    is_utf8_text,
+    refuse_bare_string,
 )
 from ..rewards import RewardChecks, RewardLogContext
 from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
 from ._cut import MutationCut
-from ._decode import check_decoded_groups, decode_ledger_state
+from ._decode import check_admission_batches, check_decoded_groups, decode_ledger_state
 from ._enums import (
     PromptGroupPhase,
     PromptGroupStatus,
@@ -117,6 +119,54 @@ def _check_scheduling(target_step: object, start_weight_version: object) -> None
     if type(start_weight_version) is not int or not 0 <= start_weight_version <= _INT64_MAX:
         raise TypeError(
             f"start_weight_version must be a non-negative int, got {start_weight_version!r}"
+        )
+
+
+def _check_text(name: str, value: object, *, optional: bool, non_empty: bool) -> None:
+    """Refuse, at the call, a string field the checkpoint loader would refuse later.
+
+    The loader wants a ``str`` (never an int or a bool), UTF-8 encodable, and for ids
+    non-empty; the seed took anything and wrote a checkpoint that could not be restored.
+    """
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        expected = "a string or None" if optional else "a string"
+        raise InvalidTransitionError(
+            f"{name} must be {expected}, got {type(value).__name__} {value!r}"
+        )
+    if non_empty and not value:
+        raise InvalidTransitionError(f"{name} must be a non-empty string, got {value!r}")
+    if not is_utf8_text(value):
+        raise InvalidTransitionError(
+            f"{name} must be UTF-8 encodable (it holds a lone surrogate), got {value!r}"
+        )
+
+
+def _check_reservation(
+    *,
+    prompt_id: object,
+    expected_generations: object,
+    group_id: object,
+    admission_id: object,
+    task_source: object,
+) -> None:
+    """The identity fields of ``reserve_group``, as strictly as the loader reads them."""
+    if not prompt_id:  # the seed's message first, for an empty id of any type
+        raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
+    _check_text("prompt_id", prompt_id, optional=False, non_empty=True)
+    # An empty group_id or admission_id asks for a generated one, as in the seed.
+    _check_text("group_id", group_id or None, optional=True, non_empty=True)
+    _check_text("admission_id", admission_id or None, optional=True, non_empty=True)
+    _check_text("task_source", task_source, optional=True, non_empty=False)
+    if type(expected_generations) is not int:
+        raise InvalidTransitionError(
+            f"expected_generations must be an int (not a bool), got "
+            f"{type(expected_generations).__name__} {expected_generations!r}"
+        )
+    if not 1 <= expected_generations <= _INT64_MAX:
+        raise InvalidTransitionError(
+            f"expected_generations must be at least one, got {expected_generations!r}"
         )
 
 
@@ -240,19 +290,25 @@ class RolloutRecoveryLedger:
     ) -> PromptGroupRecoveryRecord:
         """Create one logical group and a fresh RESERVED attempt for each sibling."""
         cut.require_live()
-        if not prompt_id:
-            raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
+        _check_reservation(
+            prompt_id=prompt_id,
+            expected_generations=expected_generations,
+            group_id=group_id,
+            admission_id=admission_id,
+            task_source=task_source,
+        )
         if prompt_ref is None:
             prompt_ref = PromptRef(sample_id=prompt_id, task_name=_task_name_of(prompt_payload))
+        if not isinstance(prompt_ref, PromptRef):
+            raise InvalidTransitionError(
+                f"prompt_ref must be a PromptRef or None, got {type(prompt_ref).__name__}"
+            )
         if prompt_ref.sample_id != prompt_id:
             raise InvalidTransitionError(
                 "dataset prompt reference must match prompt_id: "
                 f"{prompt_ref.sample_id!r} != {prompt_id!r}"
             )
-        if expected_generations < 1:
-            raise InvalidTransitionError(
-                f"expected_generations must be at least one, got {expected_generations!r}"
-            )
+        _check_text("prompt_ref.task_name", prompt_ref.task_name, optional=True, non_empty=False)
         _check_scheduling(target_step, start_weight_version)
         group_id = group_id or str(uuid.uuid4())
         if group_id in self._groups:
@@ -622,6 +678,7 @@ class RolloutRecoveryLedger:
     def discard_canonical_groups(self, cut: MutationCut, group_ids: Iterable[str]) -> int:
         """Drop groups the replay index already owns; ids the ledger lacks are ignored."""
         cut.require_live()
+        refuse_bare_string(group_ids, what="group_ids", operation="discard_canonical_groups")
         owned = [group_id for group_id in set(group_ids) if group_id in self._groups]
         for group_id in owned:
             del self._groups[group_id]
@@ -647,6 +704,7 @@ class RolloutRecoveryLedger:
         (storage is shaped exactly like the state dict), skipping the dicts. The objects are
         the ledger's own: encode them at once; never keep or change them.
         """
+        refuse_bare_string(exclude, what="exclude", operation="checkpoint_groups")
         self.assert_checkpoint_safe()
         for group_id, group in self._groups.items():
             payload = self._payloads.get(group_id)
@@ -655,7 +713,11 @@ class RolloutRecoveryLedger:
                     f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
                 )
             validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
-        return [group for group_id, group in self._groups.items() if group_id not in exclude]
+        groups = [group for group_id, group in self._groups.items() if group_id not in exclude]
+        # The one rule that may break between cuts: a controller admits the groups of one
+        # batch a call at a time. The loader runs the same check on what is written.
+        check_admission_batches(groups)
+        return groups
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:

@@ -14,10 +14,16 @@ from typing import Any
 
 from ..errors import InvalidStateError
 
-__all__ = ["MAX_PLAIN_DEPTH", "plain_copy"]
+__all__ = ["MAX_PLAIN_DEPTH", "RECEIPT_DEPTH_IN_SIDECAR", "nested_deeper_than", "plain_copy"]
 
-# Both sidecar codecs bound nesting at 64; a receipt deeper than that could never load.
+# The one nesting bound for free-form plain data (receipts, row metadata): a seal, both
+# sidecar loaders and the data plane all refuse deeper data.
 MAX_PLAIN_DEPTH = 64
+# A receipt sits this many containers below a sidecar's root
+# ($ > groups > group > siblings > sibling > attempts > attempt), so a whole-file bound of
+# MAX_PLAIN_DEPTH + RECEIPT_DEPTH_IN_SIDECAR admits exactly the receipts a seal admits.
+RECEIPT_DEPTH_IN_SIDECAR = 7
+_CONTAINERS = frozenset({dict, list})
 _LEAF_TYPES = frozenset({float, bool, bytes, type(None)})
 # MessagePack integers: the native format's range, narrower than the .pt codec's.
 _INT_MIN = -(2**63)
@@ -81,6 +87,24 @@ def _copy(value: Any, depth: int) -> Any:
                 raise
         return items
     raise _NotPlain(f"a {kind.__name__} value, which is not plain data", [])
+
+
+def nested_deeper_than(value: dict[Any, Any] | list[Any], limit: int = MAX_PLAIN_DEPTH) -> bool:
+    """Whether a dict or list holds containers more than ``limit`` levels deep (itself is 1).
+
+    For data a typed decoder already proved acyclic; only containers are visited, and a
+    container of leaves is cleared in C.
+    """
+    items = value.values() if type(value) is dict else value
+    if _CONTAINERS.isdisjoint(map(type, items)):
+        return False
+    if limit <= 1:
+        return True
+    for item in items:
+        kind = type(item)
+        if (kind is dict or kind is list) and nested_deeper_than(item, limit - 1):
+            return True
+    return False
 
 
 def _encodable(text: str) -> bool:

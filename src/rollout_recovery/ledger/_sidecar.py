@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidStateError, InvalidStateTypeError
+from .._gc import paused_gc
+from ..errors import InvalidStateError, InvalidStateTypeError, refuse_bare_string
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
@@ -19,6 +20,7 @@ from ._constants import (
 )
 from ._decode import check_envelope
 from ._ledger import RolloutRecoveryLedger
+from ._storage import groups_to_builtins
 
 __all__ = [
     "ParsedRolloutRecoveryState",
@@ -170,7 +172,16 @@ def build_rollout_recovery_state(
     """
     # The seed's order: the flag's type, then the ledger's checks, then the rest.
     check_sampler_stamps_flag(sampler_stamps_target_steps)
-    state = ledger.state_dict()
+    refuse_bare_string(
+        canonical_group_ids, what="canonical_group_ids", operation="build_rollout_recovery_state"
+    )
+    # The groups that are written, after the same checks as the native encoder's.
+    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
+    with paused_gc():
+        state: RolloutRecoveryState = {
+            "schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION,
+            "groups": groups_to_builtins(groups),
+        }
     controller = build_controller_state(
         batch_shortfall=batch_shortfall,
         sampler_stamps_target_steps=sampler_stamps_target_steps,
@@ -179,8 +190,6 @@ def build_rollout_recovery_state(
         reward_settings=reward_settings,
         canonical_group_ids=canonical_group_ids,
     )
-    if canonical_group_ids is not None:
-        state["groups"] = [g for g in state["groups"] if g["group_id"] not in canonical_group_ids]
     # build_controller_state already ran the reader's validation seam on every field added
     # here; the groups come from state_dict, whose checks are the loader's.
     state.update(controller)
@@ -200,6 +209,9 @@ def build_controller_state(
     reader's own seam; :func:`build_rollout_recovery_state` and the checkpoint encoder
     that works from ledger storage share it."""
     check_sampler_stamps_flag(sampler_stamps_target_steps)
+    refuse_bare_string(
+        canonical_group_ids, what="canonical_group_ids", operation="build_controller_state"
+    )
     controller: dict[str, Any] = {
         "batch_shortfall": _validate_batch_shortfall(batch_shortfall),
         "sampler_stamps_target_steps": sampler_stamps_target_steps,

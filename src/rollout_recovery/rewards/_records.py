@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, is_utf8_text
 
 __all__ = [
     "FinalizedReward",
@@ -61,6 +61,7 @@ class RewardLogContext:
                 f"reward log agent_name must be a nonempty string, got {self.agent_name!r}",
                 path="agent_name",
             )
+        _require_utf8("reward log agent_name", self.agent_name, "agent_name")
         if self.full_result_json is None:
             return
         if not isinstance(self.full_result_json, str):
@@ -69,6 +70,7 @@ class RewardLogContext:
                 f"{type(self.full_result_json).__name__}",
                 path="full_result_json",
             )
+        _require_utf8("reward log full_result_json", self.full_result_json, "full_result_json")
         try:
             decoded = json.loads(self.full_result_json)
         except (ValueError, RecursionError) as error:  # RecursionError: hostile nesting
@@ -82,6 +84,15 @@ class RewardLogContext:
                 f"{type(decoded).__name__}",
                 path="full_result_json",
             )
+
+
+def _require_utf8(what: str, text: str, path: str) -> None:
+    """Every sidecar holds UTF-8: a lone surrogate could be held but never written."""
+    if not is_utf8_text(text):
+        raise InvalidStateError(
+            f"{what} must be UTF-8 encodable (it holds a lone surrogate), got {text!r}",
+            path=path,
+        )
 
 
 def parse_reward_log_context(value: object) -> RewardLogContext | None:
@@ -115,6 +126,7 @@ class FinalizedReward:
                     f"finalized reward identifiers must be nonempty strings; {name}={value!r}",
                     path=name,
                 )
+            _require_utf8("finalized reward identifiers", value, name)
         if self.log_context is not None and not isinstance(self.log_context, RewardLogContext):
             # Without this, a raw dict slips in and only fails later, inside to_state().
             raise InvalidStateError(
