@@ -258,3 +258,50 @@ def test_load_is_all_or_nothing(tmp_path: Path) -> None:
 def test_envelope_struct_is_public_metadata() -> None:
     envelope = read_native_envelope(encode_native(STATE))
     assert isinstance(envelope, NativeEnvelope)
+
+
+# --- paths that are not regular files are refused before they are opened for reading
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_is_refused_instead_of_blocking_the_reader(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from rollout_recovery.checkpoint import read_torch_pt
+    from rollout_recovery.errors import NotARegularFileError
+
+    fifo = tmp_path / "rollout_recovery.sidecar"
+    os.mkfifo(fifo)
+
+    def _hung(signum: int, frame: object) -> None:
+        raise AssertionError("reading a FIFO blocked")
+
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(10)
+    try:
+        for read in (load_sidecar, read_torch_pt):
+            with pytest.raises(NotARegularFileError, match="a FIFO") as caught:
+                read(fifo)
+            assert isinstance(caught.value, OSError)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    result = subprocess.run(
+        [sys.executable, "-m", "rollout_recovery", "validate", str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "not a regular file (a FIFO)" in result.stderr
+
+
+def test_a_character_device_is_refused(tmp_path: Path) -> None:
+    from rollout_recovery.errors import NotARegularFileError
+
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("needs /dev/zero")
+    with pytest.raises(NotARegularFileError, match="character device"):
+        load_sidecar("/dev/zero")

@@ -232,3 +232,72 @@ def test_convert_keeps_an_int_reward_exactly(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     _, written = decode_sidecar((tmp_path / "out.pt").read_bytes())
     assert type(written["groups"][0]["siblings"][0]["attempts"][0]["reward"]) is int
+
+
+def _sealed_state(reward: float) -> dict[str, Any]:
+    from rollout_recovery.ledger import RolloutRecoveryLedger, build_rollout_recovery_state
+
+    class _Cut:
+        def require_live(self) -> None:
+            return None
+
+    ledger = RolloutRecoveryLedger()
+    ledger.reserve_group(
+        _Cut(),
+        prompt_id="1",
+        prompt_payload={"idx": 1},
+        expected_generations=2,
+        target_step=0,
+        start_weight_version=0,
+        group_id="g",
+    )
+    ledger.mark_group_dispatched(_Cut(), "g")
+    gate = ledger.get_group("g").gate_rollout_id(0)
+    ledger.mark_sibling_sealed(
+        _Cut(),
+        "g",
+        generation_index=0,
+        gate_rollout_id=gate,
+        receipt=None,
+        reward=reward,
+        mask_sample=False,
+    )
+    return build_rollout_recovery_state(
+        ledger,
+        batch_shortfall={},
+        sampler_stamps_target_steps=True,
+        finalizer_metrics_by_group={"done": {"m": float("nan")}},
+    )
+
+
+@pytest.mark.parametrize(("source_format", "target"), [("native", "pt"), ("pt", "native")])
+def test_convert_keeps_a_nan_and_succeeds(tmp_path: Path, source_format: str, target: str) -> None:
+    import math
+
+    from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
+
+    source = tmp_path / "source"
+    source.write_bytes(encode_sidecar(_sealed_state(float("nan")), format=source_format))  # type: ignore[arg-type]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["convert", str(source), str(out), "--to", target])
+    assert result.exit_code == 0, result.output
+    _, written = decode_sidecar(out.read_bytes())
+    assert math.isnan(written["groups"][0]["siblings"][0]["attempts"][0]["reward"])
+    assert math.isnan(written["finalizer_metrics_by_group"]["done"]["m"])
+
+
+def test_a_failed_convert_leaves_no_destination(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout_recovery.checkpoint import encode_sidecar
+    from rollout_recovery.cli import _convert
+
+    source = tmp_path / "source"
+    source.write_bytes(encode_sidecar(_sealed_state(1.0), format="native"))
+    monkeypatch.setattr(_convert, "same_state", lambda left, right: False)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["convert", str(source), str(out), "--to", "pt"])
+    assert result.exit_code == 1
+    assert "would not read back unchanged" in result.output
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]

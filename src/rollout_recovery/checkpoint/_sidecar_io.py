@@ -14,7 +14,8 @@ Errors a reader can see, and nothing else for bad content:
   :class:`~rollout_recovery.errors.InvalidStateTypeError`: decoded, but the state breaks
   the schema; ``path`` names the field;
 * ``OSError``: the file cannot be opened or read (missing, a directory without a sidecar,
-  no permission).
+  no permission); :class:`~rollout_recovery.errors.NotARegularFileError` for a FIFO, a
+  device or a socket, refused before anything is read.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ._native import (
     looks_like_native,
     read_native_envelope,
 )
+from ._regular_file import open_regular_file
 from ._torch_pt import decode_torch_pt, encode_torch_pt, looks_like_torch_zip
 
 __all__ = [
@@ -213,7 +215,7 @@ def read_sidecar_bytes(
 ) -> tuple[Path, bytes]:
     """The resolved sidecar path and its bytes, refusing files over ``max_file_bytes``."""
     resolved = resolve_sidecar_path(path)
-    with open(resolved, "rb") as handle:
+    with open_regular_file(resolved) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > max_file_bytes:
             raise SidecarFormatError(

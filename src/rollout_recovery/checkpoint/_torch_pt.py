@@ -35,7 +35,9 @@ from typing import Any, Final, NoReturn
 
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..errors import InvalidStateError, InvalidStateTypeError, is_utf8_text
+from ..ledger._plain import MAX_PLAIN_DEPTH, RECEIPT_DEPTH_IN_SIDECAR
+from ._regular_file import open_regular_file
 
 __all__ = [
     "ADMITTED_GLOBALS",
@@ -51,10 +53,12 @@ __all__ = [
 # A sidecar for tens of thousands of groups is tens of MB; a cap well above that keeps a
 # hostile or corrupted file from making the reader hold gigabytes.
 DEFAULT_MAX_FILE_BYTES: Final = 256 * 1024 * 1024
-# The sidecar is about a dozen levels deep (groups -> siblings -> attempts -> receipt ...);
-# the cap keeps every later recursive consumer (==, msgspec, deepcopy) far from the
-# interpreter's recursion limit, and turns a self-referencing pickle into an error.
-DEFAULT_MAX_DEPTH: Final = 64
+# A receipt sits 7 levels below the root (groups -> group -> siblings -> sibling -> attempts
+# -> attempt) and may itself be MAX_PLAIN_DEPTH deep, the bound a seal and the native loader
+# apply: this cap admits exactly those receipts, so every path has the same limit. It also
+# keeps every later recursive consumer (==, msgspec, deepcopy) far from the interpreter's
+# recursion limit, and turns a self-referencing pickle into an error.
+DEFAULT_MAX_DEPTH: Final = MAX_PLAIN_DEPTH + RECEIPT_DEPTH_IN_SIDECAR
 # torch writes six members for a tensor-free object; a generous cap bounds the work spent on
 # a central directory before the file is refused.
 _MAX_MEMBERS: Final = 1024
@@ -154,7 +158,7 @@ def read_torch_pt(
     Raises :class:`InvalidStateError` for anything but such a file (including one larger
     than ``max_file_bytes``); ``OSError`` when the file cannot be opened or read.
     """
-    with open(path, "rb") as handle:
+    with open_regular_file(path) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > max_file_bytes:
             _fail(f"file is {size} bytes, over the {max_file_bytes}-byte limit")
@@ -459,6 +463,11 @@ def _unpickle(pickle_bytes: bytes) -> Any:
 _LEAF_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes})
 
 
+# A pickle can carry lone surrogates (BINUNICODE is written with "surrogatepass"); every
+# other reader and writer of a sidecar's strings cannot, so they are refused on the way in.
+_NOT_UTF8: Final = "a string with lone surrogates, which UTF-8 cannot carry"
+
+
 class _Walker:
     """Proves an unpickled object is a bounded tree of primitives."""
 
@@ -477,9 +486,15 @@ class _Walker:
             if self.budget < 0:
                 raise _PathError("expands to more nodes than its size allows (shared subtrees)")
             for key, value in node.items():
-                if type(key) is not str and type(key) is not int:
+                if type(key) is str:
+                    if not key.isascii() and not is_utf8_text(key):
+                        raise _PathError(f"dict key {key!r}: {_NOT_UTF8}")
+                elif type(key) is not int:
                     raise _PathError(f"dict key of type {type(key).__name__}; only str or int")
-                if type(value) not in leaf_types:
+                if type(value) is str:
+                    if not value.isascii() and not is_utf8_text(value):
+                        raise _PathError(_NOT_UTF8).at(key)
+                elif type(value) not in leaf_types:
                     try:
                         self.walk(value, depth + 1)
                     except _PathError as error:
@@ -489,7 +504,10 @@ class _Walker:
             if self.budget < 0:
                 raise _PathError("expands to more nodes than its size allows (shared subtrees)")
             for index, value in enumerate(node):
-                if type(value) not in leaf_types:
+                if type(value) is str:
+                    if not value.isascii() and not is_utf8_text(value):
+                        raise _PathError(_NOT_UTF8).at(index)
+                elif type(value) not in leaf_types:
                     try:
                         self.walk(value, depth + 1)
                     except _PathError as error:
@@ -619,7 +637,10 @@ class _Emitter:
         if fetch is not None:
             self.out += fetch
             return
-        encoded = text.encode("utf-8", "surrogatepass")
+        try:
+            encoded = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _PathError(_NOT_UTF8) from None
         self.out += pickle.BINUNICODE + _PACK_U32(len(encoded)) + encoded
         self.memo[text] = self._put()
 

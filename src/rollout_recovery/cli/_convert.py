@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..checkpoint import (
     SIDECAR_FORMATS,
     SidecarFormat,
+    atomic_write_bytes,
     decode_sidecar,
+    encode_sidecar,
     read_sidecar_bytes,
     sidecar_filename,
-    write_sidecar,
 )
 from ..errors import InvalidStateError, InvalidStateTypeError
 from ._sidecar_errors import EXIT_INVALID, fail, load_or_exit, problem_line
@@ -47,16 +50,42 @@ def convert(src: Path, dst: Path, target: SidecarFormat, force: bool) -> None:
     # (an int reward becomes a float), and a conversion must not change a byte of meaning.
     _, source_state = decode_sidecar(read_sidecar_bytes(loaded.path)[1])
     try:
-        write_sidecar(destination, source_state, format=target)
+        encoded = encode_sidecar(source_state, format=target)
     except (InvalidStateError, InvalidStateTypeError) as error:
         fail(f"cannot write {target}: {problem_line(error)}", EXIT_INVALID)
+    # Verified before anything is written, so a refusal leaves no destination behind.
+    written_format, written = decode_sidecar(encoded)
+    if written_format != target or not same_state(written, source_state):
+        fail(f"{os.fspath(destination)!r} would not read back unchanged", EXIT_INVALID)
+    try:
+        atomic_write_bytes(destination, encoded)
+        _, data = read_sidecar_bytes(destination)
     except OSError as error:
         fail(f"cannot write {os.fspath(destination)!r}: {error.strerror or error}", EXIT_INVALID)
-    _, data = read_sidecar_bytes(destination)
-    written_format, written = decode_sidecar(data)
-    if written_format != target or written != source_state:
-        fail(f"{os.fspath(destination)!r} does not read back unchanged", EXIT_INVALID)
+    if data != encoded:
+        destination.unlink(missing_ok=True)
+        fail(f"{os.fspath(destination)!r} did not read back unchanged; removed", EXIT_INVALID)
     click.echo(
         f"converted {loaded.path} ({loaded.format}) -> {destination} ({target}): "
         f"{len(loaded.parsed.ledger_state['groups'])} groups, {len(data)} bytes"
     )
+
+
+def same_state(left: Any, right: Any) -> bool:
+    """Equality of two decoded sidecar trees in which NaN equals NaN.
+
+    ``==`` says a NaN differs from itself, so every sidecar holding one (a NaN reward, a
+    NaN metric) would fail a plain comparison although it converts faithfully. The walk
+    runs only when ``==`` fails.
+    """
+    return bool(left == right) or _same_tree(left, right)
+
+
+def _same_tree(left: Any, right: Any) -> bool:
+    if type(left) is dict and type(right) is dict:
+        return left.keys() == right.keys() and all(_same_tree(v, right[k]) for k, v in left.items())
+    if type(left) is list and type(right) is list:
+        return len(left) == len(right) and all(map(_same_tree, left, right))
+    if type(left) is float and type(right) is float and math.isnan(left):
+        return math.isnan(right)
+    return bool(left == right)
