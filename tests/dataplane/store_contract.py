@@ -8,6 +8,7 @@ fixture (a factory of empty stores), and subclasses :class:`StoreMachine` with a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import sqlite3
 import tempfile
@@ -35,7 +36,12 @@ from rollout_recovery.dataplane import (
     MissingRowError,
     Row,
 )
-from rollout_recovery.errors import DeadCutError, InvalidStateError, RolloutRecoveryError
+from rollout_recovery.errors import (
+    BareStringError,
+    DeadCutError,
+    InvalidStateError,
+    RolloutRecoveryError,
+)
 
 StoreFactory = Callable[[], DataPlane]
 
@@ -286,11 +292,44 @@ class StoreContract:
             store.put("a", {"\ud800": make_row(1)})
         with pytest.raises(InvalidRowError, match="partition"):
             store.put("", {"k": make_row(1)})
-        with pytest.raises(TypeError, match="single str"):
+        with pytest.raises(BareStringError, match="single str"):
             store.get("a", "abc")
-        with pytest.raises(TypeError, match="single str"):
+        with pytest.raises(BareStringError, match="single str"):
             store.clear("a", "abc")
         assert store.keys("a") == []
+
+    @pytest.mark.parametrize("case", ["surrogate-value", "surrogate-key", "deep", "cycle"])
+    def test_hostile_metadata_is_an_invalid_row(self, store: DataPlane, case: str) -> None:
+        metadata: dict[str, Any]
+        if case == "surrogate-value":
+            metadata = {"calls": ["ok", "bad \ud800"]}
+        elif case == "surrogate-key":
+            metadata = {"\udc80": 1}
+        elif case == "deep":
+            metadata = {}
+            node = metadata
+            for _ in range(200):
+                node["a"] = {}
+                node = node["a"]
+        else:
+            metadata = {"loop": []}
+            metadata["loop"].append(metadata)
+        row = dataclasses.replace(make_row(1), metadata=metadata)
+        with pytest.raises(InvalidRowError) as caught:
+            store.put("a", {"k": row})
+        assert caught.value.key == "k"
+        assert caught.value.field is not None and caught.value.field.startswith("metadata")
+        assert store.keys("a") == []
+
+    def test_metadata_as_deep_as_a_receipt_may_be_is_stored(self, store: DataPlane) -> None:
+        metadata: dict[str, Any] = {}
+        node = metadata
+        for _ in range(63):  # 64 levels, the metadata dict included
+            node["a"] = {}
+            node = node["a"]
+        row = dataclasses.replace(make_row(1), metadata=metadata)
+        store.put("a", {"k": row})
+        assert store.get("a", ["k"])[0].metadata == metadata
 
     # ---- cuts ------------------------------------------------------------------------
 

@@ -438,3 +438,15 @@ def test_state_survives_a_sqlite_snapshot_restore(tmp_path: Path, cut: FakeCut) 
         fresh.restore(tmp_path / "snap", cut=cut)
         restored = ReplayIndex.from_state(msgspec.msgpack.decode(state), data_plane=fresh)
         assert [g.group_id for g in restored.ready_groups()] == ["p0", "p1"]
+
+
+def test_a_bare_string_of_row_keys_is_refused_not_taken_as_one_key(store: MemoryDataPlane) -> None:
+    from rollout_recovery.errors import BareStringError
+
+    index = ReplayIndex(data_plane=store, group_size=1)
+    cut = FakeCut()
+    index.reserve(cut, "g")
+    before = snapshot_of(index)
+    with pytest.raises(BareStringError, match="row_keys must be a collection of str"):
+        index.commit(cut, "g", "g_g0", target_step=0, min_weight_version=0, max_weight_version=0)
+    assert snapshot_of(index) == before

@@ -122,3 +122,112 @@ def test_backends_restore_each_others_snapshots(tmp_path: Path, direction: str) 
     for key, got in zip(sorted(rows), target.get("staging", sorted(rows)), strict=True):
         assert_rows_equal(got, rows[key])
     sqlite_store.close()
+
+
+# --- leftovers of killed snapshots are removed by the next snapshot or open
+
+
+_KILLED_SNAPSHOT = """
+import os, signal, sys
+from pathlib import Path
+from rollout_recovery.dataplane._publish import publish_directory
+
+def fill(temporary):
+    (temporary / "rows.sqlite3").write_bytes(b"x" * 1_000_000)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed mid-snapshot
+
+publish_directory(Path(sys.argv[1]), fill)
+"""
+
+
+def _killed_snapshot(target: Path) -> Path:
+    """Run a snapshot in a process that is SIGKILLed while filling; return its leftover."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _KILLED_SNAPSHOT, str(target)], timeout=120)
+    assert result.returncode == -9
+    (leftover,) = [p for p in target.parent.iterdir() if p.name.startswith(f".{target.name}.tmp-")]
+    assert (leftover / "rows.sqlite3").stat().st_size == 1_000_000
+    return leftover
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_later_snapshot_removes_the_leftover_of_a_killed_one(
+    tmp_path: Path, backend: str
+) -> None:
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    leftover = _killed_snapshot(snapshots / "step-1")
+    # Not ours to remove: another host's temporary, and a live process's.
+    foreign = snapshots / ".step-1.tmp-1@some-other-host-abcd1234"
+    foreign.mkdir()
+    import os
+    import re
+    import socket
+
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())
+    live = snapshots / f".step-1.tmp-{os.getppid()}@{host}-abcd1234"
+    live.mkdir()
+    store: DataPlane = (
+        MemoryDataPlane() if backend == "memory" else SqliteDataPlane(tmp_path / "store.db")
+    )
+    store.put("a", {"k": make_row(1)})
+    store.snapshot(snapshots / "step-2")
+    store.close()
+    assert not leftover.exists()
+    assert foreign.exists() and live.exists()
+    assert sorted(p.name for p in snapshots.iterdir() if not p.name.startswith(".")) == ["step-2"]
+
+
+def test_opening_a_store_removes_leftovers_next_to_it(tmp_path: Path) -> None:
+    leftover = _killed_snapshot(tmp_path / "snap")
+    SqliteDataPlane(tmp_path / "store.db").close()
+    assert not leftover.exists()
+
+
+# --- lock contention is its own retryable error, naming the holder
+
+
+_HOLDER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_lock_contention_is_a_retryable_error_naming_the_holder(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from rollout_recovery.errors import DataPlaneBusyError, RolloutRecoveryError
+
+    path = tmp_path / "store.db"
+    store = SqliteDataPlane(path, busy_timeout=0.2)
+    store.put("a", {"k": make_row(1)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DataPlaneBusyError) as caught:
+            store.put("a", {"k2": make_row(2)})
+        error = caught.value
+        assert isinstance(error, RolloutRecoveryError) and error.retryable is True
+        assert error.operation == "put" and error.path == str(path)
+        if os.path.exists("/proc/locks"):
+            assert error.holder_pids == [holder.pid]
+            assert f"held by pid {holder.pid}" in str(error)
+        assert store.keys("a") == ["k"]  # reads are not blocked in WAL mode
+        with pytest.raises(DataPlaneBusyError) as at_open:
+            SqliteDataPlane(path, busy_timeout=0.2)
+        assert at_open.value.operation == "open"
+    finally:
+        holder.kill()
+        holder.wait()
+    store.put("a", {"k2": make_row(2)})  # the same call succeeds once the lock is gone
+    assert store.keys("a") == ["k", "k2"]
+    store.close()

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
-from ..errors import InvalidRowError
+from ..errors import InvalidRowError, is_utf8_text, refuse_bare_string
+from ..ledger._plain import MAX_PLAIN_DEPTH
 from ._protocol import Row
 
 __all__ = [
@@ -118,34 +119,46 @@ def check_key(key: object) -> str:
 def check_keys_argument(keys: Iterable[str], *, operation: str) -> list[str]:
     """Materialize a keys argument; a bare str is refused because iterating it would
     silently address one-character keys."""
-    if isinstance(keys, str | bytes):
-        raise TypeError(
-            f"{operation}: keys must be a sequence of str, got a single {type(keys).__name__} "
-            f"{keys!r}; wrap it in a list"
-        )
+    refuse_bare_string(keys, what="keys", operation=operation)
     return [check_key(key) for key in keys]
 
 
-def _check_json_like(value: object, path: str, key: str) -> None:
+def _check_json_like(value: object, path: str, key: str, depth: int = 0) -> None:
     # Exact types on purpose: numpy scalars subclass float but are not JSON-like, and
     # accepting them would make the stored form depend on msgspec's extension handling.
     kind = type(value)
-    if value is None or kind in (str, int, float, bool):
+    if kind is str:
+        if not is_utf8_text(value):  # type: ignore[arg-type]
+            raise InvalidRowError(
+                f"row {key!r}: {path} is a string with lone surrogates, which UTF-8 cannot carry",
+                key=key,
+                field=path,
+            )
         return
+    if value is None or kind in (int, float, bool):
+        return
+    if kind in (list, tuple, dict) and depth >= MAX_PLAIN_DEPTH:
+        # The bound receipts have; it also turns a self-referencing value into this error.
+        raise InvalidRowError(
+            f"row {key!r}: {path} is nested deeper than {MAX_PLAIN_DEPTH} levels (or refers "
+            "to itself)",
+            key=key,
+            field=path,
+        )
     if isinstance(value, list | tuple) and kind in (list, tuple):
         for index, item in enumerate(value):
-            _check_json_like(item, f"{path}[{index}]", key)
+            _check_json_like(item, f"{path}[{index}]", key, depth + 1)
         return
     if isinstance(value, dict) and kind is dict:
         for name, item in value.items():
-            if type(name) is not str:
+            if type(name) is not str or not is_utf8_text(name):
                 raise InvalidRowError(
                     f"row {key!r}: {path} has a key {name!r} of type {type(name).__name__}; "
-                    "metadata dict keys must be str",
+                    "metadata dict keys must be str (UTF-8 encodable)",
                     key=key,
                     field=path,
                 )
-            _check_json_like(item, f"{path}[{name!r}]", key)
+            _check_json_like(item, f"{path}[{name!r}]", key, depth + 1)
         return
     raise InvalidRowError(
         f"row {key!r}: {path} is {value!r} of type {kind.__name__}; metadata holds only "

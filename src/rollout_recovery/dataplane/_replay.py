@@ -32,6 +32,7 @@ from ..errors import (
     InvalidTransitionError,
     UnknownGroupError,
     format_keys,
+    refuse_bare_string,
     split_validation_path,
 )
 from ..ledger._cut import MutationCut
@@ -247,7 +248,8 @@ class ReplayIndex:
             raise InvalidTransitionError(
                 f"cannot commit group {group_id!r}: it is already committed", group_id=group_id
             )
-        keys = tuple(row_keys) if not isinstance(row_keys, str) else (row_keys,)
+        refuse_bare_string(row_keys, what="row_keys", operation="commit")
+        keys = tuple(row_keys)
         if len(keys) != self._group_size:
             raise InvalidTransitionError(
                 f"group {group_id!r} commits {len(keys)} row keys, expected exactly "
@@ -452,8 +454,7 @@ class ReplayIndex:
             ) from None
 
     def _existing(self, group_ids: Sequence[str], operation: str) -> list[str]:
-        if isinstance(group_ids, str):
-            raise TypeError(f"{operation}: group_ids must be a sequence of str, got a str")
+        refuse_bare_string(group_ids, what="group_ids", operation=operation)
         ids = list(group_ids)
         duplicates = sorted(gid for gid, count in Counter(ids).items() if count > 1)
         if duplicates:

@@ -36,7 +36,13 @@ from types import TracebackType
 from urllib.parse import quote
 
 from .._durable import fsync_directory
-from ..errors import DataPlaneClosedError, InvalidRowError, InvalidStateError, MissingRowError
+from ..errors import (
+    DataPlaneBusyError,
+    DataPlaneClosedError,
+    InvalidRowError,
+    InvalidStateError,
+    MissingRowError,
+)
 from ..ledger._cut import MutationCut
 from ._codec import (
     EncodedRow,
@@ -48,7 +54,7 @@ from ._codec import (
     encode_row,
 )
 from ._protocol import Row
-from ._publish import publish_directory
+from ._publish import publish_directory, remove_stale_temporaries
 
 __all__ = ["SNAPSHOT_FILE", "SqliteDataPlane", "read_snapshot", "write_snapshot"]
 
@@ -83,6 +89,82 @@ _MMAP_SIZE = 1 << 30
 _WAL_AUTOCHECKPOINT = 256
 # Cap the WAL file left behind after a checkpoint; without it the file keeps its peak size.
 _JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+
+# SQLITE_BUSY and SQLITE_LOCKED (primary result codes): another connection holds the lock.
+_BUSY_CODES = frozenset({5, 6})
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _BUSY_CODES
+    text = str(exc)
+    return "database is locked" in text or "database table is locked" in text
+
+
+def _lock_holders(path: Path) -> list[int]:
+    """Processes holding a write lock on the store (its file or WAL index), if knowable.
+
+    SQLite locks with POSIX advisory locks, which Linux lists in ``/proc/locks``; elsewhere
+    (or if anything is unreadable) the answer is an empty list, meaning unknown.
+    """
+    wanted: set[tuple[str, int]] = set()
+    for candidate in (path, path.with_name(path.name + "-shm")):
+        try:
+            info = os.stat(candidate)
+        except OSError:
+            continue
+        device = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}"
+        wanted.add((device, info.st_ino))
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as handle:
+            lines = handle.readlines()
+    except OSError:
+        return []
+    holders: set[int] = set()
+    for line in lines:
+        fields = line.split()
+        # "1: POSIX  ADVISORY  WRITE 19447 fe:00:2146732 120 120"; waiters have a "->".
+        if len(fields) < 6 or "->" in fields or fields[3] != "WRITE":
+            continue
+        device, _, inode = fields[5].rpartition(":")
+        try:
+            if (device, int(inode)) in wanted:
+                holders.add(int(fields[4]))
+        except ValueError:
+            continue
+    return sorted(holders)
+
+
+def _busy_error(path: Path, operation: str, exc: BaseException) -> DataPlaneBusyError:
+    holders = _lock_holders(path)
+    if holders:
+        own = os.getpid()
+        named = ", ".join(f"{pid} (this process)" if pid == own else str(pid) for pid in holders)
+        who = f"held by pid {named}"
+    else:
+        who = "the holder is unknown"
+    return DataPlaneBusyError(
+        f"data-plane store {str(path)!r} is locked by another connection ({who}); "
+        f"{operation} waited its busy timeout and changed nothing; retry it ({exc})",
+        path=str(path),
+        operation=operation,
+        holder_pids=holders,
+    )
+
+
+@contextmanager
+def _busy_is_retryable(path: Path, operation: str) -> Iterator[None]:
+    """Turn SQLite's "database is locked" into :class:`DataPlaneBusyError`."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if _is_busy(exc):
+            raise _busy_error(path, operation, exc) from exc
+        raise
 
 
 def _uri(path: Path, *, read_only: bool) -> str:
@@ -209,9 +291,14 @@ class SqliteDataPlane:
     ``path`` is the database file (created if missing; its ``-wal`` and ``-shm`` files sit
     next to it). Safe to call from several threads, for example through
     ``asyncio.to_thread``. Use one instance per file per process.
+
+    When another connection (another process) holds the store's lock for longer than
+    ``busy_timeout`` seconds, the call (``__init__`` included) raises
+    :class:`~rollout_recovery.errors.DataPlaneBusyError`, which is retryable and names the
+    holding process when the OS can tell; nothing was changed.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
         self._path = Path(path)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -223,6 +310,7 @@ class SqliteDataPlane:
                 uri=True,
                 isolation_level=None,  # we issue BEGIN/COMMIT ourselves
                 check_same_thread=False,  # guarded by self._lock instead
+                timeout=busy_timeout,
             )
         except sqlite3.Error as exc:
             raise InvalidStateError(
@@ -250,12 +338,16 @@ class SqliteDataPlane:
                 raise
         except sqlite3.DatabaseError as exc:
             conn.close()
+            if _is_busy(exc):
+                raise _busy_error(self._path, "open", exc) from None
             raise InvalidStateError(
                 f"cannot open data-plane store {where}: {exc}", path=where
             ) from None
         except BaseException:
             conn.close()
             raise
+        # Snapshots killed mid-write leave temporary directories; remove the dead ones.
+        remove_stale_temporaries(self._path.parent)
         if created:
             # The new file's directory entry must be durable too, or a power cut could lose
             # the whole store while its rows' puts had returned.
@@ -287,14 +379,16 @@ class SqliteDataPlane:
         return self._conn
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, operation: str) -> Iterator[sqlite3.Connection]:
         """One write transaction; the caller holds the lock. Rolled back on any error, so a
         failed call leaves the store as it was."""
         conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
+        with _busy_is_retryable(self._path, operation):
+            conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
-            conn.execute("COMMIT")
+            with _busy_is_retryable(self._path, operation):
+                conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -311,7 +405,7 @@ class SqliteDataPlane:
         params = [(partition, key, *encode_row(check_key(key), row)) for key, row in rows.items()]
         if not params:
             return
-        with self._lock, self._write() as conn:
+        with self._lock, self._write("put") as conn:
             conn.executemany(_INSERT_SQL, params)
 
     def get(self, partition: str, keys: Sequence[str]) -> list[Row]:
@@ -319,7 +413,7 @@ class SqliteDataPlane:
         wanted = check_keys_argument(keys, operation="get")
         unique = list(dict.fromkeys(wanted))
         found: dict[str, EncodedRow] = {}
-        with self._lock:
+        with self._lock, _busy_is_retryable(self._path, "get"):
             conn = self._connection()
             conn.execute("BEGIN")  # one read snapshot across all chunks
             try:
@@ -347,7 +441,7 @@ class SqliteDataPlane:
         doomed = check_keys_argument(keys, operation="clear")
         if not doomed:
             return
-        with self._lock, self._write() as conn:
+        with self._lock, self._write("clear") as conn:
             conn.executemany(
                 "DELETE FROM rows WHERE partition = ? AND key = ?",
                 ((partition, key) for key in doomed),
@@ -355,7 +449,7 @@ class SqliteDataPlane:
 
     def keys(self, partition: str) -> list[str]:
         check_partition(partition)
-        with self._lock:
+        with self._lock, _busy_is_retryable(self._path, "keys"):
             cursor = self._connection().execute(
                 "SELECT key FROM rows WHERE partition = ? ORDER BY key", (partition,)
             )
@@ -379,7 +473,7 @@ class SqliteDataPlane:
             finally:
                 target.close()
 
-        with self._lock:
+        with self._lock, _busy_is_retryable(self._path, "snapshot"):
             self._connection()
             publish_directory(Path(directory), fill)
 
@@ -396,7 +490,7 @@ class SqliteDataPlane:
                     f"cannot open snapshot {where}: {exc}", path=where
                 ) from None
             try:
-                with self._write():
+                with self._write("restore"):
                     # Validation runs inside the write transaction, so the content we check
                     # is the content we copy.
                     _check_format(conn, "snap", where)
