@@ -5,11 +5,22 @@ from the builtin type the seed contract names (``ValueError``, ``TypeError`` or
 ``RuntimeError``), so code written against NeMo-RL's ledger keeps catching what it caught,
 while callers that need to branch can catch a project class and read structured fields
 instead of parsing message text.
+
+Two class attributes say what a caller may do next: ``fatal`` (the run cannot go on: a
+group's publication outcome is unknown, a checkpoint is unsafe, sealed staging rows are
+lost, a cut was used after its section) and ``retryable`` (nothing changed; the same call
+may simply be repeated).
+
+Where an error is located, it says so in one way: ``path`` is a rooted JSON-style path into
+the value at fault (``$.groups[3].siblings[0].attempts[1].status``; ``$`` is the state,
+file payload or call argument being checked), ``file`` the file it came from. Messages never
+spell the location; ``__str__`` appends it once, as ``message (at $.path in file)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 __all__ = [
     "MAX_LISTED_KEYS",
@@ -22,7 +33,10 @@ __all__ = [
     "DataPlaneBusyError",
     "DataPlaneClosedError",
     "DeadCutError",
+    "FinalizationUnknownError",
     "GenerationError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidRowError",
     "InvalidStateError",
     "InvalidStateTypeError",
@@ -35,10 +49,12 @@ __all__ = [
     "RolloutRecoveryError",
     "StagingInventoryError",
     "StepShortfallError",
+    "StorageFullError",
     "UnknownGroupError",
     "UnknownMutationKindError",
     "format_keys",
     "is_utf8_text",
+    "join_path",
     "refuse_bare_string",
     "split_validation_path",
 ]
@@ -60,6 +76,16 @@ def split_validation_path(message: str) -> tuple[str, str | None]:
     if tail.startswith("$"):
         return head, tail[:-1]
     return message, None
+
+
+def join_path(prefix: str, child: str | None) -> str:
+    """``$.groups[3]`` + ``$.status`` -> ``$.groups[3].status``: a rooted path inside another.
+
+    ``child`` is rooted at the value ``prefix`` names; ``None`` (no location) gives ``prefix``.
+    """
+    if child is None or child == "$":
+        return prefix
+    return prefix + child.removeprefix("$")
 
 
 def is_utf8_text(text: str) -> bool:
@@ -84,7 +110,39 @@ def format_keys(keys: Sequence[str]) -> str:
 
 
 class RolloutRecoveryError(Exception):
-    """Root of every error raised on purpose by ``rollout_recovery``."""
+    """Root of every error raised on purpose by ``rollout_recovery``.
+
+    ``fatal``: the run cannot go on and must stop (and resume from its last checkpoint).
+    ``retryable``: nothing changed and the same call may be repeated as it is.
+    """
+
+    fatal: ClassVar[bool] = False
+    retryable: ClassVar[bool] = False
+
+
+def _located(message: str, path: str | None, file: str | None) -> str:
+    where = " ".join(
+        part for part in (f"at {path}" if path else "", f"in {file}" if file else "") if part
+    )
+    return f"{message} ({where})" if where else message
+
+
+class _LocatedError(RolloutRecoveryError):
+    """An error with a ``path`` (rooted JSON-style) and a ``file``, rendered by ``__str__``.
+
+    ``message`` is the text without its location.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, file: str | None = None) -> None:
+        if path is not None and not path.startswith("$"):
+            raise InvalidArgumentError(f"error path must be rooted at '$', got {path!r}")
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.file = file
+
+    def __str__(self) -> str:
+        return _located(self.message, self.path, self.file)
 
 
 class InvalidTransitionError(RolloutRecoveryError, ValueError):
@@ -102,28 +160,49 @@ class UnknownGroupError(InvalidTransitionError):
     """The named group is not owned by the ledger."""
 
 
-class InvalidStateError(RolloutRecoveryError, ValueError):
+class InvalidStateError(_LocatedError, ValueError):
     """Persisted state (a state dict, a sidecar, a file) breaks the schema or an invariant.
 
     ``path`` locates the offending field, for example
-    ``$.groups[3].siblings[0].attempts[1].status``, when it is known.
+    ``$.groups[3].siblings[0].attempts[1].status``, and ``file`` the file, when known.
     """
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
 
-
-class InvalidStateTypeError(RolloutRecoveryError, TypeError):
+class InvalidStateTypeError(_LocatedError, TypeError):
     """Persisted state has the wrong container type where the seed raises ``TypeError``."""
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+
+class InvalidArgumentError(_LocatedError, ValueError):
+    """A call was refused for a bad argument value; nothing changed.
+
+    ``path`` locates the offending part inside the argument when it is structured
+    (``$.weight_version``, ``$.manifest[2].staging_key``).
+    """
+
+
+class InvalidArgumentTypeError(_LocatedError, TypeError):
+    """A call was refused for an argument of the wrong type; nothing changed."""
+
+
+class FinalizationUnknownError(RolloutRecoveryError, RuntimeError):
+    """Publication failed after the canonical rows were submitted; fatal.
+
+    The group is FINALIZATION_UNKNOWN, which blocks every checkpoint: the run must stop and
+    resume from its last checkpoint. ``group_id`` names the group; the failure that caused
+    it is ``__cause__``.
+    """
+
+    fatal = True
+
+    def __init__(self, message: str, *, group_id: str) -> None:
         super().__init__(message)
-        self.path = path
+        self.group_id = group_id
 
 
 class DeadCutError(RolloutRecoveryError, RuntimeError):
-    """A ``DataPlaneMutationCut`` was used after its barrier section exited."""
+    """A ``DataPlaneMutationCut`` was used after its barrier section exited; fatal."""
+
+    fatal = True
 
 
 class BarrierNestingError(RolloutRecoveryError, RuntimeError):
@@ -131,14 +210,19 @@ class BarrierNestingError(RolloutRecoveryError, RuntimeError):
 
 
 class CheckpointUnsafeError(RolloutRecoveryError, RuntimeError):
-    """The ledger holds groups whose publication outcome is ambiguous; nothing was saved."""
+    """The ledger holds groups whose publication outcome is ambiguous; nothing was saved.
+
+    Fatal: the run must stop and resume from its last checkpoint.
+    """
+
+    fatal = True
 
     def __init__(self, message: str, *, group_ids: list[str]) -> None:
         super().__init__(message)
         self.group_ids = group_ids
 
 
-class UnknownMutationKindError(RolloutRecoveryError, ValueError):
+class UnknownMutationKindError(InvalidArgumentError):
     """``barrier.mutation(kind=...)`` named a kind outside ``CHECKPOINT_MUTATION_KINDS``."""
 
 
@@ -180,8 +264,10 @@ class DataPlaneClosedError(RolloutRecoveryError, RuntimeError):
 class StagingInventoryError(RolloutRecoveryError, RuntimeError):
     """The ledger owns staging rows the data plane does not hold: sealed work was lost.
 
-    ``missing`` lists every missing staging key. Nothing was deleted.
+    ``missing`` lists every missing staging key. Nothing was deleted. Fatal.
     """
+
+    fatal = True
 
     def __init__(self, missing: Sequence[str]) -> None:
         self.missing = list(missing)
@@ -212,7 +298,7 @@ class BarrierTimeoutError(RolloutRecoveryError, TimeoutError):
 class DataPlaneBusyError(RolloutRecoveryError, RuntimeError):
     """Another connection held the data-plane store's lock past the busy timeout.
 
-    Nothing changed: the call can be retried as it is (``retryable`` is True). ``path`` is
+    Nothing changed: the call can be retried as it is (``retryable`` is True). ``file`` is
     the store file, ``operation`` the call that waited, and ``holder_pids`` the processes
     holding a write lock on the store when the operating system can say (Linux
     ``/proc/locks``), else empty.
@@ -221,12 +307,16 @@ class DataPlaneBusyError(RolloutRecoveryError, RuntimeError):
     retryable = True
 
     def __init__(
-        self, message: str, *, path: str, operation: str, holder_pids: Sequence[int] = ()
+        self, message: str, *, file: str, operation: str, holder_pids: Sequence[int] = ()
     ) -> None:
         super().__init__(message)
-        self.path = path
+        self.message = message
+        self.file = file
         self.operation = operation
         self.holder_pids = list(holder_pids)
+
+    def __str__(self) -> str:
+        return _located(self.message, None, self.file)
 
 
 class NotARegularFileError(RolloutRecoveryError, OSError):
@@ -237,7 +327,7 @@ class NotARegularFileError(RolloutRecoveryError, OSError):
     """
 
 
-class BareStringError(RolloutRecoveryError, TypeError):
+class BareStringError(InvalidArgumentTypeError):
     """A single ``str`` (or bytes) was passed where a collection of ids or keys belongs.
 
     Iterating it would address one-character ids, so it is refused; wrap it in a list.
@@ -258,7 +348,10 @@ class GenerationError(RolloutRecoveryError, RuntimeError):
 
     ``reason`` is a short code recorded in the audit trail (``attempt_failed``,
     ``worker_crashed``, ``deadline_exceeded``, ...); ``worker`` names the worker when known.
+    Retryable: a new attempt may be dispatched.
     """
+
+    retryable = True
 
     def __init__(self, reason: str, message: str, *, worker: str | None = None) -> None:
         super().__init__(f"{reason}: {message}")
@@ -314,3 +407,16 @@ class StepShortfallError(RolloutRecoveryError, RuntimeError):
 
 class NotARunDirectoryError(RolloutRecoveryError, ValueError):
     """A path given as a run directory holds no rollout-recovery job."""
+
+
+class StorageFullError(RolloutRecoveryError, OSError):
+    """The disk is full (ENOSPC): the run stops; free space and rerun to resume.
+
+    Nothing half-written is kept: the store rolled the write back, and the previous
+    checkpoint is intact.
+    """
+
+    def __init__(self, what: str, *, filename: str | None = None) -> None:
+        import errno
+
+        super().__init__(errno.ENOSPC, f"no space left on device while {what}", filename)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
@@ -54,6 +55,15 @@ def run(
         reporter.start(config.job.steps, None)
         try:
             result = run_job(out, config, progress=reporter, log=reporter.log)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            where = f" ({error.filename})" if error.filename else ""
+            reporter.log(
+                f"error: the run stopped: no space left on device{where}. The previous "
+                "checkpoint is intact: free space and rerun the same command to resume."
+            )
+            sys.exit(1)
         except JobMismatchError as error:
             reporter.log(f"error: {error}")
             sys.exit(2)

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import CheckpointDirectoryError
+from ..errors import CheckpointDirectoryError, StorageFullError
 
 __all__ = [
     "AUDIT_FILES",
@@ -45,6 +45,9 @@ def _plain_number(value: object) -> object:
         return item()
     raise NotImplementedError(f"cannot write a {type(value).__name__} to the audit trail")
 
+
+# One name for the append syscall, so a test can make the disk "fill up" mid-line.
+_write = os.write
 
 # msgspec writes NaN and infinities as null: strict JSON by construction.
 _ENCODER = msgspec.json.Encoder(enc_hook=_plain_number)
@@ -81,14 +84,20 @@ class AuditTrail:
             os.close(fd)
         self._fds.clear()
 
+    def _append(self, name: str, line: bytes) -> None:
+        # A short write means the disk filled mid-line: stop here, so no later line is
+        # appended after a torn one (a resume cuts the torn tail off).
+        if _write(self._fds[name], line) != len(line):
+            raise StorageFullError(f"appending to {name}", filename=str(self._directory / name))
+
     def event(self, event: str, **fields: Any) -> None:
-        os.write(self._fds[EVENTS], strict_json_line({"event": event, **fields}))
+        self._append(EVENTS, strict_json_line({"event": event, **fields}))
 
     def trained_row(self, **fields: Any) -> None:
-        os.write(self._fds[TRAINED_ROWS], strict_json_line(fields))
+        self._append(TRAINED_ROWS, strict_json_line(fields))
 
     def metrics(self, record: Mapping[str, Any]) -> None:
-        os.write(self._fds[METRICS], strict_json_line(record))
+        self._append(METRICS, strict_json_line(record))
 
     def offsets(self) -> dict[str, int]:
         """Every file's current length: what a checkpoint taken now contains."""

@@ -143,6 +143,7 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
             name: np.array(value, copy=True) for name, value in controller.trainer.state().items()
         }
         step = controller.step
+        number = controller.data_plane.checkpoint_captured()
         released = time.monotonic()
     hold, stall = released - entered, released - requested
     # The rows this checkpoint owns cannot be deleted before a later checkpoint commits,
@@ -160,7 +161,7 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
         POLICY_FILE: _npz_bytes(policy),
     }
     await asyncio.to_thread(store.save, step, files)
-    controller.data_plane.checkpoint_committed()
+    controller.data_plane.checkpoint_committed(number)
     controller.counters["checkpoints"] += 1
     for name, seconds in (
         ("longest_checkpoint_stall_us", stall),

@@ -126,7 +126,10 @@ class CheckpointConfig(_Section, frozen=True, kw_only=True, forbid_unknown_field
 class LivenessConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[liveness]``: bounded waits; past one the run fails naming what it waited for."""
 
+    #: How long the train pump waits for the groups of one step.
     step_timeout_s: PositiveFloat = 120.0
+    #: How long one trainer step may take.
+    train_step_timeout_s: PositiveFloat = 60.0
 
 
 class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

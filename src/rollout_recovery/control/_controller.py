@@ -297,29 +297,38 @@ class Controller:
     # ------------------------------------------------------------ one group
 
     async def _run_group(self, group_id: str) -> None:
-        retry = self.config.retry
         while self.ledger.get_group(group_id).status is not PromptGroupStatus.READY_TO_FINALIZE:
-            if self.rounds_used.get(group_id, 0) >= retry.max_rounds:
-                await self._drop(
-                    group_id, reason=f"retry budget exhausted after {retry.max_rounds} rounds"
-                )
+            if not await self._run_round(group_id):
                 return
-            async with self.barrier.mutation("recovery_retries") as cut:
-                record = self.ledger.prepare_incomplete_retry(cut, group_id)
-                pending = [
-                    s.generation_index
-                    for s in record.siblings
-                    if s.current_attempt.status is RolloutAttemptStatus.RESERVED
-                ]
-                self.ledger.mark_group_dispatched(cut, group_id, generation_indices=pending)
-                self.rounds_used[group_id] = self.rounds_used.get(group_id, 0) + 1
-            self.counters["attempts"] += len(pending)
-            failures = await self._generate(record, pending)
-            if failures:
-                await self._abandon(group_id, failures)
-                self.counters["retries"] += 1
-                await asyncio.sleep(retry.backoff_s)
         await self._publish(group_id)
+
+    async def _run_round(self, group_id: str) -> bool:
+        """One generation round of an unfinished group; False once its prompt is dropped.
+
+        A round of its own so the stateful test can drive rounds one at a time.
+        """
+        retry = self.config.retry
+        if self.rounds_used.get(group_id, 0) >= retry.max_rounds:
+            await self._drop(
+                group_id, reason=f"retry budget exhausted after {retry.max_rounds} rounds"
+            )
+            return False
+        async with self.barrier.mutation("recovery_retries") as cut:
+            record = self.ledger.prepare_incomplete_retry(cut, group_id)
+            pending = [
+                s.generation_index
+                for s in record.siblings
+                if s.current_attempt.status is RolloutAttemptStatus.RESERVED
+            ]
+            self.ledger.mark_group_dispatched(cut, group_id, generation_indices=pending)
+            self.rounds_used[group_id] = self.rounds_used.get(group_id, 0) + 1
+        self.counters["attempts"] += len(pending)
+        failures = await self._generate(record, pending)
+        if failures:
+            await self._abandon(group_id, failures)
+            self.counters["retries"] += 1
+            await asyncio.sleep(retry.backoff_s)
+        return True
 
     async def _generate(
         self, record: PromptGroupRecoveryRecord, pending: Sequence[int]
@@ -553,7 +562,14 @@ class Controller:
                     }
                 )
         started = time.monotonic()
-        metrics = self.trainer.train_step(samples)
+        budget = self.config.liveness.train_step_timeout_s
+        try:
+            # In a thread, so a stuck step is noticed while the event loop keeps serving.
+            metrics = await asyncio.wait_for(
+                asyncio.to_thread(self.trainer.train_step, samples), timeout=budget
+            )
+        except TimeoutError:
+            raise LivenessError(f"trainer step {step}", budget) from None
         train_seconds = time.monotonic() - started
         crash_point("train.before_clear")
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None

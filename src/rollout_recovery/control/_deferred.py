@@ -7,11 +7,14 @@ durable store keeps every such row until no retained checkpoint references it. T
 store is then always a superset of what each retained checkpoint needs, and a restore
 only has to delete what the restored checkpoint does not own.
 
-A deletion requested while ``epoch`` checkpoints have committed may be needed by any of
-those checkpoints. With ``keep`` checkpoints retained, after commit number ``m`` the
-retained ones are ``m - keep + 1 .. m``, so a deletion of epoch ``e`` is safe once
-``e <= m - keep``. Pending deletions live in memory only: after a crash the restore's
-inventory pass deletes whatever the restored checkpoint does not own.
+Checkpoints are numbered as they are *captured* (inside the exclusive hold), not as they
+commit: a checkpoint is written after its hold, while the run goes on clearing rows, and
+every row it captured must outlive that write. A deletion requested after ``e`` captures
+may be needed by any of those checkpoints. With ``keep`` checkpoints retained, once
+capture ``m`` has committed the retained ones are ``m - keep + 1 .. m``, so a deletion of
+epoch ``e`` is safe once ``e <= m - keep``. Pending deletions live in memory only: after
+a crash the restore's inventory pass deletes whatever the restored checkpoint does not
+own.
 """
 
 from __future__ import annotations
@@ -80,10 +83,20 @@ class DeferredDeletionDataPlane:
     def close(self) -> None:
         self.inner.close()
 
-    def checkpoint_committed(self) -> int:
-        """Count one more committed checkpoint and delete what is now safe; returns how many."""
+    def checkpoint_captured(self) -> int:
+        """Number one more checkpoint, inside its hold; returns its number for the commit."""
         self._epoch += 1
-        horizon = self._epoch - self._keep
+        return self._epoch
+
+    def checkpoint_committed(self, captured: int | None = None) -> int:
+        """Checkpoint ``captured`` committed: delete what no retained one can need.
+
+        Returns how many rows were deleted. Without ``captured``, a checkpoint is captured
+        and committed at once.
+        """
+        if captured is None:
+            captured = self.checkpoint_captured()
+        horizon = captured - self._keep
         due: dict[str, list[str]] = {}
         for (partition, key), epoch in self._pending.items():
             if epoch <= horizon:

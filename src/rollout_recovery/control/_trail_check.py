@@ -24,7 +24,7 @@ from typing import Any
 
 from ._audit import EVENTS, TRAINED_ROWS
 
-__all__ = ["CommittedOwnership", "TrailReport", "check_trail"]
+__all__ = ["CommittedOwnership", "TrailLineError", "TrailReport", "check_trail"]
 
 
 @dataclass(slots=True)
@@ -37,13 +37,26 @@ class TrailReport:
         return not self.violations
 
 
+class TrailLineError(ValueError):
+    """A trail line that is not one JSON object (a damaged or hand-edited trail)."""
+
+
 def _lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The file's JSON lines, numbered from 1; only its first ``limit`` bytes if given."""
+    """The file's JSON lines, numbered from 1; only its first ``limit`` bytes if given.
+
+    Raises :class:`TrailLineError` naming ``file:line`` for a line that is not a JSON object.
+    """
     with open(path, "rb") as handle:
         data = handle.read() if limit is None else handle.read(limit)
     for number, line in enumerate(data.splitlines(), start=1):
         if line.strip():
-            yield number, json.loads(line)
+            try:
+                record = json.loads(line)
+            except ValueError as error:
+                raise TrailLineError(f"{path.name}:{number} is not valid JSON ({error})") from None
+            if not isinstance(record, dict):
+                raise TrailLineError(f"{path.name}:{number} is not a JSON object")
+            yield number, record
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +85,22 @@ def check_trail(
 
     With ``committed``, only the trail's committed prefix is read, and work the
     checkpoint still owns (prompts in its ledger or replay index, siblings sealed in its
-    ledger) counts as accounted for.
+    ledger) counts as accounted for. A line that is not a JSON object is itself the one
+    violation reported (nothing after it can be trusted).
     """
+    try:
+        return _check_trail(run_dir, group_size=group_size, complete=complete, committed=committed)
+    except TrailLineError as error:
+        return TrailReport(violations=[str(error)])
+
+
+def _check_trail(
+    run_dir: Path,
+    *,
+    group_size: int,
+    complete: bool,
+    committed: CommittedOwnership | None,
+) -> TrailReport:
     rows_limit = events_limit = None
     if committed is not None:
         rows_limit = committed.offsets.get(TRAINED_ROWS)
@@ -92,6 +119,7 @@ def check_trail(
         trained_sibling[key] = (number, row["rollout_id"])
         rows_by_group[row["group_id"]].append((number, row))
     group_prompt: dict[str, int] = {}
+    group_lines: dict[str, list[int]] = {}
     for group_id, rows in rows_by_group.items():
         steps = {row["step"] for _, row in rows}
         lines = [n for n, _ in rows]
@@ -106,6 +134,7 @@ def check_trail(
                 f"0..{group_size - 1} ({TRAINED_ROWS}:{lines[:8]})"
             )
         group_prompt[group_id] = rows[0][1]["prompt_idx"]
+        group_lines[group_id] = lines
 
     taken: dict[str, tuple[int, int]] = {}
     times_taken: dict[int, int] = defaultdict(int)
@@ -139,13 +168,18 @@ def check_trail(
     for group_id, prompt_idx in group_prompt.items():
         prompts_trained[prompt_idx] += 1
         if group_id not in taken:
-            bad.append(f"group {group_id} trained but never taken from the dataloader")
+            bad.append(
+                f"group {group_id} trained but never taken from the dataloader "
+                f"({TRAINED_ROWS}:{group_lines[group_id][:8]})"
+            )
         if group_id in dropped:
             bad.append(f"group {group_id} both trained and dropped ({EVENTS}:{dropped[group_id]})")
     for prompt_idx, count in prompts_trained.items():
         if count > times_taken[prompt_idx]:
+            groups = sorted(g for g, p in group_prompt.items() if p == prompt_idx)
             bad.append(
-                f"prompt {prompt_idx} trained {count} times but taken {times_taken[prompt_idx]}"
+                f"prompt {prompt_idx} trained {count} times but taken {times_taken[prompt_idx]} "
+                f"(groups {groups}, {TRAINED_ROWS}:{[group_lines[g][0] for g in groups]})"
             )
     owned: set[str] = set()
     if committed is not None:

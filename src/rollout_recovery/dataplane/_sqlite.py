@@ -42,6 +42,7 @@ from ..errors import (
     InvalidRowError,
     InvalidStateError,
     MissingRowError,
+    StorageFullError,
 )
 from ..ledger._cut import MutationCut
 from ._codec import (
@@ -148,9 +149,9 @@ def _busy_error(path: Path, operation: str, exc: BaseException) -> DataPlaneBusy
     else:
         who = "the holder is unknown"
     return DataPlaneBusyError(
-        f"data-plane store {str(path)!r} is locked by another connection ({who}); "
+        f"data-plane store is locked by another connection ({who}); "
         f"{operation} waited its busy timeout and changed nothing; retry it ({exc})",
-        path=str(path),
+        file=str(path),
         operation=operation,
         holder_pids=holders,
     )
@@ -164,6 +165,9 @@ def _busy_is_retryable(path: Path, operation: str) -> Iterator[None]:
     except sqlite3.OperationalError as exc:
         if _is_busy(exc):
             raise _busy_error(path, operation, exc) from exc
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            what = f"writing the data plane ({operation})"
+            raise StorageFullError(what, filename=str(path)) from exc
         raise
 
 
@@ -178,21 +182,21 @@ def _check_format(conn: sqlite3.Connection, schema: str, where: str) -> None:
     version = conn.execute(f"PRAGMA {schema}.user_version").fetchone()[0]
     if app_id != _APPLICATION_ID:
         raise InvalidStateError(
-            f"{where} is not a rollout-recovery data-plane store "
+            "not a rollout-recovery data-plane store "
             f"(application_id={app_id:#x}, expected {_APPLICATION_ID:#x})",
-            path=where,
+            file=where,
         )
     if version != _SCHEMA_VERSION:
         raise InvalidStateError(
-            f"{where} has data-plane schema version {version}; this reader knows {_SCHEMA_VERSION}",
-            path=where,
+            f"data-plane schema version {version}; this reader knows {_SCHEMA_VERSION}",
+            file=where,
         )
     found = conn.execute(
         f"SELECT sql FROM {schema}.sqlite_schema WHERE type = 'table' AND name = 'rows'"
     ).fetchone()
     if found is None or found[0] != _TABLE_SQL:
         raise InvalidStateError(
-            f"{where} has no data-plane 'rows' table of the expected shape", path=where
+            "no data-plane 'rows' table of the expected shape", file=where
         )
 
 
@@ -207,7 +211,7 @@ def _validate_rows(conn: sqlite3.Connection, schema: str, where: str) -> int:
     check = conn.execute(f"PRAGMA {schema}.quick_check").fetchall()
     if check != [("ok",)]:
         problems = [str(line[0]) for line in check[:10]]
-        raise InvalidStateError(f"{where} is corrupt: {problems}", path=where)
+        raise InvalidStateError(f"data-plane store is corrupt: {problems}", file=where)
     count = 0
     # length() of a BLOB reads the record header only, not the overflow pages.
     cursor = conn.execute(
@@ -225,8 +229,9 @@ def _validate_rows(conn: sqlite3.Connection, schema: str, where: str) -> int:
             check_stored(key, layout, (n_ids, n_mask, n_logprobs), metadata)
         except InvalidRowError as exc:
             raise InvalidStateError(
-                f"{where}: partition {partition!r}: {exc}",
-                path=f"{where}:rows[{partition!r}][{key!r}]",
+                f"partition {partition!r}: {exc}",
+                path=f"$.rows[{partition!r}][{key!r}]",
+                file=where,
             ) from None
         count += 1
     return count
@@ -236,7 +241,7 @@ def _open_snapshot(directory: Path) -> tuple[Path, str]:
     path = Path(directory) / SNAPSHOT_FILE
     if not path.is_file():
         raise InvalidStateError(
-            f"snapshot {str(directory)!r} has no {SNAPSHOT_FILE}", path=str(path)
+            f"snapshot has no {SNAPSHOT_FILE}", file=str(directory)
         )
     return path, str(path)
 
@@ -266,7 +271,7 @@ def read_snapshot(directory: Path) -> list[tuple[str, str, EncodedRow]]:
     try:
         conn = sqlite3.connect(_uri(path, read_only=True), uri=True, isolation_level=None)
     except sqlite3.Error as exc:
-        raise InvalidStateError(f"cannot open snapshot {where}: {exc}", path=where) from None
+        raise InvalidStateError(f"cannot open snapshot: {exc}", file=where) from None
     try:
         conn.execute("BEGIN")  # one read transaction: validation and load see the same data
         _check_format(conn, "main", where)
@@ -280,7 +285,7 @@ def read_snapshot(directory: Path) -> list[tuple[str, str, EncodedRow]]:
         conn.execute("COMMIT")
         return loaded
     except sqlite3.DatabaseError as exc:
-        raise InvalidStateError(f"snapshot {where} is unreadable: {exc}", path=where) from None
+        raise InvalidStateError(f"snapshot is unreadable: {exc}", file=where) from None
     finally:
         conn.close()
 
@@ -314,13 +319,13 @@ class SqliteDataPlane:
             )
         except sqlite3.Error as exc:
             raise InvalidStateError(
-                f"cannot open data-plane store {where}: {exc}", path=where
+                f"cannot open data-plane store: {exc}", file=where
             ) from None
         try:
             conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
-                raise InvalidStateError(f"{where} cannot use WAL (journal_mode={mode})", path=where)
+                raise InvalidStateError(f"cannot use WAL (journal_mode={mode})", file=where)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT}")
             conn.execute(f"PRAGMA mmap_size = {_MMAP_SIZE}")
@@ -341,7 +346,7 @@ class SqliteDataPlane:
             if _is_busy(exc):
                 raise _busy_error(self._path, "open", exc) from None
             raise InvalidStateError(
-                f"cannot open data-plane store {where}: {exc}", path=where
+                f"cannot open data-plane store: {exc}", file=where
             ) from None
         except BaseException:
             conn.close()
@@ -386,8 +391,9 @@ class SqliteDataPlane:
         with _busy_is_retryable(self._path, operation):
             conn.execute("BEGIN IMMEDIATE")
         try:
-            yield conn
+            # A full disk can surface at any statement of the transaction, not just COMMIT.
             with _busy_is_retryable(self._path, operation):
+                yield conn
                 conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -487,7 +493,7 @@ class SqliteDataPlane:
                 conn.execute("ATTACH DATABASE ? AS snap", (_uri(path, read_only=True),))
             except sqlite3.Error as exc:
                 raise InvalidStateError(
-                    f"cannot open snapshot {where}: {exc}", path=where
+                    f"cannot open snapshot: {exc}", file=where
                 ) from None
             try:
                 with self._write("restore"):
@@ -502,7 +508,7 @@ class SqliteDataPlane:
                     )
             except sqlite3.DatabaseError as exc:
                 raise InvalidStateError(
-                    f"snapshot {where} is unreadable: {exc}", path=where
+                    f"snapshot is unreadable: {exc}", file=where
                 ) from None
             finally:
                 conn.execute("DETACH DATABASE snap")
