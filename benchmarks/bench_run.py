@@ -1,10 +1,10 @@
 """The main job's numbers, side by side in one run (issue 8).
 
 1. Checkpoint hold: the longest exclusive barrier hold of ``take_checkpoint`` for a
-   ledger like the default job's, then with 10x the ledger and with 10x the bytes stored
-   in the data plane. The checkpoint copies no token rows (they stay in the durable store
-   until no retained checkpoint needs them), so the hold should track the ledger, not
-   the bytes.
+   ledger like the default job's, then with 10x the ledger and with 10x and 100x the
+   bytes stored in the data plane. The checkpoint copies no token rows (they stay in
+   the durable store until no retained checkpoint needs them), so the hold should track
+   the ledger, not the bytes.
 2. One SIGKILL mid-run of the default job: generated tokens reused after the restart
    against regenerated, next to what a restart that discards all unfinished work (what
    other frameworks do) regenerates: every sealed-but-untrained sibling.
@@ -57,21 +57,34 @@ async def _fill(controller: Controller, groups: int, tokens_per_call: int) -> No
             rollout_id = record.gate_rollout_id(index)
             prompt = np.arange(tokens_per_call, dtype=np.int32) % 50
             first = writer.stage_call(
-                rollout_id=rollout_id, model_call_id="c0", parent=None,
-                prompt_token_ids=prompt, generated_token_ids=prompt[:8],
-                generated_logprobs=np.full(8, -0.5, dtype=np.float32), weight_version=0,
+                rollout_id=rollout_id,
+                model_call_id="c0",
+                parent=None,
+                prompt_token_ids=prompt,
+                generated_token_ids=prompt[:8],
+                generated_logprobs=np.full(8, -0.5, dtype=np.float32),
+                weight_version=0,
             )
             second_prompt = np.concatenate([prompt, prompt[:8], prompt])
             second = writer.stage_call(
-                rollout_id=rollout_id, model_call_id="c1", parent=first,
-                prompt_token_ids=second_prompt, generated_token_ids=prompt[:2],
-                generated_logprobs=np.full(2, -0.5, dtype=np.float32), weight_version=0,
+                rollout_id=rollout_id,
+                model_call_id="c1",
+                parent=first,
+                prompt_token_ids=second_prompt,
+                generated_token_ids=prompt[:2],
+                generated_logprobs=np.full(2, -0.5, dtype=np.float32),
+                weight_version=0,
             )
             receipt = assemble_receipt(rollout_id, [first, second], terminal_model_call_id="c1")
             async with controller.barrier.mutation("sibling_seals") as cut:
                 ledger.mark_sibling_sealed(
-                    cut, record.group_id, generation_index=index, gate_rollout_id=rollout_id,
-                    receipt=receipt, reward=1.0, mask_sample=False,
+                    cut,
+                    record.group_id,
+                    generation_index=index,
+                    gate_rollout_id=rollout_id,
+                    receipt=receipt,
+                    reward=1.0,
+                    mask_sample=False,
                 )
 
 
@@ -83,8 +96,12 @@ def hold_case(groups: int, tokens_per_call: int, repeat: int) -> dict[str, Any]:
         audit = AuditTrail(run)
         parts = default_components(config, inner)
         controller = Controller(
-            config=config, dataset=parts.dataset, backend=parts.backend,
-            trainer=parts.trainer, data_plane=inner, audit=audit,
+            config=config,
+            dataset=parts.dataset,
+            backend=parts.backend,
+            trainer=parts.trainer,
+            data_plane=inner,
+            audit=audit,
         )
         store = CheckpointStore(run, keep=config.checkpoint.keep)
 
@@ -98,7 +115,7 @@ def hold_case(groups: int, tokens_per_call: int, repeat: int) -> dict[str, Any]:
             return holds
 
         holds = asyncio.run(measure())
-        stored = (run / "dataplane.sqlite").stat().st_size
+        stored = sum(p.stat().st_size for p in run.glob("dataplane.sqlite*"))
         audit.close()
         inner.close()
     return {
@@ -114,7 +131,10 @@ def _run_cli(out: Path, *, kill_after_step: int | None = None) -> tuple[int, flo
     command = [sys.executable, "-m", "rollout_recovery", "run", "--out", str(out), "--plain"]
     started = time.monotonic()
     child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     assert child.stdout is not None
@@ -136,7 +156,8 @@ def kill_case(kill_after_step: int) -> dict[str, Any]:
         code, _, text = _run_cli(out)
         assert code == 0, text
         restored = [
-            json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()
+            json.loads(line)
+            for line in (out / "events.jsonl").read_text().splitlines()
             if '"restored"' in line
         ][-1]
     reused, lost = restored["tokens_reused"], restored["tokens_lost"]
@@ -170,6 +191,7 @@ def main() -> None:
         ("base", hold_case(args.groups, args.tokens, args.repeat)),
         ("10x ledger", hold_case(args.groups * 10, args.tokens, args.repeat)),
         ("10x stored bytes", hold_case(args.groups, args.tokens * 10, args.repeat)),
+        ("100x stored bytes", hold_case(args.groups, args.tokens * 100, args.repeat)),
     ]
     base = holds[0][1]["hold_ms_max"]
     print("checkpoint hold (exclusive barrier section of take_checkpoint)")
@@ -186,8 +208,10 @@ def main() -> None:
     saved = kill["discard_all_tokens_regenerated"] / max(1, kill["tokens_regenerated"])
     print(f"  discard-all regenerates {saved:.1f}x the tokens we regenerate")
     job = default_job_case()
-    print(f"\ndefault job: {job['steps']} steps in {job['seconds']:.1f} s = "
-          f"{job['steps_per_second']:.2f} steps/s")
+    print(
+        f"\ndefault job: {job['steps']} steps in {job['seconds']:.1f} s = "
+        f"{job['steps_per_second']:.2f} steps/s"
+    )
     if args.json:
         args.json.write_text(json.dumps({"holds": dict(holds), "kill": kill, "job": job}, indent=2))
 
