@@ -33,6 +33,9 @@ def _register() -> None:
     from ._run import run
 
     cli.add_command(run)
+    from ._chaos import chaos
+
+    cli.add_command(chaos)
     from ._audit import audit
 
     cli.add_command(audit)
