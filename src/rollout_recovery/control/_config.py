@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from rollout_recovery.errors import ConfigError, split_validation_path
+from rollout_recovery.errors import ConfigError, InvalidArgumentTypeError, split_validation_path
 
 __all__ = [
     "CheckpointConfig",
@@ -117,7 +117,7 @@ class FaultsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 class CheckpointConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[checkpoint]``: how often, how many kept, which sidecar format."""
 
-    every_steps: PositiveInt = 10
+    every_steps: PositiveInt = 2
     keep: PositiveInt = 3
     format: Literal["native", "pt"] = "native"
     barrier_timeout_s: PositiveFloat = 30.0
@@ -254,7 +254,7 @@ def _toml_value(value: object) -> str:
         return repr(value)
     if isinstance(value, str):
         return _toml_string(value)
-    raise TypeError(f"cannot write a {type(value).__name__} as a TOML value")
+    raise InvalidArgumentTypeError(f"cannot write a {type(value).__name__} as a TOML value")
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f"}
