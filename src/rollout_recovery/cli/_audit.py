@@ -52,7 +52,7 @@ def audit(run_dir: Path, as_json: bool) -> None:
         table.add_row(name, str(value))
     console.print(table)
     for violation in report.violations[:_SHOWN_VIOLATIONS]:
-        console.print(f"violation: {violation}", markup=False, highlight=False)
+        console.print(f"violation: {violation}", markup=False, highlight=False, soft_wrap=True)
     hidden = len(report.violations) - _SHOWN_VIOLATIONS
     if hidden > 0:
         console.print(f"... and {hidden} more (use --json for all)")
