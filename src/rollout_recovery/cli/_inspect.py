@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
+from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +26,49 @@ def _counts(values: list[Any]) -> dict[str, int]:
     return {str(key): count for key, count in sorted(Counter(values).items(), key=repr)}
 
 
+def _mean(values: list[float]) -> float:
+    """The mean without overflow: ``[1e308, 1e308]`` gives 1e308, not inf.
+
+    The sum is exact (``math.fsum``, or fractions where it passes the float range), so the
+    mean is within an ulp. NaN when a value is NaN, ±inf when the infinities agree.
+    """
+    if not all(map(math.isfinite, values)):
+        return sum(values) / len(values)
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        # A sum beyond the float range; the mean of finite floats never is. Exact, then.
+        return float(sum(map(Fraction, values), Fraction(0)) / len(values))
+
+
+def _extreme(values: list[float], pick: Callable[[list[float]], float]) -> float:
+    # min/max with a NaN depend on where the NaN is; make any NaN the answer instead.
+    return math.nan if any(map(math.isnan, values)) else float(pick(values))
+
+
+def _json_ready(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, ±inf) replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(item) for item in value]
+    return value
+
+
 def summarize_sidecar(loaded: LoadedSidecar) -> dict[str, Any]:
-    """A JSON-ready summary of a validated sidecar (the ``--json`` document)."""
+    """A JSON-ready summary of a validated sidecar (the ``--json`` document).
+
+    Standard JSON: a number that is not finite (a NaN metric, or a mean of infinities) is
+    ``None``.
+    """
+    summary: dict[str, Any] = _json_ready(_summary(loaded))
+    return summary
+
+
+def _summary(loaded: LoadedSidecar) -> dict[str, Any]:
+    """The summary with its floats as computed (NaN and ±inf kept, for the text view)."""
     parsed = loaded.parsed
     groups: list[dict[str, Any]] = parsed.ledger_state["groups"]
     siblings = [sibling for group in groups for sibling in group["siblings"]]
@@ -76,9 +120,9 @@ def summarize_sidecar(loaded: LoadedSidecar) -> dict[str, Any]:
             "metrics": {
                 name: {
                     "groups": len(values),
-                    "mean": sum(values) / len(values),
-                    "min": min(values),
-                    "max": max(values),
+                    "mean": _mean(values),
+                    "min": _extreme(values, min),
+                    "max": _extreme(values, max),
                 }
                 for name, values in sorted(metrics.items())
             },
@@ -142,17 +186,30 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 @click.command("inspect")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON document.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=(
+        "Print the summary as one standard JSON document; a number that is not finite "
+        "(NaN, Infinity) is written as null."
+    ),
+)
 def inspect(path: Path, as_json: bool) -> None:
     """Summarize a sidecar file or a checkpoint directory's sidecar.
 
     The file is fully validated first (exit 1 if invalid, 2 if unreadable); its format is
     detected from content. Rich tables on a terminal, plain ``key: value`` lines otherwise.
+    With --json, one standard JSON document (RFC 8259) in which a number that is not
+    finite, such as the mean of a NaN metric, is null.
     """
-    summary = summarize_sidecar(load_or_exit(path))
+    loaded = load_or_exit(path)
     if as_json:
-        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        # allow_nan=False: should a non-finite number ever slip past _json_ready, fail
+        # rather than print NaN or Infinity, which no strict JSON parser accepts.
+        click.echo(json.dumps(summarize_sidecar(loaded), indent=2, sort_keys=True, allow_nan=False))
         return
+    summary = _summary(loaded)
     console = Console()
     if console.is_terminal:
         table = Table(title="rollout-recovery sidecar", box=box.SIMPLE_HEAD, show_header=False)

@@ -7,6 +7,7 @@ placeholder cannot bias its siblings whatever number it carries.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,7 +32,10 @@ def grpo_advantages(
     every valid row (``leave_one_out=False``) or every valid row but ``i``; its baseline is
     the set's mean and its spread the set's Bessel-corrected std (NaN, for a one-row set,
     counts as 0). Advantage = reward - baseline, divided by ``std + 1e-6`` when
-    ``normalize`` and std > 0.
+    ``normalize`` and std > 0. The std is computed in a scaled form, so it is right for
+    rewards of any finite magnitude (``[1e160, 0, -1e160]`` normalizes to ``[1, 0, -1]``);
+    only an advantage that is not divided by a spread and is itself beyond the float range
+    (rewards near 1e308 of both signs) comes out as ``±inf``.
 
     ``valid_mask`` defaults to all valid and may be bools or 0/1 numbers (a sample mask).
     Raises ``ValueError`` for a non-1-D input, a length mismatch, mask values other than
@@ -52,6 +56,12 @@ def grpo_advantages(
     if count <= 1:
         return advantages
     valid = values[valid_rows]
+    # Rewards near the float limit would overflow the baseline's sum or a deviation: then
+    # work in units of 2**unit (an exact rescaling) and convert back at the end.
+    peak = float(np.max(np.abs(valid)))
+    unit = math.frexp(peak)[1] if peak > _UNIT_THRESHOLD else 0
+    if unit:
+        valid = np.ldexp(valid, -unit)
     # membership[i, j]: whether valid row j is in valid row i's reference set. O(n^2) in the
     # group size (at most a few hundred), and exact where running sums would cancel.
     membership = np.ones((count, count), dtype=np.float64)
@@ -59,16 +69,41 @@ def grpo_advantages(
         np.fill_diagonal(membership, 0.0)
     size = membership.sum(axis=1)
     baseline = membership @ valid / size
-    squares = membership * (valid[None, :] - baseline[:, None]) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        std = np.sqrt(squares.sum(axis=1) / (size - 1.0))
-    std = np.nan_to_num(std, nan=0.0, posinf=0.0)
+    std = _scaled_std(np.where(membership > 0, valid[None, :] - baseline[:, None], 0.0), size)
     centered = valid - baseline
+    # Without a spread (or without normalizing) the advantage is the deviation itself, in
+    # the rewards' units; a normalized one is a ratio, the same in any unit.
+    result = np.ldexp(centered, unit) if unit else centered
     if normalize:
-        spread = std > 0
-        centered = np.where(spread, centered / (std + ADVANTAGE_EPSILON), centered)
-    advantages[valid_rows] = centered
+        epsilon = math.ldexp(ADVANTAGE_EPSILON, -unit)
+        result = np.divide(centered, std + epsilon, out=np.array(result), where=std > 0)
+    advantages[valid_rows] = result
     return advantages
+
+
+# Above this magnitude (2**1000) a group's sum or a deviation could overflow.
+_UNIT_THRESHOLD = math.ldexp(1.0, 1000)
+
+
+def _scaled_std(
+    deviations: npt.NDArray[np.float64], size: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Each row's Bessel-corrected std, from deviations scaled so squaring cannot overflow.
+
+    ``deviations[i]`` holds row ``i``'s reference set's deviations from its mean (0 outside
+    the set); ``size[i]`` the set's size. Each row is divided by the power of two just above
+    its largest magnitude before squaring, and the root multiplied back. Scaling by a power
+    of two is exact, so wherever squaring the raw deviations neither overflows nor
+    underflows (|deviation| between about 1e-154 and 1e154) the result is bit for bit the
+    unscaled formula's; beyond, it stays correct instead of becoming inf (which counted as
+    no spread) or 0. A one-row set's NaN (0/0) counts as 0.
+    """
+    exponents = np.frexp(np.max(np.abs(deviations), axis=1))[1]  # 0 for a row of zeros
+    scaled = np.ldexp(deviations, -exponents[:, None])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        std = np.ldexp(np.sqrt((scaled * scaled).sum(axis=1) / (size - 1.0)), exponents)
+    result: npt.NDArray[np.float64] = np.nan_to_num(std, nan=0.0, posinf=0.0)
+    return result
 
 
 def _valid_mask(
