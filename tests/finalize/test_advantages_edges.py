@@ -234,3 +234,11 @@ def test_advantages_match_exact_arithmetic_at_every_magnitude(
     expected = _exact_advantages(rewards, mask, leave_one_out=leave_one_out, normalize=normalize)
     largest = max((abs(e) for e in expected), default=0.0)
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * largest)
+
+
+def test_a_reference_set_of_equal_rewards_has_no_spread_even_with_an_inexact_mean() -> None:
+    # mean([0.1, 0.1, 0.1]) is not exactly 0.1: the rounding left a std of ~1e-17, and
+    # dividing by it (plus 1e-6) made row 0's advantage 9e5 instead of its deviation 0.9.
+    advantages = grpo_advantages([1.0, 0.1, 0.1, 0.1])
+    assert advantages[0] == pytest.approx(0.9)
+    assert np.abs(grpo_advantages([0.1] * 3, leave_one_out=False)).max() < 1e-15

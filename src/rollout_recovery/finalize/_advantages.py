@@ -76,7 +76,16 @@ def grpo_advantages(
     result = np.ldexp(centered, unit) if unit else centered
     if normalize:
         epsilon = math.ldexp(ADVANTAGE_EPSILON, -unit)
-        result = np.divide(centered, std + epsilon, out=np.array(result), where=std > 0)
+        # A reference set of equal rewards has no spread, even when its float mean is
+        # inexact ([0.1, 0.1, 0.1]) and the rounding leaves a std of ~1e-17 that would
+        # blow the advantage up by 1e6.
+        inside = membership > 0
+        spread = np.max(np.where(inside, valid, -np.inf), axis=1) > np.min(
+            np.where(inside, valid, np.inf), axis=1
+        )
+        result = np.divide(
+            centered, std + epsilon, out=np.array(result), where=(std > 0) & spread
+        )
     advantages[valid_rows] = result
     return advantages
 
