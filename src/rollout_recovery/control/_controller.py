@@ -23,11 +23,13 @@ resumes from the newest committed checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -38,7 +40,7 @@ from ..dataplane import (
     DataPlaneCheckpointBarrier,
     ReplayIndex,
 )
-from ..errors import GenerationError, LivenessError, StepShortfallError
+from ..errors import GenerationError, InvalidArgumentError, LivenessError, StepShortfallError
 from ..finalize import grpo_advantages, publish_finalized_group
 from ..ledger import (
     PromptGroupPhase,
@@ -56,6 +58,8 @@ from ._audit import AuditTrail
 from ._config import RunConfig
 from ._crashpoints import crash_point
 from ._deferred import DeferredDeletionDataPlane
+
+T = TypeVar("T")
 
 __all__ = ["COUNTERS", "Controller", "PromptDataset", "RunProgress"]
 
@@ -566,7 +570,7 @@ class Controller:
         try:
             # In a thread, so a stuck step is noticed while the event loop keeps serving.
             metrics = await asyncio.wait_for(
-                asyncio.to_thread(self.trainer.train_step, samples), timeout=budget
+                _in_daemon_thread(self.trainer.train_step, samples), timeout=budget
             )
         except TimeoutError:
             raise LivenessError(f"trainer step {step}", budget) from None
@@ -606,8 +610,42 @@ class Controller:
 
 def _batch_of(admission_id: str) -> int:
     if not admission_id.startswith("batch") or not admission_id[5:].isdigit():
-        raise ValueError(f"admission_id {admission_id!r} was not minted by this controller")
+        raise InvalidArgumentError(
+            f"admission_id {admission_id!r} was not minted by this controller"
+        )
     return int(admission_id[5:])
+
+
+def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Run ``function(*args)`` in a daemon thread; the future resolves on the loop.
+
+    Not the loop's default executor: asyncio.run joins its threads at shutdown and the
+    interpreter joins executor threads at exit, so a step stuck for good would keep a
+    failed run from ever exiting. A daemon thread is left behind instead.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # the waiter gave up (timeout): nobody wants the outcome any more
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result = function(*args)
+        except BaseException as error:
+            with contextlib.suppress(RuntimeError):  # the loop may be closed by then
+                loop.call_soon_threadsafe(deliver, None, error)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, result, None)
+
+    threading.Thread(target=work, name="trainer-step", daemon=True).start()
+    return future
 
 
 def _first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:
