@@ -46,9 +46,9 @@ from rollout_recovery.checkpoint import (
     encode_native_checkpoint,
     encode_sidecar,
     load_sidecar,
-    validate_sidecar_state,
     write_sidecar,
 )
+from rollout_recovery.checkpoint._sidecar_io import validate_sidecar_state
 
 
 def _best_of(repeat: int, run: Callable[[], object]) -> float:

@@ -25,9 +25,16 @@ LAYERS = [
     "ledger",
     "rewards",
     "errors",
+    "_bounds",
+    "_cut",
     "_gc",
     "_durable",
 ]
+SUBPACKAGES = {"cli", "control", "rollout", "policy", "finalize", "capture", "dataplane"} | {
+    "checkpoint",
+    "ledger",
+    "rewards",
+}
 LEDGER_FORBIDDEN_STDLIB = {"asyncio", "os", "io", "sqlite3", "socket", "subprocess", "pathlib"}
 
 
@@ -87,7 +94,15 @@ def test_the_ledger_is_pure() -> None:
             top = name.split(".")[0]
             if imported_layer == "<external>" and top in LEDGER_FORBIDDEN_STDLIB:
                 violations.append(f"{module.name} imports {name}")
-            if imported_layer not in {"<external>", "ledger", "rewards", "errors", "_gc"}:
+            if imported_layer not in {
+                "<external>",
+                "ledger",
+                "rewards",
+                "errors",
+                "_gc",
+                "_bounds",
+                "_cut",
+            }:
                 violations.append(f"{module.name} imports {name}")
     assert not violations, "\n".join(violations)
 
@@ -98,3 +113,27 @@ def test_the_checker_sees_imports() -> None:
     for module in (PACKAGE_ROOT / "ledger").rglob("*.py"):
         seen |= {layer for layer, _ in _imported_layers(module)}
     assert {"rewards", "errors", "ledger"} <= seen
+
+
+def test_sibling_packages_are_imported_through_their_facade() -> None:
+    """``..B`` or ``..B.public_module``, never ``..B._private``, from outside package B."""
+    violations = []
+    for module in PACKAGE_ROOT.rglob("*.py"):
+        relative = module.relative_to(PACKAGE_ROOT)
+        own = relative.parts[0] if len(relative.parts) > 1 else None
+        for imported_layer, name in _imported_layers(module):
+            if imported_layer not in SUBPACKAGES or imported_layer == own:
+                continue
+            inner = name.split(".")[2:]
+            if inner and inner[0].startswith("_"):
+                violations.append(f"{relative} imports {name}")
+    # Modules other engineers are writing now; their facade export lands with them.
+    pending = {"cli/_chaos.py imports rollout_recovery.control._chaos"}
+    assert set(violations) <= pending, "\n".join(sorted(set(violations) - pending))
+
+
+def test_the_facade_checker_sees_private_imports() -> None:
+    # The walk resolves relative imports to full names, including the module part.
+    names = {name for _, name in _imported_layers(PACKAGE_ROOT / "checkpoint" / "_native.py")}
+    assert "rollout_recovery.ledger.codec_support" in names
+    assert "rollout_recovery.checkpoint._errors" in names

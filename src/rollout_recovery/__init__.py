@@ -5,7 +5,7 @@ the subpackages (``ledger``, ``rewards``, ``dataplane``, ...). ``tests/test_publ
 pins this surface.
 """
 
-from .dataplane._barrier import (
+from .dataplane import (
     CHECKPOINT_MUTATION_KINDS,
     DataPlaneCheckpointBarrier,
     DataPlaneCheckpointBarrierTelemetry,

@@ -29,6 +29,7 @@ __all__ = [
     "BarrierTimeoutError",
     "CheckpointDirectoryError",
     "CheckpointUnsafeError",
+    "ClosedResourceError",
     "ConfigError",
     "DataPlaneBusyError",
     "DataPlaneClosedError",
@@ -37,6 +38,7 @@ __all__ = [
     "GenerationError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
+    "InvalidOperationError",
     "InvalidRowError",
     "InvalidStateError",
     "InvalidStateTypeError",
@@ -182,6 +184,18 @@ class InvalidArgumentError(_LocatedError, ValueError):
 
 class InvalidArgumentTypeError(_LocatedError, TypeError):
     """A call was refused for an argument of the wrong type; nothing changed."""
+
+
+class InvalidOperationError(RolloutRecoveryError, RuntimeError):
+    """A call the object's current state does not allow (not a bad argument); nothing changed.
+
+    For example restoring into a non-empty ledger, or reading the prompt of a group whose
+    prompt was not rehydrated.
+    """
+
+
+class ClosedResourceError(InvalidOperationError, ValueError):
+    """An object was used after ``close()`` (a ``ValueError``, as for a closed file)."""
 
 
 class FinalizationUnknownError(RolloutRecoveryError, RuntimeError):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollout_recovery.capture import (
+from rollout_recovery.capture._digest import (
     EMPTY_EXTRAS_DIGEST,
     compute_call_digest,
     compute_chain_hash,

@@ -6,13 +6,9 @@ import pytest
 from capture_support import identifiers
 from hypothesis import given
 
-from rollout_recovery.capture import (
-    is_identifier,
-    new_model_call_id,
-    parse_staging_key,
-    staging_key,
-)
-from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.capture import staging_key
+from rollout_recovery.capture._keys import is_identifier, new_model_call_id, parse_staging_key
+from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
 
 
 @given(identifiers, identifiers)
@@ -32,14 +28,14 @@ BAD_PARTS = ["", "a/b", ".hidden", "-lead", "with space", "trailing\n", "é", "_
 
 @pytest.mark.parametrize("bad", BAD_PARTS)
 def test_build_refuses_a_bad_rollout_id(bad: str) -> None:
-    with pytest.raises(InvalidStateError, match="rollout_id") as info:
+    with pytest.raises(InvalidArgumentError, match="rollout_id") as info:
         staging_key(bad, "call")
-    assert info.value.path == "rollout_id"
+    assert info.value.path == "$.rollout_id"
 
 
 @pytest.mark.parametrize("bad", BAD_PARTS)
 def test_build_refuses_a_bad_model_call_id(bad: str) -> None:
-    with pytest.raises(InvalidStateError, match="model_call_id"):
+    with pytest.raises(InvalidArgumentError, match="model_call_id"):
         staging_key("rollout", bad)
 
 
@@ -57,7 +53,7 @@ def test_parse_refuses_non_strings() -> None:
 
 
 def test_build_refuses_non_strings() -> None:
-    with pytest.raises(InvalidStateError):
+    with pytest.raises(InvalidArgumentError):
         staging_key("r", 7)  # type: ignore[arg-type]
     assert not is_identifier(7)
 

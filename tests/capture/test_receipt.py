@@ -8,15 +8,13 @@ from typing import Any
 import pytest
 from capture_support import simple_rollout
 
-from rollout_recovery.capture import (
+from rollout_recovery.capture import CaptureFailure, Receipt, assemble_receipt
+from rollout_recovery.capture._receipt import (
     MISSING_TERMINAL_ROW,
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     UNDECLARED_TERMINAL,
-    CaptureFailure,
-    Receipt,
-    assemble_receipt,
 )
-from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
 
 RID = "grp1_g0_aabc123"
 
@@ -128,7 +126,7 @@ def test_records_of_another_rollout_are_a_store_bug() -> None:
 
 
 def test_bad_rollout_id_is_refused() -> None:
-    with pytest.raises(InvalidStateError):
+    with pytest.raises(InvalidArgumentError):
         assemble_receipt("bad/id", [], terminal_model_call_id=None)
 
 

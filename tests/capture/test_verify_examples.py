@@ -10,21 +10,20 @@ import pytest
 from capture_support import Built, DictDataPlane, forge, simple_rollout, with_row
 
 from rollout_recovery.capture import (
-    EMPTY_EXTRAS_DIGEST,
-    REBUILD_CODES,
     REJECTION_CODES,
     STAGING_PARTITION,
     CaptureFailure,
     LinearizedRollout,
-    LinkSpan,
     Receipt,
     Rejection,
-    WeightVersionSpan,
     assemble_receipt,
     fetch_and_verify,
     verify_and_linearize,
 )
+from rollout_recovery.capture._digest import EMPTY_EXTRAS_DIGEST
+from rollout_recovery.capture._result import REBUILD_CODES, WeightVersionSpan
 from rollout_recovery.dataplane._protocol import Row
+from rollout_recovery.rewards import LinkSpan
 
 RID = "grp1_g0_aabc123"
 

@@ -9,16 +9,12 @@ import numpy as np
 import pytest
 from capture_support import DictDataPlane
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CallRecord,
-    CaptureWriter,
-    StagedCallHeader,
-    hash_token_ids,
-)
+from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter
+from rollout_recovery.capture._digest import hash_token_ids
+from rollout_recovery.capture._records import StagedCallHeader
 from rollout_recovery.dataplane._protocol import Row
-from rollout_recovery.errors import InvalidStateError
-from rollout_recovery.ledger._cut import MutationCut
+from rollout_recovery.errors import InvalidArgumentError
+from rollout_recovery.ledger import MutationCut
 
 RID = "grp_g0_a1"
 
@@ -102,7 +98,7 @@ def test_continuation_must_begin_with_the_parents_tokens(prompt: list[int]) -> N
     dataplane = DictDataPlane()
     writer = CaptureWriter(dataplane)
     root = _root(writer)
-    with pytest.raises(InvalidStateError, match="does not begin with") as info:
+    with pytest.raises(InvalidArgumentError, match="does not begin with") as info:
         writer.stage_call(
             rollout_id=RID,
             model_call_id="c1",
@@ -112,7 +108,7 @@ def test_continuation_must_begin_with_the_parents_tokens(prompt: list[int]) -> N
             generated_logprobs=[-1.0],
             weight_version=8,
         )
-    assert info.value.path == "prompt_token_ids"
+    assert info.value.path == "$.prompt_token_ids"
     assert dataplane.keys(STAGING_PARTITION) == [root.staging_key]  # nothing staged
 
 
@@ -120,7 +116,7 @@ def test_parent_must_be_an_other_call_of_the_same_rollout() -> None:
     writer = CaptureWriter(DictDataPlane())
     root = _root(writer)
     for rollout_id, call in (("grp_g0_a2", "c1"), (RID, "c0")):
-        with pytest.raises(InvalidStateError, match="parent"):
+        with pytest.raises(InvalidArgumentError, match="parent"):
             writer.stage_call(
                 rollout_id=rollout_id,
                 model_call_id=call,
@@ -150,9 +146,9 @@ def test_parent_must_be_an_other_call_of_the_same_rollout() -> None:
 )
 def test_inputs_that_break_the_contract_stage_nothing(overrides: dict[str, Any], path: str) -> None:
     dataplane = DictDataPlane()
-    with pytest.raises(InvalidStateError) as info:
+    with pytest.raises(InvalidArgumentError) as info:
         _root(CaptureWriter(dataplane), **overrides)
-    assert info.value.path == path
+    assert info.value.path == f"$.{path}"
     assert dataplane.put_log == []
 
 

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from rollout_recovery import RolloutRecoveryLedger, build_rollout_recovery_state
-from rollout_recovery.checkpoint import encode_sidecar, encode_torch_pt, load_sidecar
+from rollout_recovery.checkpoint import encode_sidecar, load_sidecar
+from rollout_recovery.checkpoint._torch_pt import encode_torch_pt
 from rollout_recovery.cli import cli
 from rollout_recovery.errors import InvalidStateError
 
@@ -231,10 +232,10 @@ def test_a_receipt_deeper_than_a_seal_allows_is_refused_by_both_loaders(
 def test_a_receipt_as_deep_as_a_seal_allows_writes_and_loads_in_both_formats(
     tmp_path: Path, format: str
 ) -> None:
-    from rollout_recovery.ledger._plain import plain_copy
+    from rollout_recovery.ledger._plain import validated_plain_copy
 
     state = _state_with_receipt_depth(64)
-    plain_copy(_attempt(state)["receipt"])  # what a seal accepts
+    validated_plain_copy(_attempt(state)["receipt"])  # what a seal accepts
     path = tmp_path / "deep"
     path.write_bytes(encode_sidecar(state, format=format))  # type: ignore[arg-type]
     assert load_sidecar(path).state["groups"][0]["siblings"][0]["attempts"][0]["receipt"]

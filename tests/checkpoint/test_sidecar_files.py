@@ -14,23 +14,27 @@ import pytest
 from sidecar_fixtures import fresh, rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError, RolloutRecoveryError
+from rollout_recovery._durable import atomic_write_bytes
 from rollout_recovery.checkpoint import (
-    FORMAT_NAME,
-    MAGIC,
-    NATIVE_SIDECAR_FILENAME,
-    PT_SIDECAR_FILENAME,
-    NativeEnvelope,
     SidecarFormatError,
-    atomic_write_bytes,
-    decode_native,
     decode_sidecar,
-    detect_sidecar_format,
-    encode_native,
     encode_sidecar,
     load_sidecar,
-    read_native_envelope,
-    read_sidecar,
     write_sidecar,
+)
+from rollout_recovery.checkpoint._native import (
+    FORMAT_NAME,
+    MAGIC,
+    NativeEnvelope,
+    decode_native,
+    encode_native,
+    read_native_envelope,
+)
+from rollout_recovery.checkpoint._sidecar_io import (
+    NATIVE_SIDECAR_FILENAME,
+    PT_SIDECAR_FILENAME,
+    detect_sidecar_format,
+    read_sidecar,
 )
 
 STATE = rich_state()
@@ -269,7 +273,7 @@ def test_a_fifo_is_refused_instead_of_blocking_the_reader(tmp_path: Path) -> Non
     import subprocess
     import sys
 
-    from rollout_recovery.checkpoint import read_torch_pt
+    from rollout_recovery.checkpoint._torch_pt import read_torch_pt
     from rollout_recovery.errors import NotARegularFileError
 
     fifo = tmp_path / "rollout_recovery.sidecar"

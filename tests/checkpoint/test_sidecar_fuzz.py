@@ -19,12 +19,8 @@ from hypothesis import strategies as st
 from sidecar_fixtures import rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError
-from rollout_recovery.checkpoint import (
-    decode_sidecar,
-    encode_sidecar,
-    find_sidecar_problems,
-    validate_sidecar_state,
-)
+from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar, find_sidecar_problems
+from rollout_recovery.checkpoint._sidecar_io import validate_sidecar_state
 
 DOCUMENTED = (InvalidStateError, InvalidStateTypeError)
 STATE = rich_state()
@@ -111,7 +107,7 @@ def test_random_byte_mutations(fmt: str, mutations: list[tuple[str, int, bytes]]
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=200), prefix=st.sampled_from([b"", b"PK\x03\x04"]))
 def test_arbitrary_bytes(data: bytes, prefix: bytes) -> None:
-    from rollout_recovery.checkpoint import MAGIC
+    from rollout_recovery.checkpoint._native import MAGIC
 
     for head in (prefix, MAGIC):
         assert_identical_or_documented(head + data, STATE)

@@ -8,23 +8,14 @@ equal state, and the ledger restored from each file has an identical ``state_dic
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-
 from sidecar_fixtures import CUT
 from test_ledger_state_machine import LedgerMachine
 
 from rollout_recovery import build_rollout_recovery_state
-from rollout_recovery.checkpoint import (
-    decode_sidecar,
-    encode_sidecar,
-    validate_sidecar_state,
-)
+from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
+from rollout_recovery.checkpoint._sidecar_io import validate_sidecar_state
 
 
 class SidecarRoundTripMachine(LedgerMachine):

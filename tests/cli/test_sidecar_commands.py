@@ -11,12 +11,8 @@ import pytest
 from click.testing import CliRunner
 from sidecar_fixtures import rich_state
 
-from rollout_recovery.checkpoint import (
-    NATIVE_SIDECAR_FILENAME,
-    encode_sidecar,
-    read_sidecar,
-    write_sidecar,
-)
+from rollout_recovery.checkpoint import encode_sidecar, write_sidecar
+from rollout_recovery.checkpoint._sidecar_io import NATIVE_SIDECAR_FILENAME, read_sidecar
 from rollout_recovery.cli import cli
 
 STATE = rich_state()

@@ -28,18 +28,15 @@ from hypothesis.stateful import (
     rule,
 )
 
-from rollout_recovery.dataplane import (
-    SNAPSHOT_FILE,
-    DataPlane,
-    DataPlaneClosedError,
-    InvalidRowError,
-    MissingRowError,
-    Row,
-)
+from rollout_recovery.dataplane import DataPlane, Row
+from rollout_recovery.dataplane._sqlite import SNAPSHOT_FILE
 from rollout_recovery.errors import (
     BareStringError,
+    DataPlaneClosedError,
     DeadCutError,
+    InvalidRowError,
     InvalidStateError,
+    MissingRowError,
     RolloutRecoveryError,
 )
 

@@ -73,7 +73,7 @@ def cut() -> FakeCut:
 
 def snapshot_of(index: ReplayIndex) -> tuple[Any, ...]:
     return (
-        index.state(),
+        index.state_dict(),
         index.reserved_group_ids(),
         [(g.group_id, g.claimed_step) for g in map(index.group, index.group_ids())],
     )
@@ -289,12 +289,12 @@ def test_state_round_trip(index: ReplayIndex, store: MemoryDataPlane, cut: FakeC
     publish(index, store, cut, "p1", target_step=2, versions=(3, 4), metrics={"reward": 0.5})
     publish(index, store, cut, "p0", target_step=1)
     index.reserve(cut, "unready")
-    state = index.state()
+    state = index.state_dict()
     assert state["schema_version"] == 1
     assert [g["group_id"] for g in state["groups"]] == ["p0", "p1"]  # no unready slots
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode(state))
-    restored = ReplayIndex.from_state(wire, data_plane=store, group_size=N)
-    assert restored.state() == state
+    restored = ReplayIndex.from_state_dict(wire, data_plane=store, group_size=N)
+    assert restored.state_dict() == state
     assert restored.group("p1").metrics == {"reward": 0.5}
     assert restored.reserved_group_ids() == []
     restored.reserve(cut, "p2")  # fully usable afterwards
@@ -305,10 +305,10 @@ def test_claimed_groups_are_saved_as_ready(
     index: ReplayIndex, store: MemoryDataPlane, cut: FakeCut
 ) -> None:
     publish(index, store, cut, "p0")
-    before = index.state()
+    before = index.state_dict()
     index.claim(cut, 0, ["p0"])
-    assert index.state() == before
-    restored = ReplayIndex.from_state(index.state(), data_plane=store)
+    assert index.state_dict() == before
+    restored = ReplayIndex.from_state_dict(index.state_dict(), data_plane=store)
     assert restored.group("p0").claimed_step is None
 
 
@@ -320,22 +320,22 @@ def test_digest_ignores_order_and_metrics(store: MemoryDataPlane, cut: FakeCut) 
     other_store = MemoryDataPlane()
     publish(second, other_store, cut, "b", metrics={"y": 2.0})
     publish(second, other_store, cut, "a")
-    assert first.state()["digest"] == second.state()["digest"]
+    assert first.state_dict()["digest"] == second.state_dict()["digest"]
     # A hand-built state with shuffled key order and group order loads and keeps the digest.
-    state = first.state()
+    state = first.state_dict()
     shuffled = {key: state[key] for key in reversed(list(state))}
     shuffled["groups"] = [
         {key: group[key] for key in reversed(list(group))} for group in reversed(state["groups"])
     ]
-    restored = ReplayIndex.from_state(shuffled, data_plane=store)
-    assert restored.state()["digest"] == state["digest"]
+    restored = ReplayIndex.from_state_dict(shuffled, data_plane=store)
+    assert restored.state_dict()["digest"] == state["digest"]
 
 
 def test_digest_changes_with_identity(
     index: ReplayIndex, store: MemoryDataPlane, cut: FakeCut
 ) -> None:
     publish(index, store, cut, "p0", target_step=1)
-    state = index.state()
+    state = index.state_dict()
     for path, value in [
         (("groups", 0, "target_step"), 2),
         (("groups", 0, "min_weight_version"), 0),
@@ -348,7 +348,7 @@ def test_digest_changes_with_identity(
             target = target[part]
         target[path[-1]] = value
         with pytest.raises(InvalidStateError, match="digest mismatch") as caught:
-            ReplayIndex.from_state(tampered, data_plane=store)
+            ReplayIndex.from_state_dict(tampered, data_plane=store)
         assert caught.value.path == "$.digest"
 
 
@@ -375,10 +375,10 @@ def test_malformed_state_is_refused_with_a_path(
     path: str | None,
 ) -> None:
     publish(index, store, cut, "p0")
-    state = index.state()
+    state = index.state_dict()
     mutate(state)
     with pytest.raises(InvalidStateError, match=match) as caught:
-        ReplayIndex.from_state(state, data_plane=store)
+        ReplayIndex.from_state_dict(state, data_plane=store)
     if path is not None:
         assert caught.value.path == path
 
@@ -386,7 +386,7 @@ def test_malformed_state_is_refused_with_a_path(
 def test_group_size_mismatch(index: ReplayIndex, store: MemoryDataPlane, cut: FakeCut) -> None:
     publish(index, store, cut, "p0")
     with pytest.raises(InvalidStateError, match="group_size=4, expected 8"):
-        ReplayIndex.from_state(index.state(), data_plane=store, group_size=8)
+        ReplayIndex.from_state_dict(index.state_dict(), data_plane=store, group_size=8)
 
 
 def test_inventory_missing_rows_named(
@@ -396,7 +396,7 @@ def test_inventory_missing_rows_named(
         publish(index, store, cut, f"p{i}")
     store.clear(CANONICAL_PARTITION, row_keys("p1") + row_keys("p2") + row_keys("p3"))
     with pytest.raises(InvalidStateError) as caught:
-        ReplayIndex.from_state(index.state(), data_plane=store)
+        ReplayIndex.from_state_dict(index.state_dict(), data_plane=store)
     message = str(caught.value)
     assert "missing rows" in message and "total=12" in message
     assert "p1_g0" in message and "p3_g1" in message and "p3_g2" not in message  # 10 listed
@@ -410,7 +410,7 @@ def test_inventory_extra_rows_named(
     store.put(CANONICAL_PARTITION, {"orphan_g0": make_row(1)})
     store.put("staging", {"not/canonical": make_row(2)})  # other partitions do not count
     with pytest.raises(InvalidStateError, match=r"unindexed rows \['orphan_g0'\] \(total=1\)"):
-        ReplayIndex.from_state(index.state(), data_plane=store)
+        ReplayIndex.from_state_dict(index.state_dict(), data_plane=store)
 
 
 def test_inventory_both_directions(
@@ -420,7 +420,7 @@ def test_inventory_both_directions(
     store.clear(CANONICAL_PARTITION, ["p0_g3"])
     store.put(CANONICAL_PARTITION, {"stray": make_row(1)})
     with pytest.raises(InvalidStateError, match=r"missing rows \['p0_g3'\].*unindexed rows"):
-        ReplayIndex.from_state(index.state(), data_plane=store)
+        ReplayIndex.from_state_dict(index.state_dict(), data_plane=store)
 
 
 def test_state_survives_a_sqlite_snapshot_restore(tmp_path: Path, cut: FakeCut) -> None:
@@ -431,12 +431,12 @@ def test_state_survives_a_sqlite_snapshot_restore(tmp_path: Path, cut: FakeCut) 
         publish(index, live, cut, "p0")
         publish(index, live, cut, "p1")
         index.claim(cut, 0, ["p1"])
-        state = msgspec.msgpack.encode(index.state())
+        state = msgspec.msgpack.encode(index.state_dict())
         live.snapshot(tmp_path / "snap", cut=cut)
         index.clear(cut, ["p1"])  # after the checkpoint; the restore rolls it back
     with SqliteDataPlane(tmp_path / "restarted.sqlite3") as fresh:
         fresh.restore(tmp_path / "snap", cut=cut)
-        restored = ReplayIndex.from_state(msgspec.msgpack.decode(state), data_plane=fresh)
+        restored = ReplayIndex.from_state_dict(msgspec.msgpack.decode(state), data_plane=fresh)
         assert [g.group_id for g in restored.ready_groups()] == ["p0", "p1"]
 
 

@@ -10,12 +10,8 @@ import pytest
 from dataplane_support import assert_rows_equal, make_row
 from store_contract import MACHINE_SETTINGS, StoreContract, StoreFactory, StoreMachine
 
-from rollout_recovery.dataplane import (
-    SNAPSHOT_FILE,
-    DataPlane,
-    MemoryDataPlane,
-    SqliteDataPlane,
-)
+from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
+from rollout_recovery.dataplane._sqlite import SNAPSHOT_FILE
 from rollout_recovery.errors import InvalidStateError
 
 
@@ -217,7 +213,7 @@ def test_lock_contention_is_a_retryable_error_naming_the_holder(tmp_path: Path) 
             store.put("a", {"k2": make_row(2)})
         error = caught.value
         assert isinstance(error, RolloutRecoveryError) and error.retryable is True
-        assert error.operation == "put" and error.path == str(path)
+        assert error.operation == "put" and error.file == str(path)
         if os.path.exists("/proc/locks"):
             assert error.holder_pids == [holder.pid]
             assert f"held by pid {holder.pid}" in str(error)

@@ -21,8 +21,8 @@ from rollout_recovery.capture import (
     CaptureFailure,
     CaptureWriter,
     assemble_receipt,
-    compute_call_digest,
 )
+from rollout_recovery.capture._digest import compute_call_digest
 from rollout_recovery.dataplane import DataPlane, Row
 from rollout_recovery.ledger import PromptGroupRecoveryRecord, RolloutRecoveryLedger
 from rollout_recovery.rewards import RewardChecks, RewardLogContext

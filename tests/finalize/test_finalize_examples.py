@@ -19,19 +19,13 @@ from finalize_support import (
 )
 
 from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, fetch_and_verify
-from rollout_recovery.dataplane import (
-    DataPlane,
-    DataPlaneClosedError,
-    MemoryDataPlane,
-    SqliteDataPlane,
-)
-from rollout_recovery.errors import InvalidTransitionError
-from rollout_recovery.finalize import (
+from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
+from rollout_recovery.errors import DataPlaneClosedError, InvalidTransitionError
+from rollout_recovery.finalize import FinalizedGroup, finalize_group
+from rollout_recovery.finalize._metrics import (
     INVALID_ROW_RATE,
     REWARD_PROCESSING,
-    FinalizedGroup,
     failure_reason_metric,
-    finalize_group,
 )
 from rollout_recovery.ledger import PromptGroupStatus, RolloutRecoveryLedger
 from rollout_recovery.rewards import (

@@ -23,6 +23,7 @@ from rollout_recovery.dataplane import (
 from rollout_recovery.errors import (
     CheckpointUnsafeError,
     DeadCutError,
+    FinalizationUnknownError,
     InvalidTransitionError,
     UnknownGroupError,
 )
@@ -237,10 +238,12 @@ def test_failure_after_submission_is_finalization_unknown_and_never_checkpointed
     index = ReplayIndex(data_plane=plane, group_size=2)
     plane.fail = fail
 
-    with pytest.raises(Boom) as raised:
+    with pytest.raises(FinalizationUnknownError) as raised:
         publish(ledger, plane, index)
 
-    assert any("FINALIZATION_UNKNOWN" in note for note in raised.value.__notes__)
+    assert raised.value.fatal and raised.value.group_id == "grp"
+    assert isinstance(raised.value.__cause__, Boom)
+    assert any("FINALIZATION_UNKNOWN" in note for note in raised.value.__cause__.__notes__)
     assert ledger.get_group("grp").status is PromptGroupStatus.FINALIZATION_UNKNOWN
     with pytest.raises(CheckpointUnsafeError) as unsafe:
         ledger.assert_checkpoint_safe()

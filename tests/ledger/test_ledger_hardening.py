@@ -88,7 +88,7 @@ def test_a_receipt_no_sidecar_could_hold_is_refused_at_seal(value: Any, where: s
             reward=1.0,
             mask_sample=False,
         )
-    assert caught.value.path is not None and caught.value.path.startswith(f"receipt{where}")
+    assert caught.value.path is not None and caught.value.path.startswith(f"$.receipt{where}")
     assert snapshot(ledger) == before
 
 

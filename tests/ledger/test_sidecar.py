@@ -45,9 +45,11 @@ SIDECAR_KEYS = {
 
 def settings() -> Any:
     try:
-        return CaptureRewardSettings.from_state({"version": 1, "penalties": {}, "effort": None})
+        return CaptureRewardSettings.from_state_dict(
+            {"version": 1, "penalties": {}, "effort": None}
+        )
     except NotImplementedError:  # pragma: no cover - another engineer's work in progress
-        pytest.skip("CaptureRewardSettings.from_state is not implemented yet")
+        pytest.skip("CaptureRewardSettings.from_state_dict is not implemented yet")
 
 
 def observation(group_id: str, index: int, reward: float = 1.0) -> FinalizedReward:
@@ -112,7 +114,7 @@ def test_build_returns_the_complete_sidecar() -> None:
     assert state["finalizer_rewards_by_group"] == {
         "old": [dataclasses.asdict(row) for row in rewards["old"]]
     }
-    assert state["reward_settings"] == capture.to_state()
+    assert state["reward_settings"] == capture.state_dict()
     assert_primitive_tree(state)
 
 
@@ -396,7 +398,7 @@ def test_parse_requires_the_schema_3_keys(key: str) -> None:
 
 def test_parse_parses_reward_settings() -> None:
     capture = settings()
-    parsed = parse_rollout_recovery_state(minimal_sidecar(reward_settings=capture.to_state()))
+    parsed = parse_rollout_recovery_state(minimal_sidecar(reward_settings=capture.state_dict()))
     assert parsed.reward_settings == capture
     assert isinstance(parsed.reward_settings, CaptureRewardSettings)
 
@@ -734,7 +736,7 @@ def test_parse_returns_defensive_copies(mutate: Callable[[dict[str, Any]], Any])
     expected = (
         {7: 1},
         {"c": {"m": 1.0}},
-        {"c": [FinalizedReward.from_state(OBS)]},
+        {"c": [FinalizedReward.from_state_dict(OBS)]},
     )
     mutate(state)
     assert (
@@ -759,5 +761,8 @@ def test_parse_keeps_reward_groups_that_have_metrics() -> None:
             finalizer_rewards_by_group={"c": [OBS], "d": []},
         )
     )
-    assert parsed.finalizer_rewards_by_group == {"c": [FinalizedReward.from_state(OBS)], "d": []}
+    assert parsed.finalizer_rewards_by_group == {
+        "c": [FinalizedReward.from_state_dict(OBS)],
+        "d": [],
+    }
     assert all(isinstance(row, FinalizedReward) for row in parsed.finalizer_rewards_by_group["c"])

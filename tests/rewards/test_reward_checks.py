@@ -7,16 +7,13 @@ from typing import Any
 import pytest
 
 from rollout_recovery.errors import InvalidStateError
-from rollout_recovery.rewards import (
-    CaptureRewardSettings,
-    EffortRewardSettings,
-    RewardChecks,
-    compute_reward_checks,
-    effort_shaping_enabled,
+from rollout_recovery.rewards import CaptureRewardSettings, RewardChecks, compute_reward_checks
+from rollout_recovery.rewards._checks import (
     has_duplicated_reasoning,
     has_empty_final_answer,
     is_low_effort,
 )
+from rollout_recovery.rewards._settings import EffortRewardSettings, effort_shaping_enabled
 
 EFFORT = EffortRewardSettings(low_weight=1.0, low_penalty=1.0, low_ub=64000, low_string="/low")
 

@@ -13,16 +13,17 @@ from hypothesis import strategies as st
 from rollout_recovery.errors import InvalidStateError
 from rollout_recovery.rewards import (
     CaptureRewardSettings,
-    EffortRewardSettings,
     RewardChecks,
     compute_reward_checks,
     finalize_capture_reward,
+)
+from rollout_recovery.rewards._checks import has_duplicated_reasoning, has_empty_final_answer
+from rollout_recovery.rewards._final_reward import (
     generated_segments,
-    has_duplicated_reasoning,
-    has_empty_final_answer,
     has_unwanted_tokens,
     shape_effort_reward,
 )
+from rollout_recovery.rewards._settings import EffortRewardSettings
 
 UNWANTED = 7
 NO_CHECKS = RewardChecks(duplicated_reasoning=False, empty_final_answer=False, low_effort=False)

@@ -21,10 +21,10 @@ from rollout_recovery.rewards import (
     RewardChecks,
     RewardLogContext,
     aggregate_capture_reward_metrics,
-    capture_reward_result_tables,
     finalize_capture_reward,
     group_reward_metrics,
 )
+from rollout_recovery.rewards._metrics import capture_reward_result_tables
 
 NO_COUNTS = {"duplicated_reasoning": 0, "empty_final_answer": 0, "unwanted_token": 0}
 

@@ -7,42 +7,29 @@ import pytest
 import rollout_recovery.rewards as rewards
 from rollout_recovery.errors import InvalidStateError
 from rollout_recovery.rewards import FinalizedReward, RewardChecks, RewardLogContext
+from rollout_recovery.rewards._settings import CAPTURE_PENALTIES
 
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(rewards.__all__) == [
-        "CAPTURE_PENALTIES",
-        "CaptureOptionalPenalty",
-        "CapturePenalty",
         "CaptureRewardOutcome",
         "CaptureRewardSettings",
-        "EffortRewardSettings",
         "FinalizedReward",
         "LinkSpan",
-        "MetricValue",
         "RewardChecks",
         "RewardLogContext",
         "aggregate_capture_reward_metrics",
-        "capture_reward_result_tables",
         "compute_reward_checks",
-        "effort_length_metric",
-        "effort_shaping_enabled",
         "finalize_capture_reward",
-        "generated_segments",
         "group_reward_metrics",
-        "has_duplicated_reasoning",
-        "has_empty_final_answer",
-        "has_unwanted_tokens",
-        "is_low_effort",
         "parse_reward_log_context",
-        "shape_effort_reward",
     ]
     for name in rewards.__all__:
         assert hasattr(rewards, name), name
 
 
 def test_penalty_specs_keep_upstream_order_and_names() -> None:
-    assert [(p.name, p.flag, p.metric, p.kind) for p in rewards.CAPTURE_PENALTIES] == [
+    assert [(p.name, p.flag, p.metric, p.kind) for p in CAPTURE_PENALTIES] == [
         (
             "duplicated_reasoning",
             "penalize_duplicated_reasoning",
@@ -62,7 +49,7 @@ def test_reward_checks_require_exact_booleans() -> None:
 def test_finalized_reward_round_trip_and_rejections() -> None:
     context = RewardLogContext(agent_name="math", full_result_json='{"a": 1}')
     value = FinalizedReward(sample_id="g_g0", rollout_id="g_g0_a1", reward=0.5, log_context=context)
-    assert FinalizedReward.from_state(value.to_state()) == value
+    assert FinalizedReward.from_state_dict(value.state_dict()) == value
     with pytest.raises(InvalidStateError, match=r"^finalized reward must be numeric"):
         FinalizedReward(sample_id="g_g0", rollout_id="r", reward=True)
     with pytest.raises(InvalidStateError, match="log_context must be a RewardLogContext"):
@@ -73,7 +60,7 @@ def test_finalized_reward_round_trip_and_rejections() -> None:
             log_context={"agent_name": "math", "full_result_json": None},  # type: ignore[arg-type]
         )
     with pytest.raises(InvalidStateError, match=r"^invalid finalized reward observation"):
-        FinalizedReward.from_state({"sample_id": "g_g0"})
+        FinalizedReward.from_state_dict({"sample_id": "g_g0"})
     with pytest.raises(
         InvalidStateError, match=r"^reward log full_result_json must encode an object"
     ):

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_recovery.errors import InvalidStateError
-from rollout_recovery.rewards import CaptureRewardSettings, EffortRewardSettings
+from rollout_recovery.rewards import CaptureRewardSettings
+from rollout_recovery.rewards._settings import EffortRewardSettings
 
 ALL_FLAGS = (
     "penalize_duplicated_reasoning",
@@ -34,21 +35,22 @@ def test_reward_settings_ignore_extras_and_inactive_options() -> None:
     )
     assert noisy == baseline == CaptureRewardSettings()
     assert (
-        CaptureRewardSettings.from_state({"version": 1, "penalties": {}, "effort": {}}) == baseline
+        CaptureRewardSettings.from_state_dict({"version": 1, "penalties": {}, "effort": {}})
+        == baseline
     )
-    assert baseline.to_state() == {"version": 1, "penalties": {}, "effort": None}
-    assert CaptureRewardSettings.from_state(baseline.to_state()) == baseline
+    assert baseline.state_dict() == {"version": 1, "penalties": {}, "effort": None}
+    assert CaptureRewardSettings.from_state_dict(baseline.state_dict()) == baseline
 
     active = CaptureRewardSettings.from_configs(
         penalties={"penalize_empty_final_answer": True, "extra": 1},
         effort={**ACTIVE_EFFORT, "extra": "x"},
     )
-    assert active.to_state() == {
+    assert active.state_dict() == {
         "version": 1,
         "penalties": {"penalize_empty_final_answer": True},
         "effort": {"low_weight": 0.5, "low_penalty": 2.0, "low_ub": 1000, "low_string": "/low"},
     }
-    assert CaptureRewardSettings.from_state(active.to_state()) == active
+    assert CaptureRewardSettings.from_state_dict(active.state_dict()) == active
 
 
 def test_reward_settings_normalize_active_tokens_and_nested_extras() -> None:
@@ -64,7 +66,7 @@ def test_reward_settings_normalize_active_tokens_and_nested_extras() -> None:
         "penalize_unwanted_tokens",
     )
     assert settings.unwanted_tokens == (1, 3, 9)
-    assert settings.to_state() == {
+    assert settings.state_dict() == {
         "version": 1,
         "penalties": {
             "penalize_duplicated_reasoning": True,
@@ -74,7 +76,7 @@ def test_reward_settings_normalize_active_tokens_and_nested_extras() -> None:
         "effort": None,
     }
     unversioned = {"penalties": penalties, "effort": None}
-    assert CaptureRewardSettings.from_state(unversioned) == settings
+    assert CaptureRewardSettings.from_state_dict(unversioned) == settings
     # An int weight and a float weight are the same setting.
     assert CaptureRewardSettings.from_configs(
         effort={**ACTIVE_EFFORT, "low_weight": 1}
@@ -164,7 +166,7 @@ def test_require_compatible_names_every_differing_field_in_order() -> None:
 )
 def test_reward_settings_reject_invalid_records(record: object, message: str) -> None:
     with pytest.raises(InvalidStateError) as info:
-        CaptureRewardSettings.from_state(record)
+        CaptureRewardSettings.from_state_dict(record)
     assert str(info.value).startswith(message)
 
 
@@ -194,7 +196,7 @@ def test_reward_settings_reject_invalid_records(record: object, message: str) ->
 )
 def test_reward_settings_reject_malformed_fields(record: object) -> None:
     with pytest.raises(InvalidStateError):
-        CaptureRewardSettings.from_state(record)
+        CaptureRewardSettings.from_state_dict(record)
 
 
 @pytest.mark.parametrize("low_ub", [0, -5])
@@ -271,15 +273,15 @@ def settings(draw: st.DrawFn) -> CaptureRewardSettings:
 
 
 @given(settings())
-def test_to_state_from_state_round_trip(value: CaptureRewardSettings) -> None:
-    state = value.to_state()
-    assert CaptureRewardSettings.from_state(state) == value
+def test_state_dict_round_trip(value: CaptureRewardSettings) -> None:
+    state = value.state_dict()
+    assert CaptureRewardSettings.from_state_dict(state) == value
     # The persisted form survives a real codec (what the sidecar does) unchanged.
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(state))
     assert decoded == state
-    assert CaptureRewardSettings.from_state(decoded) == value
+    assert CaptureRewardSettings.from_state_dict(decoded) == value
     unversioned = {"penalties": state["penalties"], "effort": state["effort"]}
-    assert CaptureRewardSettings.from_state(unversioned) == value
+    assert CaptureRewardSettings.from_state_dict(unversioned) == value
 
 
 @given(settings(), settings())
@@ -288,7 +290,7 @@ def test_require_compatible_is_empty_iff_semantically_equal(
 ) -> None:
     diffs = left.differences(right)
     assert (diffs == []) == (left == right)
-    assert (diffs == []) == (left.to_state() == right.to_state())
+    assert (diffs == []) == (left.state_dict() == right.state_dict())
     assert sorted(diffs) == sorted(right.differences(left))
     if diffs:
         with pytest.raises(InvalidStateError, match=", ".join(map(_escape, diffs))):

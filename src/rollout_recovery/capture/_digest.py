@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from .._bounds import UINT64_LIMIT
 from ..errors import InvalidStateError
 
 __all__ = [
@@ -78,7 +79,7 @@ def _raw_digest(hex_digest: str, name: str) -> bytes:
     except ValueError:
         raw = b""
     if len(raw) != 32 or raw.hex() != hex_digest:
-        raise InvalidStateError(f"{name} must be 64 lowercase hex characters", path=name)
+        raise InvalidStateError(f"{name} must be 64 lowercase hex characters", path=f"$.{name}")
     return raw
 
 
@@ -86,20 +87,20 @@ def encode_token_ids(token_ids: TokenInput) -> bytes:
     """u64 count, then one big-endian u64 per id; ids must be non-negative integers."""
     ids = np.asarray(token_ids)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise InvalidStateError("token ids must be a 1-D sequence of integers", path="token_ids")
+        raise InvalidStateError("token ids must be a 1-D sequence of integers", path="$.token_ids")
     if ids.size and int(ids.min()) < 0:
-        raise InvalidStateError("token ids must be non-negative", path="token_ids")
+        raise InvalidStateError("token ids must be non-negative", path="$.token_ids")
     return _u64(int(ids.size)) + ids.astype(">u8").tobytes()
 
 
 def _encode_floats(values: FloatInput, name: str) -> bytes:
     array = np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iuf"):
-        raise InvalidStateError(f"{name} must be a 1-D sequence of numbers", path=name)
+        raise InvalidStateError(f"{name} must be a 1-D sequence of numbers", path=f"$.{name}")
     with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
         as_f32 = array.astype(">f4")
     if not np.isfinite(as_f32).all():
-        raise InvalidStateError(f"{name} must be finite in float32", path=name)
+        raise InvalidStateError(f"{name} must be finite in float32", path=f"$.{name}")
     return _u64(int(as_f32.size)) + as_f32.tobytes()
 
 
@@ -139,8 +140,8 @@ def compute_call_digest(
         ("cum_len", cum_len),
         ("weight_version", weight_version),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-            raise InvalidStateError(f"{name} must be an int in [0, 2**64)", path=name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < UINT64_LIMIT:
+            raise InvalidStateError(f"{name} must be an int in [0, 2**64)", path=f"$.{name}")
     hasher = hashlib.sha256(_CALL_DOMAIN)
     hasher.update(bytes((SCHEMA_VERSION, DIGEST_VERSION, EXTRAS_DIGEST_VERSION)))
     hasher.update(_text(rollout_id))

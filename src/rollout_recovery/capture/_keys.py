@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import uuid
 
-from ..errors import InvalidStateError
+from .._bounds import IDENTIFIER_PATTERN
+from ..errors import InvalidArgumentError, InvalidStateError
 
 __all__ = [
     "IDENTIFIER_PATTERN",
@@ -21,7 +22,6 @@ __all__ = [
     "staging_key",
 ]
 
-IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 STAGING_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 # fullmatch, not match: ``$`` alone would accept a trailing newline.
@@ -33,21 +33,23 @@ def is_identifier(value: object) -> bool:
     return isinstance(value, str) and _IDENTIFIER.fullmatch(value) is not None
 
 
-def _require_identifier(value: object, name: str) -> str:
+def _require_identifier(
+    value: object, name: str, error: type[InvalidArgumentError | InvalidStateError]
+) -> str:
     if not is_identifier(value):
-        raise InvalidStateError(
+        raise error(
             f"{name} must be a non-empty identifier matching {IDENTIFIER_PATTERN}, got {value!r}",
-            path=name,
+            path=f"$.{name}",
         )
     assert isinstance(value, str)
     return value
 
 
 def staging_key(rollout_id: str, model_call_id: str) -> str:
-    """The staging key of one model call; raises ``InvalidStateError`` for a bad part."""
+    """The staging key of one model call; raises ``InvalidArgumentError`` for a bad part."""
     return (
-        f"{_require_identifier(rollout_id, 'rollout_id')}/"
-        f"{_require_identifier(model_call_id, 'model_call_id')}"
+        f"{_require_identifier(rollout_id, 'rollout_id', InvalidArgumentError)}/"
+        f"{_require_identifier(model_call_id, 'model_call_id', InvalidArgumentError)}"
     )
 
 
@@ -55,12 +57,12 @@ def parse_staging_key(key: str) -> tuple[str, str]:
     """Split a staging key into ``(rollout_id, model_call_id)``, validating both parts."""
     if not isinstance(key, str) or key.count("/") != 1:
         raise InvalidStateError(
-            f"staging key must be '<rollout_id>/<model_call_id>', got {key!r}", path="staging_key"
+            f"staging key must be '<rollout_id>/<model_call_id>', got {key!r}", path="$.staging_key"
         )
     rollout_id, model_call_id = key.split("/")
     return (
-        _require_identifier(rollout_id, "rollout_id"),
-        _require_identifier(model_call_id, "model_call_id"),
+        _require_identifier(rollout_id, "rollout_id", InvalidStateError),
+        _require_identifier(model_call_id, "model_call_id", InvalidStateError),
     )
 
 

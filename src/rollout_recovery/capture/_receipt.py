@@ -76,19 +76,19 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     def __post_init__(self) -> None:
         if self.reward is not None and not math.isfinite(self.reward):
-            raise InvalidStateError("receipt reward must be finite", path="reward")
+            raise InvalidStateError("receipt reward must be finite", path="$.reward")
         # Whether the terminal is in the manifest is left to verification
         # (``rebuild_failed:missing_terminal``), so an empty manifest gets its own reason.
         if not self.capture_poisoned:
             if self.terminal_model_call_id is None or self.terminal_selection is None:
                 raise InvalidStateError(
                     "an unpoisoned receipt must name a terminal call and a selection method",
-                    path="terminal_model_call_id",
+                    path="$.terminal_model_call_id",
                 )
             if self.failure_reason is not None:
                 raise InvalidStateError(
                     "an unpoisoned receipt must not carry a failure_reason",
-                    path="failure_reason",
+                    path="$.failure_reason",
                 )
 
     @property
@@ -133,7 +133,7 @@ def assemble_receipt(
             raise InvalidStateError(
                 f"call record {record.staging_key!r} does not belong to rollout {rollout_id!r} "
                 f"call {record.model_call_id!r}",
-                path="staging_key",
+                path="$.staging_key",
             )
         if record.model_call_id not in seen:
             seen.add(record.model_call_id)

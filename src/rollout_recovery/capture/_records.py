@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from .._bounds import INT64_MAX
 from ..errors import InvalidStateError, split_validation_path
 
 __all__ = [
@@ -48,8 +49,8 @@ Identifier = Annotated[str, msgspec.Meta(pattern=rf"^{_ID}\Z")]
 StagingKeyStr = Annotated[str, msgspec.Meta(pattern=rf"^{_ID}/{_ID}\Z")]
 DigestHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
 # Lengths and versions are hashed as u64; the bound keeps them JSON- and SQLite-safe too.
-Length = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-PositiveLength = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+Length = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+PositiveLength = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -62,9 +63,8 @@ def decode_struct(data: object, kind: type[S], what: str) -> S:
     try:
         return msgspec.convert(data, kind, strict=True)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        path = split_validation_path(message)[1] or "$"
-        raise InvalidStateError(f"invalid {what}: {message}", path=path) from exc
+        message, path = split_validation_path(str(exc))
+        raise InvalidStateError(f"invalid {what}: {message}", path=path or "$") from exc
 
 
 class _CallFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -91,19 +91,19 @@ class _CallFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise InvalidStateError(
                 f"call {self.model_call_id}: cum_len {self.cum_len} != prev_len "
                 f"{self.prev_len} + delta_len {self.delta_len}",
-                path="cum_len",
+                path="$.cum_len",
             )
         if self.mode == "text":
             if self.parent_call_id is not None or self.prev_len != 0:
                 raise InvalidStateError(
                     f"call {self.model_call_id}: a 'text' call must be a parentless root "
                     "with prev_len 0",
-                    path="mode",
+                    path="$.mode",
                 )
         elif self.parent_call_id is None or self.prev_len == 0:
             raise InvalidStateError(
                 f"call {self.model_call_id}: a 'token_in' call needs a parent and prev_len > 0",
-                path="mode",
+                path="$.mode",
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,12 +42,14 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import InvalidArgumentError
+from ..rewards import LinkSpan
+
 __all__ = [
     "FIELD_MISMATCH_FIELDS",
     "REBUILD_CODES",
     "REJECTION_CODES",
     "LinearizedRollout",
-    "LinkSpan",
     "Rejection",
     "WeightVersionSpan",
 ]
@@ -110,11 +112,11 @@ class Rejection:
     def __post_init__(self) -> None:
         # A typo in a code would silently escape every dashboard bucket; fail loudly instead.
         if self.code not in REJECTION_CODES:
-            raise ValueError(f"unknown rejection code {self.code!r}")
+            raise InvalidArgumentError(f"unknown rejection code {self.code!r}")
         if (self.code == "rebuild_failed") != (self.rebuild_code is not None):
-            raise ValueError("rebuild_code is set exactly when code is 'rebuild_failed'")
+            raise InvalidArgumentError("rebuild_code is set exactly when code is 'rebuild_failed'")
         if self.rebuild_code is not None and self.rebuild_code not in REBUILD_CODES:
-            raise ValueError(f"unknown rebuild code {self.rebuild_code!r}")
+            raise InvalidArgumentError(f"unknown rebuild code {self.rebuild_code!r}")
 
     @property
     def reason(self) -> str:
@@ -122,14 +124,6 @@ class Rejection:
         if self.rebuild_code is not None:
             return f"{self.code}:{self.rebuild_code}: {self.detail}"
         return f"{self.code}:{self.detail}" if self.detail else self.code
-
-
-class LinkSpan(NamedTuple):
-    """One call of the terminal chain: ``carry_len`` prompt tokens, then generated ones."""
-
-    model_call_id: str
-    carry_len: int
-    generated_len: int
 
 
 class WeightVersionSpan(NamedTuple):

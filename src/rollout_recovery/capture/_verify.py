@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..dataplane._protocol import DataPlane, Row
+from ..dataplane import DataPlane, Row
 from ..errors import InvalidRowError, InvalidStateError
+from ..rewards import LinkSpan
 from ._digest import (
     EMPTY_EXTRAS_DIGEST,
     compute_call_digest,
@@ -35,7 +36,6 @@ from ._records import CallRecord, StagedCallHeader
 from ._result import (
     FIELD_MISMATCH_FIELDS,
     LinearizedRollout,
-    LinkSpan,
     Rejection,
     WeightVersionSpan,
 )

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..dataplane._protocol import DataPlane, Row
-from ..errors import InvalidStateError
+from .._bounds import INT64_MAX
+from ..dataplane import DataPlane, Row
+from ..errors import InvalidArgumentError
 from ._digest import (
     EMPTY_EXTRAS_DIGEST,
     compute_call_digest,
@@ -38,10 +39,10 @@ def _token_array(
 ) -> npt.NDArray[np.int32]:
     array = np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise InvalidStateError(f"{name} must be a 1-D sequence of integers", path=name)
+        raise InvalidArgumentError(f"{name} must be a 1-D sequence of integers", path=f"$.{name}")
     # Rows store int32; check the range before casting so nothing wraps silently.
     if array.size and (int(array.min()) < 0 or int(array.max()) > _INT32_MAX):
-        raise InvalidStateError(f"{name} must lie in [0, 2**31)", path=name)
+        raise InvalidArgumentError(f"{name} must lie in [0, 2**31)", path=f"$.{name}")
     return array.astype(np.int32)
 
 
@@ -78,31 +79,31 @@ class CaptureWriter:
         ``cumulative_hash``, so the writer never needs the parent's tokens). The staged
         delta is the prompt after that prefix (mask 0, logprob 0) followed by the generated
         tokens (mask 1). ``weight_version`` is the policy version read at admission.
-        Raises ``InvalidStateError`` for inputs that break the contract; nothing is staged
+        Raises ``InvalidArgumentError`` for inputs that break the contract; nothing is staged
         then. Errors from the data plane propagate.
         """
         key = staging_key(rollout_id, model_call_id)
         if isinstance(weight_version, bool) or not isinstance(weight_version, int):
-            raise InvalidStateError("weight_version must be an int", path="weight_version")
-        if not 0 <= weight_version < 2**63:
-            raise InvalidStateError("weight_version must be >= 0", path="weight_version")
+            raise InvalidArgumentError("weight_version must be an int", path="$.weight_version")
+        if not 0 <= weight_version <= INT64_MAX:
+            raise InvalidArgumentError("weight_version must be >= 0", path="$.weight_version")
         prompt = _token_array(prompt_token_ids, "prompt_token_ids")
         generated = _token_array(generated_token_ids, "generated_token_ids")
         generated_lp = np.asarray(generated_logprobs, dtype=np.float64)
         if generated.size == 0:
-            raise InvalidStateError(
-                "a call must generate at least one token", path="generated_token_ids"
+            raise InvalidArgumentError(
+                "a call must generate at least one token", path="$.generated_token_ids"
             )
         if generated_lp.shape != generated.shape:
-            raise InvalidStateError(
+            raise InvalidArgumentError(
                 "generated_logprobs must have one entry per generated token",
-                path="generated_logprobs",
+                path="$.generated_logprobs",
             )
         with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
             generated_lp32 = generated_lp.astype(np.float32)
         if not np.isfinite(generated_lp32).all():
-            raise InvalidStateError(
-                "generated_logprobs must be finite in float32", path="generated_logprobs"
+            raise InvalidArgumentError(
+                "generated_logprobs must be finite in float32", path="$.generated_logprobs"
             )
 
         mode: CaptureMode
@@ -111,10 +112,10 @@ class CaptureWriter:
         else:
             parent_rollout, _ = parse_staging_key(parent.staging_key)
             if parent_rollout != rollout_id or parent.model_call_id == model_call_id:
-                raise InvalidStateError(
+                raise InvalidArgumentError(
                     f"parent {parent.staging_key!r} is not an earlier call of rollout "
                     f"{rollout_id!r}",
-                    path="parent",
+                    path="$.parent",
                 )
             prev_len = parent.cum_len
             if prompt.size < prev_len or hash_token_ids(prompt[:prev_len]) != (
@@ -122,10 +123,10 @@ class CaptureWriter:
             ):
                 # The contract's prefix check: a continuation must extend its parent's
                 # exact tokens, or earlier policy tokens would train as prompt.
-                raise InvalidStateError(
+                raise InvalidArgumentError(
                     f"prompt does not begin with the {prev_len} tokens of parent call "
                     f"{parent.model_call_id!r}",
-                    path="prompt_token_ids",
+                    path="$.prompt_token_ids",
                 )
             mode, parent_call_id, parent_chain = "token_in", parent.model_call_id, parent.chain_hash
 

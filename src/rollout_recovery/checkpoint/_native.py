@@ -30,10 +30,9 @@ import msgspec
 
 from .. import __version__
 from ..errors import InvalidStateError, InvalidStateTypeError, split_validation_path
-from ..ledger import (
-    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+from ..ledger import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryLedger
+from ..ledger.codec_support import (
     GroupState,
-    RolloutRecoveryLedger,
     build_controller_state,
     check_sampler_stamps_flag,
 )
@@ -398,7 +397,7 @@ def _typed_decode(decoder: msgspec.msgpack.Decoder[_T], payload: bytes) -> _T:
         return decoder.decode(payload)
     except msgspec.ValidationError as error:
         message, path = _split_msgspec_error(error)
-        raise InvalidStateError(f"native sidecar: {message} (at {path})", path=path) from None
+        raise InvalidStateError(f"native sidecar: {message}", path=path) from None
     except _ExtensionRefused as error:
         raise SidecarFormatError(
             f"native sidecar: payload holds MessagePack extension type {error.code}, which "
@@ -462,7 +461,7 @@ def _refuse_timestamps(sidecar: _Sidecar[Any], state: dict[Any, Any]) -> None:
         if msgspec.to_builtins(value, builtin_types=(bytes,), str_keys=False) != value:
             raise InvalidStateError(
                 f"native sidecar: {path} holds a MessagePack timestamp or another value that "
-                f"is not a sidecar primitive (at {path})",
+                "is not a sidecar primitive",
                 path=path,
             )
     raise InvalidStateError("native sidecar: payload holds a value that is not a primitive")

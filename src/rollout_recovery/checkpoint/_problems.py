@@ -14,13 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from ..errors import InvalidStateError, InvalidStateTypeError
 from ..ledger import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     RolloutRecoveryLedger,
     parse_rollout_recovery_state,
 )
-from ..ledger._constants import SIDECAR_STATE_FIELDS
+from ..ledger.codec_support import SIDECAR_STATE_FIELDS
+from ._native import read_native_envelope
 
 __all__ = ["SidecarProblem", "find_sidecar_problems"]
 
@@ -47,10 +50,8 @@ class SidecarProblem:
 
 
 def _problem(error: InvalidStateError | InvalidStateTypeError, prefix: str = "") -> SidecarProblem:
-    raw_path = error.path or "$"
-    # Some validators report paths relative to the record they check ("reward_settings").
-    path = raw_path if raw_path.startswith("$") else f"$.{raw_path}"
-    message = str(error).removesuffix(f" (at {raw_path})")
+    path = error.path or "$"
+    message = error.message
     if prefix:
         # A group validated alone sits at $.groups[0]; put it back at its real position.
         path = prefix + path.removeprefix("$.groups[0]")
@@ -59,7 +60,19 @@ def _problem(error: InvalidStateError | InvalidStateTypeError, prefix: str = "")
 
 
 def find_sidecar_problems(state: object) -> list[SidecarProblem]:
-    """All faults of a decoded sidecar state; empty exactly when it fully validates."""
+    """All faults of a decoded sidecar state; empty exactly when it fully validates.
+
+    ``state`` may also be the bytes of a native file whose typed decode stopped at its
+    first type error: the checksum proves the payload is what the writer wrote, so it is
+    decoded without the schema and the per-field validators list everything. Any surprise
+    there gives an empty list (the caller reports the typed decoder's own error).
+    """
+    if isinstance(state, bytes | bytearray | memoryview):
+        try:
+            untyped: Any = msgspec.msgpack.decode(read_native_envelope(state).payload)
+            return find_sidecar_problems(untyped)
+        except Exception:  # a best-effort listing
+            return []
     if not isinstance(state, dict):
         try:
             parse_rollout_recovery_state(state)

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal, get_args
 
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import InvalidStateError
+from ..errors import InvalidArgumentError, InvalidStateError
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -104,7 +104,9 @@ def sidecar_filename(format: SidecarFormat) -> str:
 
 def _check_format(format: object) -> None:
     if format not in SIDECAR_FORMATS:
-        raise ValueError(f"unknown sidecar format {format!r}; expected one of {SIDECAR_FORMATS}")
+        raise InvalidArgumentError(
+            f"unknown sidecar format {format!r}; expected one of {SIDECAR_FORMATS}"
+        )
 
 
 def detect_sidecar_format(data: bytes | bytearray | memoryview) -> SidecarFormat | None:
@@ -241,15 +243,10 @@ def decode_sidecar(
         with paused_gc():
             return format, decode_native_payload(read_native_envelope(data).payload)
     if format == "pt":
-        try:
-            with paused_gc():
-                return format, decode_torch_pt(data)
-        except SidecarFormatError:
-            raise
-        except ValueError as error:
-            # Everything the .pt codec refuses is a container problem: it checks only that
-            # the file is a primitive tree, never the sidecar's schema.
-            raise SidecarFormatError(str(error), path=getattr(error, "path", None)) from None
+        # Everything the .pt reader refuses is a SidecarFormatError: it checks only that
+        # the file is a primitive tree, never the sidecar's schema.
+        with paused_gc():
+            return format, decode_torch_pt(data)
     raise SidecarFormatError(
         "not a rollout-recovery sidecar: the content is neither the native format (magic "
         "prefix) nor a torch zip archive with a data.pkl"

@@ -33,10 +33,16 @@ import zipfile
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
+from .._bounds import MAX_PLAIN_DEPTH, RECEIPT_DEPTH_IN_SIDECAR
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import InvalidStateError, InvalidStateTypeError, is_utf8_text
-from ..ledger._plain import MAX_PLAIN_DEPTH, RECEIPT_DEPTH_IN_SIDECAR
+from ..errors import (
+    InvalidArgumentError,
+    InvalidStateError,
+    InvalidStateTypeError,
+    is_utf8_text,
+)
+from ._errors import SidecarFormatError
 from ._regular_file import open_regular_file
 
 __all__ = [
@@ -112,7 +118,7 @@ class _PathError(Exception):
 
 
 def _fail(message: str) -> NoReturn:
-    raise InvalidStateError(f"rollout_recovery.pt: {message}")
+    raise SidecarFormatError(f"rollout_recovery.pt: {message}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,8 +161,9 @@ def read_torch_pt(
 ) -> dict[Any, Any]:
     """Read a ``torch.save``'d primitives-only dict from ``path`` without torch.
 
-    Raises :class:`InvalidStateError` for anything but such a file (including one larger
-    than ``max_file_bytes``); ``OSError`` when the file cannot be opened or read.
+    Raises :class:`SidecarFormatError` (as ``load_sidecar`` and ``decode_sidecar`` do) for
+    anything but such a file (including one larger than ``max_file_bytes``); ``OSError``
+    when the file cannot be opened or read.
     """
     with open_regular_file(path) as handle:
         size = os.fstat(handle.fileno()).st_size
@@ -194,7 +201,7 @@ def decode_torch_pt(
     try:
         _Walker(max_depth=max_depth, budget=budget).walk(result, 0)
     except _PathError as error:
-        raise InvalidStateError(
+        raise SidecarFormatError(
             f"rollout_recovery.pt: {error.message}", path=error.path()
         ) from None
     return result
@@ -272,7 +279,7 @@ def _extract_data_pkl(data: bytes) -> bytes:
     except InvalidStateError:
         raise
     except _ZIP_ERRORS as error:
-        raise InvalidStateError(f"rollout_recovery.pt: malformed zip archive: {error}") from None
+        raise SidecarFormatError(f"rollout_recovery.pt: malformed zip archive: {error}") from None
 
 
 # Opcode argument shapes for the scanner. Each admitted opcode is one that protocol 2 emits
@@ -455,7 +462,7 @@ def _unpickle(pickle_bytes: bytes) -> Any:
         # unpickler still objects to (a stack underflow, REDUCE on a non-callable, a GET of an
         # unset slot, ...) means the file is not a valid sidecar. Python documents that
         # unpickling may raise arbitrary exception types, hence the broad catch.
-        raise InvalidStateError(
+        raise SidecarFormatError(
             f"rollout_recovery.pt: data.pkl does not unpickle: {type(error).__name__}: {error}"
         ) from None
 
@@ -558,7 +565,7 @@ def encode_torch_pt(
             path="$",
         )
     if not archive_name or "/" in archive_name or not archive_name.isprintable():
-        raise ValueError(f"invalid archive name {archive_name!r}")
+        raise InvalidArgumentError(f"invalid archive name {archive_name!r}")
     emitter = _Emitter(max_depth)
     try:
         emitter.emit(state, 0)

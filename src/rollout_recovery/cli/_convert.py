@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 
+from .._durable import atomic_write_bytes
 from ..checkpoint import (
-    SIDECAR_FORMATS,
     SidecarFormat,
-    atomic_write_bytes,
     decode_sidecar,
     encode_sidecar,
     read_sidecar_bytes,
@@ -30,7 +29,7 @@ __all__ = ["convert"]
 @click.option(
     "--to",
     "target",
-    type=click.Choice(SIDECAR_FORMATS),
+    type=click.Choice(get_args(SidecarFormat)),
     required=True,
     help="Format to write: native (MessagePack envelope) or pt (NeMo-RL, torch-loadable).",
 )

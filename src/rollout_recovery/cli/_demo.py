@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..checkpoint._torch_pt import read_torch_pt, write_torch_pt
+from ..checkpoint import decode_sidecar, write_sidecar
 from ..dataplane import DataPlaneCheckpointBarrier, DataPlaneMutationCut
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
@@ -181,7 +181,7 @@ class _Demo:
             state = build_rollout_recovery_state(
                 self.ledger, batch_shortfall={}, sampler_stamps_target_steps=True
             )
-            write_torch_pt(sidecar_path, state)
+            write_sidecar(sidecar_path, state, format="pt")
         self.show(
             "checkpoint",
             f"The checkpoint barrier drained mutations and wrote {sidecar_path} "
@@ -191,7 +191,7 @@ class _Demo:
         # The process dies here. A new controller starts from the file alone.
         self.ledger = RolloutRecoveryLedger()
         self.barrier = DataPlaneCheckpointBarrier()
-        parsed = parse_rollout_recovery_state(read_torch_pt(sidecar_path))
+        parsed = parse_rollout_recovery_state(decode_sidecar(sidecar_path.read_bytes())[1])
         async with self.barrier.mutation(kind="recovery_restore") as cut:
             self.ledger.load_state_dict(cut, parsed.ledger_state)
             self.ledger.prepare_for_restart(cut)

@@ -28,11 +28,8 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def problem_line(error: InvalidStateError | InvalidStateTypeError) -> str:
-    """``$.path: message`` for one schema error, without the message's own ``(at $.path)``."""
-    path = error.path or "$"
-    if not path.startswith("$"):
-        path = f"$.{path}"
-    return f"{path}: {str(error).removesuffix(f' (at {error.path})')}"
+    """``$.path: message`` for one schema error."""
+    return f"{error.path or '$'}: {error.message}"
 
 
 def load_or_exit(path: str | os.PathLike[str]) -> LoadedSidecar:

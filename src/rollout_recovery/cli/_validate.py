@@ -4,37 +4,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import click
-import msgspec
 
 from ..checkpoint import (
     SidecarFormatError,
-    SidecarProblem,
     decode_sidecar,
     find_sidecar_problems,
-    read_native_envelope,
     read_sidecar_bytes,
 )
 from ..errors import InvalidStateError, InvalidStateTypeError
 from ._sidecar_errors import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, fail, problem_line
 
 __all__ = ["validate"]
-
-
-def _untyped_problems(data: bytes) -> list[SidecarProblem]:
-    """All problems of a native file whose typed decode stopped at its first type error.
-
-    The checksum already proved the payload is what the writer wrote, so decoding it
-    without the schema is safe and lets the per-field validators list everything. Any
-    surprise here only means falling back to the typed decoder's single message.
-    """
-    try:
-        state: Any = msgspec.msgpack.decode(read_native_envelope(data).payload)
-        return find_sidecar_problems(state)
-    except Exception:  # a best-effort listing; the typed error is reported regardless
-        return []
 
 
 @click.command("validate")
@@ -54,7 +36,7 @@ def validate(path: Path) -> None:
         fail(f"cannot read {os.fspath(path)!r}: {error.strerror or error}", EXIT_UNREADABLE)
     except (InvalidStateError, InvalidStateTypeError) as error:
         # Only the native decoder gets here: its typed payload decode stops at one fault.
-        problems = _untyped_problems(data)
+        problems = find_sidecar_problems(data)
         lines = [str(problem) for problem in problems]
         # The typed decoder is stricter in places (a bool where an int belongs), so its own
         # fault is listed too unless the validators already named that field.

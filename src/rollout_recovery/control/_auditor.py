@@ -32,7 +32,7 @@ import msgspec
 from ..capture import STAGING_PARTITION
 from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from ..dataplane import CANONICAL_PARTITION, SqliteDataPlane
-from ..errors import NotARunDirectoryError, RolloutRecoveryError
+from ..errors import InvalidStateError, NotARunDirectoryError, RolloutRecoveryError
 from ..ledger import RolloutAttemptStatus, RolloutRecoveryLedger, parse_rollout_recovery_state
 from ._audit import EVENTS
 from ._checkpoint_dir import CheckpointStore, LoadedCheckpoint
@@ -161,7 +161,7 @@ def _committed_checkpoints(store: CheckpointStore, violations: list[str]) -> lis
 def _decode(loaded: LoadedCheckpoint) -> _Checkpoint:
     names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
     if len(names) != 1:
-        raise ValueError(f"expected one sidecar of {list(SIDECAR_FILENAMES)}, found {names}")
+        raise InvalidStateError(f"expected one sidecar of {list(SIDECAR_FILENAMES)}, found {names}")
     _, sidecar = decode_sidecar(loaded.files[names[0]])
     parsed = parse_rollout_recovery_state(sidecar)
     ledger = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)

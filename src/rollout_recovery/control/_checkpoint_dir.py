@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .._durable import atomic_write_bytes, fsync_directory
-from ..errors import CheckpointDirectoryError, RolloutRecoveryError
+from ..errors import (
+    CheckpointDirectoryError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RolloutRecoveryError,
+)
 from ._crashpoints import crash_point
 
 __all__ = [
@@ -146,7 +151,7 @@ class CheckpointStore:
 
     def __init__(self, root: Path, *, keep: int) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+            raise InvalidArgumentError(f"keep must be an int >= 1, got {keep!r}")
         self.root = Path(root)
         self.directory = self.root / CHECKPOINTS_DIRNAME
         self.keep = keep
@@ -174,14 +179,16 @@ class CheckpointStore:
         pruning) also propagates, but the new checkpoint is committed and will be found.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"checkpoint step must be an int >= 0, got {step!r}")
+            raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
         contents: dict[str, memoryview] = {}
         for file_name, data in files.items():
             problem = _check_file_name(file_name)
             if problem is not None:
-                raise ValueError(f"cannot save checkpoint {step_dirname(step)}: {problem}")
+                raise InvalidArgumentError(
+                    f"cannot save checkpoint {step_dirname(step)}: {problem}"
+                )
             if not isinstance(data, bytes | bytearray | memoryview):
-                raise TypeError(
+                raise InvalidArgumentTypeError(
                     f"cannot save checkpoint {step_dirname(step)}: file {file_name!r} must "
                     f"be bytes, got {type(data).__name__}"
                 )

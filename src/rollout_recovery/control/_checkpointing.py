@@ -127,7 +127,7 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
             )
         expected_staging = controller.ledger.expected_staging_keys()
         canonical_keys = controller.replay.row_keys()
-        replay_state = controller.replay.state()
+        replay_state = controller.replay.state_dict()
         counters = dict(controller.counters)
         counters["checkpoints"] += 1
         state = ControllerState(
@@ -295,7 +295,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
         # them, and their groups are back in the ledger to be published again.
         unowned = sorted(set(store.keys(CANONICAL_PARTITION)) - owned_rows)
         store.inner.clear(CANONICAL_PARTITION, unowned, cut=cut)
-        controller.replay = ReplayIndex.from_state(
+        controller.replay = ReplayIndex.from_state_dict(
             verified.replay_state,
             data_plane=store,
             group_size=controller.config.job.generations_per_prompt,

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidArgumentError
 
 __all__ = [
     "CRASH_AT_ENV",
@@ -112,7 +112,7 @@ def crash_point(name: str) -> None:
     a call site cannot leave a point that no test can arm.
     """
     if name not in CRASH_POINTS:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"crash_point({name!r}): not a registered crash point; "
             f"known crash points: {', '.join(sorted(CRASH_POINTS))}"
         )

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ..dataplane import DataPlane, Row
-from ..dataplane._codec import check_keys_argument, check_partition
+from ..dataplane import DataPlane, Row, check_keys_argument, check_partition
+from ..errors import InvalidArgumentError
 from ..ledger import MutationCut
 
 __all__ = ["DeferredDeletionDataPlane"]
@@ -40,7 +40,7 @@ class DeferredDeletionDataPlane:
 
     def __init__(self, inner: DataPlane, *, keep: int, committed_epochs: int = 0) -> None:
         if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep!r}")
+            raise InvalidArgumentError(f"keep must be >= 1, got {keep!r}")
         self.inner = inner
         self._keep = keep
         self._epoch = committed_epochs

@@ -18,6 +18,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from rollout_recovery._durable import atomic_write_bytes
 
+from ..errors import InvalidArgumentError
+
 __all__ = [
     "AXIS_COLOUR",
     "BACKGROUND_COLOUR",
@@ -123,7 +125,7 @@ def write_reward_plot(
     steps a checkpoint was written at. No plotted step draws an empty chart with a note.
     """
     if len(steps) != len(mean_rewards):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"steps and mean_rewards differ in length: {len(steps)} != {len(mean_rewards)}"
         )
     frame = plot_frame(

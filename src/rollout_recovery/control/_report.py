@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..errors import ClosedResourceError
+
 __all__ = ["RunReporter", "RunSummary", "render_summary"]
 
 
@@ -167,7 +169,7 @@ class RunReporter:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError("the run reporter is closed")
+            raise ClosedResourceError("the run reporter is closed")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from ..errors import (
     BarrierNestingError,
     BarrierTimeoutError,
     DeadCutError,
+    InvalidArgumentError,
     UnknownMutationKindError,
 )
 
@@ -62,7 +63,9 @@ _NESTED = (
 
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        raise InvalidArgumentError(
+            f"timeout must be a positive number of seconds or None, got {timeout!r}"
+        )
 
 
 def _deadline(timeout: float | None) -> float | None:

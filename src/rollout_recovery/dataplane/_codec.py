@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
+from .._bounds import MAX_PLAIN_DEPTH
 from ..errors import InvalidRowError, is_utf8_text, refuse_bare_string
-from ..ledger._plain import MAX_PLAIN_DEPTH
 from ._protocol import Row
 
 __all__ = [

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from .._cut import MutationCut
 from ..errors import DataPlaneClosedError, MissingRowError
-from ..ledger._cut import MutationCut
 from ._codec import (
     EncodedRow,
     check_key,

@@ -18,12 +18,12 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from .._cut import MutationCut
 from ..errors import (
     DataPlaneClosedError,
     InvalidRowError,
     MissingRowError,
 )
-from ..ledger._cut import MutationCut
 
 __all__ = [
     "DataPlane",

@@ -27,7 +27,9 @@ from typing import Any
 
 import msgspec
 
+from .._cut import MutationCut
 from ..errors import (
+    InvalidArgumentError,
     InvalidStateError,
     InvalidTransitionError,
     UnknownGroupError,
@@ -35,7 +37,6 @@ from ..errors import (
     refuse_bare_string,
     split_validation_path,
 )
-from ..ledger._cut import MutationCut
 from ._protocol import DataPlane
 
 __all__ = ["CANONICAL_PARTITION", "ReplayGroup", "ReplayIndex"]
@@ -121,7 +122,7 @@ class ReplayIndex:
         self, *, data_plane: DataPlane, group_size: int, partition: str = CANONICAL_PARTITION
     ) -> None:
         if type(group_size) is not int or group_size < 1:
-            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+            raise InvalidArgumentError(f"group_size must be an int >= 1, got {group_size!r}")
         self._data_plane = data_plane
         self._group_size = group_size
         self._partition = partition
@@ -335,7 +336,7 @@ class ReplayIndex:
 
     # ---- persistence -----------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Plain, msgspec-friendly metadata of the committed groups, with its digest."""
         groups = [
             _GroupState(
@@ -359,14 +360,14 @@ class ReplayIndex:
         return result
 
     @classmethod
-    def from_state(
+    def from_state_dict(
         cls,
         state: Mapping[str, Any],
         *,
         data_plane: DataPlane,
         group_size: int | None = None,
     ) -> ReplayIndex:
-        """Rebuild an index from :meth:`state` output after the data plane was restored.
+        """Rebuild an index from :meth:`state_dict` output after the data plane was restored.
 
         Checks the schema, the digest, each group's shape, and that the canonical
         partition holds exactly the indexed row keys. ``group_size``, when given, must
@@ -375,7 +376,8 @@ class ReplayIndex:
         try:
             parsed = msgspec.convert(state, _IndexState, strict=True)
         except msgspec.ValidationError as exc:
-            raise InvalidStateError(f"invalid replay index state: {exc}", path=_path(exc)) from None
+            message, path = split_validation_path(str(exc))
+            raise InvalidStateError(f"invalid replay index state: {message}", path=path) from None
         if parsed.schema_version != _SCHEMA_VERSION:
             raise InvalidStateError(
                 f"replay index schema_version {parsed.schema_version} is not supported "
@@ -486,10 +488,6 @@ class ReplayIndex:
         for gid in ids:
             for key in self._groups.pop(gid).row_keys:
                 del self._owner[key]
-
-
-def _path(exc: msgspec.ValidationError) -> str | None:
-    return split_validation_path(str(exc))[1]
 
 
 class _LiveCut:

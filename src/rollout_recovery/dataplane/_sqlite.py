@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
+from .._cut import MutationCut
 from .._durable import fsync_directory
 from ..errors import (
     DataPlaneBusyError,
@@ -44,7 +45,6 @@ from ..errors import (
     MissingRowError,
     StorageFullError,
 )
-from ..ledger._cut import MutationCut
 from ._codec import (
     EncodedRow,
     check_key,
@@ -195,9 +195,7 @@ def _check_format(conn: sqlite3.Connection, schema: str, where: str) -> None:
         f"SELECT sql FROM {schema}.sqlite_schema WHERE type = 'table' AND name = 'rows'"
     ).fetchone()
     if found is None or found[0] != _TABLE_SQL:
-        raise InvalidStateError(
-            "no data-plane 'rows' table of the expected shape", file=where
-        )
+        raise InvalidStateError("no data-plane 'rows' table of the expected shape", file=where)
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:
@@ -240,9 +238,7 @@ def _validate_rows(conn: sqlite3.Connection, schema: str, where: str) -> int:
 def _open_snapshot(directory: Path) -> tuple[Path, str]:
     path = Path(directory) / SNAPSHOT_FILE
     if not path.is_file():
-        raise InvalidStateError(
-            f"snapshot has no {SNAPSHOT_FILE}", file=str(directory)
-        )
+        raise InvalidStateError(f"snapshot has no {SNAPSHOT_FILE}", file=str(directory))
     return path, str(path)
 
 
@@ -318,9 +314,7 @@ class SqliteDataPlane:
                 timeout=busy_timeout,
             )
         except sqlite3.Error as exc:
-            raise InvalidStateError(
-                f"cannot open data-plane store: {exc}", file=where
-            ) from None
+            raise InvalidStateError(f"cannot open data-plane store: {exc}", file=where) from None
         try:
             conn.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -345,9 +339,7 @@ class SqliteDataPlane:
             conn.close()
             if _is_busy(exc):
                 raise _busy_error(self._path, "open", exc) from None
-            raise InvalidStateError(
-                f"cannot open data-plane store: {exc}", file=where
-            ) from None
+            raise InvalidStateError(f"cannot open data-plane store: {exc}", file=where) from None
         except BaseException:
             conn.close()
             raise
@@ -492,9 +484,7 @@ class SqliteDataPlane:
             try:
                 conn.execute("ATTACH DATABASE ? AS snap", (_uri(path, read_only=True),))
             except sqlite3.Error as exc:
-                raise InvalidStateError(
-                    f"cannot open snapshot: {exc}", file=where
-                ) from None
+                raise InvalidStateError(f"cannot open snapshot: {exc}", file=where) from None
             try:
                 with self._write("restore"):
                     # Validation runs inside the write transaction, so the content we check
@@ -507,9 +497,7 @@ class SqliteDataPlane:
                         f"SELECT partition, key, {_COLUMNS} FROM snap.rows"
                     )
             except sqlite3.DatabaseError as exc:
-                raise InvalidStateError(
-                    f"snapshot is unreadable: {exc}", file=where
-                ) from None
+                raise InvalidStateError(f"snapshot is unreadable: {exc}", file=where) from None
             finally:
                 conn.execute("DETACH DATABASE snap")
 

@@ -8,35 +8,14 @@ the caller's ``group_commits`` cut and hands ownership from the ledger to the re
 """
 
 from ._advantages import ADVANTAGE_EPSILON, grpo_advantages
-from ._group import FINALIZABLE_STATUSES, finalize_group
-from ._metrics import (
-    CALLS_PER_ROLLOUT,
-    CAPTURE_POISONED_ROLLOUTS,
-    INVALID_ROW_RATE,
-    MASK_SAMPLE_COUNT,
-    REWARD_PROCESSING,
-    TEXT_ROOT_CALLS,
-    TOKEN_IN_CALLS,
-    TOKEN_IN_RATE,
-    failure_reason_metric,
-)
+from ._group import finalize_group
 from ._publish import publish_finalized_group
 from ._result import FinalizedGroup, SiblingOutcome
 
 __all__ = [
     "ADVANTAGE_EPSILON",
-    "CALLS_PER_ROLLOUT",
-    "CAPTURE_POISONED_ROLLOUTS",
-    "FINALIZABLE_STATUSES",
-    "INVALID_ROW_RATE",
-    "MASK_SAMPLE_COUNT",
-    "REWARD_PROCESSING",
-    "TEXT_ROOT_CALLS",
-    "TOKEN_IN_CALLS",
-    "TOKEN_IN_RATE",
     "FinalizedGroup",
     "SiblingOutcome",
-    "failure_reason_metric",
     "finalize_group",
     "grpo_advantages",
     "publish_finalized_group",

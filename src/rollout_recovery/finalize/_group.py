@@ -25,7 +25,7 @@ from ..capture import (
     fetch_and_verify,
     verify_and_linearize,
 )
-from ..dataplane._protocol import DataPlane, Row
+from ..dataplane import DataPlane, Row
 from ..errors import InvalidRowError, InvalidStateError, InvalidTransitionError
 from ..ledger import (
     PromptGroupRecoveryRecord,

@@ -16,7 +16,8 @@ Before SUBMIT the ledger is untouched (still READY_TO_FINALIZE): ``finalize_grou
 side-effect free, so unlike upstream (whose finalizer actor computes and puts in one RPC)
 we compute first and mark the start only right before the first write. From SUBMIT on, any
 exception (the put itself included: a store that raised may still have written) marks the
-group FINALIZATION_UNKNOWN and re-raises. That state is fatal: the ledger refuses to
+group FINALIZATION_UNKNOWN and raises :class:`FinalizationUnknownError` (``fatal``) from it.
+That state is fatal: the ledger refuses to
 checkpoint (``CheckpointUnsafeError``) and nothing retries; the run must stop and resume
 from the last checkpoint, which predates this publication.
 """
@@ -26,9 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture import STAGING_PARTITION
-from ..dataplane._protocol import DataPlane
-from ..dataplane._replay import ReplayIndex
-from ..errors import InvalidTransitionError
+from ..dataplane import DataPlane, ReplayIndex
+from ..errors import FinalizationUnknownError, InvalidTransitionError
 from ..ledger import MutationCut, PromptGroupStatus, RolloutRecoveryLedger
 from ..rewards import CaptureRewardSettings
 from ._group import finalize_group
@@ -56,7 +56,8 @@ def publish_finalized_group(
     Raises before any change: ``DeadCutError``, ``UnknownGroupError``,
     ``InvalidTransitionError`` (not READY_TO_FINALIZE, no target step, group size differs
     from the index, already published), and data-plane faults while reading staged rows.
-    Raises after submission: whatever failed, with the group left FINALIZATION_UNKNOWN.
+    Raises after submission: :class:`FinalizationUnknownError` from whatever failed, with
+    the group left FINALIZATION_UNKNOWN.
     """
     cut.require_live()
     group = ledger.get_group(group_id)
@@ -116,5 +117,12 @@ def publish_finalized_group(
                 f"rollout-recovery: group {group_id!r} is FINALIZATION_UNKNOWN after a failure "
                 "past canonical submission; the run must stop and resume from its last checkpoint"
             )
-        raise
+        if not isinstance(error, Exception):  # cancellation and exit propagate as they are
+            raise
+        raise FinalizationUnknownError(
+            f"group {group_id!r} is FINALIZATION_UNKNOWN after a failure past canonical "
+            f"submission ({type(error).__name__}: {error}); the run must stop and resume from "
+            "its last checkpoint",
+            group_id=group_id,
+        ) from error
     return finalized

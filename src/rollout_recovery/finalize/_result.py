@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..dataplane._protocol import Row
+from ..dataplane import Row
 from ..rewards import FinalizedReward
 
 __all__ = ["FinalizedGroup", "SiblingOutcome"]

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..capture import LinearizedRollout
-from ..dataplane._protocol import Row
+from ..dataplane import Row
+from ..errors import InvalidArgumentError
 from ._result import SiblingOutcome
 
 __all__ = ["canonical_row"]
@@ -45,7 +46,7 @@ def canonical_row(
 ) -> Row:
     """Build the stored row for ``outcome``; ``linearized`` is given exactly for valid rows."""
     if outcome.valid != (linearized is not None):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"row {outcome.sample_id!r}: a valid outcome needs its linearized rollout and a "
             "placeholder must have none"
         )

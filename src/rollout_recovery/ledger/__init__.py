@@ -4,13 +4,13 @@ Pure: no I/O and no asyncio. It imports only ``rollout_recovery.rewards`` (the r
 records persisted with sealed attempts) and ``rollout_recovery.errors``.
 """
 
+from .._cut import MutationCut
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     ROLLOUT_RECOVERY_STATE_FILENAME,
     SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
     RolloutRecoveryState,
 )
-from ._cut import MutationCut
 from ._enums import (
     PromptGroupPhase,
     PromptGroupStatus,
@@ -28,28 +28,16 @@ from ._records import (
 )
 from ._sidecar import (
     ParsedRolloutRecoveryState,
-    build_controller_state,
     build_rollout_recovery_state,
-    check_sampler_stamps_flag,
     parse_rollout_recovery_state,
 )
-from ._storage import (
-    AttemptState,
-    GroupState,
-    PromptRefState,
-    RewardChecksState,
-    RewardLogContextState,
-    SiblingState,
-)
 
-# The storage schema (``GroupState`` and what it holds) is exported for codecs that decode
-# file bytes straight into it and hand the result to ``from_decoded_groups``.
+# The storage schema (``GroupState`` and what it holds) is private; the checkpoint codecs
+# that decode file bytes straight into it reach it through ``ledger.codec_support``.
 __all__ = [
     "ROLLOUT_RECOVERY_SCHEMA_VERSION",
     "ROLLOUT_RECOVERY_STATE_FILENAME",
     "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
-    "AttemptState",
-    "GroupState",
     "MutationCut",
     "ParsedRolloutRecoveryState",
     "PromptGroupPhase",
@@ -57,19 +45,13 @@ __all__ = [
     "PromptGroupStatus",
     "PromptPayload",
     "PromptRef",
-    "PromptRefState",
     "RecoveryGranularity",
-    "RewardChecksState",
-    "RewardLogContextState",
     "RolloutAttemptRecord",
     "RolloutAttemptStatus",
     "RolloutRecoveryLedger",
     "RolloutRecoveryState",
     "RolloutSiblingRecord",
     "SiblingSealResult",
-    "SiblingState",
-    "build_controller_state",
     "build_rollout_recovery_state",
-    "check_sampler_stamps_flag",
     "parse_rollout_recovery_state",
 ]

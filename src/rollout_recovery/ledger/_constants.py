@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Any, TypeAlias
 
+from ._storage import (
+    AttemptState,
+    GroupState,
+    PromptRefState,
+    RewardChecksState,
+    SiblingState,
+)
+
 __all__ = [
     "ATTEMPT_STATE_FIELDS",
     "GROUP_STATE_FIELDS",
@@ -38,34 +46,9 @@ SIDECAR_STATE_FIELDS = LEDGER_STATE_FIELDS | frozenset(
         "sampler_stamps_target_steps",
     }
 )
-GROUP_STATE_FIELDS = frozenset(
-    {
-        "group_id",
-        "admission_id",
-        "prompt_id",
-        "prompt_ref",
-        "task_source",
-        "recovery_granularity",
-        "expected_generations",
-        "target_step",
-        "start_weight_version",
-        "status",
-        "phase",
-        "siblings",
-    }
-)
-PROMPT_REF_STATE_FIELDS = frozenset({"sample_id", "task_name"})
-SIBLING_STATE_FIELDS = frozenset({"generation_index", "attempts"})
-ATTEMPT_STATE_FIELDS = frozenset(
-    {
-        "attempt_uuid",
-        "status",
-        "receipt",
-        "reward",
-        "mask_sample",
-        "reward_checks",
-        "reward_log_context",
-        "staging_keys",
-    }
-)
-REWARD_CHECKS_FIELDS = frozenset({"duplicated_reasoning", "empty_final_answer", "low_effort"})
+# Derived from the storage Structs, the one definition of each persisted record's fields.
+GROUP_STATE_FIELDS = frozenset(GroupState.__struct_fields__)
+PROMPT_REF_STATE_FIELDS = frozenset(PromptRefState.__struct_fields__)
+SIBLING_STATE_FIELDS = frozenset(SiblingState.__struct_fields__)
+ATTEMPT_STATE_FIELDS = frozenset(AttemptState.__struct_fields__)
+REWARD_CHECKS_FIELDS = frozenset(RewardChecksState.__struct_fields__)

@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from ..errors import InvalidStateError, InvalidStateTypeError
+from .._bounds import MAX_PLAIN_DEPTH
+from ..errors import InvalidStateError, InvalidStateTypeError, join_path
 from ..rewards import RewardChecks, parse_reward_log_context
 from ._constants import (
     ATTEMPT_STATE_FIELDS,
@@ -37,7 +38,7 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from ._plain import MAX_PLAIN_DEPTH, nested_deeper_than
+from ._plain import nested_deeper_than
 from ._receipts import receipt_staging_keys
 from ._storage import (
     AttemptState,
@@ -48,7 +49,7 @@ from ._storage import (
     SiblingState,
     checks_state,
     context_state,
-    copy_plain,
+    unchecked_plain_copy,
 )
 
 __all__ = [
@@ -69,7 +70,7 @@ _GENERATING = PromptGroupStatus.GENERATING
 
 
 def _fail(message: str, path: str) -> NoReturn:
-    raise InvalidStateError(f"{message} (at {path})", path=path)
+    raise InvalidStateError(message, path=path)
 
 
 def reject_unknown_fields(
@@ -311,14 +312,14 @@ def _typed_reward_checks(raw: object, path: str) -> RewardChecksState | None:
     try:
         return checks_state(RewardChecks(**raw))
     except InvalidStateError as error:
-        _fail(str(error), f"{path}.{error.path}")
+        _fail(error.message, join_path(path, error.path))
 
 
 def _typed_log_context(raw: object, path: str) -> RewardLogContextState | None:
     try:
         return context_state(parse_reward_log_context(raw))
     except InvalidStateError as error:
-        _fail(str(error), path if error.path is None else f"{path}.{error.path}")
+        _fail(error.message, join_path(path, error.path))
 
 
 # ---------------------------------------------------------------------------- values
@@ -450,7 +451,7 @@ def _check_manifest(receipt: dict[str, Any], staging_keys: list[str]) -> None:
     try:
         keys = receipt_staging_keys(receipt)
     except InvalidStateError as error:
-        raise _Fault(str(error), f"@.{error.path}") from error
+        raise _Fault(error.message, join_path("@", error.path)) from error
     if keys != staging_keys:
         raise _Fault("sealed receipt staging manifest mismatch", "@.staging_keys")
 
@@ -471,8 +472,7 @@ def _check_attempt(
         try:
             attempt.reward_log_context.validate()
         except InvalidStateError as error:
-            field = "" if error.path is None else f".{error.path}"
-            raise _Fault(str(error), f"@.reward_log_context{field}") from error
+            raise _Fault(error.message, join_path("@.reward_log_context", error.path)) from error
     receipt: Any = attempt.receipt
     reward: Any = attempt.reward
     mask_sample: Any = attempt.mask_sample
@@ -528,7 +528,7 @@ def _check_attempt(
         return
     # The ledger must not alias the caller's state: keep a private deep copy.
     try:
-        attempt.receipt = copy_plain(receipt)
+        attempt.receipt = unchecked_plain_copy(receipt)
     except (TypeError, ValueError) as error:
         raise _Fault(
             f"sealed rollout receipt must hold plain data only: {error}", "@.receipt"

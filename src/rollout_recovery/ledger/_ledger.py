@@ -13,9 +13,13 @@ import uuid
 from collections.abc import Collection, Iterable
 from typing import Any, Self
 
+from .._bounds import INT64_MAX
+from .._cut import MutationCut
 from .._gc import paused_gc
 from ..errors import (
     CheckpointUnsafeError,
+    InvalidArgumentTypeError,
+    InvalidOperationError,
     InvalidStateError,
     InvalidTransitionError,
     UnknownGroupError,
@@ -24,7 +28,6 @@ from ..errors import (
 )
 from ..rewards import RewardChecks, RewardLogContext
 from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
-from ._cut import MutationCut
 from ._decode import check_admission_batches, check_decoded_groups, decode_ledger_state
 from ._enums import (
     PromptGroupPhase,
@@ -32,7 +35,7 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from ._plain import plain_copy
+from ._plain import validated_plain_copy
 from ._receipts import receipt_staging_keys
 from ._records import PromptGroupRecoveryRecord, PromptPayload, PromptRef, SiblingSealResult
 from ._storage import (
@@ -59,11 +62,11 @@ def _reward_states(
 ) -> tuple[RewardChecksState | None, RewardLogContextState | None]:
     """Storage forms of a seal's reward records, refusing anything but the public types."""
     if checks is not None and not isinstance(checks, RewardChecks):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"reward_checks must be a RewardChecks or None, got {type(checks).__name__}"
         )
     if context is not None and not isinstance(context, RewardLogContext):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"reward_log_context must be a RewardLogContext or None, got {type(context).__name__}"
         )
     return checks_state(checks), context_state(context)
@@ -72,17 +75,17 @@ def _reward_states(
 def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
     """A private deep copy of a caller's receipt; refuses what a sidecar cannot hold."""
     try:
-        owned: dict[str, Any] = plain_copy(receipt)
+        owned: dict[str, Any] = validated_plain_copy(receipt)
     except InvalidStateError as error:
         raise InvalidStateError(
-            f"sealed rollout receipt must hold plain data only: {error}", path=error.path
+            f"sealed rollout receipt must hold plain data only: {error.message}", path=error.path
         ) from None
     return owned
 
 
 # Both sidecar formats carry 64-bit integers; a larger scheduling value could never be
 # checkpointed.
-_INT64_MAX = 2**63 - 1
+_INT64_MAX = INT64_MAX
 
 
 def _reward_value(reward: object, logical_id: str) -> float:
@@ -115,9 +118,11 @@ def _check_scheduling(target_step: object, start_weight_version: object) -> None
     if target_step is not None and (
         type(target_step) is not int or not 0 <= target_step <= _INT64_MAX
     ):
-        raise TypeError(f"target_step must be a non-negative int or None, got {target_step!r}")
+        raise InvalidArgumentTypeError(
+            f"target_step must be a non-negative int or None, got {target_step!r}"
+        )
     if type(start_weight_version) is not int or not 0 <= start_weight_version <= _INT64_MAX:
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"start_weight_version must be a non-negative int, got {start_weight_version!r}"
         )
 
@@ -182,7 +187,7 @@ _PROMPT_GROUP = RecoveryGranularity.PROMPT_GROUP
 def _task_name_of(prompt_payload: PromptPayload) -> str | None:
     task_name = prompt_payload.get("task_name")
     if task_name is not None and not isinstance(task_name, str):
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"prompt task_name must be a string or None, got {type(task_name).__name__}"
         )
     return task_name
@@ -538,7 +543,7 @@ class RolloutRecoveryLedger:
     @staticmethod
     def _check_mask(group: GroupState, generation_index: int, mask_sample: object) -> None:
         if not isinstance(mask_sample, bool):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"mask_sample must be a bool, got {type(mask_sample).__name__} "
                 f"for {group.logical_id(generation_index)!r}"
             )
@@ -709,7 +714,7 @@ class RolloutRecoveryLedger:
         for group_id, group in self._groups.items():
             payload = self._payloads.get(group_id)
             if payload is None:
-                raise RuntimeError(
+                raise InvalidOperationError(
                     f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
                 )
             validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
@@ -744,7 +749,7 @@ class RolloutRecoveryLedger:
         """Replace this empty ledger's content with a validated checkpoint state."""
         cut.require_live()
         if self._groups:
-            raise RuntimeError(
+            raise InvalidOperationError(
                 "cannot restore into a non-empty rollout recovery ledger "
                 f"(it holds {len(self._groups)} groups)"
             )
@@ -765,7 +770,7 @@ class RolloutRecoveryLedger:
     @staticmethod
     def _require_sibling(group: GroupState, generation_index: int) -> SiblingState:
         if not isinstance(generation_index, int):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"generation_index must be an int, got {type(generation_index).__name__} "
                 f"for group {group.group_id!r}"
             )

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidStateError
+from .._bounds import MAX_PLAIN_DEPTH, PLAIN_INT_MAX, PLAIN_INT_MIN
+from ..errors import InvalidStateError, is_utf8_text
 
-__all__ = ["MAX_PLAIN_DEPTH", "RECEIPT_DEPTH_IN_SIDECAR", "nested_deeper_than", "plain_copy"]
+__all__ = ["nested_deeper_than", "validated_plain_copy"]
 
-# The one nesting bound for free-form plain data (receipts, row metadata): a seal, both
-# sidecar loaders and the data plane all refuse deeper data.
-MAX_PLAIN_DEPTH = 64
-# A receipt sits this many containers below a sidecar's root
-# ($ > groups > group > siblings > sibling > attempts > attempt), so a whole-file bound of
-# MAX_PLAIN_DEPTH + RECEIPT_DEPTH_IN_SIDECAR admits exactly the receipts a seal admits.
-RECEIPT_DEPTH_IN_SIDECAR = 7
 _CONTAINERS = frozenset({dict, list})
 _LEAF_TYPES = frozenset({float, bool, bytes, type(None)})
 # MessagePack integers: the native format's range, narrower than the .pt codec's.
-_INT_MIN = -(2**63)
-_INT_MAX = 2**64 - 1
+_INT_MIN = PLAIN_INT_MIN
+_INT_MAX = PLAIN_INT_MAX
 
 
 class _NotPlain(Exception):
@@ -37,17 +31,18 @@ class _NotPlain(Exception):
         self.where = where
 
 
-def plain_copy(value: Any, *, name: str = "receipt") -> Any:
+def validated_plain_copy(value: Any, *, name: str = "receipt") -> Any:
     """A deep copy of ``value`` made of dicts, lists and primitive leaves only.
 
-    Raises :class:`InvalidStateError` whose ``path`` (rooted at ``name``) names the first
-    offending value.
+    Validates as it copies (compare ``unchecked_plain_copy`` in ``_storage``, which trusts
+    its input). Raises :class:`InvalidStateError` whose ``path`` (``$.{name}...``) names
+    the first offending value.
     """
     try:
         return _copy(value, 0)
     except _NotPlain as error:
-        path = name + "".join(reversed(error.where))
-        raise InvalidStateError(f"{error.message} at {path}", path=path) from None
+        path = f"$.{name}" + "".join(reversed(error.where))
+        raise InvalidStateError(error.message, path=path) from None
 
 
 def _copy(value: Any, depth: int) -> Any:
@@ -55,7 +50,7 @@ def _copy(value: Any, depth: int) -> Any:
     if kind in _LEAF_TYPES:
         return value
     if kind is str:
-        if not _encodable(value):
+        if not is_utf8_text(value):
             raise _NotPlain("a string with lone surrogates, which UTF-8 cannot carry", [])
         return value
     if kind is int:
@@ -67,7 +62,7 @@ def _copy(value: Any, depth: int) -> Any:
     if kind is dict:
         copied: dict[Any, Any] = {}
         for key, item in value.items():
-            if type(key) is not str or not _encodable(key):
+            if type(key) is not str or not is_utf8_text(key):
                 raise _NotPlain(
                     f"mapping key {key!r}: receipt keys must be UTF-8 encodable strings", []
                 )
@@ -105,13 +100,3 @@ def nested_deeper_than(value: dict[Any, Any] | list[Any], limit: int = MAX_PLAIN
         if (kind is dict or kind is list) and nested_deeper_than(item, limit - 1):
             return True
     return False
-
-
-def _encodable(text: str) -> bool:
-    if text.isascii():  # the common case, checked in C without encoding
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -16,13 +16,13 @@ def receipt_staging_keys(receipt: dict[str, Any] | None) -> list[str]:
     if not isinstance(receipt, dict):
         raise InvalidStateError(
             f"sealed attempt receipt must be a mapping or None, got {type(receipt).__name__}",
-            path="receipt",
+            path="$.receipt",
         )
     manifest = receipt.get("manifest")
     if not isinstance(manifest, list):
         raise InvalidStateError(
             f"sealed rollout receipt must contain a manifest list, got {type(manifest).__name__}",
-            path="receipt.manifest",
+            path="$.receipt.manifest",
         )
     staging_keys: list[str] = []
     for position, entry in enumerate(manifest):
@@ -31,7 +31,7 @@ def receipt_staging_keys(receipt: dict[str, Any] | None) -> list[str]:
             raise InvalidStateError(
                 "sealed rollout receipt manifest entries must contain string staging_key "
                 f"values; entry {position} is {entry!r}",
-                path=f"receipt.manifest[{position}].staging_key",
+                path=f"$.receipt.manifest[{position}].staging_key",
             )
         staging_keys.append(key)
     return staging_keys

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from ..errors import InvalidStateError
+from ..errors import InvalidOperationError, InvalidStateError
 from ..rewards import RewardChecks, RewardLogContext
 from ._enums import (
     PromptGroupPhase,
@@ -61,7 +61,7 @@ class PromptRef:
     def __post_init__(self) -> None:
         if not self.sample_id:
             raise InvalidStateError(
-                f"prompt sample_id must not be empty, got {self.sample_id!r}", path="sample_id"
+                f"prompt sample_id must not be empty, got {self.sample_id!r}", path="$.sample_id"
             )
 
 
@@ -94,7 +94,7 @@ class RolloutSiblingRecord:
     @property
     def current_attempt(self) -> RolloutAttemptRecord:
         if not self.attempts:
-            raise RuntimeError(f"generation index {self.generation_index} has no attempts")
+            raise InvalidOperationError(f"generation index {self.generation_index} has no attempts")
         return self.attempts[-1]
 
 
@@ -120,7 +120,7 @@ class PromptGroupRecoveryRecord:
     def prompt_payload(self) -> PromptPayload:
         """The runtime prompt, required to redispatch unfinished work."""
         if self.runtime_prompt_payload is None:
-            raise RuntimeError(
+            raise InvalidOperationError(
                 f"recovery group {self.group_id!r} has not rehydrated prompt "
                 f"sample_id={self.prompt_ref.sample_id!r}"
             )

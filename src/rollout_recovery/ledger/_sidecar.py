@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._bounds import INT64_MAX
 from .._gc import paused_gc
-from ..errors import InvalidStateError, InvalidStateTypeError, refuse_bare_string
+from ..errors import InvalidStateError, InvalidStateTypeError, join_path, refuse_bare_string
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
@@ -44,7 +45,7 @@ class ParsedRolloutRecoveryState:
 
 
 # Both sidecar formats carry 64-bit integers; larger ones are refused when built.
-_INT64_MAX = 2**63 - 1
+_INT64_MAX = INT64_MAX
 
 
 def _validate_batch_shortfall(value: object) -> dict[int, int]:
@@ -123,9 +124,11 @@ def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward
         observations: list[FinalizedReward] = []
         for position, row in enumerate(rows):
             try:
-                observations.append(FinalizedReward.from_state(row))
+                observations.append(FinalizedReward.from_state_dict(row))
             except InvalidStateError as error:
-                raise InvalidStateError(str(error), path=f"{path}[{position}]") from error
+                raise InvalidStateError(
+                    error.message, path=join_path(f"{path}[{position}]", error.path)
+                ) from error
         if len({row.sample_id for row in observations}) != len(observations):
             raise InvalidStateError(
                 f"duplicate finalized reward sample in group {group_id!r}", path=path
@@ -141,7 +144,7 @@ def _reward_row_state(group_id: str, row: object) -> dict[str, Any]:
             f"{type(row).__name__}",
             path=f"$.finalizer_rewards_by_group[{group_id!r}]",
         )
-    return row.to_state()
+    return row.state_dict()
 
 
 def check_sampler_stamps_flag(value: object) -> None:
@@ -216,7 +219,7 @@ def build_controller_state(
         "batch_shortfall": _validate_batch_shortfall(batch_shortfall),
         "sampler_stamps_target_steps": sampler_stamps_target_steps,
         "finalizer_metrics_by_group": _validate_finalizer_metrics(finalizer_metrics_by_group or {}),
-        "reward_settings": reward_settings.to_state() if reward_settings is not None else None,
+        "reward_settings": reward_settings.state_dict() if reward_settings is not None else None,
         "finalizer_rewards_by_group": {
             group_id: [_reward_row_state(group_id, row) for row in rows]
             for group_id, rows in (finalizer_rewards_by_group or {}).items()
@@ -266,7 +269,7 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
             raise InvalidStateError(f"rollout recovery sidecar is missing {key!r}", path=f"$.{key}")
     raw_settings: Any = state["reward_settings"]
     reward_settings = (
-        CaptureRewardSettings.from_state(raw_settings) if raw_settings is not None else None
+        CaptureRewardSettings.from_state_dict(raw_settings) if raw_settings is not None else None
     )
     metrics = _validate_finalizer_metrics(state["finalizer_metrics_by_group"])
     rewards = _validate_finalizer_rewards(state["finalizer_rewards_by_group"])

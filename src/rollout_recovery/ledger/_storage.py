@@ -45,9 +45,9 @@ __all__ = [
     "SiblingState",
     "checks_state",
     "context_state",
-    "copy_plain",
     "groups_to_builtins",
     "prompt_ref_state",
+    "unchecked_plain_copy",
     "uuid_from_bytes",
 ]
 
@@ -83,8 +83,11 @@ def _pick_uuid_builder() -> Callable[[bytes], uuid.UUID]:
 uuid_from_bytes = _pick_uuid_builder()
 
 
-def copy_plain(value: Any) -> Any:
-    """Deep-copy plain data (dicts, lists, scalars, bytes) at C speed.
+def unchecked_plain_copy(value: Any) -> Any:
+    """Deep-copy plain data (dicts, lists, scalars, bytes) at C speed, validating nothing.
+
+    For data already checked (a sealed receipt, a decoded file); ``_plain``'s
+    ``validated_plain_copy`` is the one that refuses what a sidecar cannot hold.
 
     Tuples come back as lists: receipts are JSON-like data, and this is the form a
     sidecar round trip gives them anyway.
@@ -226,7 +229,7 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
         return RolloutAttemptRecord(
             uuid_from_bytes(self.attempt_uuid),
             self.status,
-            None if receipt is None else copy_plain(receipt),
+            None if receipt is None else unchecked_plain_copy(receipt),
             self.reward,
             self.mask_sample,
             None if checks is None else checks.to_public(),
@@ -300,5 +303,5 @@ class GroupState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 
 def groups_to_builtins(groups: list[GroupState]) -> list[dict[str, Any]]:
     """The schema-3 ``groups`` list: fresh dicts and lists, UUIDs as 16 raw bytes."""
-    result: list[dict[str, Any]] = copy_plain(groups)
+    result: list[dict[str, Any]] = unchecked_plain_copy(groups)
     return result

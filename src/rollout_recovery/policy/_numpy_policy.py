@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import InvalidArgumentError
 from ._tasks import (
     DIGIT_BASE,
     EOS,
@@ -87,12 +88,12 @@ def row_token_contexts(
     ids = np.asarray(token_ids)
     mask = np.asarray(token_mask)
     if ids.ndim != 1 or mask.shape != ids.shape:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"token_ids and token_mask must be 1-D of equal length, got {ids.shape} and "
             f"{mask.shape}"
         )
     if not np.isin(mask, (0.0, 1.0)).all():
-        raise ValueError("token_mask must hold only 0.0 and 1.0")
+        raise InvalidArgumentError("token_mask must hold only 0.0 and 1.0")
     generated = mask == 1.0
     ids64 = ids.astype(np.int64)
     kinds = np.full(ids.shape, KIND_PROMPT, dtype=np.int64)
@@ -108,7 +109,7 @@ def row_token_contexts(
     stray = generated & ~(thought | answer | fixed)
     if stray.any():
         position = int(np.flatnonzero(stray)[0])
-        raise ValueError(
+        raise InvalidArgumentError(
             f"generated token {int(ids64[position])} at position {position} is not an action "
             "of this policy"
         )
@@ -140,16 +141,16 @@ class PolicySnapshot:
 
     def __init__(self, version: int, params: Mapping[str, npt.ArrayLike]) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be a non-negative int, got {version!r}")
+            raise InvalidArgumentError(f"version must be a non-negative int, got {version!r}")
         if set(params) != set(PARAM_SHAPES):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"params must have exactly the keys {sorted(PARAM_SHAPES)}, got {sorted(params)}"
             )
         frozen: dict[str, npt.NDArray[np.float64]] = {}
         for name, shape in PARAM_SHAPES.items():
             array = _frozen(params[name])
             if array.shape != shape or not np.isfinite(array).all():
-                raise ValueError(f"param {name!r} must be finite with shape {shape}")
+                raise InvalidArgumentError(f"param {name!r} must be finite with shape {shape}")
             frozen[name] = array
         self._version = version
         self._params: Mapping[str, npt.NDArray[np.float64]] = MappingProxyType(frozen)

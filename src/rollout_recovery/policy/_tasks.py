@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+
 __all__ = [
     "ANSWER",
     "BOS",
@@ -70,7 +72,7 @@ def correct_answer(digit: int) -> int:
 def digit_token(digit: int) -> int:
     """The token id of digit ``digit`` (0-9)."""
     if not 0 <= digit < NUM_DIGITS:
-        raise ValueError(f"digit must be in [0, {NUM_DIGITS}), got {digit!r}")
+        raise InvalidArgumentError(f"digit must be in [0, {NUM_DIGITS}), got {digit!r}")
     return DIGIT_BASE + digit
 
 
@@ -103,15 +105,15 @@ class TaskSet:
 
     def __init__(self, size: int, *, seed: int, prompt_group_every: int) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive int, got {size!r}")
+            raise InvalidArgumentError(f"size must be a positive int, got {size!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+            raise InvalidArgumentError(f"seed must be a non-negative int, got {seed!r}")
         if (
             isinstance(prompt_group_every, bool)
             or not isinstance(prompt_group_every, int)
             or prompt_group_every < 1
         ):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"prompt_group_every must be a positive int, got {prompt_group_every!r}"
             )
         self._size = size
@@ -137,7 +139,7 @@ class TaskSet:
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
-            raise TypeError(f"task index must be an int, got {type(idx).__name__}")
+            raise InvalidArgumentTypeError(f"task index must be an int, got {type(idx).__name__}")
         idx = int(idx)
         if not 0 <= idx < self._size:
             raise IndexError(f"task index {idx} out of range for {self._size} tasks")
@@ -173,4 +175,4 @@ def prompt_digit(token_ids: Sequence[int] | np.ndarray[Any, Any]) -> int:
         value = int(token)
         if DIGIT_BASE <= value < DIGIT_BASE + NUM_DIGITS:
             return value - DIGIT_BASE
-    raise ValueError("row has no digit token in its prompt")
+    raise InvalidArgumentError("row has no digit token in its prompt")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import InvalidArgumentError, InvalidStateError
 from ._numpy_policy import (
     KIND_ANSWER,
     KIND_THOUGHT,
@@ -46,11 +47,13 @@ class _Batch:
         digits, kinds, columns, captured, advantages = [], [], [], [], []
         for index, sample in enumerate(samples):
             if not np.isfinite(sample.advantage):
-                raise ValueError(f"sample {index} has a non-finite advantage")
+                raise InvalidArgumentError(f"sample {index} has a non-finite advantage")
             digit, row_kinds, row_columns = row_token_contexts(sample.token_ids, sample.token_mask)
             logprobs = np.asarray(sample.logprobs, dtype=np.float64)
             if logprobs.shape != row_kinds.shape:
-                raise ValueError(f"sample {index}: logprobs length differs from token_ids")
+                raise InvalidArgumentError(
+                    f"sample {index}: logprobs length differs from token_ids"
+                )
             generated = row_kinds >= 0
             count = int(generated.sum())
             digits.append(np.full(count, digit, dtype=np.int64))
@@ -92,15 +95,15 @@ class NumpyGRPOTrainer:
         adam_eps: float = 1e-8,
     ) -> None:
         if not learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+            raise InvalidArgumentError(f"learning_rate must be > 0, got {learning_rate!r}")
         if not 0 < clip_epsilon < 1:
-            raise ValueError(f"clip_epsilon must be in (0, 1), got {clip_epsilon!r}")
+            raise InvalidArgumentError(f"clip_epsilon must be in (0, 1), got {clip_epsilon!r}")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+            raise InvalidArgumentError(f"epochs must be a positive int, got {epochs!r}")
         if not init_std >= 0:
-            raise ValueError(f"init_std must be >= 0, got {init_std!r}")
+            raise InvalidArgumentError(f"init_std must be >= 0, got {init_std!r}")
         if not (0 <= adam_beta1 < 1 and 0 <= adam_beta2 < 1 and adam_eps > 0):
-            raise ValueError("adam betas must be in [0, 1) and adam_eps > 0")
+            raise InvalidArgumentError("adam betas must be in [0, 1) and adam_eps > 0")
         self._lr = float(learning_rate)
         self._eps = float(clip_epsilon)
         self._epochs = epochs
@@ -247,27 +250,27 @@ class NumpyGRPOTrainer:
                 expected[f"{prefix}.{name}"] = (shape, "f")
         for key in sorted(expected):
             if key not in state:
-                raise ValueError(f"trainer state is missing key {key!r}")
+                raise InvalidStateError(f"trainer state is missing key {key!r}")
         for key in sorted(state):
             if key not in expected:
-                raise ValueError(f"trainer state has unexpected key {key!r}")
+                raise InvalidStateError(f"trainer state has unexpected key {key!r}")
         loaded: dict[str, npt.NDArray[Any]] = {}
         for key in sorted(expected):
             shape, kind = expected[key]
             value = state[key]
             if not isinstance(value, np.ndarray):
-                raise ValueError(f"trainer state key {key!r} must be a numpy array")
+                raise InvalidStateError(f"trainer state key {key!r} must be a numpy array")
             if value.shape != shape or value.dtype.kind not in ("iu" if kind == "i" else "f"):
-                raise ValueError(
+                raise InvalidStateError(
                     f"trainer state key {key!r} must be a {'integer' if kind == 'i' else 'float'}"
                     f" array of shape {shape}, got {value.dtype} {value.shape}"
                 )
             if kind == "f" and not np.isfinite(value).all():
-                raise ValueError(f"trainer state key {key!r} must be finite")
+                raise InvalidStateError(f"trainer state key {key!r} must be finite")
             if kind == "i" and int(value) < 0:
-                raise ValueError(f"trainer state key {key!r} must be >= 0")
+                raise InvalidStateError(f"trainer state key {key!r} must be >= 0")
             if key.startswith("adam_v.") and (value < 0).any():
-                raise ValueError(f"trainer state key {key!r} must be >= 0")
+                raise InvalidStateError(f"trainer state key {key!r} must be >= 0")
             loaded[key] = value
         self._version = int(loaded["version"])
         self._adam_step = int(loaded["adam_step"])

@@ -96,7 +96,7 @@ def _output_items(result: Mapping[str, Any]) -> Sequence[Any]:
     if not isinstance(output, list):
         raise InvalidStateError(
             f"result response.output must be a list, got {type(output).__name__}",
-            path="response.output",
+            path="$.response.output",
         )
     return output
 
@@ -107,7 +107,7 @@ def _input_messages(row: Mapping[str, Any]) -> Sequence[Any]:
         raise InvalidStateError(
             "effort classification needs row['responses_create_params']['input'], got "
             f"responses_create_params={params!r}",
-            path="responses_create_params.input",
+            path="$.responses_create_params.input",
         )
     messages = params["input"]
     # A plain-string input has no user message with a role, hence no marker to find.

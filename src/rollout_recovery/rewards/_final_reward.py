@@ -32,8 +32,17 @@ __all__ = [
     "shape_effort_reward",
 ]
 
-LinkSpan = tuple[str, int, int]
-"""``(call_id, carry_len, generated_len)`` of one call in a linearized row, root first."""
+
+class LinkSpan(NamedTuple):
+    """One call of a linearized row's terminal chain, root first: ``carry_len`` prompt
+    tokens, then ``generated_len`` generated ones. Capture's verifier produces these and
+    reward finalization walks them; a plain ``(call_id, carry_len, generated_len)`` tuple
+    is accepted too."""
+
+    model_call_id: str
+    carry_len: int
+    generated_len: int
+
 
 EFFORT_METRIC_PREFIX = "finalize/effort/"
 LENGTH_REWARD_SUM = "finalize/effort/length_reward_sum"
@@ -90,18 +99,18 @@ def generated_segments(
         _call_id, carry_len, generated_len = span
         if type(carry_len) is not int or type(generated_len) is not int:
             raise InvalidStateError(
-                f"link span lengths must be ints, got {span!r}", path=f"link_spans[{index}]"
+                f"link span lengths must be ints, got {span!r}", path=f"$.link_spans[{index}]"
             )
         if carry_len < 0 or generated_len < 0:
             raise InvalidStateError(
                 f"link span lengths must be nonnegative, got {span!r}",
-                path=f"link_spans[{index}]",
+                path=f"$.link_spans[{index}]",
             )
         total += carry_len + generated_len
     if total != len(token_ids):
         raise InvalidStateError(
             f"link spans cover {total} tokens but the linearized row has {len(token_ids)}",
-            path="link_spans",
+            path="$.link_spans",
         )
     start = 0
     for _call_id, carry_len, generated_len in link_spans:
@@ -135,11 +144,11 @@ def finalize_capture_reward(
     and none were sealed (e.g. an attempt sealed by an older version).
     """
     if isinstance(reward, bool) or not isinstance(reward, int | float) or math.isnan(reward):
-        raise InvalidStateError(f"raw reward must be a number, got {reward!r}", path="reward")
+        raise InvalidStateError(f"raw reward must be a number, got {reward!r}", path="$.reward")
     counts: dict[str, int] = {penalty.name: 0 for penalty in CAPTURE_PENALTIES}
     if checks is None and settings.needs_reward_checks:
         # Exactly this text: the finalizer reports it as ``reward_processing:<message>``.
-        raise InvalidStateError("missing_reward_checks", path="reward_checks")
+        raise InvalidStateError("missing_reward_checks")
     shaped = float(reward)
     metrics: dict[str, float] = {}
     if settings.effort is not None and checks is not None:
@@ -162,7 +171,7 @@ def _shape(
 ) -> tuple[float, dict[str, float]]:
     if not link_spans:
         raise InvalidStateError(
-            "effort shaping needs the terminal call's link span, got none", path="link_spans"
+            "effort shaping needs the terminal call's link span, got none", path="$.link_spans"
         )
     # The terminal call's generated tokens are the final answer; earlier turns are work.
     length = link_spans[-1][2]

@@ -86,7 +86,7 @@ def aggregate_capture_reward_metrics(
         raise InvalidStateError(
             "finalized reward observations must match the valid-row count: "
             f"{len(observations)} observations for {count} valid rows",
-            path="observations",
+            path="$.observations",
         )
     if count == 0:
         return {}
@@ -136,7 +136,7 @@ def _pooled_reward_stats(metrics: Mapping[str, Sequence[float]], count: int) -> 
     for name in (REWARD_SUM, REWARD_SUMSQ, REWARD_MIN, REWARD_MAX):
         if not metrics.get(name):
             raise InvalidStateError(
-                f"group reward metrics report {count} valid rows but no {name!r}", path=name
+                f"group reward metrics report {count} valid rows but no {name!r}", path=f"$.{name}"
             )
     mean = math.fsum(metrics[REWARD_SUM]) / count
     return {
@@ -207,7 +207,7 @@ def _effort_lengths(metrics: Mapping[str, Sequence[float]]) -> dict[str, list[in
         if not (length_text.isascii() and length_text.isdecimal()):
             raise InvalidStateError(
                 f"effort bucket metric {name!r} must end in a nonnegative integer length",
-                path=name,
+                path=f"$.{name}",
             )
         lengths[bucket].extend([int(length_text)] * _row_count(values, name))
     for rows in lengths.values():
@@ -220,6 +220,6 @@ def _row_count(values: Sequence[float], name: str) -> int:
     total = math.fsum(values)
     if any(v < 0 or not float(v).is_integer() for v in values):
         raise InvalidStateError(
-            f"{name} must hold nonnegative whole row counts, got {list(values)!r}", path=name
+            f"{name} must hold nonnegative whole row counts, got {list(values)!r}", path=f"$.{name}"
         )
     return int(total)

@@ -44,7 +44,7 @@ class RewardChecks:
                 raise InvalidStateError(
                     f"reward checks must be booleans; {name}={getattr(self, name)!r} "
                     f"is {type(getattr(self, name)).__name__}",
-                    path=name,
+                    path=f"$.{name}",
                 )
 
 
@@ -59,7 +59,7 @@ class RewardLogContext:
         if not isinstance(self.agent_name, str) or not self.agent_name:
             raise InvalidStateError(
                 f"reward log agent_name must be a nonempty string, got {self.agent_name!r}",
-                path="agent_name",
+                path="$.agent_name",
             )
         _require_utf8("reward log agent_name", self.agent_name, "agent_name")
         if self.full_result_json is None:
@@ -68,7 +68,7 @@ class RewardLogContext:
             raise InvalidStateError(
                 "reward log full_result_json must encode an object, got "
                 f"{type(self.full_result_json).__name__}",
-                path="full_result_json",
+                path="$.full_result_json",
             )
         _require_utf8("reward log full_result_json", self.full_result_json, "full_result_json")
         try:
@@ -76,13 +76,13 @@ class RewardLogContext:
         except (ValueError, RecursionError) as error:  # RecursionError: hostile nesting
             raise InvalidStateError(
                 f"reward log full_result_json must encode an object: {error}",
-                path="full_result_json",
+                path="$.full_result_json",
             ) from error
         if not isinstance(decoded, dict):
             raise InvalidStateError(
                 "reward log full_result_json must encode an object, got JSON "
                 f"{type(decoded).__name__}",
-                path="full_result_json",
+                path="$.full_result_json",
             )
 
 
@@ -91,7 +91,7 @@ def _require_utf8(what: str, text: str, path: str) -> None:
     if not is_utf8_text(text):
         raise InvalidStateError(
             f"{what} must be UTF-8 encodable (it holds a lone surrogate), got {text!r}",
-            path=path,
+            path=f"$.{path}",
         )
 
 
@@ -124,24 +124,24 @@ class FinalizedReward:
             if not isinstance(value, str) or not value:
                 raise InvalidStateError(
                     f"finalized reward identifiers must be nonempty strings; {name}={value!r}",
-                    path=name,
+                    path=f"$.{name}",
                 )
             _require_utf8("finalized reward identifiers", value, name)
         if self.log_context is not None and not isinstance(self.log_context, RewardLogContext):
-            # Without this, a raw dict slips in and only fails later, inside to_state().
+            # Without this, a raw dict slips in and only fails later, inside state_dict().
             raise InvalidStateError(
                 "finalized reward log_context must be a RewardLogContext or None, got "
                 f"{type(self.log_context).__name__}",
-                path="log_context",
+                path="$.log_context",
             )
         if type(self.reward) not in (int, float):
             raise InvalidStateError(
                 f"finalized reward must be numeric, got {type(self.reward).__name__} "
                 f"{self.reward!r}",
-                path="reward",
+                path="$.reward",
             )
 
-    def to_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Return the persisted form (what ``dataclasses.asdict`` gives, without its cost)."""
         context = self.log_context
         return {
@@ -154,7 +154,7 @@ class FinalizedReward:
         }
 
     @classmethod
-    def from_state(cls, value: object) -> FinalizedReward:
+    def from_state_dict(cls, value: object) -> FinalizedReward:
         """Parse the persisted form, rejecting missing or unknown fields."""
         if not isinstance(value, dict) or set(value) != _FINALIZED_REWARD_FIELDS:
             raise InvalidStateError(

@@ -96,19 +96,19 @@ class EffortRewardSettings:
         if not isinstance(self.low_string, str):
             raise InvalidStateError(
                 f"effort.low_string must be a string, got {_describe(self.low_string)}",
-                path="effort.low_string",
+                path="$.effort.low_string",
             )
         if not _is_active(self.low_weight, self.low_string):
             raise InvalidStateError(
                 "EffortRewardSettings describe active shaping: need low_weight > 0 and a "
                 f"nonempty low_string, got low_weight={self.low_weight!r}, "
                 f"low_string={self.low_string!r}; use None for inactive shaping",
-                path="effort",
+                path="$.effort",
             )
         if self.low_ub <= 0:
             raise InvalidStateError(
                 f"active effort shaping requires low_ub > 0, got low_ub={self.low_ub!r}",
-                path="effort.low_ub",
+                path="$.effort.low_ub",
             )
 
     @classmethod
@@ -122,7 +122,7 @@ class EffortRewardSettings:
             return None
         if not isinstance(config, Mapping):
             raise InvalidStateError(
-                f"effort config must be a mapping, got {_describe(config)}", path="effort"
+                f"effort config must be a mapping, got {_describe(config)}", path="$.effort"
             )
         values = {name: config.get(name, _EFFORT_DEFAULTS[name]) for name in _EFFORT_FIELDS}
         low_weight = _finite_float(values["low_weight"], "effort.low_weight")
@@ -132,13 +132,13 @@ class EffortRewardSettings:
         if not isinstance(low_string, str):
             raise InvalidStateError(
                 f"effort.low_string must be a string, got {_describe(low_string)}",
-                path="effort.low_string",
+                path="$.effort.low_string",
             )
         if not _is_active(low_weight, low_string):
             return None
         return cls(**values)
 
-    def to_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Return the persisted form (the four fields, as ``dataclasses.asdict`` would)."""
         return {name: getattr(self, name) for name in _EFFORT_FIELDS}
 
@@ -171,28 +171,28 @@ class CaptureRewardSettings:
             raise InvalidStateError(
                 "enabled_penalties must be a tuple of distinct flags in the order "
                 f"{list(_PENALTY_FLAGS)}, got {flags!r}",
-                path="enabled_penalties",
+                path="$.enabled_penalties",
             )
         tokens = self.unwanted_tokens
         if not isinstance(tokens, tuple) or any(type(t) is not int for t in tokens):
             raise InvalidStateError(
-                f"unwanted_tokens must be a tuple of ints, got {tokens!r}", path="unwanted_tokens"
+                f"unwanted_tokens must be a tuple of ints, got {tokens!r}", path="$.unwanted_tokens"
             )
         if tokens != tuple(sorted(set(tokens))):
             raise InvalidStateError(
                 f"unwanted_tokens must be sorted and unique, got {tokens!r}",
-                path="unwanted_tokens",
+                path="$.unwanted_tokens",
             )
         if bool(tokens) != (_UNWANTED_FLAG in flags):
             raise InvalidStateError(
                 f"unwanted_tokens must be nonempty exactly when {_UNWANTED_FLAG} is enabled; "
                 f"got enabled_penalties={flags!r}, unwanted_tokens={tokens!r}",
-                path="unwanted_tokens",
+                path="$.unwanted_tokens",
             )
         if self.effort is not None and not isinstance(self.effort, EffortRewardSettings):
             raise InvalidStateError(
                 f"effort must be EffortRewardSettings or None, got {_describe(self.effort)}",
-                path="effort",
+                path="$.effort",
             )
 
     def penalty_enabled(self, name: CaptureOptionalPenalty) -> bool:
@@ -226,7 +226,7 @@ class CaptureRewardSettings:
             effort=EffortRewardSettings.from_config(effort),
         )
 
-    def to_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Return the versioned persisted form (``version`` 1)."""
         penalties: dict[str, Any] = dict.fromkeys(self.enabled_penalties, True)
         if self.unwanted_tokens:
@@ -234,11 +234,15 @@ class CaptureRewardSettings:
         return {
             "version": _STATE_VERSION,
             "penalties": penalties,
-            "effort": None if self.effort is None else self.effort.to_state(),
+            "effort": None if self.effort is None else self.effort.state_dict(),
         }
 
+    def to_state(self) -> dict[str, Any]:
+        """Old spelling of :meth:`state_dict`; goes once ``cli/_inspect.py`` uses the new one."""
+        return self.state_dict()
+
     @classmethod
-    def from_state(cls, value: object) -> CaptureRewardSettings:
+    def from_state_dict(cls, value: object) -> CaptureRewardSettings:
         """Parse the persisted form: versioned ``{version, penalties, effort}`` or the older
         unversioned ``{penalties, effort}``; both are revalidated as configs and normalized."""
         if not isinstance(value, dict) or set(value) not in (_VERSIONED_KEYS, _UNVERSIONED_KEYS):
@@ -246,7 +250,7 @@ class CaptureRewardSettings:
                 "invalid capture reward_settings record: expected a mapping with keys "
                 f"{sorted(_VERSIONED_KEYS)} or {sorted(_UNVERSIONED_KEYS)}, "
                 f"got {describe_keys(value)}",
-                path="reward_settings",
+                path="$.reward_settings",
             )
         if "version" in value:
             version = value["version"]
@@ -255,21 +259,21 @@ class CaptureRewardSettings:
                 raise InvalidStateError(
                     f"unsupported capture reward_settings version={version!r}; "
                     f"this build reads version {_STATE_VERSION}",
-                    path="reward_settings.version",
+                    path="$.reward_settings.version",
                 )
         penalties = value["penalties"]
         if not isinstance(penalties, Mapping):
             raise InvalidStateError(
                 "invalid capture reward_settings record: penalties must be a mapping, got "
                 f"{_describe(penalties)}",
-                path="reward_settings.penalties",
+                path="$.reward_settings.penalties",
             )
         effort = value["effort"]
         if effort is not None and not isinstance(effort, Mapping):
             raise InvalidStateError(
                 "invalid capture reward_settings record: effort must be a mapping or null, got "
                 f"{_describe(effort)}",
-                path="reward_settings.effort",
+                path="$.reward_settings.effort",
             )
         return cls.from_configs(penalties=penalties, effort=effort)
 
@@ -297,8 +301,7 @@ class CaptureRewardSettings:
         diffs = self.differences(current)
         if diffs:
             raise InvalidStateError(
-                "capture reward settings differ from the checkpoint: " + ", ".join(diffs),
-                path="reward_settings",
+                "capture reward settings differ from the checkpoint: " + ", ".join(diffs)
             )
 
 
@@ -308,19 +311,19 @@ _PENALTIES_BY_NAME: Final = {penalty.name: penalty for penalty in CAPTURE_PENALT
 def _parse_penalty_config(config: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if not isinstance(config, Mapping):
         raise InvalidStateError(
-            f"penalty config must be a mapping, got {_describe(config)}", path="penalties"
+            f"penalty config must be a mapping, got {_describe(config)}", path="$.penalties"
         )
     for flag in (*_PENALTY_FLAGS, _UNSUPPORTED_FLAG):
         if flag in config and type(config[flag]) is not bool:
             raise InvalidStateError(
                 f"penalties.{flag} must be a boolean, got {_describe(config[flag])}",
-                path=f"penalties.{flag}",
+                path=f"$.penalties.{flag}",
             )
     if config.get(_UNSUPPORTED_FLAG, False):
         raise InvalidStateError(
             f"capture does not support {_UNSUPPORTED_FLAG}: the check needs the raw text "
             "at finalization, which capture does not keep; set it to false",
-            path=f"penalties.{_UNSUPPORTED_FLAG}",
+            path=f"$.penalties.{_UNSUPPORTED_FLAG}",
         )
     enabled = tuple(flag for flag in _PENALTY_FLAGS if config.get(flag, False))
     if _UNWANTED_FLAG not in enabled:
@@ -329,7 +332,7 @@ def _parse_penalty_config(config: Mapping[str, Any]) -> tuple[tuple[str, ...], t
     if not unwanted:
         raise InvalidStateError(
             f"penalties.{_UNWANTED_FLAG} requires a nonempty token_ids.unwanted list",
-            path="penalties.token_ids.unwanted",
+            path="$.penalties.token_ids.unwanted",
         )
     return enabled, unwanted
 
@@ -340,7 +343,7 @@ def _unwanted_token_ids(token_ids: object) -> tuple[int, ...]:
     if not isinstance(token_ids, Mapping):
         raise InvalidStateError(
             f"penalties.token_ids must be a mapping, got {_describe(token_ids)}",
-            path="penalties.token_ids",
+            path="$.penalties.token_ids",
         )
     unwanted = token_ids.get("unwanted")
     if unwanted is None:
@@ -348,14 +351,14 @@ def _unwanted_token_ids(token_ids: object) -> tuple[int, ...]:
     if not isinstance(unwanted, list | tuple):
         raise InvalidStateError(
             f"penalties.token_ids.unwanted must be a list of ints, got {_describe(unwanted)}",
-            path="penalties.token_ids.unwanted",
+            path="$.penalties.token_ids.unwanted",
         )
     for index, token in enumerate(unwanted):
         if type(token) is not int or token < 0:
             raise InvalidStateError(
                 "penalties.token_ids.unwanted must hold nonnegative ints; "
                 f"item {index} is {_describe(token)}",
-                path=f"penalties.token_ids.unwanted[{index}]",
+                path=f"$.penalties.token_ids.unwanted[{index}]",
             )
     return tuple(sorted(set(unwanted)))
 
@@ -367,19 +370,21 @@ def _is_active(low_weight: float, low_string: str) -> bool:
 def _finite_float(value: object, path: str) -> float:
     # bool is an int subclass; a flag slipped into a weight is a config mistake, not 1.0.
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidStateError(f"{path} must be a number, got {_describe(value)}", path=path)
+        raise InvalidStateError(
+            f"{path} must be a number, got {_describe(value)}", path=f"$.{path}"
+        )
     try:
         finite = math.isfinite(value)
     except OverflowError:  # an integer wider than any float
         finite = False
     if not finite:
-        raise InvalidStateError(f"{path} must be finite, got {value!r}", path=path)
+        raise InvalidStateError(f"{path} must be finite, got {value!r}", path=f"$.{path}")
     return float(value)
 
 
 def _require_int(value: object, path: str) -> None:
     if type(value) is not int:
-        raise InvalidStateError(f"{path} must be an int, got {_describe(value)}", path=path)
+        raise InvalidStateError(f"{path} must be an int, got {_describe(value)}", path=f"$.{path}")
 
 
 def _describe(value: object) -> str:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt, staging_key
 from ..dataplane import DataPlane, Row
-from ..errors import GenerationError
+from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
 from ..policy import (
     ANSWER,
     DIGIT_BASE,
@@ -92,15 +92,19 @@ class FaultSettings:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{field.name} must be a number, got {value!r}")
+                raise InvalidArgumentError(f"{field.name} must be a number, got {value!r}")
             if not math.isfinite(value):
-                raise ValueError(f"{field.name} must be finite, got {value!r}")
+                raise InvalidArgumentError(f"{field.name} must be finite, got {value!r}")
             if field.name.endswith("_rate") and not 0.0 <= value <= 1.0:
-                raise ValueError(f"{field.name} must be in [0, 1], got {value!r}")
+                raise InvalidArgumentError(f"{field.name} must be in [0, 1], got {value!r}")
         if self.straggler_factor < 1.0:
-            raise ValueError(f"straggler_factor must be >= 1, got {self.straggler_factor!r}")
+            raise InvalidArgumentError(
+                f"straggler_factor must be >= 1, got {self.straggler_factor!r}"
+            )
         if self.worker_restart_s < 0.0:
-            raise ValueError(f"worker_restart_s must be >= 0, got {self.worker_restart_s!r}")
+            raise InvalidArgumentError(
+                f"worker_restart_s must be >= 0, got {self.worker_restart_s!r}"
+            )
 
 
 class _Life:
@@ -168,19 +172,21 @@ class SimulatedAgentBackend:
         stage_in_thread: bool = False,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be a positive int, got {workers!r}")
+            raise InvalidArgumentError(f"workers must be a positive int, got {workers!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+            raise InvalidArgumentError(f"seed must be a non-negative int, got {seed!r}")
         if not (math.isfinite(call_latency_s) and call_latency_s >= 0):
-            raise ValueError(f"call_latency_s must be >= 0, got {call_latency_s!r}")
+            raise InvalidArgumentError(f"call_latency_s must be >= 0, got {call_latency_s!r}")
         if not (math.isfinite(latency_jitter) and latency_jitter >= 0):
-            raise ValueError(f"latency_jitter must be >= 0, got {latency_jitter!r}")
+            raise InvalidArgumentError(f"latency_jitter must be >= 0, got {latency_jitter!r}")
         if (
             isinstance(reasoning_tokens, bool)
             or not isinstance(reasoning_tokens, int)
             or reasoning_tokens < 1
         ):
-            raise ValueError(f"reasoning_tokens must be a positive int, got {reasoning_tokens!r}")
+            raise InvalidArgumentError(
+                f"reasoning_tokens must be a positive int, got {reasoning_tokens!r}"
+            )
         self._task_set = task_set
         self._seed = seed
         self._latency = float(call_latency_s)
@@ -202,17 +208,23 @@ class SimulatedAgentBackend:
 
     def _checked_faults(self, faults: FaultSettings) -> FaultSettings:
         if not isinstance(faults, FaultSettings):
-            raise TypeError(f"faults must be FaultSettings, got {type(faults).__name__}")
+            raise InvalidArgumentTypeError(
+                f"faults must be FaultSettings, got {type(faults).__name__}"
+            )
         if faults.tamper_rate > 0 and self._data_plane is None:
-            raise ValueError("the tamper fault needs data_plane= (the writer's store)")
+            raise InvalidArgumentError("the tamper fault needs data_plane= (the writer's store)")
         return faults
 
     @staticmethod
     def _checked_snapshot(version: int, weights: object) -> PolicySnapshot:
         if not isinstance(weights, PolicySnapshot):
-            raise TypeError(f"weights must be a PolicySnapshot, got {type(weights).__name__}")
+            raise InvalidArgumentTypeError(
+                f"weights must be a PolicySnapshot, got {type(weights).__name__}"
+            )
         if weights.version != version:
-            raise ValueError(f"weights are version {weights.version}, announced as {version}")
+            raise InvalidArgumentError(
+                f"weights are version {weights.version}, announced as {version}"
+            )
         return weights
 
     @property
@@ -380,11 +392,11 @@ class SimulatedAgentBackend:
         is a controller bug, not a generation failure."""
         idx = prompt.get("idx")
         if isinstance(idx, bool) or not isinstance(idx, int):
-            raise ValueError(f"prompt idx must be an int, got {idx!r}")
+            raise InvalidArgumentError(f"prompt idx must be an int, got {idx!r}")
         task = self._task_set[idx]
         token_ids = [int(t) for t in prompt.get("prompt_token_ids", ())]
         if token_ids != task["prompt_token_ids"]:
-            raise ValueError(f"prompt tokens do not match task {idx} of the task set")
+            raise InvalidArgumentError(f"prompt tokens do not match task {idx} of the task set")
         messages = prompt.get("messages", task["messages"])
         return token_ids, int(task["answer"]), list(messages)
 

@@ -1,4 +1,8 @@
-"""The one thing the ledger needs from the data-plane barrier: proof of a live section."""
+"""The one thing the ledger and the stores need from the barrier: proof of a live section.
+
+A bottom-level module, so the ledger and the data plane share it without importing each
+other.
+"""
 
 from __future__ import annotations
 
