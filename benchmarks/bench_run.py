@@ -6,8 +6,9 @@
    the durable store until no retained checkpoint needs them), so the hold should track
    the ledger, not the bytes.
 2. One SIGKILL mid-run of the default job: generated tokens reused after the restart
-   against regenerated, next to what a restart that discards all unfinished work (what
-   other frameworks do) regenerates: every sealed-but-untrained sibling.
+   (sealed siblings in the ledger, finished groups waiting in the replay index) against
+   regenerated (seals made after the checkpoint), next to what a restart that discards
+   all unfinished work (what other frameworks do) regenerates: all of them.
 3. Steps per second of the default job (fresh run, no kill).
 
 Run: ``python benchmarks/bench_run.py [--groups 16] [--repeat 5] [--json out.json]``.
@@ -171,13 +172,18 @@ def kill_case(kill_after_step: int) -> dict[str, Any]:
             if '"restored"' in line
         ][-1]
     reused, lost = restored["tokens_reused"], restored["tokens_lost"]
+    buffered = restored["canonical_tokens_kept"]
     return {
         "killed_after_step": kill_after_step,
         "restored_step": restored["step"],
         "sealed_siblings_kept": restored["sealed_siblings_kept"],
-        "tokens_reused": reused,
+        "canonical_groups_kept": restored["canonical_groups"],
+        "tokens_reused_sealed": reused,
+        "tokens_reused_buffered": buffered,
         "tokens_regenerated": lost,
-        "discard_all_tokens_regenerated": reused + lost,
+        # Other frameworks drop buffered and in-flight rollouts: everything sealed or
+        # finished but not yet trained is generated again.
+        "discard_all_tokens_regenerated": reused + buffered + lost,
     }
 
 

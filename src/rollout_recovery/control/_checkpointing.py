@@ -106,25 +106,19 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
         # checkpoint is: a resume from an older one cuts it off with everything else.
         controller.audit.event("checkpoint_committed", step=controller.step)
         canonical_ids = set(controller.replay.group_ids())
+        sidecar_fields: dict[str, Any] = {
+            "batch_shortfall": dict(controller.shortfall),
+            "sampler_stamps_target_steps": True,
+            # The replay index owns finalizer metrics; the sidecar's field is a copy.
+            "finalizer_metrics_by_group": controller.replay.metrics_by_group(),
+            "reward_settings": controller.settings,
+            "canonical_group_ids": canonical_ids,
+        }
         sidecar: bytes | dict[str, Any]
         if config.checkpoint.format == "native":
-            sidecar = encode_native_checkpoint(
-                controller.ledger,
-                batch_shortfall=dict(controller.shortfall),
-                sampler_stamps_target_steps=True,
-                reward_settings=controller.settings,
-                canonical_group_ids=canonical_ids,
-            )
+            sidecar = encode_native_checkpoint(controller.ledger, **sidecar_fields)
         else:
-            sidecar = dict(
-                build_rollout_recovery_state(
-                    controller.ledger,
-                    batch_shortfall=dict(controller.shortfall),
-                    sampler_stamps_target_steps=True,
-                    reward_settings=controller.settings,
-                    canonical_group_ids=canonical_ids,
-                )
-            )
+            sidecar = dict(build_rollout_recovery_state(controller.ledger, **sidecar_fields))
         expected_staging = controller.ledger.expected_staging_keys()
         canonical_keys = controller.replay.row_keys()
         replay_state = controller.replay.state_dict()
@@ -276,6 +270,7 @@ class RestoreReport:
     staging_rows_cleared: int
     canonical_rows_cleared: int
     tokens_reused: int
+    canonical_tokens_kept: int
 
 
 async def restore_controller(controller: Controller, verified: VerifiedCheckpoint) -> RestoreReport:
@@ -299,6 +294,12 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             verified.replay_state,
             data_plane=store,
             group_size=controller.config.job.generations_per_prompt,
+        )
+        # Finished groups waiting to train: a restart that discards buffered work (what
+        # other frameworks do) would regenerate these tokens too.
+        canonical_tokens = sum(
+            int(row.token_mask.sum())
+            for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
         # Against the inner store: deletions at restore are immediate, nothing needs them.
@@ -358,6 +359,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             staging_rows_cleared=len(cleared),
             canonical_rows_cleared=len(unowned),
             tokens_reused=tokens_reused,
+            canonical_tokens_kept=canonical_tokens,
         )
         controller.audit.event(
             "restored",
@@ -370,6 +372,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             seals_lost=cut_off.seals_lost,
             tokens_lost=cut_off.tokens_lost,
             tokens_reused=tokens_reused,
+            canonical_tokens_kept=canonical_tokens,
             trained_rows_cut=cut_off.trained_rows,
         )
     controller.backend.update_weights(
