@@ -29,6 +29,7 @@ LAYERS = [
     "_cut",
     "_gc",
     "_durable",
+    "_closing",
 ]
 SUBPACKAGES = {"cli", "control", "rollout", "policy", "finalize", "capture", "dataplane"} | {
     "checkpoint",

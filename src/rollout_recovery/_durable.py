@@ -1,4 +1,4 @@
-"""Durable files: crash-safe replacement of one file, and durable directory entries.
+"""Durable files: crash-safe replacement of one file, new files, directories published whole.
 
 A reader must see either the old file or the complete new one, whatever instant the
 process or the machine dies at. The bytes go to a temporary file in the target's own
@@ -6,24 +6,49 @@ directory (``os.replace`` is atomic only within one file system), are fsynced be
 rename (else the rename can reach the disk before the data and leave an empty or torn file
 under the final name after a power loss), and the directory is fsynced after it (else the
 rename itself can be lost).
+
+A directory is published the same way (``publish_directory``): filled in a temporary
+sibling, every file and the directory fsynced, renamed, the parent fsynced. A process
+killed while filling leaves its temporary directory behind, as large as the store. Each
+temporary's name records its writer (``.{name}.tmp-{pid}@{host}-{random}``), so a later
+successful publication, or a store opening, removes the ones whose writer is dead: only
+this host's, only of processes that no longer exist, never one still being written.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
+import socket
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "fsync_directory"]
+__all__ = [
+    "atomic_write_bytes",
+    "fsync_directory",
+    "fsync_path",
+    "publish_directory",
+    "remove_stale_temporaries",
+    "write_new_file",
+]
 
 
-def fsync_directory(directory: str | os.PathLike[str]) -> None:
-    """Make the directory's entries (a rename, a new file) durable."""
-    descriptor = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Make a file's content, or a directory's entries (a rename, a new file), durable."""
+    descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make the directory's entries (a rename, a new file) durable."""
+    fsync_path(directory)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -48,3 +73,109 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         Path(temporary).unlink(missing_ok=True)
         raise
     fsync_directory(target.parent)
+
+
+def write_new_file(path: Path, data: bytes | memoryview) -> None:
+    """Create ``path`` (it must not exist) with ``data``, fsynced before returning."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data).cast("B")
+        while view:
+            written = os.write(descriptor, view)
+            if written == 0:  # pragma: no cover - write(2) returns 0 only for 0 bytes
+                raise OSError(errno.EIO, "write returned 0", str(path))
+            view = view[written:]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+_TEMPORARY = re.compile(r"\A\..*\.tmp-(?P<pid>[0-9]+)@(?P<host>[A-Za-z0-9._-]+)-[^/]+\Z")
+# Temporaries this process is filling right now (another thread may publish concurrently).
+_in_progress: set[str] = set()
+_in_progress_lock = threading.Lock()
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "localhost"
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    except OSError:
+        return True  # cannot tell: keep it
+    return True
+
+
+def remove_stale_temporaries(parent: Path) -> list[Path]:
+    """Remove the temporaries of dead writers on this host in ``parent``; returns them.
+
+    Best effort: a directory that cannot be listed or removed is left alone.
+    """
+    host = _host()
+    own = os.getpid()
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        if match is None or match["host"] != host:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+        except OSError:
+            continue
+        pid = int(match["pid"])
+        if pid == own:
+            with _in_progress_lock:
+                if os.path.abspath(entry.path) in _in_progress:
+                    continue
+        elif _process_exists(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(Path(entry.path))
+    return removed
+
+
+def publish_directory(directory: Path, fill: Callable[[Path], None]) -> None:
+    """Create ``directory`` so that it appears complete or not at all.
+
+    ``fill`` writes into a temporary directory next to the target (same filesystem, so the
+    final rename is atomic). Every file and the directory itself are fsynced before the
+    rename, and the parent after it, so a crash at any point leaves either no ``directory``
+    or a complete one, plus at most a ``.{name}.tmp-*`` leftover that readers ignore and
+    the next successful publication in the same parent removes.
+    """
+    directory = Path(directory)
+    if directory.exists() or directory.is_symlink():
+        raise FileExistsError(f"snapshot directory {str(directory)!r} already exists")
+    parent = directory.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"parent of snapshot directory {str(directory)!r} does not exist")
+    prefix = f".{directory.name}.tmp-{os.getpid()}@{_host()}-"
+    with _in_progress_lock:
+        temporary = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        _in_progress.add(os.path.abspath(temporary))
+    try:
+        fill(temporary)
+        for path in temporary.iterdir():
+            fsync_path(path)
+        fsync_directory(temporary)
+        os.rename(temporary, directory)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    finally:
+        with _in_progress_lock:
+            _in_progress.discard(os.path.abspath(temporary))
+    fsync_directory(parent)
+    remove_stale_temporaries(parent)

@@ -87,7 +87,7 @@ class Built:
     rollout_id: str
     receipt: dict[str, Any]
     records: list[CallRecord]
-    dataplane: DictDataPlane
+    data_plane: DictDataPlane
     terminal: int
     expected_tokens: list[int] = field(default_factory=list)
     expected_mask: list[float] = field(default_factory=list)
@@ -96,7 +96,7 @@ class Built:
     specs: list[CallSpec] = field(default_factory=list)
 
     def rows(self) -> list[Row]:
-        return self.dataplane.get(STAGING_PARTITION, [r.staging_key for r in self.records])
+        return self.data_plane.get(STAGING_PARTITION, [r.staging_key for r in self.records])
 
 
 def call_id(index: int) -> str:
@@ -105,8 +105,8 @@ def call_id(index: int) -> str:
 
 def build_rollout(rollout_id: str, specs: Sequence[CallSpec], terminal: int) -> Built:
     """Stage ``specs`` through the real writer; compute the expectation the naive way."""
-    dataplane = DictDataPlane()
-    writer = CaptureWriter(dataplane)
+    data_plane = DictDataPlane()
+    writer = CaptureWriter(data_plane)
     records: list[CallRecord] = []
     # Oracle: each call's full sequence as plain lists (tokens, mask, logprobs).
     full: list[tuple[list[int], list[float], list[float]]] = []
@@ -148,7 +148,7 @@ def build_rollout(rollout_id: str, specs: Sequence[CallSpec], terminal: int) -> 
         rollout_id=rollout_id,
         receipt=receipt,
         records=records,
-        dataplane=dataplane,
+        data_plane=data_plane,
         terminal=terminal,
         expected_tokens=tokens,
         expected_mask=mask,

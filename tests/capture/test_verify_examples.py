@@ -76,7 +76,7 @@ def test_valid_rollout_linearizes_the_terminal_chain(built: Built) -> None:
 
 
 def test_fetch_and_verify_reads_rows_from_the_data_plane(built: Built) -> None:
-    result = fetch_and_verify(built.receipt, built.dataplane, expected_rollout_id=RID)
+    result = fetch_and_verify(built.receipt, built.data_plane, expected_rollout_id=RID)
     assert isinstance(result, LinearizedRollout)
     assert result.token_ids.tolist()[-1] == 51
 
@@ -190,8 +190,8 @@ def test_call_id_mismatch_between_entry_and_its_key(built: Built) -> None:
 
 
 def test_missing_staging_row_from_the_data_plane(built: Built) -> None:
-    built.dataplane.clear(STAGING_PARTITION, [f"{RID}/call03"])
-    rejection = _rejected(fetch_and_verify(built.receipt, built.dataplane), "missing_staging_row")
+    built.data_plane.clear(STAGING_PARTITION, [f"{RID}/call03"])
+    rejection = _rejected(fetch_and_verify(built.receipt, built.data_plane), "missing_staging_row")
     assert rejection.reason == f"missing_staging_row:{RID}/call03"
 
 

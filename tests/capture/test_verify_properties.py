@@ -58,7 +58,7 @@ def test_write_receipt_verify_round_trips_exactly(built: Built) -> None:
     receipt = json.loads(json.dumps(built.receipt))
     result = verify_and_linearize(receipt, built.rows(), expected_rollout_id=built.rollout_id)
     _assert_matches_oracle(result, built)
-    _assert_matches_oracle(fetch_and_verify(receipt, built.dataplane), built)
+    _assert_matches_oracle(fetch_and_verify(receipt, built.data_plane), built)
 
 
 @SETTINGS
@@ -107,7 +107,7 @@ def test_a_reordered_manifest_with_refetched_rows_is_rejected_iff_a_child_preced
         spec.parent is not None and position[spec.parent] > position[index]
         for index, spec in enumerate(built.specs)
     )
-    result = fetch_and_verify(receipt, built.dataplane)
+    result = fetch_and_verify(receipt, built.data_plane)
     if breaks_order:
         assert isinstance(result, Rejection)
         assert (result.code, result.rebuild_code) == ("rebuild_failed", "manifest_order")

@@ -34,10 +34,10 @@ def _root(writer: CaptureWriter, **overrides: Any) -> CallRecord:
 
 
 def test_stages_the_delta_then_returns_a_matching_record() -> None:
-    dataplane = DictDataPlane()
-    record = _root(CaptureWriter(dataplane))
-    assert dataplane.put_log == [(STAGING_PARTITION, (f"{RID}/c0",))]
-    (row,) = dataplane.get(STAGING_PARTITION, [record.staging_key])
+    data_plane = DictDataPlane()
+    record = _root(CaptureWriter(data_plane))
+    assert data_plane.put_log == [(STAGING_PARTITION, (f"{RID}/c0",))]
+    (row,) = data_plane.get(STAGING_PARTITION, [record.staging_key])
     assert row.token_ids.dtype == np.int32 and row.token_ids.tolist() == [1, 2, 3, 4, 5]
     assert row.token_mask.dtype == np.float32 and row.token_mask.tolist() == [0, 0, 0, 1, 1]
     assert row.logprobs.dtype == np.float32 and row.logprobs.tolist() == [0, 0, 0, -0.5, -0.25]
@@ -62,8 +62,8 @@ def test_no_record_without_a_durable_row() -> None:
 
 
 def test_continuation_carries_only_the_new_prompt_tokens() -> None:
-    dataplane = DictDataPlane()
-    writer = CaptureWriter(dataplane, partition="staging2")
+    data_plane = DictDataPlane()
+    writer = CaptureWriter(data_plane, partition="staging2")
     root = _root(writer)
     child = writer.stage_call(
         rollout_id=RID,
@@ -80,7 +80,7 @@ def test_continuation_carries_only_the_new_prompt_tokens() -> None:
         5,
         8,
     )
-    (row,) = dataplane.get("staging2", [child.staging_key])
+    (row,) = data_plane.get("staging2", [child.staging_key])
     assert row.token_ids.tolist() == [6, 7, 8]
     assert row.token_mask.tolist() == [0, 0, 1]
     assert writer.partition == "staging2"
@@ -95,8 +95,8 @@ def test_continuation_carries_only_the_new_prompt_tokens() -> None:
     ],
 )
 def test_continuation_must_begin_with_the_parents_tokens(prompt: list[int]) -> None:
-    dataplane = DictDataPlane()
-    writer = CaptureWriter(dataplane)
+    data_plane = DictDataPlane()
+    writer = CaptureWriter(data_plane)
     root = _root(writer)
     with pytest.raises(InvalidArgumentError, match="does not begin with") as info:
         writer.stage_call(
@@ -109,7 +109,7 @@ def test_continuation_must_begin_with_the_parents_tokens(prompt: list[int]) -> N
             weight_version=8,
         )
     assert info.value.path == "$.prompt_token_ids"
-    assert dataplane.keys(STAGING_PARTITION) == [root.staging_key]  # nothing staged
+    assert data_plane.keys(STAGING_PARTITION) == [root.staging_key]  # nothing staged
 
 
 def test_parent_must_be_an_other_call_of_the_same_rollout() -> None:
@@ -145,11 +145,11 @@ def test_parent_must_be_an_other_call_of_the_same_rollout() -> None:
     ],
 )
 def test_inputs_that_break_the_contract_stage_nothing(overrides: dict[str, Any], path: str) -> None:
-    dataplane = DictDataPlane()
+    data_plane = DictDataPlane()
     with pytest.raises(InvalidArgumentError) as info:
-        _root(CaptureWriter(dataplane), **overrides)
+        _root(CaptureWriter(data_plane), **overrides)
     assert info.value.path == f"$.{path}"
-    assert dataplane.put_log == []
+    assert data_plane.put_log == []
 
 
 def test_root_with_an_empty_prompt_is_allowed() -> None:

@@ -181,7 +181,7 @@ def test_enospc_mid_save_leaves_the_previous_checkpoint(
 ) -> None:
     store.save(1, files_for(1))
     latest_before = latest(store)
-    real_write = _checkpoint_dir._write_new_file
+    real_write = _checkpoint_dir.write_new_file
     calls: list[Path] = []
 
     def full_disk(path: Path, data: bytes | memoryview) -> None:
@@ -193,7 +193,7 @@ def test_enospc_mid_save_leaves_the_previous_checkpoint(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(path, data)
 
-    monkeypatch.setattr(_checkpoint_dir, "_write_new_file", full_disk)
+    monkeypatch.setattr(_checkpoint_dir, "write_new_file", full_disk)
     with pytest.raises(OSError) as caught:
         store.save(2, files_for(2))
     assert len(calls) == fail_on_write

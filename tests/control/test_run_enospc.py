@@ -127,7 +127,7 @@ def test_enospc_in_a_checkpoint_write_keeps_the_previous_checkpoint(
 ) -> None:
     config = fast_config()
     out = tmp_path / "run"
-    original = _checkpoint_dir._write_new_file
+    original = _checkpoint_dir.write_new_file
     # Each checkpoint writes 4 files; fail inside the third checkpoint.
     check = _fail_after(10, lambda: OSError(errno.ENOSPC, "No space left on device"))
 
@@ -135,14 +135,14 @@ def test_enospc_in_a_checkpoint_write_keeps_the_previous_checkpoint(
         check()
         original(path, data)
 
-    monkeypatch.setattr(_checkpoint_dir, "_write_new_file", write)
+    monkeypatch.setattr(_checkpoint_dir, "write_new_file", write)
     with pytest.raises(OSError) as raised:
         run_job(out, config)
     assert raised.value.errno == errno.ENOSPC
     assert _newest_step(out) < config.job.steps  # the last good one, intact
     leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
     assert leftovers == []
-    monkeypatch.setattr(_checkpoint_dir, "_write_new_file", original)
+    monkeypatch.setattr(_checkpoint_dir, "write_new_file", original)
     _resume_and_audit(out, config)
 
 

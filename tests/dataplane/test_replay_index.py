@@ -450,3 +450,16 @@ def test_a_bare_string_of_row_keys_is_refused_not_taken_as_one_key(store: Memory
     with pytest.raises(BareStringError, match="row_keys must be a collection of str"):
         index.commit(cut, "g", "g_g0", target_step=0, min_weight_version=0, max_weight_version=0)
     assert snapshot_of(index) == before
+
+
+def test_metrics_by_group_is_the_sidecar_copy_of_what_the_index_owns(
+    index: ReplayIndex, store: MemoryDataPlane, cut: FakeCut
+) -> None:
+    publish(index, store, cut, "p1", metrics={"reward": 0.5})
+    publish(index, store, cut, "p0")
+    copied = index.metrics_by_group()
+    assert copied == {"p0": {}, "p1": {"reward": 0.5}}
+    copied["p1"]["reward"] = 9.0  # a fresh copy: the index keeps its own
+    assert index.metrics_by_group()["p1"] == {"reward": 0.5}
+    restored = ReplayIndex.from_state_dict(index.state_dict(), data_plane=store, group_size=N)
+    assert restored.metrics_by_group() == {"p0": {}, "p1": {"reward": 0.5}}

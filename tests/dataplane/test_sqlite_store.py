@@ -126,7 +126,7 @@ def test_backends_restore_each_others_snapshots(tmp_path: Path, direction: str) 
 _KILLED_SNAPSHOT = """
 import os, signal, sys
 from pathlib import Path
-from rollout_recovery.dataplane._publish import publish_directory
+from rollout_recovery._durable import publish_directory
 
 def fill(temporary):
     (temporary / "rows.sqlite3").write_bytes(b"x" * 1_000_000)

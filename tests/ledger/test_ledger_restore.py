@@ -17,6 +17,8 @@ import pytest
 from ledger_support import (
     CHECKS,
     CUT,
+    DEAD,
+    DEAD_CUT_MESSAGE,
     LOG_CONTEXT,
     assert_primitive_tree,
     current_statuses,
@@ -1446,3 +1448,25 @@ def test_load_failure_after_a_valid_group_loads_nothing() -> None:
     # the ledger is still usable and still empty
     target.load_state_dict(CUT, _rich_ledger().state_dict())
     assert len(target) == 5
+
+
+def _decoded_groups(state: dict[str, Any]) -> list[Any]:
+    import msgspec
+
+    from rollout_recovery.ledger.codec_support import GroupState
+
+    return msgspec.convert(state["groups"], list[GroupState])
+
+
+def test_load_decoded_groups_is_the_fast_load_state_dict_and_takes_the_cut() -> None:
+    state = _rich_ledger().state_dict()
+    target = RolloutRecoveryLedger()
+    with pytest.raises(RuntimeError, match=DEAD_CUT_MESSAGE):
+        target.load_decoded_groups(DEAD, _decoded_groups(state))
+    assert len(target) == 0
+    target.load_decoded_groups(CUT, _decoded_groups(state))
+    expected = RolloutRecoveryLedger.from_state_dict(state).groups()
+    assert target.groups() == expected
+    assert RolloutRecoveryLedger.from_decoded_groups(_decoded_groups(state)).groups() == expected
+    with pytest.raises(RuntimeError, match="non-empty"):
+        target.load_decoded_groups(CUT, _decoded_groups(state))

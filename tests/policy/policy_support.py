@@ -33,7 +33,7 @@ def staged_episode(
     task: Mapping[str, Any],
     rng: np.random.Generator,
     writer: CaptureWriter,
-    dataplane: MemoryDataPlane,
+    data_plane: MemoryDataPlane,
     rollout_id: str,
 ) -> tuple[LinearizedRollout, float]:
     """One two-call episode staged like the simulated backend does, then verified.
@@ -63,7 +63,7 @@ def staged_episode(
         weight_version=snapshot.version,
     )
     receipt = assemble_receipt(rollout_id, [first, second], terminal_model_call_id="answer")
-    linearized = fetch_and_verify(receipt, dataplane, partition=writer.partition)
+    linearized = fetch_and_verify(receipt, data_plane, partition=writer.partition)
     assert isinstance(linearized, LinearizedRollout), linearized
     reward = 1.0 if answer[0] - DIGIT_BASE == task["answer"] else 0.0
     return linearized, reward

@@ -42,13 +42,13 @@ def test_sampled_logprobs_equal_the_recomputation_on_the_linearized_row(
 ) -> None:
     snapshot = _snapshot(seed)
     task = TaskSet(100, seed=seed, prompt_group_every=3)[idx]
-    dataplane = MemoryDataPlane()
+    data_plane = MemoryDataPlane()
     row, reward = staged_episode(
         snapshot,
         task,
         np.random.default_rng(seed),
-        CaptureWriter(dataplane),
-        dataplane,
+        CaptureWriter(data_plane),
+        data_plane,
         "r0",
     )
     prompt = task["prompt_token_ids"]
@@ -76,10 +76,10 @@ def test_sampled_logprobs_equal_the_recomputation_on_the_linearized_row(
 
 def test_another_snapshot_recomputes_different_logprobs() -> None:
     # The exactness check above could pass vacuously if token_logprobs ignored the params.
-    dataplane = MemoryDataPlane()
+    data_plane = MemoryDataPlane()
     task = TaskSet(10, seed=0, prompt_group_every=1)[0]
     row, _ = staged_episode(
-        _snapshot(1), task, np.random.default_rng(0), CaptureWriter(dataplane), dataplane, "r"
+        _snapshot(1), task, np.random.default_rng(0), CaptureWriter(data_plane), data_plane, "r"
     )
     other = _snapshot(2).token_logprobs(row.token_ids, row.token_mask)
     assert not np.array_equal(other.astype(np.float32), row.logprobs)

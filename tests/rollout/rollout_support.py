@@ -21,8 +21,8 @@ class SignallingWriter(CaptureWriter):
     """A CaptureWriter that also sets an event per staged call: tests wait on what the
     backend did, never on the clock."""
 
-    def __init__(self, dataplane: MemoryDataPlane) -> None:
-        super().__init__(dataplane)
+    def __init__(self, data_plane: MemoryDataPlane) -> None:
+        super().__init__(data_plane)
         self.staged: list[CallRecord] = []
         self.first_staged = asyncio.Event()
 
@@ -36,7 +36,7 @@ class SignallingWriter(CaptureWriter):
 @dataclass
 class Rig:
     backend: SimulatedAgentBackend
-    dataplane: MemoryDataPlane
+    data_plane: MemoryDataPlane
     writer: SignallingWriter
     counter: list[int] = field(default_factory=lambda: [0])
 
@@ -51,7 +51,9 @@ class Rig:
         )
 
     def staged_keys(self, rollout_id: str) -> list[str]:
-        return [k for k in self.dataplane.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")]
+        return [
+            k for k in self.data_plane.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")
+        ]
 
 
 def snapshot(version: int = 0, seed: int = 0, spread: float = 1.0) -> PolicySnapshot:
@@ -67,7 +69,7 @@ def make_rig(
     stage_in_thread: bool = False,
 ) -> Rig:
     # Built inside the running loop, so the writer's event belongs to it.
-    dataplane = MemoryDataPlane()
+    data_plane = MemoryDataPlane()
     backend = SimulatedAgentBackend(
         task_set=TASKS,
         seed=seed,
@@ -76,10 +78,10 @@ def make_rig(
         latency_jitter=0.3,
         faults=faults or FaultSettings(),
         initial_weights=snapshot(),
-        data_plane=dataplane,
+        data_plane=data_plane,
         stage_in_thread=stage_in_thread,
     )
-    return Rig(backend=backend, dataplane=dataplane, writer=SignallingWriter(dataplane))
+    return Rig(backend=backend, data_plane=data_plane, writer=SignallingWriter(data_plane))
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -29,7 +29,7 @@ from rollout_recovery.rollout import (
 
 
 def _verify(rig: Rig, result: AttemptResult) -> LinearizedRollout | Rejection:
-    return fetch_and_verify(result.receipt, rig.dataplane, expected_rollout_id=result.rollout_id)
+    return fetch_and_verify(result.receipt, rig.data_plane, expected_rollout_id=result.rollout_id)
 
 
 def test_the_backend_satisfies_the_protocol() -> None:
@@ -151,7 +151,7 @@ def test_tamper_is_rejected_at_verification() -> None:
         assert rig.backend.fault_counts["tamper"] == 1
         # Only the tokens moved: the header still matches the receipt's record.
         record = result.receipt["manifest"][1]
-        (row,) = rig.dataplane.get(STAGING_PARTITION, [record["staging_key"]])
+        (row,) = rig.data_plane.get(STAGING_PARTITION, [record["staging_key"]])
         assert row.metadata["digest"] == record["digest"]
         assert row.metadata["cumulative_hash"] == record["cumulative_hash"]
 

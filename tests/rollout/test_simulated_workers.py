@@ -62,7 +62,7 @@ def test_a_crash_fails_every_attempt_in_flight_on_its_worker() -> None:
         # The worker comes back, and a fault-free attempt then runs on it.
         backend.set_faults(FaultSettings())
         result = await backend.run_attempt(rig.request(4), rig.writer)
-        assert isinstance(fetch_and_verify(result.receipt, rig.dataplane), LinearizedRollout)
+        assert isinstance(fetch_and_verify(result.receipt, rig.data_plane), LinearizedRollout)
         assert backend.worker_status() == {"worker-0": True}
         await backend.aclose()
 

@@ -79,12 +79,12 @@ def verify_and_linearize(
 
 def fetch_and_verify(
     receipt: ReceiptInput,
-    dataplane: DataPlane,
+    data_plane: DataPlane,
     *,
     partition: str = STAGING_PARTITION,
     expected_rollout_id: str | None = None,
 ) -> LinearizedRollout | Rejection:
-    """Fetch every manifest row from ``dataplane`` in manifest order, then verify.
+    """Fetch every manifest row from ``data_plane`` in manifest order, then verify.
 
     A key the store does not hold (its ``KeyError``) becomes ``missing_staging_row``; a
     stored row the store cannot decode (``InvalidRowError``) becomes ``invalid_staging_row``.
@@ -94,7 +94,7 @@ def fetch_and_verify(
     if isinstance(checked, Rejection):
         return checked
     try:
-        rows = dataplane.get(partition, checked.staging_keys)
+        rows = data_plane.get(partition, checked.staging_keys)
     except KeyError as exc:
         # Prefer a store's structured list of missing keys; a plain KeyError names one key.
         missing = getattr(exc, "keys", None)

@@ -47,14 +47,14 @@ def _token_array(
 
 
 class CaptureWriter:
-    """Stages model calls into ``partition`` of ``dataplane`` and mints their call records.
+    """Stages model calls into ``partition`` of ``data_plane`` and mints their call records.
 
     Stateless apart from its store: the caller keeps the records it gets back (the manifest
     store) and passes a call's parent record when it stages a continuation.
     """
 
-    def __init__(self, dataplane: DataPlane, *, partition: str = STAGING_PARTITION) -> None:
-        self._dataplane = dataplane
+    def __init__(self, data_plane: DataPlane, *, partition: str = STAGING_PARTITION) -> None:
+        self._data_plane = data_plane
         self._partition = partition
 
     @property
@@ -165,5 +165,5 @@ class CaptureWriter:
             metadata=header.to_dict(),
         )
         # Durable first: only a staged row may be acknowledged with a call record.
-        self._dataplane.put(self._partition, {key: row})
+        self._data_plane.put(self._partition, {key: row})
         return header.call_record(key)

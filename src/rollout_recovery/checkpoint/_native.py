@@ -22,21 +22,20 @@ Python walk. The schema's value rules (enums, invariants) are the ledger's job: 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import operator
 from collections.abc import Sequence
-from typing import Any, Final, Generic, TypeVar
+from enum import StrEnum
+from types import GenericAlias, UnionType
+from typing import Any, Final, Generic, TypeVar, Union, Unpack, cast, get_args, get_origin
 
 import msgspec
 
 from .. import __version__
 from ..errors import InvalidStateError, InvalidStateTypeError, split_validation_path
 from ..ledger import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryLedger
-from ..ledger.codec_support import (
-    GroupState,
-    build_controller_state,
-    check_sampler_stamps_flag,
-)
-from ..rewards import CaptureRewardSettings, FinalizedReward
+from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
 from ._errors import SidecarFormatError
 
 __all__ = [
@@ -79,71 +78,60 @@ class NativeEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 # ------------------------------------------------------------------------ payload schema
-# Shaped exactly like the sidecar dict, so field paths in errors are the state's paths.
-# Leaves whose rules are the ledger's (enum values, id formats) are typed as their storage
-# type only; the ledger checks them after. ``gc=False``: 10^5 attempts, never cyclic.
+# The payload is ``_Sidecar`` parameterized by the group type, and both group types are the
+# ledger's storage Structs: ``GroupState`` itself for the fast load, and for the readers
+# that must see the file as written (``decode_native``: inspect, validate, convert) the same
+# Structs with three leaf rules relaxed, derived below rather than restated, so a field added
+# to storage is in both payloads at once. The relaxations keep a value exactly as stored:
+# an enum is read as its ``str`` (the ledger names an unknown value with the seed's message),
+# a ``float`` also as an ``int`` (int stays int: a file must read back to exactly the state
+# that was written; the storage type would turn ``1`` into ``1.0``), and a ``dict[str, ...]``
+# with any key type (a receipt's bad key is reported by the ledger, not by msgspec). Storage
+# Structs no rule touches (prompt_ref, reward checks, log context) are used as they are.
 # ``Any`` appears only where the schema holds free-form plain data: receipts, reward
 # settings and finalized-reward rows, whose owners validate them on load.
 
 
-class _PromptRef(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    sample_id: str
-    task_name: str | None
+def _as_written(annotation: Any) -> Any:
+    """``annotation`` with the ledger's reading rules relaxed to the file's primitive types."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return _as_written_struct(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, StrEnum):
+        return str
+    if annotation is float:
+        return int | float
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is dict and args[0] is str:
+        return GenericAlias(dict, (Any, _as_written(args[1])))
+    if origin is list:
+        return GenericAlias(list, (_as_written(args[0]),))
+    if origin in (Union, UnionType):
+        return functools.reduce(operator.or_, map(_as_written, args))
+    return annotation
 
 
-class _RewardChecks(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    duplicated_reasoning: bool
-    empty_final_answer: bool
-    low_effort: bool
+@functools.cache
+def _as_written_struct(struct: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    """``struct`` itself when no rule relaxes a field, else its twin with the same fields."""
+    stored = [(field.name, field.type) for field in msgspec.structs.fields(struct)]
+    written = [(name, _as_written(annotation)) for name, annotation in stored]
+    if written == stored:
+        return struct
+    return msgspec.defstruct(
+        f"{struct.__name__}AsWritten", written, gc=False, forbid_unknown_fields=True
+    )
 
 
-class _RewardLogContext(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    agent_name: str
-    full_result_json: str | None
-
-
-class _Attempt(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    attempt_uuid: bytes
-    status: str
-    receipt: dict[Any, Any] | None
-    # int stays int: the file must load to exactly the state that was written.
-    reward: int | float | None
-    mask_sample: bool | None
-    reward_checks: _RewardChecks | None
-    reward_log_context: _RewardLogContext | None
-    staging_keys: list[str]
-
-
-class _Sibling(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    generation_index: int
-    attempts: list[_Attempt]
-
-
-class _Group(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    group_id: str
-    admission_id: str
-    prompt_id: str
-    prompt_ref: _PromptRef
-    task_source: str | None
-    recovery_granularity: str
-    expected_generations: int
-    target_step: int | None
-    start_weight_version: int
-    status: str
-    phase: str
-    siblings: list[_Sibling]
-
-
-_G = TypeVar("_G", "_Group", GroupState)
+_G = TypeVar("_G")
 
 
 class _Sidecar(msgspec.Struct, Generic[_G], gc=False, forbid_unknown_fields=True, kw_only=True):
     """The payload schema; the group type is the parameter.
 
-    ``_Sidecar[_Group]`` keeps every value exactly as stored (conversions reproduce the
-    original bytes). ``_Sidecar[GroupState]`` decodes straight into the ledger's storage,
-    so ``load_sidecar`` hands groups to ``RolloutRecoveryLedger.from_decoded_groups``
-    without another conversion; it is stricter only where the ledger would refuse anyway.
+    ``_Sidecar[GroupState as written]`` keeps every value exactly as stored (conversions
+    reproduce the original bytes). ``_Sidecar[GroupState]`` decodes straight into the
+    ledger's storage, so ``load_sidecar`` hands groups to the ledger without another
+    conversion; it is stricter only where the ledger would refuse anyway.
     """
 
     # Field order is ``build_rollout_recovery_state``'s key order, so decoding keeps it and
@@ -171,7 +159,10 @@ def _refuse_extension(code: int, data: memoryview) -> Any:
 
 
 _ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(NativeEnvelope, ext_hook=_refuse_extension)
-_PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar[_Group], ext_hook=_refuse_extension)
+# A type built at import time cannot be a static type argument; ``Any`` lets it be one here.
+_PAYLOAD_DECODER: Final = msgspec.msgpack.Decoder(
+    cast(Any, _Sidecar)[_as_written_struct(GroupState)], ext_hook=_refuse_extension
+)
 _LOADABLE_DECODER: Final = msgspec.msgpack.Decoder(_Sidecar[GroupState], ext_hook=_refuse_extension)
 _ENCODER: Final = msgspec.msgpack.Encoder()
 # Besides DecodeError, msgspec lets these escape on malformed input (found by the fuzz
@@ -223,35 +214,19 @@ def encode_native(state: dict[Any, Any], *, verify: bool = True) -> bytes:
 
 
 def encode_native_checkpoint(
-    ledger: RolloutRecoveryLedger,
-    *,
-    batch_shortfall: dict[int, int],
-    sampler_stamps_target_steps: bool,
-    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
-    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
-    reward_settings: CaptureRewardSettings | None = None,
-    canonical_group_ids: set[str] | None = None,
+    ledger: RolloutRecoveryLedger, **fields: Unpack[SidecarFields]
 ) -> bytes:
     """The native file's bytes for a checkpoint, encoded straight from ledger storage.
 
-    Reads back to exactly ``build_rollout_recovery_state(ledger, ...)`` with the same
-    arguments, and refuses what it refuses, but builds no dicts for the groups: run it
-    inside the checkpoint cut, then write the bytes (``atomic_write_bytes``) after the cut
-    is released. The ledger's own checks (checkpoint-safe, prompts bound) and the
-    sidecar's validation seam run first; receipts are plain data by construction.
+    Takes ``build_rollout_recovery_state``'s keyword arguments (``SidecarFields``),
+    reads back to exactly what it builds from them and refuses what it refuses, but
+    builds no dicts for the groups: run it inside the checkpoint cut, then write the bytes
+    (``atomic_write_bytes``) after the cut is released. The ledger's own checks
+    (checkpoint-safe, prompts bound) and the sidecar's validation seam run first
+    (``checkpoint_parts``, shared with the builder); receipts are plain data by
+    construction.
     """
-    # The builder's order, so the same bad input raises the same error: the flag's type,
-    # then the ledger's checks, then the controller fields.
-    check_sampler_stamps_flag(sampler_stamps_target_steps)
-    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
-    controller = build_controller_state(
-        batch_shortfall=batch_shortfall,
-        sampler_stamps_target_steps=sampler_stamps_target_steps,
-        finalizer_metrics_by_group=finalizer_metrics_by_group,
-        finalizer_rewards_by_group=finalizer_rewards_by_group,
-        reward_settings=reward_settings,
-        canonical_group_ids=canonical_group_ids,
-    )
+    groups, controller = checkpoint_parts(ledger, operation="encode_native_checkpoint", **fields)
     sidecar = _Sidecar[GroupState](
         schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups, **controller
     )

@@ -24,7 +24,6 @@ processes must not share a run directory.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._durable import atomic_write_bytes, fsync_directory
+from .._durable import atomic_write_bytes, fsync_directory, write_new_file
 from ..errors import (
     CheckpointDirectoryError,
     InvalidArgumentError,
@@ -230,7 +229,7 @@ class CheckpointStore:
         temporary.mkdir()
         entries: dict[str, dict[str, Any]] = {}
         for file_name, data in files.items():
-            _write_new_file(temporary / file_name, data)
+            write_new_file(temporary / file_name, data)
             entries[file_name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         # The files' directory entries must be durable before a marker that vouches for them.
         fsync_directory(temporary)
@@ -241,7 +240,7 @@ class CheckpointStore:
             "files": entries,
         }
         crash_point("checkpoint.before_committed")
-        _write_new_file(
+        write_new_file(
             temporary / COMMITTED_FILENAME,
             (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode("utf-8"),
         )
@@ -375,12 +374,12 @@ class CheckpointStore:
         def fail(message: str) -> CheckpointDirectoryError:
             return CheckpointDirectoryError(message, directory=str(directory))
 
-        try:
-            raw = (directory / COMMITTED_FILENAME).read_bytes()
-        except FileNotFoundError:
-            raise fail(f"missing {COMMITTED_FILENAME} marker (incomplete checkpoint)") from None
-        except OSError as exc:
-            raise fail(f"cannot read {COMMITTED_FILENAME}: {exc}") from exc
+        raw = _read_or_fail(
+            directory / COMMITTED_FILENAME,
+            fail,
+            missing=f"missing {COMMITTED_FILENAME} marker (incomplete checkpoint)",
+            unreadable=f"cannot read {COMMITTED_FILENAME}",
+        )
         try:
             manifest = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -388,12 +387,12 @@ class CheckpointStore:
         entries = _check_manifest(manifest, checkpoint.step, fail)
         files: dict[str, bytes] = {}
         for file_name, (size, sha256) in entries.items():
-            try:
-                data = (directory / file_name).read_bytes()
-            except FileNotFoundError:
-                raise fail(f"{file_name}: missing (listed in {COMMITTED_FILENAME})") from None
-            except OSError as exc:
-                raise fail(f"{file_name}: cannot read: {exc}") from exc
+            data = _read_or_fail(
+                directory / file_name,
+                fail,
+                missing=f"{file_name}: missing (listed in {COMMITTED_FILENAME})",
+                unreadable=f"{file_name}: cannot read",
+            )
             if len(data) != size:
                 raise fail(f"{file_name}: size mismatch (manifest {size} bytes, file {len(data)})")
             actual = hashlib.sha256(data).hexdigest()
@@ -451,19 +450,20 @@ class CheckpointStore:
         )
 
 
-def _write_new_file(path: Path, data: bytes | memoryview) -> None:
-    """Create ``path`` (it must not exist) with ``data``, fsynced before returning."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+def _read_or_fail(
+    path: Path,
+    fail: Callable[[str], CheckpointDirectoryError],
+    *,
+    missing: str,
+    unreadable: str,
+) -> bytes:
+    """``path``'s bytes; a missing or unreadable file is the checkpoint's fault."""
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            written = os.write(descriptor, view)
-            if written == 0:  # pragma: no cover - write(2) returns 0 only for 0 bytes
-                raise OSError(errno.EIO, "write returned 0", str(path))
-            view = view[written:]
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise fail(missing) from None
+    except OSError as exc:
+        raise fail(f"{unreadable}: {exc}") from exc
 
 
 def _check_manifest(

@@ -154,7 +154,7 @@ def write_reward_plot(
     for x, y in points:
         draw.ellipse([(x - 3, y - 3), (x + 3, y + 3)], fill=REWARD_COLOUR)
     if not points:
-        _centred_text(
+        _place_text(
             draw,
             font,
             (frame.left + frame.right) // 2,
@@ -163,7 +163,7 @@ def write_reward_plot(
             NOTE_COLOUR,
         )
     elif len(points) == 1:
-        _centred_text(
+        _place_text(
             draw,
             font,
             (frame.left + frame.right) // 2,
@@ -171,7 +171,7 @@ def write_reward_plot(
             "only one step so far",
             NOTE_COLOUR,
         )
-    _centred_text(draw, font, PLOT_SIZE[0] // 2, 12, title, TEXT_COLOUR)
+    _place_text(draw, font, PLOT_SIZE[0] // 2, 12, title, TEXT_COLOUR)
     _draw_legend(draw, font, frame)
 
     buffer = io.BytesIO()
@@ -208,13 +208,11 @@ def _draw_axes(draw: ImageDraw.ImageDraw, font: _Font, frame: PlotFrame) -> None
     for value in _ticks(frame.step_min, frame.step_max, integer=True):
         x = frame.x_of(value)
         draw.line([(x, frame.bottom), (x, frame.bottom + 5)], fill=AXIS_COLOUR, width=1)
-        _centred_text(draw, font, x, frame.bottom + 14, f"{value:g}", TEXT_COLOUR)
+        _place_text(draw, font, x, frame.bottom + 14, f"{value:g}", TEXT_COLOUR)
     draw.line([(frame.left, frame.top), (frame.left, frame.bottom)], fill=AXIS_COLOUR, width=1)
     draw.line([(frame.left, frame.bottom), (frame.right, frame.bottom)], fill=AXIS_COLOUR, width=1)
-    _centred_text(
-        draw, font, (frame.left + frame.right) // 2, frame.bottom + 34, "step", TEXT_COLOUR
-    )
-    _left_text(draw, font, 6, frame.top - 12, "mean reward", TEXT_COLOUR)
+    _place_text(draw, font, (frame.left + frame.right) // 2, frame.bottom + 34, "step", TEXT_COLOUR)
+    _place_text(draw, font, 6, frame.top - 12, "mean reward", TEXT_COLOUR, align="left")
 
 
 def _ticks(low: float, high: float, *, integer: bool = False) -> list[float]:
@@ -271,7 +269,7 @@ def _draw_legend(draw: ImageDraw.ImageDraw, font: _Font, frame: PlotFrame) -> No
             draw.polygon(
                 [(x0 + 11, y + 4), (x0 + 6, y - 3), (x0 + 16, y - 3)], fill=CHECKPOINT_COLOUR
             )
-        _left_text(draw, font, x1 + 6, y, entry, TEXT_COLOUR)
+        _place_text(draw, font, x1 + 6, y, entry, TEXT_COLOUR, align="left")
         x0 = x1 + 6 + width + gap
 
 
@@ -288,7 +286,7 @@ def _place_text(
     text: str,
     colour: tuple[int, int, int],
     *,
-    align: str,
+    align: str = "centre",
 ) -> None:
     """Text vertically centred on ``y``; ``x`` is its left edge, centre or right edge.
 
@@ -300,25 +298,3 @@ def _place_text(
     start = {"left": x, "centre": x - width / 2, "right": x - width}[align]
     origin = (round(start - left), round(y - (top + bottom) / 2))
     draw.text(origin, text, fill=colour, font=font)
-
-
-def _centred_text(
-    draw: ImageDraw.ImageDraw,
-    font: _Font,
-    x: int,
-    y: int,
-    text: str,
-    colour: tuple[int, int, int],
-) -> None:
-    _place_text(draw, font, x, y, text, colour, align="centre")
-
-
-def _left_text(
-    draw: ImageDraw.ImageDraw,
-    font: _Font,
-    x: int,
-    y: int,
-    text: str,
-    colour: tuple[int, int, int],
-) -> None:
-    _place_text(draw, font, x, y, text, colour, align="left")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from types import TracebackType
 from typing import TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .._closing import Closing
 from ..errors import ClosedResourceError
 
 __all__ = ["RunReporter", "RunSummary", "render_summary"]
@@ -27,7 +27,7 @@ def _format_reward(reward: float | None) -> str:
     return f"{reward:.3f}"
 
 
-class RunReporter:
+class RunReporter(Closing):
     """Live progress of one run.
 
     On a terminal (``console.is_terminal``) it shows a rich progress bar with the step
@@ -61,17 +61,6 @@ class RunReporter:
     def plain(self) -> bool:
         """True when this reporter prints plain lines rather than a progress bar."""
         return self._plain
-
-    def __enter__(self) -> RunReporter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def start(self, total_steps: int, resumed_from: int | None) -> None:
         """Begin the display; ``resumed_from`` is the completed-step count of the restore.

@@ -16,17 +16,21 @@ import msgspec
 import numpy as np
 
 from .._bounds import MAX_PLAIN_DEPTH
-from ..errors import InvalidRowError, is_utf8_text, refuse_bare_string
+from .._cut import MutationCut
+from ..errors import InvalidRowError, MissingRowError, is_utf8_text, refuse_bare_string
 from ._protocol import Row
 
 __all__ = [
     "EncodedRow",
+    "check_clear_arguments",
     "check_key",
     "check_keys_argument",
+    "check_mutation",
     "check_partition",
     "check_stored",
     "decode_row",
     "encode_row",
+    "rows_in_order",
 ]
 
 _FORMAT_VERSION = 1
@@ -121,6 +125,32 @@ def check_keys_argument(keys: Iterable[str], *, operation: str) -> list[str]:
     silently address one-character keys."""
     refuse_bare_string(keys, what="keys", operation=operation)
     return [check_key(key) for key in keys]
+
+
+def check_clear_arguments(
+    partition: str, keys: Iterable[str], cut: MutationCut | None
+) -> list[str]:
+    """A ``clear``'s arguments in every backend's order: the cut, the partition, the keys."""
+    check_mutation(partition, cut)
+    return check_keys_argument(keys, operation="clear")
+
+
+def check_mutation(partition: str, cut: MutationCut | None) -> None:
+    """The first checks of every mutation (put, clear), in every backend's order."""
+    if cut is not None:
+        cut.require_live()
+    check_partition(partition)
+
+
+def rows_in_order(
+    partition: str, wanted: Sequence[str], found: Mapping[str, EncodedRow]
+) -> list[Row]:
+    """A ``get``'s result: decoded rows in ``wanted`` order, or one ``MissingRowError``
+    naming every absent key once."""
+    missing = [key for key in dict.fromkeys(wanted) if key not in found]
+    if missing:
+        raise MissingRowError(partition, missing)
+    return [decode_row(key, found[key]) for key in wanted]
 
 
 def _check_json_like(value: object, path: str, key: str, depth: int = 0) -> None:

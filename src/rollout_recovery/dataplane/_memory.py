@@ -13,14 +13,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .._cut import MutationCut
-from ..errors import DataPlaneClosedError, MissingRowError
+from ..errors import DataPlaneClosedError
 from ._codec import (
     EncodedRow,
+    check_clear_arguments,
     check_key,
     check_keys_argument,
+    check_mutation,
     check_partition,
-    decode_row,
     encode_row,
+    rows_in_order,
 )
 from ._protocol import Row
 from ._sqlite import read_snapshot, write_snapshot
@@ -51,9 +53,7 @@ class MemoryDataPlane:
     def put(
         self, partition: str, rows: Mapping[str, Row], *, cut: MutationCut | None = None
     ) -> None:
-        if cut is not None:
-            cut.require_live()
-        check_partition(partition)
+        check_mutation(partition, cut)
         # Encode (and so validate) everything first: a refused put stores nothing.
         encoded = {check_key(key): encode_row(key, row).owned() for key, row in rows.items()}
         with self._lock:
@@ -68,16 +68,10 @@ class MemoryDataPlane:
             self._require_open()
             stored = self._partitions.get(partition, {})
             found = {key: stored[key] for key in wanted if key in stored}
-        missing = [key for key in dict.fromkeys(wanted) if key not in found]
-        if missing:
-            raise MissingRowError(partition, missing)
-        return [decode_row(key, found[key]) for key in wanted]
+        return rows_in_order(partition, wanted, found)
 
     def clear(self, partition: str, keys: Iterable[str], *, cut: MutationCut | None = None) -> None:
-        if cut is not None:
-            cut.require_live()
-        check_partition(partition)
-        doomed = check_keys_argument(keys, operation="clear")
+        doomed = check_clear_arguments(partition, keys, cut)
         with self._lock:
             self._require_open()
             stored = self._partitions.get(partition)

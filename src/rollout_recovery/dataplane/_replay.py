@@ -49,7 +49,8 @@ _SCHEMA_VERSION = 1
 class ReplayGroup:
     """A committed group: its N canonical row keys (generation order) and scheduling facts.
 
-    ``metrics`` is a logging side-car (finalizer metrics); it is saved but not digested.
+    ``metrics`` are the finalizer's metrics for logging, owned here (the sidecar's copy is
+    derived from :meth:`ReplayIndex.metrics_by_group`); saved but not digested.
     """
 
     group_id: str
@@ -174,6 +175,15 @@ class ReplayIndex:
     def row_keys(self) -> list[str]:
         """Every canonical row key the index owns, sorted."""
         return sorted(self._owner)
+
+    def metrics_by_group(self) -> dict[str, dict[str, float]]:
+        """Each committed group's finalizer metrics (fresh dicts), by group id.
+
+        The index owns finalizer metrics: they are committed with the group's rows, under
+        the same cut, and leave with them. The sidecar's ``finalizer_metrics_by_group``
+        (NeMo-RL's field) is written from this at each checkpoint, never kept apart.
+        """
+        return {group_id: dict(group.metrics) for group_id, group in sorted(self._groups.items())}
 
     # ---- mutations -------------------------------------------------------------------
 

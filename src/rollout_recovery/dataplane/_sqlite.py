@@ -32,30 +32,30 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote
 
+from .._closing import Closing
 from .._cut import MutationCut
-from .._durable import fsync_directory
+from .._durable import fsync_directory, publish_directory, remove_stale_temporaries
 from ..errors import (
     DataPlaneBusyError,
     DataPlaneClosedError,
     InvalidRowError,
     InvalidStateError,
-    MissingRowError,
     StorageFullError,
 )
 from ._codec import (
     EncodedRow,
+    check_clear_arguments,
     check_key,
     check_keys_argument,
+    check_mutation,
     check_partition,
     check_stored,
-    decode_row,
     encode_row,
+    rows_in_order,
 )
 from ._protocol import Row
-from ._publish import publish_directory, remove_stale_temporaries
 
 __all__ = ["SNAPSHOT_FILE", "SqliteDataPlane", "read_snapshot", "write_snapshot"]
 
@@ -286,7 +286,7 @@ def read_snapshot(directory: Path) -> list[tuple[str, str, EncodedRow]]:
         conn.close()
 
 
-class SqliteDataPlane:
+class SqliteDataPlane(Closing):
     """The :class:`~rollout_recovery.dataplane.DataPlane` on one SQLite file.
 
     ``path`` is the database file (created if missing; its ``-wal`` and ``-shm`` files sit
@@ -355,17 +355,6 @@ class SqliteDataPlane:
     def path(self) -> Path:
         return self._path
 
-    def __enter__(self) -> SqliteDataPlane:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self._conn is None else "open"
         return f"SqliteDataPlane({str(self._path)!r}, {state})"
@@ -395,9 +384,7 @@ class SqliteDataPlane:
     def put(
         self, partition: str, rows: Mapping[str, Row], *, cut: MutationCut | None = None
     ) -> None:
-        if cut is not None:
-            cut.require_live()
-        check_partition(partition)
+        check_mutation(partition, cut)
         # Validate every row before the transaction starts; encoding borrows the caller's
         # arrays and sqlite3 copies them on bind.
         params = [(partition, key, *encode_row(check_key(key), row)) for key, row in rows.items()]
@@ -427,16 +414,10 @@ class SqliteDataPlane:
                         found[key] = EncodedRow(*blobs)
             finally:
                 conn.execute("COMMIT")
-        missing = [key for key in unique if key not in found]
-        if missing:
-            raise MissingRowError(partition, missing)
-        return [decode_row(key, found[key]) for key in wanted]
+        return rows_in_order(partition, wanted, found)
 
     def clear(self, partition: str, keys: Iterable[str], *, cut: MutationCut | None = None) -> None:
-        if cut is not None:
-            cut.require_live()
-        check_partition(partition)
-        doomed = check_keys_argument(keys, operation="clear")
+        doomed = check_clear_arguments(partition, keys, cut)
         if not doomed:
             return
         with self._lock, self._write("clear") as conn:

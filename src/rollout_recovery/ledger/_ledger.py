@@ -734,11 +734,14 @@ class RolloutRecoveryLedger:
 
     @classmethod
     def from_decoded_groups(cls, groups: list[GroupState]) -> Self:
-        """Build a ledger from groups a codec decoded straight into the storage schema.
+        """Build a throwaway ledger from groups a codec decoded into the storage schema.
 
-        For sidecar readers: a typed decode of file bytes into ``GroupState`` already did
-        the type checks, so only the cross-field invariants run, and the freshly decoded
-        receipts are taken over rather than copied. The groups must not be used after.
+        For readers (``load_sidecar``): like :meth:`from_state_dict`, it takes no cut,
+        because a ledger it is building has no barrier and no other holder yet. A typed
+        decode of file bytes into ``GroupState`` already did the type checks, so only the
+        cross-field invariants run, and the freshly decoded receipts are taken over rather
+        than copied. The groups must not be used after. To restore into a live ledger,
+        use :meth:`load_decoded_groups`, which takes the cut.
         """
         ledger = cls()
         with paused_gc():
@@ -747,15 +750,29 @@ class RolloutRecoveryLedger:
 
     def load_state_dict(self, cut: MutationCut, state: dict[str, Any]) -> None:
         """Replace this empty ledger's content with a validated checkpoint state."""
+        self._require_restorable(cut)
+        with paused_gc():
+            self._groups = decode_ledger_state(state)
+        self._payloads = {}
+
+    def load_decoded_groups(self, cut: MutationCut, groups: list[GroupState]) -> None:
+        """:meth:`load_state_dict` for groups a codec decoded into the storage schema.
+
+        The fast restore path: only the cross-field invariants run (see
+        :meth:`from_decoded_groups`); the groups must not be used after.
+        """
+        self._require_restorable(cut)
+        with paused_gc():
+            self._groups = check_decoded_groups(groups)
+        self._payloads = {}
+
+    def _require_restorable(self, cut: MutationCut) -> None:
         cut.require_live()
         if self._groups:
             raise InvalidOperationError(
                 "cannot restore into a non-empty rollout recovery ledger "
                 f"(it holds {len(self._groups)} groups)"
             )
-        with paused_gc():
-            self._groups = decode_ledger_state(state)
-        self._payloads = {}
 
     # ------------------------------------------------------------------ helpers
 

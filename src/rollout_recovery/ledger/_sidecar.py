@@ -8,11 +8,17 @@ defensive copies: mutating the input afterwards does not change them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from .._bounds import INT64_MAX
 from .._gc import paused_gc
-from ..errors import InvalidStateError, InvalidStateTypeError, join_path, refuse_bare_string
+from ..errors import (
+    InvalidArgumentTypeError,
+    InvalidStateError,
+    InvalidStateTypeError,
+    join_path,
+    refuse_bare_string,
+)
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
@@ -21,13 +27,14 @@ from ._constants import (
 )
 from ._decode import check_envelope
 from ._ledger import RolloutRecoveryLedger
-from ._storage import groups_to_builtins
+from ._storage import GroupState, groups_to_builtins
 
 __all__ = [
     "ParsedRolloutRecoveryState",
-    "build_controller_state",
+    "SidecarFields",
     "build_rollout_recovery_state",
     "check_sampler_stamps_flag",
+    "checkpoint_parts",
     "parse_rollout_recovery_state",
 ]
 
@@ -173,19 +180,9 @@ def build_rollout_recovery_state(
     part, and finalizer observations are kept only for those canonical groups (the others'
     observations would be orphans after a restore).
     """
-    # The seed's order: the flag's type, then the ledger's checks, then the rest.
-    check_sampler_stamps_flag(sampler_stamps_target_steps)
-    refuse_bare_string(
-        canonical_group_ids, what="canonical_group_ids", operation="build_rollout_recovery_state"
-    )
-    # The groups that are written, after the same checks as the native encoder's.
-    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
-    with paused_gc():
-        state: RolloutRecoveryState = {
-            "schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION,
-            "groups": groups_to_builtins(groups),
-        }
-    controller = build_controller_state(
+    groups, controller = checkpoint_parts(
+        ledger,
+        operation="build_rollout_recovery_state",
         batch_shortfall=batch_shortfall,
         sampler_stamps_target_steps=sampler_stamps_target_steps,
         finalizer_metrics_by_group=finalizer_metrics_by_group,
@@ -193,28 +190,54 @@ def build_rollout_recovery_state(
         reward_settings=reward_settings,
         canonical_group_ids=canonical_group_ids,
     )
-    # build_controller_state already ran the reader's validation seam on every field added
-    # here; the groups come from state_dict, whose checks are the loader's.
+    with paused_gc():
+        state: RolloutRecoveryState = {
+            "schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION,
+            "groups": groups_to_builtins(groups),
+        }
+    # checkpoint_parts already ran the reader's validation seam on every field added here;
+    # the groups come from the ledger's storage, whose checks are the loader's.
     state.update(controller)
     return state
 
 
-def build_controller_state(
-    *,
-    batch_shortfall: dict[int, int],
-    sampler_stamps_target_steps: bool,
-    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
-    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
-    reward_settings: CaptureRewardSettings | None = None,
-    canonical_group_ids: set[str] | None = None,
-) -> dict[str, Any]:
-    """The sidecar's fields besides ``schema_version`` and ``groups``, validated by the
-    reader's own seam; :func:`build_rollout_recovery_state` and the checkpoint encoder
-    that works from ledger storage share it."""
+class SidecarFields(TypedDict, total=False):
+    """The controller's part of a sidecar, as the encoders take it (keyword arguments)."""
+
+    batch_shortfall: Required[dict[int, int]]
+    sampler_stamps_target_steps: Required[bool]
+    finalizer_metrics_by_group: dict[str, dict[str, float]] | None
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None
+    reward_settings: CaptureRewardSettings | None
+    canonical_group_ids: set[str] | None
+
+
+def checkpoint_parts(
+    ledger: RolloutRecoveryLedger, *, operation: str, **fields: Unpack[SidecarFields]
+) -> tuple[list[GroupState], dict[str, Any]]:
+    """A sidecar's two parts: the ledger groups it writes and the controller fields.
+
+    Every encoder goes through here (:func:`build_rollout_recovery_state` and the native
+    encoder that works from ledger storage), so the same bad input raises the same error
+    in the seed's order: the flag's type, then the ledger's checks, then the controller
+    fields, which pass the reader's own validation seam.
+    """
+    unexpected = sorted(set(fields) - SidecarFields.__annotations__.keys())
+    missing = sorted(SidecarFields.__required_keys__ - set(fields))
+    if unexpected or missing:
+        raise InvalidArgumentTypeError(
+            f"{operation}() got unexpected keyword arguments {unexpected} or lacks the "
+            f"required {missing}"
+        )
+    batch_shortfall = fields["batch_shortfall"]
+    sampler_stamps_target_steps = fields["sampler_stamps_target_steps"]
+    finalizer_metrics_by_group = fields.get("finalizer_metrics_by_group")
+    finalizer_rewards_by_group = fields.get("finalizer_rewards_by_group")
+    reward_settings = fields.get("reward_settings")
+    canonical_group_ids = fields.get("canonical_group_ids")
     check_sampler_stamps_flag(sampler_stamps_target_steps)
-    refuse_bare_string(
-        canonical_group_ids, what="canonical_group_ids", operation="build_controller_state"
-    )
+    refuse_bare_string(canonical_group_ids, what="canonical_group_ids", operation=operation)
+    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
     controller: dict[str, Any] = {
         "batch_shortfall": _validate_batch_shortfall(batch_shortfall),
         "sampler_stamps_target_steps": sampler_stamps_target_steps,
@@ -235,7 +258,7 @@ def build_controller_state(
     parse_rollout_recovery_state(
         {"schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION, "groups": [], **controller}
     )
-    return controller
+    return groups, controller
 
 
 def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
