@@ -38,7 +38,7 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from ._plain import nested_deeper_than
+from ._plain import any_nested_deeper_than, nested_deeper_than
 from ._receipts import receipt_staging_keys
 from ._storage import (
     AttemptState,
@@ -333,9 +333,14 @@ def _check_values(groups: list[GroupState], *, own_receipts: bool) -> dict[str, 
     """
     by_id: dict[str, GroupState] = {}
     seen_uuids: set[bytes] = set()
+    # The receipt depth rule, for all receipts in one pass; only if one breaks it does
+    # each attempt check its own (to name the one at fault).
+    check_depth = any_nested_deeper_than(
+        [a.receipt for g in groups for s in g.siblings for a in s.attempts if a.receipt]
+    )
     for position, group in enumerate(groups):
         path = f"$.groups[{position}]"
-        _check_group(group, path, seen_uuids, own_receipts)
+        _check_group(group, path, seen_uuids, own_receipts, check_depth)
         if group.group_id in by_id:
             _fail(f"duplicate recovery group_id={group.group_id!r}", f"{path}.group_id")
         by_id[group.group_id] = group
@@ -381,7 +386,9 @@ class _Fault(Exception):
         self.field = field
 
 
-def _check_group(group: GroupState, path: str, seen_uuids: set[bytes], own_receipts: bool) -> None:
+def _check_group(
+    group: GroupState, path: str, seen_uuids: set[bytes], own_receipts: bool, check_depth: bool
+) -> None:
     for name in ("group_id", "admission_id", "prompt_id"):
         if not getattr(group, name):
             _fail(f"{name} must be a non-empty string, got ''", f"{path}.{name}")
@@ -411,7 +418,7 @@ def _check_group(group: GroupState, path: str, seen_uuids: set[bytes], own_recei
                 )
             gate_prefix = f"{group.group_id}_g{index}_a"
             for position, attempt in enumerate(sibling.attempts):  # noqa: B007
-                _check_attempt(attempt, gate_prefix, seen_uuids, own_receipts)
+                _check_attempt(attempt, gate_prefix, seen_uuids, own_receipts, check_depth)
     except _Fault as fault:
         where = f"{path}.siblings[{index}]"
         if not fault.field.startswith("."):
@@ -457,7 +464,11 @@ def _check_manifest(receipt: dict[str, Any], staging_keys: list[str]) -> None:
 
 
 def _check_attempt(
-    attempt: AttemptState, gate_prefix: str, seen_uuids: set[bytes], own_receipts: bool
+    attempt: AttemptState,
+    gate_prefix: str,
+    seen_uuids: set[bytes],
+    own_receipts: bool,
+    check_depth: bool,
 ) -> None:
     uuid_bytes = attempt.attempt_uuid
     if len(uuid_bytes) != 16:
@@ -521,7 +532,7 @@ def _check_attempt(
             "@.receipt.rollout_id",
         )
     _check_manifest(receipt, attempt.staging_keys)
-    if nested_deeper_than(receipt):
+    if check_depth and nested_deeper_than(receipt):
         # What a seal refuses; the .pt reader's whole-file bound is set to match.
         raise _Fault(f"receipt nested deeper than {MAX_PLAIN_DEPTH} levels", "@.receipt")
     if own_receipts:
