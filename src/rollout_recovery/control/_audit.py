@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,31 @@ class AuditTrail:
 
     def event(self, event: str, **fields: Any) -> None:
         self._append(EVENTS, strict_json_line({"event": event, **fields}))
+
+    def attempts_abandoned(
+        self, group_id: str, attempts: Sequence[tuple[int, str]], *, reason: str, whole_group: bool
+    ) -> None:
+        """``attempt_abandoned`` events: one per ``(generation_index, rollout_id)``, or one
+        for a whole prompt-group cohort (``generation_index`` and ``rollout_id`` null, the
+        cohort's ids in ``rollout_ids``)."""
+        if whole_group:
+            self.event(
+                "attempt_abandoned",
+                group_id=group_id,
+                generation_index=None,
+                rollout_id=None,
+                rollout_ids=[rollout_id for _, rollout_id in attempts],
+                reason=reason,
+            )
+            return
+        for index, rollout_id in attempts:
+            self.event(
+                "attempt_abandoned",
+                group_id=group_id,
+                generation_index=index,
+                rollout_id=rollout_id,
+                reason=reason,
+            )
 
     def trained_row(self, **fields: Any) -> None:
         self._append(TRAINED_ROWS, strict_json_line(fields))

@@ -329,25 +329,13 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
         }
         controller.counters["siblings_reused"] += len(kept)
         for group_id, entries in interrupted.items():
-            record = ledger.get_group(group_id)
-            if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
-                controller.audit.event(
-                    "attempt_abandoned",
-                    group_id=group_id,
-                    generation_index=None,
-                    rollout_id=None,
-                    rollout_ids=[rollout_id for _, rollout_id in entries],
-                    reason="restart",
-                )
-                continue
-            for index, rollout_id in entries:
-                controller.audit.event(
-                    "attempt_abandoned",
-                    group_id=group_id,
-                    generation_index=index,
-                    rollout_id=rollout_id,
-                    reason="restart",
-                )
+            granularity = ledger.get_group(group_id).recovery_granularity
+            controller.audit.attempts_abandoned(
+                group_id,
+                entries,
+                reason="restart",
+                whole_group=granularity is RecoveryGranularity.PROMPT_GROUP,
+            )
         tokens_reused = controller.audit.sealed_tokens(kept)
         report = RestoreReport(
             step=state.step,

@@ -429,24 +429,21 @@ class Controller:
         async with self.barrier.mutation("recovery_retries") as cut:
             record = self.ledger.get_group(group_id)
             self.ledger.abandon_unsealed(cut, group_id)
-            reasons = ",".join(sorted({f.reason for f in failures}))
             if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
-                self.audit.event(
-                    "attempt_abandoned",
-                    group_id=group_id,
-                    generation_index=None,
-                    rollout_id=None,
-                    rollout_ids=record.gate_rollout_ids,
-                    reason=reasons,
+                # The whole cohort goes, the attempts that succeeded with it.
+                self.audit.attempts_abandoned(
+                    group_id,
+                    [(i, record.gate_rollout_id(i)) for i in range(record.expected_generations)],
+                    reason=",".join(sorted({f.reason for f in failures})),
+                    whole_group=True,
                 )
             else:
                 for failure in failures:
-                    self.audit.event(
-                        "attempt_abandoned",
-                        group_id=group_id,
-                        generation_index=failure.generation_index,
-                        rollout_id=failure.rollout_id,
+                    self.audit.attempts_abandoned(
+                        group_id,
+                        [(failure.generation_index, failure.rollout_id)],
                         reason=failure.reason,
+                        whole_group=False,
                     )
 
     async def _drop(self, group_id: str, *, reason: str) -> None:
