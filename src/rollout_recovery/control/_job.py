@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .._durable import atomic_write_bytes
 from ..capture import STAGING_PARTITION
 from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
@@ -70,7 +72,7 @@ class JobComponents:
 
 def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
     """The embedded default: synthetic tasks, simulated agents, the numpy GRPO policy."""
-    job, faults = config.job, config.faults
+    job = config.job
     dataset = TaskSet(
         config.task.dataset_size, seed=job.seed, prompt_group_every=config.task.prompt_group_every
     )
@@ -85,16 +87,9 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
         workers=config.generation.workers,
         call_latency_s=config.generation.call_latency_s,
         latency_jitter=config.generation.latency_jitter,
-        faults=FaultSettings(
-            attempt_failure_rate=faults.attempt_failure_rate,
-            straggler_rate=faults.straggler_rate,
-            straggler_factor=faults.straggler_factor,
-            hang_rate=faults.hang_rate,
-            capture_failure_rate=faults.capture_failure_rate,
-            tamper_rate=faults.tamper_rate,
-            worker_crash_rate=faults.worker_crash_rate,
-            worker_restart_s=faults.worker_restart_s,
-        ),
+        # [faults] has exactly the backend's fault fields, so a new fault cannot be
+        # configured without reaching the backend.
+        faults=FaultSettings(**msgspec.structs.asdict(config.faults)),
         initial_weights=trainer.weights(),
         data_plane=data_plane,
         # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
