@@ -52,7 +52,6 @@ def run(
         raise click.UsageError("Missing option '--out'.")
     console = Console(stderr=False)
     with RunReporter(console, force_plain=plain) as reporter:
-        reporter.start(config.job.steps, None)
         try:
             result = run_job(out, config, progress=reporter, log=reporter.log)
         except OSError as error:

@@ -89,6 +89,8 @@ class PromptDataset(Protocol):
 class RunProgress(Protocol):
     """Where the controller reports progress (the CLI's bar, or nothing)."""
 
+    def start(self, total_steps: int, resumed_from: int | None) -> None: ...
+
     def update(
         self,
         *,

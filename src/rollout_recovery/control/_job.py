@@ -184,6 +184,8 @@ async def _run(
     skipped: list[SkippedCheckpoint] = []
     try:
         if found is None:
+            if controller.progress is not None:
+                controller.progress.start(config.job.steps, None)
             await _start_fresh(controller)
             _log_run(out, "start", step=0)
             log(f"starting a new run of {config.job.steps} steps in {out}")
@@ -193,6 +195,8 @@ async def _run(
                 log(f"skipping checkpoint {skip}")
             assert isinstance(verified, VerifiedCheckpoint)
             restored = await restore_controller(controller, verified)
+            if controller.progress is not None:
+                controller.progress.start(config.job.steps, restored.step)
             _log_run(out, "resume", step=restored.step, checkpoint=restored.checkpoint)
             log(
                 f"resumed from {restored.checkpoint}: step {restored.step}, "
