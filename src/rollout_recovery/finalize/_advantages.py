@@ -83,9 +83,7 @@ def grpo_advantages(
         spread = np.max(np.where(inside, valid, -np.inf), axis=1) > np.min(
             np.where(inside, valid, np.inf), axis=1
         )
-        result = np.divide(
-            centered, std + epsilon, out=np.array(result), where=(std > 0) & spread
-        )
+        result = np.divide(centered, std + epsilon, out=np.array(result), where=(std > 0) & spread)
     advantages[valid_rows] = result
     return advantages
 
