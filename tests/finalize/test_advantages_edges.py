@@ -25,7 +25,8 @@ from rollout_recovery.finalize import ADVANTAGE_EPSILON, grpo_advantages
 def _seed_grpo_advantages(
     rewards: npt.ArrayLike, mask: npt.ArrayLike, *, leave_one_out: bool, normalize: bool
 ) -> npt.NDArray[np.float64]:
-    """The pre-scaling implementation (validation dropped: callers pass valid input)."""
+    """The pre-scaling implementation (validation dropped: callers pass valid input), with
+    the equal-rewards rule added later."""
     values = np.asarray(rewards, dtype=np.float64)
     valid_mask = np.asarray(mask, dtype=np.bool_)
     advantages = np.zeros(values.shape[0], dtype=np.float64)
@@ -45,7 +46,13 @@ def _seed_grpo_advantages(
     std = np.nan_to_num(std, nan=0.0, posinf=0.0)
     centered = valid - baseline
     if normalize:
-        spread = std > 0
+        # Plus the one intended change since: a reference set of equal rewards has no
+        # spread even when its float mean is inexact (the rounding std is not a spread).
+        inside = membership > 0
+        equal = np.max(np.where(inside, valid, -np.inf), axis=1) == np.min(
+            np.where(inside, valid, np.inf), axis=1
+        )
+        spread = (std > 0) & ~equal
         centered = np.where(spread, centered / (std + ADVANTAGE_EPSILON), centered)
     advantages[valid_rows] = centered
     return advantages
