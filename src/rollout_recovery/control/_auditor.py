@@ -27,26 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from ..capture import STAGING_PARTITION
-from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from ..dataplane import CANONICAL_PARTITION, SqliteDataPlane
-from ..errors import InvalidStateError, NotARunDirectoryError, RolloutRecoveryError
-from ..ledger import RolloutAttemptStatus, RolloutRecoveryLedger, parse_rollout_recovery_state
+from ..errors import NotARunDirectoryError, RolloutRecoveryError
+from ..ledger import RolloutAttemptStatus, RolloutRecoveryLedger
 from ._audit import EVENTS
 from ._checkpoint_dir import CheckpointStore, LoadedCheckpoint
-from ._checkpointing import REPLAY_FILE
+from ._checkpointing import decode_checkpoint_files
 from ._config import load_config
-from ._state import CONTROLLER_STATE_FILE, ControllerState, decode_controller_state
+from ._layout import DATA_PLANE_FILE, JOB_FILE, RUN_LOG
+from ._state import ControllerState
 from ._trail_check import CommittedOwnership, TrailLineError, _lines, check_trail
 
 __all__ = ["AuditReport", "audit_run"]
-
-# The run directory's file names (``_job`` writes them; it imports this module's layer).
-JOB_FILE = "job.toml"
-DATA_PLANE_FILE = "dataplane.sqlite"
-RUN_LOG = "run_log.jsonl"
 
 
 @dataclass(slots=True)
@@ -159,20 +152,15 @@ def _committed_checkpoints(store: CheckpointStore, violations: list[str]) -> lis
 
 
 def _decode(loaded: LoadedCheckpoint) -> _Checkpoint:
-    names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
-    if len(names) != 1:
-        raise InvalidStateError(f"expected one sidecar of {list(SIDECAR_FILENAMES)}, found {names}")
-    _, sidecar = decode_sidecar(loaded.files[names[0]])
-    parsed = parse_rollout_recovery_state(sidecar)
-    ledger = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
-    state = decode_controller_state(loaded.files[CONTROLLER_STATE_FILE])
-    replay = msgspec.msgpack.decode(loaded.files[REPLAY_FILE], type=dict[str, Any])
+    files = decode_checkpoint_files(loaded)
     return _Checkpoint(
         name=loaded.name,
         step=loaded.step,
-        state=state,
-        ledger=ledger,
-        replay_groups={group["group_id"]: list(group["row_keys"]) for group in replay["groups"]},
+        state=files.controller_state,
+        ledger=RolloutRecoveryLedger.from_state_dict(files.parsed.ledger_state),
+        replay_groups={
+            group["group_id"]: list(group["row_keys"]) for group in files.replay_state["groups"]
+        },
     )
 
 

@@ -66,9 +66,11 @@ from ._state import (
 __all__ = [
     "POLICY_FILE",
     "REPLAY_FILE",
+    "CheckpointFiles",
     "CheckpointTiming",
     "RestoreReport",
     "VerifiedCheckpoint",
+    "decode_checkpoint_files",
     "restore_controller",
     "take_checkpoint",
     "verify_checkpoint",
@@ -201,6 +203,41 @@ class VerifiedCheckpoint:
     policy: dict[str, npt.NDArray[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointFiles:
+    """A checkpoint's sidecar, controller state and replay index, decoded and checked."""
+
+    parsed: ParsedRolloutRecoveryState
+    controller_state: ControllerState
+    replay_state: dict[str, Any]
+
+
+def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
+    """Decode what every reader of a checkpoint needs (the restore and the auditor).
+
+    Raises ``CheckpointDirectoryError`` for a missing or doubled file and
+    ``InvalidStateError`` for one that does not decode; changes nothing.
+    """
+    where = str(loaded.directory)
+    names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
+    if len(names) != 1:
+        raise CheckpointDirectoryError(
+            f"expected exactly one sidecar of {list(SIDECAR_FILENAMES)}, found {names}",
+            directory=where,
+        )
+    for required in (REPLAY_FILE, CONTROLLER_STATE_FILE, POLICY_FILE):
+        if required not in loaded.files:
+            raise CheckpointDirectoryError(f"missing {required}", directory=where)
+    _, sidecar_state = decode_sidecar(loaded.files[names[0]])
+    parsed = parse_rollout_recovery_state(sidecar_state)
+    state = decode_controller_state(loaded.files[CONTROLLER_STATE_FILE])
+    try:
+        replay_state = msgspec.msgpack.decode(loaded.files[REPLAY_FILE], type=dict[str, Any])
+    except msgspec.DecodeError as error:
+        raise InvalidStateError(f"{where}: unreadable {REPLAY_FILE}: {error}") from None
+    return CheckpointFiles(parsed=parsed, controller_state=state, replay_state=replay_state)
+
+
 def verify_checkpoint(
     loaded: LoadedCheckpoint, *, config: RunConfig, controller: Controller
 ) -> VerifiedCheckpoint:
@@ -210,18 +247,8 @@ def verify_checkpoint(
     (the caller falls back to an older one) and ``JobMismatchError`` for another job's.
     """
     where = str(loaded.directory)
-    names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
-    if len(names) != 1:
-        raise CheckpointDirectoryError(
-            f"expected exactly one sidecar of {list(SIDECAR_FILENAMES)}, found {names}",
-            directory=where,
-        )
-    _, sidecar_state = decode_sidecar(loaded.files[names[0]])
-    parsed = parse_rollout_recovery_state(sidecar_state)
-    for required in (REPLAY_FILE, CONTROLLER_STATE_FILE, POLICY_FILE):
-        if required not in loaded.files:
-            raise CheckpointDirectoryError(f"missing {required}", directory=where)
-    state = decode_controller_state(loaded.files[CONTROLLER_STATE_FILE])
+    files = decode_checkpoint_files(loaded)
+    parsed, state, replay_state = files.parsed, files.controller_state, files.replay_state
     saved_config = config_from_builtins(state.config)
     differences = config_differences(saved_config, config)
     if differences:
@@ -230,11 +257,10 @@ def verify_checkpoint(
             differences=differences,
         )
     try:
-        replay_state = msgspec.msgpack.decode(loaded.files[REPLAY_FILE], type=dict[str, Any])
         with np.load(io.BytesIO(loaded.files[POLICY_FILE]), allow_pickle=False) as npz:
             policy = {name: npz[name] for name in npz.files}
-    except (msgspec.DecodeError, ValueError, OSError) as error:
-        raise InvalidStateError(f"{where}: unreadable checkpoint file: {error}") from None
+    except (ValueError, OSError) as error:
+        raise InvalidStateError(f"{where}: unreadable {POLICY_FILE}: {error}") from None
     # Dry run of the restore's inventory checks on a throwaway ledger.
     scratch = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
     scratch.prepare_for_restart(_AnyCut())

@@ -33,7 +33,6 @@ from ..errors import JobMismatchError
 from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
 from ..rollout import FaultSettings, GenerationBackend, SimulatedAgentBackend
 from ._audit import AUDIT_FILES, EVENTS, METRICS, AuditTrail
-from ._auditor import DATA_PLANE_FILE, JOB_FILE, RUN_LOG
 from ._checkpoint_dir import CheckpointStore, SkippedCheckpoint
 from ._checkpointing import (
     CheckpointTiming,
@@ -45,20 +44,17 @@ from ._checkpointing import (
 )
 from ._config import RunConfig, config_differences, config_to_toml, load_config
 from ._controller import Controller, PromptDataset, RunProgress
+from ._layout import DATA_PLANE_FILE, JOB_FILE, PLOT_FILE, RUN_LOG
 from ._plot import write_reward_plot
 from ._report import RunSummary
+from ._trail_check import _lines
 
 __all__ = [
-    "DATA_PLANE_FILE",
-    "JOB_FILE",
-    "RUN_LOG",
     "JobComponents",
     "JobResult",
     "default_components",
     "run_job",
 ]
-
-PLOT_FILE = "reward.png"
 
 
 @dataclass(slots=True)
@@ -238,10 +234,7 @@ def _log_run(out: Path, event: str, **fields: Any) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return [record for _, record in _lines(path)] if path.exists() else []
 
 
 def _tenth_means(rewards: list[float]) -> tuple[float | None, float | None]:
