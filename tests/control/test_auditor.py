@@ -315,6 +315,20 @@ def test_a_step_directory_without_committed(run: Path) -> None:
     assert report.complete
 
 
+def test_a_checkpoint_whose_manifest_omits_a_file_is_a_violation_not_a_crash(run: Path) -> None:
+    # COMMITTED lists what the directory holds; a manifest without the controller state
+    # loads, so the decoder itself must refuse it (it used to raise a bare KeyError).
+    directory = run / "checkpoints" / "step_000002"
+    manifest = json.loads((directory / "COMMITTED").read_text())
+    del manifest["files"]["controller_state.msgpack"]
+    (directory / "COMMITTED").write_text(json.dumps(manifest))
+    (directory / "controller_state.msgpack").unlink()
+    report = failed(run)
+    assert any(
+        "step_000002" in v and "missing controller_state.msgpack" in v for v in report.violations
+    ), report.violations
+
+
 @pytest.mark.parametrize(
     ("name", "file_name"),
     [("step_000004", "policy.npz"), ("step_000006", "controller_state.msgpack")],
