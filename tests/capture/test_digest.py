@@ -158,3 +158,36 @@ def test_floats_are_hashed_as_float32() -> None:
 def test_call_digest_refuses_invalid_inputs(field: str, value: Any) -> None:
     with pytest.raises(InvalidStateError):
         compute_call_digest(**{**BASE, field: value})
+
+
+def test_extras_digest_follows_the_typed_encoding_byte_for_byte() -> None:
+    import hashlib
+    import struct
+
+    from rollout_recovery.capture._extras import compute_extras_digest
+
+    def u64(n: int) -> bytes:
+        return struct.pack(">Q", n)
+
+    # Keys sorted by UTF-8 bytes: "B" < "a".
+    expected = hashlib.sha256(
+        b"nemo-gym-staging-extras-v1\x01"
+        + b"D"
+        + u64(2)
+        + u64(1)
+        + b"B"
+        + b"L"
+        + u64(3)
+        + b"B\x01"
+        + b"F"
+        + struct.pack(">d", -0.5)
+        + b"N"
+        + u64(1)
+        + b"a"
+        + b"I"
+        + struct.pack(">q", -3)
+    ).hexdigest()
+    assert compute_extras_digest({"a": -3, "B": [True, -0.5, None]}) == expected
+    # Insertion order of keys does not matter; a changed value does.
+    assert compute_extras_digest({"B": [True, -0.5, None], "a": -3}) == expected
+    assert compute_extras_digest({"a": -3, "B": [True, -0.5, 0]}) != expected

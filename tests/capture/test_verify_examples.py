@@ -242,11 +242,25 @@ def test_invalid_staging_row_when_the_row_is_not_a_row(built: Built) -> None:
     _rejected(verify_and_linearize(built.receipt, rows), "invalid_staging_row")
 
 
-def test_invalid_staging_row_for_unsupported_extras(built: Built) -> None:
+def test_corrupt_extras_when_the_digest_names_other_extras(built: Built) -> None:
+    # A consistent forgery of the extras digest alone: the row's (absent) extras no longer
+    # hash to it.
     other_extras = "f" * 64
     receipt, rows = forge(built.receipt, built.rows(), 0, extras_digest=other_extras)
     assert other_extras != EMPTY_EXTRAS_DIGEST
-    _rejected(verify_and_linearize(receipt, rows), "invalid_staging_row")
+    _rejected(verify_and_linearize(receipt, rows), "corrupt_extras")
+
+
+def test_corrupt_extras_when_a_staged_extra_is_changed(built: Built) -> None:
+    rows = built.rows()
+    rows[0] = with_row(rows[0], metadata={**rows[0].metadata, "extras": {"server": "evil"}})
+    _rejected(verify_and_linearize(built.receipt, rows), "corrupt_extras")
+
+
+def test_corrupt_extras_when_an_extra_cannot_be_encoded(built: Built) -> None:
+    rows = built.rows()
+    rows[0] = with_row(rows[0], metadata={**rows[0].metadata, "extras": {"bad": float("nan")}})
+    _rejected(verify_and_linearize(built.receipt, rows), "corrupt_extras")
 
 
 def test_length_mismatch(built: Built) -> None:

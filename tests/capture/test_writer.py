@@ -155,3 +155,54 @@ def test_inputs_that_break_the_contract_stage_nothing(overrides: dict[str, Any],
 def test_root_with_an_empty_prompt_is_allowed() -> None:
     record = _root(CaptureWriter(DictDataPlane()), prompt_token_ids=[])
     assert (record.prev_len, record.delta_len) == (0, 2)
+
+
+# ------------------------------------------------------------------------------ extras
+
+EXTRAS = {
+    "sampling_params": {"max_tokens": 2, "temperature": 1.0, "seed": None},
+    "logprob_mode": "raw_logprobs",
+    "server": "http://127.0.0.1:8000",
+    "weight_version_spans": [{"version": "7", "start": 0, "end": 2}],
+    "ignore_eos": True,
+}
+
+
+def test_extras_are_staged_digested_and_verified() -> None:
+    from rollout_recovery.capture import assemble_receipt, verify_and_linearize
+    from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST, compute_extras_digest
+
+    data_plane = DictDataPlane()
+    record = _root(CaptureWriter(data_plane), extras=EXTRAS)
+    (row,) = data_plane.get(STAGING_PARTITION, [record.staging_key])
+    assert row.metadata["extras"] == EXTRAS
+    assert record.extras_digest == compute_extras_digest(EXTRAS) != EMPTY_EXTRAS_DIGEST
+    receipt = assemble_receipt(RID, [record], terminal_model_call_id="c0")
+    assert verify_and_linearize(receipt, [row]).__class__.__name__ == "LinearizedRollout"
+
+
+def test_a_row_without_extras_keeps_its_old_header() -> None:
+    data_plane = DictDataPlane()
+    record = _root(CaptureWriter(data_plane))
+    (row,) = data_plane.get(STAGING_PARTITION, [record.staging_key])
+    assert "extras" not in row.metadata
+
+
+@pytest.mark.parametrize(
+    ("extras", "path"),
+    [
+        pytest.param({"x": float("inf")}, "$.extras.x", id="infinite-float"),
+        pytest.param({"x": (1, 2)}, "$.extras.x", id="tuple"),
+        pytest.param({"x": [1, np.int64(2)]}, "$.extras.x[1]", id="numpy-scalar"),
+        pytest.param({"x": 2**64}, "$.extras.x", id="int-out-of-range"),
+        pytest.param({"x": {1: "a"}}, "$.extras.x", id="non-str-key"),
+    ],
+)
+def test_extras_that_cannot_round_trip_are_refused_and_nothing_is_staged(
+    extras: dict[str, Any], path: str
+) -> None:
+    data_plane = DictDataPlane()
+    with pytest.raises(InvalidArgumentError) as caught:
+        _root(CaptureWriter(data_plane), extras=extras)
+    assert caught.value.path == path
+    assert data_plane.put_log == []

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from .._bounds import UINT64_LIMIT
 from ..errors import InvalidStateError
+from ._extras import EMPTY_EXTRAS_DIGEST
 
 __all__ = [
     "DIGEST_VERSION",
@@ -47,17 +48,11 @@ DIGEST_VERSION = 2
 EXTRAS_DIGEST_VERSION = 1
 
 _CALL_DOMAIN = b"nemo-gym-staging-call-v2"
-_EXTRAS_DOMAIN = b"nemo-gym-staging-extras-v1"
 _PREFIX_DOMAIN = b"nemo-gym-staging-prefix-v2"
 _CHAIN_DOMAIN = b"nemo-gym-staging-chain-v1"
 
 TokenInput = Sequence[int] | npt.NDArray[np.integer]
 FloatInput = Sequence[float] | npt.NDArray[np.floating]
-
-# The extras digest of "no extras": the typed encoding of None is the single tag byte "N",
-# after the encoding-version byte 0x01. This implementation stages no extras, so every call
-# carries this constant (it still enters the call digest, as upstream).
-EMPTY_EXTRAS_DIGEST = hashlib.sha256(_EXTRAS_DOMAIN + b"\x01" + b"N").hexdigest()
 
 
 def _u64(value: int) -> bytes:

@@ -126,10 +126,20 @@ class StagedCallHeader(_CallFields, frozen=True, kw_only=True, forbid_unknown_fi
     """The metadata stored with a staged row; it names its rollout, so a row is self-describing."""
 
     rollout_id: Identifier
+    # Per-call engine material (sampling params, logprob mode, server versions); its digest
+    # is ``extras_digest``. Absent from the dict form when None, so rows without extras keep
+    # the exact header they always had.
+    extras: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StagedCallHeader:
         return decode_struct(data, cls, "staged call header")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if out["extras"] is None:
+            del out["extras"]
+        return out
 
     def call_record(self, staging_key: str) -> CallRecord:
         """The manifest entry for this staged row: the same coordinates, keyed by row."""

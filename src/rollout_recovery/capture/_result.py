@@ -21,6 +21,7 @@ code                            meaning
 ``invalid_token_mask``          mask values not 0/1, or not carry-then-generation with >= 1
 ``non_finite_logprob``          a logprob is NaN or infinite
 ``misaligned_delta``            a carried (mask 0) position has a non-zero logprob
+``corrupt_extras``              a row's extras do not hash to its ``extras_digest``
 ``<field>_mismatch``            row header and manifest disagree on ``<field>`` (see below)
 ``digest_mismatch``             the row's contents do not hash to the manifest's digest
 ``rebuild_failed``              the lineage graph or terminal chain is broken (sub-codes below)
@@ -84,6 +85,7 @@ REJECTION_CODES: frozenset[str] = frozenset(
         "invalid_token_mask",
         "non_finite_logprob",
         "misaligned_delta",
+        "corrupt_extras",
         "rebuild_failed",
     }
     | {f"{name}_mismatch" for name in FIELD_MISMATCH_FIELDS}

@@ -25,11 +25,11 @@ from ..dataplane import DataPlane, Row
 from ..errors import InvalidRowError, InvalidStateError
 from ..rewards import LinkSpan
 from ._digest import (
-    EMPTY_EXTRAS_DIGEST,
     compute_call_digest,
     compute_chain_hash,
     hash_token_ids,
 )
+from ._extras import compute_extras_digest
 from ._keys import parse_staging_key
 from ._receipt import Receipt
 from ._records import CallRecord, StagedCallHeader
@@ -198,8 +198,12 @@ def _check_row(rollout_id: str, record: CallRecord, row: Row) -> _VerifiedCall |
         staged, listed = getattr(header, name), getattr(record, name)
         if staged != listed:
             return bad(f"{name}_mismatch", f"staged {staged!r}, manifest {listed!r}")
-    if header.extras_digest != EMPTY_EXTRAS_DIGEST:
-        return bad("invalid_staging_row", "extras are not supported by this implementation")
+    try:
+        extras_digest = compute_extras_digest(header.extras)
+    except InvalidStateError as exc:
+        return bad("corrupt_extras", str(exc))
+    if extras_digest != header.extras_digest:
+        return bad("corrupt_extras", "the staged extras do not match their digest")
 
     arrays = (row.token_ids, row.token_mask, row.logprobs)
     names, kinds = ("token_ids", "token_mask", "logprobs"), ("iu", "f", "f")

@@ -9,7 +9,7 @@ leaves an orphan row, which the restore inventory pass deletes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,13 +17,13 @@ import numpy.typing as npt
 
 from .._bounds import INT64_MAX
 from ..dataplane import DataPlane, Row
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidStateError
 from ._digest import (
-    EMPTY_EXTRAS_DIGEST,
     compute_call_digest,
     compute_chain_hash,
     hash_token_ids,
 )
+from ._extras import compute_extras_digest
 from ._keys import parse_staging_key, staging_key
 from ._records import CallRecord, CaptureMode, StagedCallHeader
 
@@ -71,6 +71,7 @@ class CaptureWriter:
         generated_token_ids: Sequence[int] | npt.NDArray[np.integer],
         generated_logprobs: Sequence[float] | npt.NDArray[np.floating],
         weight_version: int,
+        extras: Mapping[str, Any] | None = None,
     ) -> CallRecord:
         """Stage one call and return its manifest record.
 
@@ -79,6 +80,9 @@ class CaptureWriter:
         ``cumulative_hash``, so the writer never needs the parent's tokens). The staged
         delta is the prompt after that prefix (mask 0, logprob 0) followed by the generated
         tokens (mask 1). ``weight_version`` is the policy version read at admission.
+        ``extras`` is per-call material the tokens do not carry (sampling params, logprob
+        mode, the server's own weight version); plain JSON-like values only, digested into
+        the call digest.
         Raises ``InvalidArgumentError`` for inputs that break the contract; nothing is staged
         then. Errors from the data plane propagate.
         """
@@ -105,6 +109,12 @@ class CaptureWriter:
             raise InvalidArgumentError(
                 "generated_logprobs must be finite in float32", path="$.generated_logprobs"
             )
+
+        extras_dict = None if extras is None else dict(extras)
+        try:
+            extras_digest = compute_extras_digest(extras_dict)
+        except InvalidStateError as exc:
+            raise InvalidArgumentError(exc.message, path=exc.path) from exc
 
         mode: CaptureMode
         if parent is None:
@@ -150,14 +160,14 @@ class CaptureWriter:
             "delta_len": delta_len,
             "cum_len": cum_len,
             "weight_version": weight_version,
-            "extras_digest": EMPTY_EXTRAS_DIGEST,
+            "extras_digest": extras_digest,
             "chain_hash": chain_hash,
             "cumulative_hash": cumulative_hash,
         }
         digest = compute_call_digest(
             **coordinates, token_ids=token_ids, token_mask=token_mask, logprobs=logprobs
         )
-        header = StagedCallHeader(**coordinates, digest=digest)
+        header = StagedCallHeader(**coordinates, digest=digest, extras=extras_dict)
         row = Row(
             token_ids=token_ids,
             token_mask=token_mask,
