@@ -61,6 +61,43 @@ class CaptureWriter:
     def partition(self) -> str:
         return self._partition
 
+    def check_continuation(
+        self,
+        *,
+        rollout_id: str,
+        model_call_id: str,
+        parent: CallRecord,
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer],
+    ) -> None:
+        """Refuse, before the call is sent, a prompt that does not extend ``parent``.
+
+        The same check :meth:`stage_call` makes; a backend calls it first so that a
+        continuation built from re-rendered text never reaches a server at all.
+        """
+        prompt = _token_array(prompt_token_ids, "prompt_token_ids")
+        self._check_extends(rollout_id, model_call_id, parent, prompt)
+
+    @staticmethod
+    def _check_extends(
+        rollout_id: str, model_call_id: str, parent: CallRecord, prompt: npt.NDArray[np.int32]
+    ) -> None:
+        parent_rollout, _ = parse_staging_key(parent.staging_key)
+        if parent_rollout != rollout_id or parent.model_call_id == model_call_id:
+            raise InvalidArgumentError(
+                f"parent {parent.staging_key!r} is not an earlier call of rollout "
+                f"{rollout_id!r}",
+                path="$.parent",
+            )
+        prev_len = parent.cum_len
+        if prompt.size < prev_len or hash_token_ids(prompt[:prev_len]) != parent.cumulative_hash:
+            # The contract's prefix check: a continuation must extend its parent's exact
+            # tokens, or earlier policy tokens would train as prompt.
+            raise InvalidArgumentError(
+                f"prompt does not begin with the {prev_len} tokens of parent call "
+                f"{parent.model_call_id!r}",
+                path="$.prompt_token_ids",
+            )
+
     def stage_call(
         self,
         *,
@@ -120,24 +157,8 @@ class CaptureWriter:
         if parent is None:
             mode, prev_len, parent_call_id, parent_chain = "text", 0, None, None
         else:
-            parent_rollout, _ = parse_staging_key(parent.staging_key)
-            if parent_rollout != rollout_id or parent.model_call_id == model_call_id:
-                raise InvalidArgumentError(
-                    f"parent {parent.staging_key!r} is not an earlier call of rollout "
-                    f"{rollout_id!r}",
-                    path="$.parent",
-                )
+            self._check_extends(rollout_id, model_call_id, parent, prompt)
             prev_len = parent.cum_len
-            if prompt.size < prev_len or hash_token_ids(prompt[:prev_len]) != (
-                parent.cumulative_hash
-            ):
-                # The contract's prefix check: a continuation must extend its parent's
-                # exact tokens, or earlier policy tokens would train as prompt.
-                raise InvalidArgumentError(
-                    f"prompt does not begin with the {prev_len} tokens of parent call "
-                    f"{parent.model_call_id!r}",
-                    path="$.prompt_token_ids",
-                )
             mode, parent_call_id, parent_chain = "token_in", parent.model_call_id, parent.chain_hash
 
         carried = prompt[prev_len:]

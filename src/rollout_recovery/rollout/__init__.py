@@ -3,16 +3,64 @@
 :class:`SimulatedAgentBackend` runs two-call agent episodes on simulated workers, samples
 from a :class:`~rollout_recovery.policy.PolicySnapshot`, stages every call through the
 attempt's ``CaptureWriter`` and injects the faults of :class:`FaultSettings`.
+
+:class:`HttpGenerationBackend` runs the same episodes against OpenAI-compatible servers
+(vLLM, SGLang, ``rollout-recovery serve``) token in, token out, through one of the wire
+:data:`DIALECTS`; a :class:`ServerPool` tracks the servers' health and weight versions, a
+:class:`WeightSync` pushes the trainer's weights to them.
 """
 
+from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
 from ._protocol import AttemptRequest, AttemptResult, GenerationBackend
+from ._server_pool import PoolSettings, ServerHealth, ServerPool, ServerStats
 from ._simulated import CAPTURE_FAILURE_REASON, FaultSettings, SimulatedAgentBackend
+from ._weight_sync import (
+    WEIGHT_SYNCS,
+    NoWeightSync,
+    PolicyWeightSync,
+    VersionTagSync,
+    WeightSync,
+    WeightSyncName,
+)
+from ._wire import (
+    DIALECTS,
+    CallSpec,
+    DataFailure,
+    Dialect,
+    DialectName,
+    ServerReply,
+    SglangGenerate,
+    VllmCompletions,
+    VllmGenerate,
+)
 
 __all__ = [
     "CAPTURE_FAILURE_REASON",
+    "DIALECTS",
+    "WEIGHT_SYNCS",
     "AttemptRequest",
     "AttemptResult",
+    "CallSpec",
+    "DataFailure",
+    "Dialect",
+    "DialectName",
     "FaultSettings",
     "GenerationBackend",
+    "HttpBackendSettings",
+    "HttpGenerationBackend",
+    "NoWeightSync",
+    "PolicyWeightSync",
+    "PoolSettings",
+    "ServerHealth",
+    "ServerPool",
+    "ServerReply",
+    "ServerStats",
+    "SglangGenerate",
     "SimulatedAgentBackend",
+    "VersionTagSync",
+    "VllmCompletions",
+    "VllmGenerate",
+    "WeightSync",
+    "WeightSyncName",
+    "classify_status",
 ]

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -45,14 +44,11 @@ from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receip
 from ..dataplane import DataPlane, Row
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
 from ..policy import (
-    ANSWER,
     DIGIT_BASE,
     PolicySnapshot,
     TaskSet,
-    prompt_digit,
-    render,
 )
-from ..rewards import compute_reward_checks
+from ._digit_task import answer_prompt, grade, task_prompt
 from ._protocol import AttemptRequest, AttemptResult
 
 __all__ = ["CAPTURE_FAILURE_REASON", "FaultSettings", "SimulatedAgentBackend"]
@@ -386,26 +382,12 @@ class SimulatedAgentBackend:
         )
         self._data_plane.put(capture.partition, {key: altered})
 
-    def _prompt(self, prompt: Mapping[str, Any]) -> tuple[list[int], int, list[Any]]:
-        """The prompt tokens, the expected answer and the messages, checked against the
-        task set: the grader owns the answer key, and a prompt that does not match its task
-        is a controller bug, not a generation failure."""
-        idx = prompt.get("idx")
-        if isinstance(idx, bool) or not isinstance(idx, int):
-            raise InvalidArgumentError(f"prompt idx must be an int, got {idx!r}")
-        task = self._task_set[idx]
-        token_ids = [int(t) for t in prompt.get("prompt_token_ids", ())]
-        if token_ids != task["prompt_token_ids"]:
-            raise InvalidArgumentError(f"prompt tokens do not match task {idx} of the task set")
-        messages = prompt.get("messages", task["messages"])
-        return token_ids, int(task["answer"]), list(messages)
-
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
         """Run one two-call episode; see the module docstring for the faults."""
         if self._closed:
             raise self._closed_error()
-        prompt_ids, expected, messages = self._prompt(request.prompt)
-        digit = prompt_digit(prompt_ids)
+        task = task_prompt(self._task_set, request.prompt)
+        prompt_ids, digit = task.token_ids, task.digit
         rng = np.random.default_rng(_attempt_seed(self._seed, request.rollout_id))
         draws = self._draw(rng, self._faults)
         faults = draws.faults
@@ -465,7 +447,7 @@ class SimulatedAgentBackend:
                         rollout_id=rollout_id,
                         model_call_id=answer_id,
                         parent=first,
-                        prompt_token_ids=[*prompt_ids, *thoughts, ANSWER],
+                        prompt_token_ids=answer_prompt(task, thoughts),
                         generated_token_ids=answer,
                         generated_logprobs=answer_logprobs,
                         weight_version=snapshot.version,
@@ -479,27 +461,13 @@ class SimulatedAgentBackend:
         finally:
             worker.in_flight -= 1
 
-        reward = 1.0 if answer[0] - DIGIT_BASE == expected else 0.0
+        reward, checks = grade(task, thoughts, answer)
         receipt = assemble_receipt(
             rollout_id,
             records,
             terminal_model_call_id=answer_id,
             failures=failures,
             reward=reward,
-        )
-        result = {
-            "response": {
-                "output": [
-                    {"type": "reasoning", "summary": [{"text": render(thoughts)}]},
-                    {
-                        "type": "message",
-                        "content": [{"type": "output_text", "text": render(answer[:1])}],
-                    },
-                ]
-            }
-        }
-        checks = compute_reward_checks(
-            result, {"responses_create_params": {"input": messages}}, effort=None
         )
         return AttemptResult(
             rollout_id=rollout_id,

@@ -1,0 +1,337 @@
+"""The HTTP backend: agent episodes against OpenAI-compatible generation servers.
+
+Token in, token out: an episode keeps token ids and never re-renders text, so the answer
+call's prompt is the reasoning call's prompt + its generated ids + the ``ANSWER`` tag, and
+the capture writer refuses (before anything is sent) a prompt that does not extend its
+parent. Every call is staged through the attempt's ``CaptureWriter`` before the episode
+goes on, with its sampling parameters, logprob mode, server, the server's own weight
+version and per-token version spans (where the dialect reports them) as the call's extras.
+The staged ``weight_version`` is the client-side stamp: the version the serving server had
+confirmed when the call was dispatched.
+
+Failures are classified:
+
+- *infra* (connection refused or reset, a timeout, HTTP 5xx, 408, 429): the server is
+  reported to the pool and the call is redispatched to another server after a backoff,
+  up to ``call_redispatch_budget`` times; nothing of the call was acknowledged (a call is
+  acknowledged only by its staged record), so resending it cannot double anything. When
+  the budget is spent the attempt raises ``GenerationError`` and the controller abandons
+  it and retries the sibling under its own round budget.
+- *data* (another 4xx, a context overflow, a reply whose ids, logprobs or echo disagree):
+  the attempt ends as a *sealed failed attempt*: its receipt is poisoned with
+  ``data_error:<reason>``, so the sibling trains as a masked placeholder that says why.
+  Resending would not help: the same request gets the same refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt
+from ..errors import GenerationError, InvalidArgumentError
+from ..policy import TaskSet
+from ._digit_task import ANSWER_TOKENS, answer_prompt, grade, task_prompt
+from ._protocol import AttemptRequest, AttemptResult
+from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
+from ._weight_sync import WeightSync
+from ._wire import CallSpec, DataFailure, Dialect, ServerReply, error_message
+
+__all__ = ["HttpBackendSettings", "HttpGenerationBackend", "classify_status"]
+
+# Statuses that say "this server, now" rather than "this request": resend elsewhere.
+_INFRA_STATUSES = frozenset({408, 429})
+_CONTEXT_OVERFLOW_MARKERS = ("maximum context length", "max_model_len", "context length")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpBackendSettings:
+    """The backend's knobs; ``pool`` holds the per-server ones."""
+
+    model: str
+    pool: PoolSettings
+    request_timeout_s: float = 30.0
+    call_redispatch_budget: int = 3
+    redispatch_backoff_s: float = 0.05
+    reasoning_tokens: int = 4
+    temperature: float = 1.0
+    # What the engine's logprobs are: vLLM's default is raw_logprobs (before temperature
+    # and top-p); recorded with every call so a trainer can tell.
+    logprob_mode: str = "raw_logprobs"
+    stage_in_thread: bool = False
+
+    def __post_init__(self) -> None:
+        if self.call_redispatch_budget < 0:
+            raise InvalidArgumentError(
+                "call_redispatch_budget must be >= 0", path="$.call_redispatch_budget"
+            )
+        if not self.request_timeout_s > 0:
+            raise InvalidArgumentError("request_timeout_s must be > 0", path="$.request_timeout_s")
+        if self.redispatch_backoff_s < 0:
+            raise InvalidArgumentError(
+                "redispatch_backoff_s must be >= 0", path="$.redispatch_backoff_s"
+            )
+        if self.reasoning_tokens < 1:
+            raise InvalidArgumentError("reasoning_tokens must be >= 1", path="$.reasoning_tokens")
+
+
+def classify_status(status: int, payload: object) -> DataFailure | None:
+    """None for an infra status (resend elsewhere), else the data failure it means."""
+    if status >= 500 or status in _INFRA_STATUSES:
+        return None
+    message = error_message(payload)
+    if any(marker in message.lower() for marker in _CONTEXT_OVERFLOW_MARKERS):
+        return DataFailure("context_overflow", message)
+    return DataFailure(f"http_{status}", message)
+
+
+class _InfraFailure(Exception):
+    pass
+
+
+def _call_id(rollout_id: str, index: int, kind: str) -> str:
+    # Unique per physical call: a retried attempt is a new rollout id, so new call ids.
+    digest = hashlib.sha256(f"{rollout_id}/{index}".encode()).hexdigest()[:16]
+    return f"{kind}-{digest}"
+
+
+class HttpGenerationBackend:
+    """Implements :class:`~rollout_recovery.rollout.GenerationBackend` over HTTP servers.
+
+    ``client`` may be given (tests pass one over ``httpx.MockTransport``); otherwise the
+    backend makes its own and closes it in :meth:`aclose`. ``on_event(kind, server,
+    detail)`` hears server state changes and redispatches, for the audit trail.
+    """
+
+    def __init__(
+        self,
+        *,
+        servers: Sequence[str],
+        task_set: TaskSet,
+        dialect: Dialect,
+        weight_sync: WeightSync,
+        settings: HttpBackendSettings,
+        initial_version: int,
+        initial_weights: object,
+        client: httpx.AsyncClient | None = None,
+        on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
+    ) -> None:
+        self._task_set = task_set
+        self._dialect = dialect
+        self._settings = settings
+        self._own_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient()
+        self._on_event = on_event
+        self._pool = ServerPool(
+            servers,
+            settings=settings.pool,
+            weight_sync=weight_sync,
+            client=self._client,
+            on_event=on_event,
+        )
+        self._pool.set_weights(initial_version, initial_weights)
+        self.redispatches = 0
+        self.data_failures: dict[str, int] = {}
+
+    # -- introspection -----------------------------------------------------------------------
+
+    @property
+    def pool(self) -> ServerPool:
+        return self._pool
+
+    def server_stats(self) -> dict[str, ServerStats]:
+        return self._pool.stats()
+
+    # -- GenerationBackend -------------------------------------------------------------------
+
+    def update_weights(self, version: int, weights: object) -> None:
+        """New trainer weights: pushed to every server in the background; each call is
+        stamped with the version its server had confirmed at dispatch."""
+        self._pool.set_weights(version, weights)
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+        if self._own_client:
+            await self._client.aclose()
+
+    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+        task = task_prompt(self._task_set, request.prompt)
+        rollout_id = request.rollout_id
+        reason_id = _call_id(rollout_id, 0, "reason")
+        answer_id = _call_id(rollout_id, 1, "answer")
+        records: list[CallRecord] = []
+        try:
+            first_call = CallSpec(
+                prompt_token_ids=task.token_ids,
+                max_tokens=self._settings.reasoning_tokens,
+                temperature=self._settings.temperature,
+            )
+            first, thoughts = await self._call_and_stage(
+                request, capture, first_call, reason_id, parent=None
+            )
+            records.append(first)
+            second_prompt = answer_prompt(task, thoughts)
+            capture.check_continuation(
+                rollout_id=rollout_id,
+                model_call_id=answer_id,
+                parent=first,
+                prompt_token_ids=second_prompt,
+            )
+            second_call = CallSpec(
+                prompt_token_ids=second_prompt,
+                max_tokens=ANSWER_TOKENS,
+                temperature=self._settings.temperature,
+            )
+            second, answer = await self._call_and_stage(
+                request, capture, second_call, answer_id, parent=first
+            )
+            records.append(second)
+        except _DataFailed as failed:
+            return self._failed_attempt(rollout_id, records, failed)
+        reward, checks = grade(task, thoughts, answer)
+        receipt = assemble_receipt(
+            rollout_id, records, terminal_model_call_id=answer_id, reward=reward
+        )
+        return AttemptResult(
+            rollout_id=rollout_id,
+            receipt=receipt,
+            reward=reward,
+            mask_sample=False,
+            reward_checks=checks,
+            generated_tokens=len(thoughts) + len(answer),
+        )
+
+    # -- one call ------------------------------------------------------------------------------
+
+    def _failed_attempt(
+        self, rollout_id: str, records: list[CallRecord], failed: _DataFailed
+    ) -> AttemptResult:
+        reason = f"data_error:{failed.failure.reason}"
+        self.data_failures[failed.failure.reason] = (
+            self.data_failures.get(failed.failure.reason, 0) + 1
+        )
+        receipt = assemble_receipt(
+            rollout_id,
+            records,
+            terminal_model_call_id=None,
+            failures=[CaptureFailure(model_call_id=failed.model_call_id, reason=reason)],
+        )
+        return AttemptResult(
+            rollout_id=rollout_id,
+            receipt=receipt,
+            reward=0.0,
+            mask_sample=True,
+            reward_checks=None,
+            generated_tokens=0,
+        )
+
+    async def _call_and_stage(
+        self,
+        request: AttemptRequest,
+        capture: CaptureWriter,
+        call: CallSpec,
+        model_call_id: str,
+        *,
+        parent: CallRecord | None,
+    ) -> tuple[CallRecord, list[int]]:
+        lease, reply, redispatches = await self._call(request, call, model_call_id)
+        extras: dict[str, Any] = {
+            "server": lease.url,
+            "endpoint": self._dialect.path,
+            "sampling_params": call.sampling_params(),
+            "logprob_mode": self._settings.logprob_mode,
+            "dispatch_weight_version": request.weight_version,
+            "server_weight_version": reply.server_weight_version,
+            "weight_version_spans": reply.weight_version_spans,
+            "finish_reason": reply.finish_reason,
+            "redispatches": redispatches,
+        }
+        stamp = lease.version if lease.version is not None else request.weight_version
+
+        def stage() -> CallRecord:
+            return capture.stage_call(
+                rollout_id=request.rollout_id,
+                model_call_id=model_call_id,
+                parent=parent,
+                prompt_token_ids=list(call.prompt_token_ids),
+                generated_token_ids=reply.token_ids,
+                generated_logprobs=reply.logprobs,
+                weight_version=stamp,
+                extras=extras,
+            )
+
+        # A durable store fsyncs every put: a worker thread keeps the event loop free.
+        record = await asyncio.to_thread(stage) if self._settings.stage_in_thread else stage()
+        return record, reply.token_ids
+
+    async def _call(
+        self, request: AttemptRequest, call: CallSpec, model_call_id: str
+    ) -> tuple[Lease, ServerReply, int]:
+        """Send ``call`` to a healthy server, redispatching infra failures elsewhere."""
+        tried: set[str] = set()
+        last_error = ""
+        budget = self._settings.call_redispatch_budget
+        for redispatch in range(budget + 1):
+            if redispatch:
+                self.redispatches += 1
+                await asyncio.sleep(self._settings.redispatch_backoff_s * 2 ** (redispatch - 1))
+            lease = await self._pool.acquire(avoid=tried)
+            outcome = "infra"
+            try:
+                reply = await self._send(lease, call)
+                outcome = "ok"
+                return lease, reply, redispatch
+            except _InfraFailure as error:
+                tried.add(lease.url)
+                last_error = str(error)
+                self._on_event(
+                    "call_redispatched" if redispatch < budget else "call_failed",
+                    lease.url,
+                    {"rollout_id": request.rollout_id, "call": model_call_id, "error": last_error},
+                )
+            except DataFailure as failure:
+                outcome = "data"
+                raise _DataFailed(model_call_id, failure) from None
+            finally:
+                await self._pool.release(lease, outcome=outcome)
+        raise GenerationError(
+            "server_unavailable",
+            f"call {model_call_id} failed on {len(tried)} server(s) after {budget} "
+            f"redispatches: {last_error}",
+            worker=None,
+        )
+
+    async def _send(self, lease: Lease, call: CallSpec) -> ServerReply:
+        body = self._dialect.body(self._settings.model, call)
+        try:
+            response = await self._client.post(
+                lease.url + self._dialect.path,
+                json=body,
+                timeout=self._settings.request_timeout_s,
+            )
+        except httpx.HTTPError as error:  # refused, reset, timed out, protocol broken
+            raise _InfraFailure(f"{lease.url}: {type(error).__name__}: {error}") from error
+        try:
+            payload: object = response.json()
+        except ValueError:
+            payload = response.text
+        if response.status_code != 200:
+            failure = classify_status(response.status_code, payload)
+            if failure is None:
+                raise _InfraFailure(f"{lease.url}: HTTP {response.status_code}")
+            raise failure
+        return self._dialect.parse(call, payload)
+
+
+class _DataFailed(Exception):
+    """A data failure of one call, carrying the call's id for the failure row."""
+
+    def __init__(self, model_call_id: str, failure: DataFailure) -> None:
+        super().__init__(str(failure))
+        self.model_call_id = model_call_id
+        self.failure = failure

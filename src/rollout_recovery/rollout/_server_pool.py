@@ -1,0 +1,339 @@
+"""The fleet of generation servers: health, weight versions, and who gets the next call.
+
+Each server moves through these states::
+
+    joining --probe ok + current weights--> healthy
+    healthy --a failed call or probe--> suspect --probe ok--> healthy
+    suspect --dead_after_failures in a row--> dead
+    dead --probe ok--> recovering --reports the current version--> healthy ("rejoined")
+
+Only *healthy* servers get calls, each at most ``concurrency`` at a time; among them the
+least loaded wins, and a call being redispatched avoids the servers it already failed on.
+Failures of real calls count as much as failed probes, because a wedged engine may still
+answer its liveness route. A server that comes back (or a new one) gets traffic again only
+once it reports the trainer's current weight version: it never serves stale weights under
+a new stamp.
+
+The pool runs one background task: the probe loop (``probe_interval_s``, each probe with
+its own ``probe_timeout_s``), which also pushes weights to servers that lag behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ..errors import GenerationError, InvalidArgumentError
+from ._weight_sync import WeightSync
+
+__all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
+
+
+class ServerHealth(enum.Enum):
+    JOINING = "joining"
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    RECOVERING = "recovering"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSettings:
+    """How the pool judges and loads servers (seconds unless named otherwise)."""
+
+    concurrency: int = 8
+    probe_interval_s: float = 0.5
+    probe_timeout_s: float = 1.0
+    dead_after_failures: int = 3
+    sync_timeout_s: float = 10.0
+    # How long a call waits for any healthy server before it fails the attempt.
+    no_server_wait_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise InvalidArgumentError("concurrency must be >= 1", path="$.concurrency")
+        if self.dead_after_failures < 1:
+            raise InvalidArgumentError(
+                "dead_after_failures must be >= 1", path="$.dead_after_failures"
+            )
+        for name in ("probe_interval_s", "probe_timeout_s", "sync_timeout_s", "no_server_wait_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Per-server counts, for the summary table and ``metrics.jsonl``."""
+
+    calls: int = 0
+    infra_failures: int = 0
+    data_failures: int = 0
+    deaths: int = 0
+    rejoins: int = 0
+    weight_pushes: int = 0
+
+
+@dataclass(slots=True)
+class _Server:
+    url: str
+    state: ServerHealth = ServerHealth.JOINING
+    in_flight: int = 0
+    failures_in_a_row: int = 0
+    version: int | None = None  # what the server last reported holding
+    syncing: bool = False
+    stats: ServerStats = field(default_factory=ServerStats)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One call's hold on a server; the version is the client-side stamp at dispatch."""
+
+    url: str
+    version: int | None
+
+
+class ServerPool:
+    """Tracks ``urls``; see the module docstring. Use from one event loop."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        settings: PoolSettings,
+        weight_sync: WeightSync,
+        client: httpx.AsyncClient,
+        on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
+    ) -> None:
+        if not urls:
+            raise InvalidArgumentError("at least one server url is needed", path="$.servers")
+        cleaned = [url.rstrip("/") for url in urls]
+        if len(set(cleaned)) != len(cleaned):
+            raise InvalidArgumentError("server urls must be distinct", path="$.servers")
+        for url in cleaned:
+            if not url.startswith(("http://", "https://")):
+                raise InvalidArgumentError(f"server url {url!r} must be http(s)", path="$.servers")
+        self._servers = {url: _Server(url) for url in cleaned}
+        self._settings = settings
+        self._sync = weight_sync
+        self._client = client
+        self._on_event = on_event
+        self._target: tuple[int, object] | None = None
+        self._changed: asyncio.Condition | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._probe_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def states(self) -> dict[str, str]:
+        return {url: server.state.value for url, server in self._servers.items()}
+
+    def stats(self) -> dict[str, ServerStats]:
+        return {url: server.stats for url, server in self._servers.items()}
+
+    def versions(self) -> dict[str, int | None]:
+        return {url: server.version for url, server in self._servers.items()}
+
+    @property
+    def target_version(self) -> int | None:
+        return None if self._target is None else self._target[0]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    def start(self) -> None:
+        """Start the probe loop (idempotent; needs a running loop)."""
+        if self._probe_task is None and not self._closed:
+            self._probe_task = asyncio.get_running_loop().create_task(
+                self._probe_loop(), name="server-probes"
+            )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        tasks = [*self._tasks, *([self._probe_task] if self._probe_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._notify()
+
+    async def _notify(self) -> None:
+        condition = self._condition()
+        async with condition:
+            condition.notify_all()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _move(self, server: _Server, state: ServerHealth, **detail: object) -> None:
+        if server.state is state:
+            return
+        previous = server.state
+        server.state = state
+        if state is ServerHealth.DEAD:
+            server.stats.deaths += 1
+        if state is ServerHealth.HEALTHY and previous is ServerHealth.RECOVERING:
+            server.stats.rejoins += 1
+        self._on_event(
+            "server_state", server.url, {"from": previous.value, "to": state.value, **detail}
+        )
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def set_weights(self, version: int, weights: object) -> None:
+        """The trainer's new weights: every reachable server gets them in the background."""
+        self._target = (version, weights)
+        if self._closed:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # before the loop runs: the first probes sync every server
+        for server in self._servers.values():
+            if server.state is not ServerHealth.DEAD:
+                self._start_sync(server)
+
+    def _is_current(self, server: _Server) -> bool:
+        if not self._sync.tracks_versions or self._target is None:
+            return True
+        return server.version == self._target[0]
+
+    def _start_sync(self, server: _Server) -> None:
+        if not server.syncing and not self._is_current(server):
+            server.syncing = True
+            self._spawn(self._sync_server(server), f"sync-{server.url}")
+
+    async def _sync_server(self, server: _Server) -> None:
+        try:
+            while self._target is not None and not self._is_current(server):
+                version, weights = self._target
+                try:
+                    reported = await self._sync.push(
+                        self._client, server.url, version, weights, self._settings.sync_timeout_s
+                    )
+                except httpx.HTTPError as error:
+                    await self._failed(server, f"weight push failed: {error!r}")
+                    return
+                server.stats.weight_pushes += 1
+                server.version = reported
+                self._on_event("weights_loaded", server.url, {"version": reported})
+                if reported != version:
+                    # It refused or lost our push: out of rotation until a later probe
+                    # syncs it.
+                    await self._failed(
+                        server, f"reports version {reported} after pushing {version}"
+                    )
+                    return
+            if server.state is not ServerHealth.HEALTHY and server.failures_in_a_row == 0:
+                self._move(server, ServerHealth.HEALTHY, version=server.version)
+            await self._notify()
+        finally:
+            server.syncing = False
+
+    # -- probes ----------------------------------------------------------------------------
+
+    async def _probe_loop(self) -> None:
+        while not self._closed:
+            await asyncio.gather(*(self._probe(s) for s in self._servers.values()))
+            await asyncio.sleep(self._settings.probe_interval_s)
+
+    async def _probe(self, server: _Server) -> None:
+        try:
+            response = await self._client.get(
+                f"{server.url}/health", timeout=self._settings.probe_timeout_s
+            )
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            if server.state is not ServerHealth.DEAD:
+                await self._failed(server, f"probe failed: {type(error).__name__}")
+            return
+        server.failures_in_a_row = 0
+        if server.state is ServerHealth.DEAD:
+            # It answers again: refit it before it takes traffic.
+            server.version = None
+            self._move(server, ServerHealth.RECOVERING)
+        if not self._is_current(server):
+            self._start_sync(server)  # the sync admits it once it holds the current version
+        elif server.state is not ServerHealth.HEALTHY:
+            self._move(server, ServerHealth.HEALTHY, version=server.version)
+            await self._notify()
+
+    async def _failed(self, server: _Server, why: str) -> None:
+        server.failures_in_a_row += 1
+        if server.failures_in_a_row >= self._settings.dead_after_failures:
+            self._move(server, ServerHealth.DEAD, why=why)
+        elif server.state is ServerHealth.HEALTHY:
+            self._move(server, ServerHealth.SUSPECT, why=why)
+        await self._notify()
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def _eligible(self, avoid: set[str]) -> _Server | None:
+        free = [
+            s
+            for s in self._servers.values()
+            if s.state is ServerHealth.HEALTHY and s.in_flight < self._settings.concurrency
+        ]
+        preferred = [s for s in free if s.url not in avoid] or free
+        if not preferred:
+            return None
+        return min(preferred, key=lambda s: (s.in_flight, s.stats.calls))
+
+    async def acquire(self, avoid: set[str]) -> Lease:
+        """A healthy server with a free slot (avoiding ``avoid`` when another is free).
+
+        Waits for one up to ``no_server_wait_s``, then raises
+        ``GenerationError("no_live_server")``: a fleet that stays down fails attempts, it
+        never makes them wait forever.
+        """
+        self.start()
+        condition = self._condition()
+        deadline = time.monotonic() + self._settings.no_server_wait_s
+        async with condition:
+            while True:
+                if self._closed:
+                    raise GenerationError("backend_closed", "the HTTP backend is closed")
+                server = self._eligible(avoid)
+                if server is not None:
+                    server.in_flight += 1
+                    server.stats.calls += 1
+                    stamp = server.version if self._sync.tracks_versions else None
+                    return Lease(server.url, stamp)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise GenerationError(
+                        "no_live_server",
+                        f"no healthy server with a free slot for {self._settings.no_server_wait_s}"
+                        f" s; states: {self.states()}",
+                    )
+                try:
+                    async with asyncio.timeout(remaining):
+                        await condition.wait()
+                except TimeoutError:
+                    continue
+
+    async def release(self, lease: Lease, *, outcome: str) -> None:
+        """End a call: ``ok``, ``data`` (the server answered badly) or ``infra``."""
+        server = self._servers[lease.url]
+        server.in_flight -= 1
+        if outcome == "ok":
+            server.failures_in_a_row = 0
+        elif outcome == "data":
+            server.stats.data_failures += 1
+            server.failures_in_a_row = 0
+        else:
+            server.stats.infra_failures += 1
+            await self._failed(server, "call failed")
+            return
+        await self._notify()

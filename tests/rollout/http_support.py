@@ -1,0 +1,204 @@
+"""A fake fleet of vLLM-style servers behind ``httpx.MockTransport``.
+
+Each fake server answers ``/health``, ``/update_weights`` and ``/v1/completions`` the way
+vLLM (and ``rollout-recovery serve``) do, with the task's right answer, so a test can break
+exactly one thing (a server's liveness, a status, a field of the reply) and watch what the
+backend makes of it. Tests wait on events the backend emits, never on the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.dataplane import MemoryDataPlane
+from rollout_recovery.policy import ANSWER, DIGIT_BASE, EOS, THOUGHT_BASE, TaskSet, correct_answer
+from rollout_recovery.policy import prompt_digit
+from rollout_recovery.rollout import (
+    DIALECTS,
+    WEIGHT_SYNCS,
+    AttemptRequest,
+    DialectName,
+    HttpBackendSettings,
+    HttpGenerationBackend,
+    PoolSettings,
+    WeightSyncName,
+)
+
+TASKS = TaskSet(20, seed=5, prompt_group_every=4)
+LOGPROB = -0.25
+
+# A reply hook: (server, request body) -> a response to send instead, or None for normal.
+Hook = Callable[["FakeServer", dict[str, Any]], httpx.Response | None]
+
+
+def generated_for(prompt: list[int], max_tokens: int) -> list[int]:
+    """What a perfect policy generates: thoughts, or the right answer and EOS."""
+    if prompt[-1] == ANSWER:
+        return [DIGIT_BASE + correct_answer(prompt_digit(prompt)), EOS][:max_tokens]
+    return [THOUGHT_BASE + i % 8 for i in range(max_tokens)]
+
+
+def completion(prompt: list[int], tokens: list[int], **overrides: Any) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "",
+        "logprobs": {
+            "text_offset": list(range(len(tokens))),
+            "token_logprobs": [LOGPROB] * len(tokens),
+            "tokens": [f"token_id:{t}" for t in tokens],
+            "top_logprobs": None,
+        },
+        "finish_reason": "length",
+        "stop_reason": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt,
+        "token_ids": tokens,
+    }
+    choice.update(overrides)
+    return {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
+
+
+@dataclass
+class FakeServer:
+    url: str
+    alive: bool = True
+    version: int | None = None
+    calls: int = 0
+    pushes: list[int] = field(default_factory=list)
+    hook: Hook | None = None
+    refuse_pushes: bool = False
+
+
+class FakeFleet:
+    def __init__(self, count: int) -> None:
+        self.servers = {
+            f"http://fake{i}:8000": FakeServer(f"http://fake{i}:8000") for i in range(count)
+        }
+
+    def __getitem__(self, index: int) -> FakeServer:
+        return list(self.servers.values())[index]
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        server = self.servers[base]
+        if not server.alive:
+            raise httpx.ConnectError("connection refused", request=request)
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if path == "/update_weights":
+            if server.refuse_pushes:
+                return httpx.Response(500, json={"error": {"message": "no"}})
+            version = json.loads(request.content)["version"]
+            server.version = version
+            server.pushes.append(version)
+            return httpx.Response(200, json={"weight_version": str(version)})
+        if path == "/v1/completions":
+            body = json.loads(request.content)
+            server.calls += 1
+            if server.hook is not None:
+                replaced = server.hook(server, body)
+                if replaced is not None:
+                    return replaced
+            tokens = generated_for(body["prompt"], body["max_tokens"])
+            return httpx.Response(200, json=completion(body["prompt"], tokens))
+        return httpx.Response(404, json={"error": {"message": "not found"}})
+
+
+class EventLog:
+    """The backend's events, awaitable: ``await log.wait(lambda: ...)``."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, object]]] = []
+        self._changed: asyncio.Condition | None = None
+
+    def __call__(self, kind: str, server: str, detail: dict[str, object]) -> None:
+        self.events.append((kind, server, detail))
+        if self._changed is not None:
+            condition = self._changed
+            loop = asyncio.get_running_loop()
+            loop.create_task(self._notify(condition))
+
+    @staticmethod
+    async def _notify(condition: asyncio.Condition) -> None:
+        async with condition:
+            condition.notify_all()
+
+    async def wait(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+    def of(self, kind: str) -> list[tuple[str, dict[str, object]]]:
+        return [(server, detail) for k, server, detail in self.events if k == kind]
+
+
+@dataclass
+class HttpRig:
+    fleet: FakeFleet
+    backend: HttpGenerationBackend
+    data_plane: MemoryDataPlane
+    writer: CaptureWriter
+    events: EventLog
+    counter: list[int] = field(default_factory=lambda: [0])
+
+    def request(self, idx: int = 0, *, weight_version: int = 0) -> AttemptRequest:
+        self.counter[0] += 1
+        return AttemptRequest(
+            group_id=f"grp{idx}",
+            generation_index=0,
+            rollout_id=f"grp{idx}_g0_a{self.counter[0]}",
+            prompt=TASKS[idx],
+            weight_version=weight_version,
+        )
+
+
+def make_rig(
+    servers: int = 2,
+    *,
+    dialect: DialectName = "vllm-completions",
+    weight_sync: WeightSyncName = "policy",
+    budget: int = 3,
+    dead_after: int = 2,
+    no_server_wait_s: float = 5.0,
+    transport: Callable[[FakeFleet], httpx.MockTransport] | None = None,
+) -> HttpRig:
+    from rollout_support import snapshot
+
+    fleet = FakeFleet(servers)
+    events = EventLog()
+    client = httpx.AsyncClient(
+        transport=transport(fleet) if transport else httpx.MockTransport(fleet.handle)
+    )
+    data_plane = MemoryDataPlane()
+    backend = HttpGenerationBackend(
+        servers=list(fleet.servers),
+        task_set=TASKS,
+        dialect=DIALECTS[dialect],
+        weight_sync=WEIGHT_SYNCS[weight_sync],
+        settings=HttpBackendSettings(
+            model="m",
+            pool=PoolSettings(
+                concurrency=4,
+                probe_interval_s=0.01,
+                probe_timeout_s=1.0,
+                dead_after_failures=dead_after,
+                no_server_wait_s=no_server_wait_s,
+            ),
+            call_redispatch_budget=budget,
+            redispatch_backoff_s=0.0,
+        ),
+        initial_version=0,
+        initial_weights=snapshot(0),
+        client=client,
+        on_event=events,
+    )
+    return HttpRig(fleet, backend, data_plane, CaptureWriter(data_plane), events)
