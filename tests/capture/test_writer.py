@@ -206,3 +206,20 @@ def test_extras_that_cannot_round_trip_are_refused_and_nothing_is_staged(
         _root(CaptureWriter(data_plane), extras=extras)
     assert caught.value.path == path
     assert data_plane.put_log == []
+
+
+def test_check_continuation_refuses_a_prompt_that_does_not_extend_its_parent() -> None:
+    data_plane = DictDataPlane()
+    writer = CaptureWriter(data_plane)
+    root = _root(writer)
+    writer.check_continuation(
+        rollout_id=RID, model_call_id="c1", parent=root, prompt_token_ids=[1, 2, 3, 4, 5, 9]
+    )
+    staged_before = list(data_plane.put_log)
+    with pytest.raises(InvalidArgumentError) as caught:
+        # Re-rendered text that re-tokenized one id differently.
+        writer.check_continuation(
+            rollout_id=RID, model_call_id="c1", parent=root, prompt_token_ids=[1, 2, 3, 4, 6, 9]
+        )
+    assert caught.value.path == "$.prompt_token_ids"
+    assert data_plane.put_log == staged_before

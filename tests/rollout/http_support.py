@@ -18,8 +18,15 @@ import httpx
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import ANSWER, DIGIT_BASE, EOS, THOUGHT_BASE, TaskSet, correct_answer
-from rollout_recovery.policy import prompt_digit
+from rollout_recovery.policy import (
+    ANSWER,
+    DIGIT_BASE,
+    EOS,
+    THOUGHT_BASE,
+    TaskSet,
+    correct_answer,
+    prompt_digit,
+)
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
@@ -118,13 +125,15 @@ class EventLog:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, dict[str, object]]] = []
         self._changed: asyncio.Condition | None = None
+        self._pending: set[asyncio.Task[None]] = set()
 
     def __call__(self, kind: str, server: str, detail: dict[str, object]) -> None:
         self.events.append((kind, server, detail))
         if self._changed is not None:
             condition = self._changed
-            loop = asyncio.get_running_loop()
-            loop.create_task(self._notify(condition))
+            task = asyncio.get_running_loop().create_task(self._notify(condition))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
     @staticmethod
     async def _notify(condition: asyncio.Condition) -> None:

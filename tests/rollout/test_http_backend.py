@@ -32,13 +32,17 @@ async def _attempt(rig: HttpRig, idx: int = 0, **kwargs: Any) -> AttemptResult:
 
 
 def _verified(rig: HttpRig, result: AttemptResult) -> LinearizedRollout:
-    verified = fetch_and_verify(result.receipt, rig.data_plane, expected_rollout_id=result.rollout_id)
+    verified = fetch_and_verify(
+        result.receipt, rig.data_plane, expected_rollout_id=result.rollout_id
+    )
     assert isinstance(verified, LinearizedRollout), verified
     return verified
 
 
 def _rejection(rig: HttpRig, result: AttemptResult) -> Rejection:
-    verified = fetch_and_verify(result.receipt, rig.data_plane, expected_rollout_id=result.rollout_id)
+    verified = fetch_and_verify(
+        result.receipt, rig.data_plane, expected_rollout_id=result.rollout_id
+    )
     assert isinstance(verified, Rejection), verified
     return verified
 
@@ -181,9 +185,7 @@ def test_a_4xx_seals_a_failed_attempt_with_its_reason() -> None:
 
 
 def test_a_context_overflow_is_a_data_failure() -> None:
-    message = (
-        "This model's maximum context length is 512 tokens. However, you requested 900 tokens"
-    )
+    message = "This model's maximum context length is 512 tokens. However, you requested 900 tokens"
     rig, result = _data_failure(
         _failing_with(httpx.Response(400, json={"error": {"message": message, "code": 400}}))
     )

@@ -1,0 +1,140 @@
+"""The server pool's states: death, no traffic to the dead, rejoin only with current weights."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from http_support import HttpRig, make_rig
+from rollout_support import snapshot
+
+from rollout_recovery.errors import InvalidArgumentError
+from rollout_recovery.rollout import PoolSettings
+
+
+def _states(rig: HttpRig) -> dict[str, str]:
+    return rig.backend.pool.states()
+
+
+def test_a_server_that_stops_answering_dies_and_gets_no_more_calls() -> None:
+    async def scenario(rig: HttpRig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: set(_states(rig).values()) == {"healthy"})
+        dead = rig.fleet[0]
+        dead.alive = False
+        await rig.events.wait(lambda: _states(rig)[dead.url] == "dead")
+        calls_before = dead.calls
+        for i in range(6):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        assert dead.calls == calls_before
+        await rig.backend.aclose()
+
+    rig = make_rig(2, dead_after=2)
+    asyncio.run(scenario(rig))
+    transitions = [
+        (d["from"], d["to"]) for s, d in rig.events.of("server_state") if s == rig.fleet[0].url
+    ]
+    assert ("joining", "healthy") in transitions
+    assert transitions[-1][1] == "dead"
+    assert rig.backend.server_stats()[rig.fleet[0].url].deaths == 1
+
+
+def test_a_server_that_comes_back_rejoins_only_with_the_current_weights() -> None:
+    async def scenario(rig: HttpRig) -> None:
+        pool = rig.backend.pool
+        pool.start()
+        await rig.events.wait(lambda: set(_states(rig).values()) == {"healthy"})
+        back = rig.fleet[0]
+        back.alive = False
+        await rig.events.wait(lambda: _states(rig)[back.url] == "dead")
+        rig.backend.update_weights(3, snapshot(3))
+        await rig.events.wait(lambda: pool.versions()[rig.fleet[1].url] == 3)
+        # It answers probes again but refuses the push: it must stay out of rotation.
+        back.version = 0  # a restarted server holds its initial weights
+        back.refuse_pushes = True
+        back.alive = True
+        await rig.events.wait(lambda: _states(rig)[back.url] in ("recovering", "dead"))
+        for i in range(4):
+            await rig.backend.run_attempt(rig.request(i, weight_version=3), rig.writer)
+        assert back.calls == 0
+        assert all(e["server"] != back.url for e in _extras_after(rig, 0))
+        calls_while_stale = back.calls
+        back.refuse_pushes = False
+        await rig.events.wait(lambda: _states(rig)[back.url] == "healthy")
+        assert back.pushes[-1] == 3
+        # Back in rotation: the least loaded server gets the next calls.
+        for i in range(4):
+            await rig.backend.run_attempt(rig.request(i, weight_version=3), rig.writer)
+        assert back.calls > calls_while_stale
+        await rig.backend.aclose()
+
+    rig = make_rig(2, dead_after=2)
+    asyncio.run(scenario(rig))
+    assert rig.backend.server_stats()[rig.fleet[0].url].rejoins == 1
+
+
+def _extras_after(rig: HttpRig, _: int) -> list[dict[str, Any]]:
+    from rollout_recovery.capture import STAGING_PARTITION
+
+    keys = rig.data_plane.keys(STAGING_PARTITION)
+    return [row.metadata["extras"] for row in rig.data_plane.get(STAGING_PARTITION, keys)]
+
+
+def test_a_joining_server_that_never_confirms_the_weights_gets_no_traffic() -> None:
+    async def scenario(rig: HttpRig) -> None:
+        rig.fleet[0].refuse_pushes = True
+        for i in range(4):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        await rig.backend.aclose()
+
+    rig = make_rig(2, dead_after=1000)
+    asyncio.run(scenario(rig))
+    assert rig.fleet[0].calls == 0 and rig.fleet[1].calls == 8
+    assert rig.backend.pool.states()[rig.fleet[0].url] != "healthy"
+
+
+def test_without_version_tracking_every_answering_server_is_current() -> None:
+    async def scenario(rig: HttpRig) -> None:
+        for i in range(4):
+            await rig.backend.run_attempt(rig.request(i, weight_version=9), rig.writer)
+        await rig.backend.aclose()
+
+    rig = make_rig(2, weight_sync="none")
+    asyncio.run(scenario(rig))
+    assert rig.fleet[0].pushes == [] and rig.fleet[1].pushes == []
+    # Stamped with the dispatch version: the client's only knowledge.
+    assert {e["dispatch_weight_version"] for e in _extras_after(rig, 0)} == {9}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("concurrency", 0),
+        ("dead_after_failures", 0),
+        ("probe_interval_s", 0.0),
+        ("probe_timeout_s", -1.0),
+    ],
+)
+def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        PoolSettings(**{field: value})
+    assert caught.value.path == f"$.{field}"
+
+
+@pytest.mark.parametrize(
+    "servers",
+    [[], ["http://a:1", "http://a:1/"], ["ftp://a:1"]],
+    ids=["none", "duplicate", "not-http"],
+)
+def test_bad_server_lists_are_refused(servers: list[str]) -> None:
+    from rollout_recovery.rollout import WEIGHT_SYNCS, ServerPool
+
+    with pytest.raises(InvalidArgumentError, match=r"servers|url"):
+        ServerPool(
+            servers,
+            settings=PoolSettings(),
+            weight_sync=WEIGHT_SYNCS["none"],
+            client=httpx.AsyncClient(),
+        )

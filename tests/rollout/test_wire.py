@@ -1,0 +1,179 @@
+"""Wire dialects: request bodies, reply parsing and every cross-check, per server shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from http_support import completion
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollout_recovery.rollout import (
+    CallSpec,
+    DataFailure,
+    SglangGenerate,
+    VllmCompletions,
+    VllmGenerate,
+    classify_status,
+)
+
+CALL = CallSpec(prompt_token_ids=[0, 5, 22, 1], max_tokens=4, seed=7)
+
+
+def _failure(parse: Any, payload: object) -> DataFailure:
+    with pytest.raises(DataFailure) as caught:
+        parse(CALL, payload)
+    return caught.value
+
+
+# ------------------------------------------------------------------------ vLLM completions
+
+
+def test_vllm_completions_body_is_token_in_with_token_ids_back() -> None:
+    body = VllmCompletions().body("tiny", CALL)
+    assert body["prompt"] == [0, 5, 22, 1]
+    assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
+    assert body["logprobs"] == 0 and body["seed"] == 7 and body["max_tokens"] == 4
+
+
+@given(
+    tokens=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=4),
+    logprob=st.floats(-50.0, 0.0),
+    flip=st.integers(0, 3),
+)
+def test_vllm_completions_accepts_a_consistent_reply_and_no_single_flipped_id(
+    tokens: list[int], logprob: float, flip: int
+) -> None:
+    prompt = list(CALL.prompt_token_ids)
+    payload = completion(prompt, tokens)
+    payload["choices"][0]["logprobs"]["token_logprobs"] = [logprob] * len(tokens)
+    reply = VllmCompletions().parse(CALL, payload)
+    assert reply.token_ids == tokens and reply.logprobs == [logprob] * len(tokens)
+    flipped = list(tokens)
+    flipped[flip % len(tokens)] += 1
+    broken = completion(prompt, tokens, token_ids=flipped)
+    assert _failure(VllmCompletions().parse, broken).reason == "token_mismatch"
+
+
+def test_vllm_completions_reads_a_top_level_prompt_echo() -> None:
+    payload = completion([0, 5, 22, 1], [9, 9])
+    del payload["choices"][0]["prompt_token_ids"]
+    payload["prompt_token_ids"] = [0, 5, 22, 1]
+    assert VllmCompletions().parse(CALL, payload).token_ids == [9, 9]
+
+
+# ------------------------------------------------------------------------ vLLM generate
+
+
+def _generate_reply(tokens: list[int], spans: Any) -> dict[str, Any]:
+    return {
+        "request_id": "r1",
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": tokens,
+                "logprobs": {
+                    "content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in tokens]
+                },
+                "finish_reason": "length",
+            }
+        ],
+        "weight_versions": spans,
+    }
+
+
+def test_vllm_generate_records_the_weight_version_spans() -> None:
+    spans = [{"version": "7", "start": 0, "end": 1}, {"version": "8", "start": 1, "end": 3}]
+    reply = VllmGenerate().parse(CALL, _generate_reply([4, 5, 6], spans))
+    assert reply.weight_version_spans == spans
+    assert reply.server_weight_version == "8"
+    body = VllmGenerate().body("tiny", CALL)
+    assert body["token_ids"] == [0, 5, 22, 1] and body["sampling_params"]["max_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        pytest.param([{"version": "7", "start": 0, "end": 2}], id="short"),
+        pytest.param([{"version": "7", "start": 1, "end": 3}], id="gap"),
+        pytest.param(
+            [{"version": "7", "start": 0, "end": 2}, {"version": "8", "start": 1, "end": 3}],
+            id="overlap",
+        ),
+    ],
+)
+def test_vllm_generate_refuses_spans_that_do_not_tile_the_tokens(spans: Any) -> None:
+    assert _failure(VllmGenerate().parse, _generate_reply([4, 5, 6], spans)).reason == (
+        "token_mismatch"
+    )
+
+
+# ------------------------------------------------------------------------------ SGLang
+
+
+def _sglang_reply(tokens: list[int], **meta: Any) -> dict[str, Any]:
+    return {
+        "text": "",
+        "output_ids": tokens,
+        "meta_info": {
+            "prompt_tokens": 4,
+            "completion_tokens": len(tokens),
+            "output_token_logprobs": [[-0.5, t, None] for t in tokens],
+            "weight_version": "12",
+            "finish_reason": {"type": "length", "length": len(tokens)},
+            **meta,
+        },
+    }
+
+
+def test_sglang_body_and_reply_shape() -> None:
+    body = SglangGenerate().body("ignored", CALL)
+    assert body["input_ids"] == [0, 5, 22, 1] and body["return_logprob"] is True
+    assert body["sampling_params"]["max_new_tokens"] == 4
+    reply = SglangGenerate().parse(CALL, _sglang_reply([8, 9]))
+    assert reply.token_ids == [8, 9] and reply.logprobs == [-0.5, -0.5]
+    assert reply.server_weight_version == "12" and reply.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        pytest.param(
+            _sglang_reply([8, 9], output_token_logprobs=[[-0.5, 8, None], [-0.5, 7, None]]),
+            "token_mismatch",
+            id="logprob-ids-differ",
+        ),
+        pytest.param(_sglang_reply([8, 9], prompt_tokens=3), "token_mismatch", id="prompt-len"),
+        pytest.param({"output_ids": [8]}, "malformed_response", id="no-meta"),
+        pytest.param(
+            _sglang_reply([8], output_token_logprobs=[[float("nan"), 8, None]]),
+            "invalid_logprobs",
+            id="nan-logprob",
+        ),
+    ],
+)
+def test_sglang_cross_checks(payload: Any, reason: str) -> None:
+    assert _failure(SglangGenerate().parse, payload).reason == reason
+
+
+# --------------------------------------------------------------------- status classes
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 408, 429])
+def test_infra_statuses_are_resent_elsewhere(status: int) -> None:
+    assert classify_status(status, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "payload", "reason"),
+    [
+        (400, {"error": {"message": "bad"}}, "http_400"),
+        (404, {"object": "error", "message": "model not found"}, "http_404"),
+        (422, {"detail": "unprocessable"}, "http_422"),
+        (400, {"error": {"message": "max_model_len is 512"}}, "context_overflow"),
+    ],
+)
+def test_other_4xx_are_data_failures(status: int, payload: Any, reason: str) -> None:
+    failure = classify_status(status, payload)
+    assert failure is not None and failure.reason == reason
