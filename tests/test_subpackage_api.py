@@ -143,6 +143,7 @@ SURFACES: dict[str, set[str]] = {
         "FaultSettings",
         "GenerationBackend",
         "SimulatedAgentBackend",
+        "BackendTelemetry",
         "DIALECTS",
         "WEIGHT_SYNCS",
         "CallSpec",

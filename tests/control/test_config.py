@@ -65,6 +65,12 @@ def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
         )
     if isinstance(kind, mi.LiteralType):
         return st.sampled_from(kind.values)
+    if isinstance(kind, mi.StrType):
+        if kind.pattern is not None:  # a server url
+            return st.from_regex(r"\Ahttp://127\.0\.0\.1:[1-9][0-9]{0,4}\Z")
+        return st.text(min_size=max(1, kind.min_length or 0), max_size=20)
+    if isinstance(kind, mi.VarTupleType):
+        return st.lists(_value_strategy(kind.item_type), max_size=3).map(tuple)
     raise AssertionError(f"no strategy for {kind!r}")
 
 
@@ -102,6 +108,12 @@ def _another_valid(kind: mi.Type, value: object) -> object | None:
     if isinstance(kind, mi.LiteralType):
         others = [v for v in kind.values if v != value]
         return others[0] if others else None
+    if isinstance(kind, mi.StrType):
+        assert isinstance(value, str)
+        return value + "x"
+    if isinstance(kind, mi.VarTupleType):
+        assert isinstance(value, tuple)
+        return (*value, "http://127.0.0.1:9")
     raise AssertionError(kind)
 
 

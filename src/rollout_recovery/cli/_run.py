@@ -29,10 +29,21 @@ __all__ = ["run"]
     help="TOML job configuration (see --print-config for every key and its default).",
 )
 @click.option("--seed", type=click.IntRange(min=0), help="Overrides job.seed.")
+@click.option(
+    "--backend",
+    type=click.Choice(["simulated", "http"]),
+    help="Overrides generation.backend: simulated agents, or HTTP generation servers "
+    "([http] servers; none listed: the job starts [http] launch_servers local ones).",
+)
 @click.option("--print-config", is_flag=True, help="Print the configuration as TOML and exit.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal.")
 def run(
-    out: Path | None, config_path: Path | None, seed: int | None, print_config: bool, plain: bool
+    out: Path | None,
+    config_path: Path | None,
+    seed: int | None,
+    backend: str | None,
+    print_config: bool,
+    plain: bool,
 ) -> None:
     """Run asynchronous GRPO that survives any kill: rerun the same command to resume.
 
@@ -42,7 +53,7 @@ def run(
     events.jsonl), metrics.jsonl, reward.png and its checkpoints.
     """
     try:
-        config = load_config(config_path, seed=seed)
+        config = load_config(config_path, seed=seed, backend=backend)
     except ConfigError as error:
         raise click.UsageError(str(error)) from None
     if print_config:

@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointConfig",
     "FaultsConfig",
     "GenerationConfig",
+    "HttpConfig",
     "JobConfig",
     "LivenessConfig",
     "PolicyConfig",
@@ -48,6 +49,7 @@ NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Rate = Annotated[float, Meta(ge=0, le=1)]
+ServerUrl = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -86,12 +88,42 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 class GenerationConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[generation]``: the generation backend and its workers."""
 
-    backend: Literal["simulated"] = "simulated"
+    #: "simulated": in-process agents with injected [faults]; "http": real generation
+    #: servers, configured in [http] ([faults] is not injected there: the servers' own
+    #: failures are the faults).
+    backend: Literal["simulated", "http"] = "simulated"
+    #: Simulated workers (the simulated backend only).
     workers: PositiveInt = 4
     max_inflight_attempts: PositiveInt = 64
     call_latency_s: NonNegativeFloat = 0.08
     latency_jitter: NonNegativeFloat = 0.5
     attempt_deadline_s: PositiveFloat = 2.0
+
+
+class HttpConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[http]``: the HTTP backend's servers (used when ``generation.backend = "http"``)."""
+
+    #: Base URLs of running OpenAI-compatible servers. Empty: the job starts
+    #: ``launch_servers`` local ``rollout-recovery serve`` processes itself and stops them.
+    servers: tuple[ServerUrl, ...] = ()
+    launch_servers: PositiveInt = 3
+    dialect: Literal["vllm-completions", "vllm-generate", "sglang"] = "vllm-completions"
+    #: How servers get new weights: "policy" pushes the numpy policy (rollout-recovery
+    #: serve), "version-tag" only tags a vLLM dev-mode server, "none" leaves them alone.
+    weight_sync: Literal["policy", "version-tag", "none"] = "policy"
+    model: Annotated[str, Meta(min_length=1)] = "rollout-recovery-numpy"
+    per_server_concurrency: PositiveInt = 16
+    request_timeout_s: PositiveFloat = 10.0
+    #: How often one call is resent to another server after an infra failure.
+    call_redispatch_budget: NonNegativeInt = 3
+    redispatch_backoff_s: NonNegativeFloat = 0.05
+    probe_interval_s: PositiveFloat = 0.5
+    probe_timeout_s: PositiveFloat = 1.0
+    #: Consecutive failed calls or probes after which a server counts as dead.
+    dead_after_failures: PositiveInt = 3
+    #: How long a call waits for any healthy server before its attempt fails.
+    no_server_wait_s: PositiveFloat = 30.0
+    logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
 
 
 class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -139,6 +171,7 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     faults: FaultsConfig = msgspec.field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
@@ -149,11 +182,14 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
 # Loading
 
 
-def load_config(path: Path | None, *, seed: int | None = None) -> RunConfig:
+def load_config(
+    path: Path | None, *, seed: int | None = None, backend: str | None = None
+) -> RunConfig:
     """Read the job configuration from the TOML file at ``path`` (``None``: defaults).
 
     ``seed`` (the command line's ``--seed``) overrides ``job.seed`` and is validated like
-    it. Every refusal is a :class:`ConfigError`: a field error carries the field's path
+    it; ``backend`` (``--backend``) overrides ``generation.backend`` the same way. Every
+    refusal is a :class:`ConfigError`: a field error carries the field's path
     (``err.path == "$.faults.hang_rate"``), a file that cannot be read or parsed names the
     file (and, for a syntax error, the line and column).
     """
@@ -163,6 +199,10 @@ def load_config(path: Path | None, *, seed: int | None = None) -> RunConfig:
         # A non-table `job` is refused by the conversion below, with its path.
         if isinstance(job, dict):
             job["seed"] = seed
+    if backend is not None:
+        generation = data.setdefault("generation", {})
+        if isinstance(generation, dict):
+            generation["backend"] = backend
     return config_from_builtins(data)
 
 
@@ -254,6 +294,8 @@ def _toml_value(value: object) -> str:
         return repr(value)
     if isinstance(value, str):
         return _toml_string(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     raise InvalidArgumentTypeError(f"cannot write a {type(value).__name__} as a TOML value")
 
 
@@ -286,7 +328,8 @@ def config_differences(a: RunConfig, b: RunConfig) -> list[str]:
 
 def config_to_builtins(config: RunConfig) -> dict[str, Any]:
     """The config as plain dicts of int, float, str and bool, for a checkpoint."""
-    data = msgspec.to_builtins(config)
+    # Through JSON, so tuples come back as lists: plain data any codec round-trips.
+    data = msgspec.json.decode(msgspec.json.encode(config))
     assert isinstance(data, dict)
     return data
 

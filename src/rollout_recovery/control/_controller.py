@@ -53,7 +53,7 @@ from ..ledger import (
 )
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
-from ..rollout import AttemptRequest, AttemptResult, GenerationBackend
+from ..rollout import AttemptRequest, AttemptResult, BackendTelemetry, GenerationBackend
 from ._audit import AuditTrail
 from ._config import RunConfig
 from ._crashpoints import crash_point
@@ -583,6 +583,13 @@ class Controller:
             self.step = step + 1
             self.shortfall = {s: n for s, n in self.shortfall.items() if s > step}
             self.counters["prompts_trained"] += len(groups)
+            backend_metrics: dict[str, Any] = {}
+            if isinstance(self.backend, BackendTelemetry):
+                # Server deaths, rejoins and redispatches since the last step, in the same
+                # cut as the step's rows: a resume cuts them back together.
+                for event in self.backend.drain_events():
+                    self.audit.event(**event)
+                backend_metrics["backend"] = self.backend.telemetry()
             self.audit.metrics(
                 {
                     "step": step,
@@ -593,6 +600,7 @@ class Controller:
                     "weight_version": self.trainer.weight_version,
                     "train_seconds": train_seconds,
                     **{f"train/{k}": v for k, v in metrics.items()},
+                    **backend_metrics,
                 }
             )
         self.last_mean_reward = mean_reward

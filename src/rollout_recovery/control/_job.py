@@ -15,11 +15,12 @@ The run directory holds::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,16 @@ from ..capture import STAGING_PARTITION
 from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
 from ..errors import JobMismatchError
 from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
-from ..rollout import FaultSettings, GenerationBackend, SimulatedAgentBackend
+from ..rollout import (
+    DIALECTS,
+    WEIGHT_SYNCS,
+    FaultSettings,
+    GenerationBackend,
+    HttpBackendSettings,
+    HttpGenerationBackend,
+    PoolSettings,
+    SimulatedAgentBackend,
+)
 from ._audit import AUDIT_FILES, EVENTS, METRICS, AuditTrail
 from ._checkpoint_dir import CheckpointStore, SkippedCheckpoint
 from ._checkpointing import (
@@ -44,9 +54,10 @@ from ._checkpointing import (
 )
 from ._config import RunConfig, config_differences, config_to_toml, load_config
 from ._controller import Controller, PromptDataset, RunProgress
-from ._layout import DATA_PLANE_FILE, JOB_FILE, PLOT_FILE, RUN_LOG
+from ._layout import DATA_PLANE_FILE, JOB_FILE, PLOT_FILE, RUN_LOG, SERVERS_FILE
 from ._plot import write_reward_plot
 from ._report import RunSummary
+from ._server_fleet import LocalServerFleet
 from ._trail_check import _lines
 
 __all__ = [
@@ -67,7 +78,10 @@ class JobComponents:
 
 
 def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
-    """The embedded default: synthetic tasks, simulated agents, the numpy GRPO policy."""
+    """The embedded default: synthetic tasks, the numpy GRPO policy, and simulated agents
+    (``generation.backend = "simulated"``) or HTTP generation servers (``"http"``, the
+    servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
+    local ones)."""
     job = config.job
     dataset = TaskSet(
         config.task.dataset_size, seed=job.seed, prompt_group_every=config.task.prompt_group_every
@@ -77,21 +91,76 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
         learning_rate=config.policy.learning_rate,
         clip_epsilon=config.policy.clip_epsilon,
     )
-    backend = SimulatedAgentBackend(
-        task_set=dataset,
-        seed=job.seed,
-        workers=config.generation.workers,
-        call_latency_s=config.generation.call_latency_s,
-        latency_jitter=config.generation.latency_jitter,
-        # [faults] has exactly the backend's fault fields, so a new fault cannot be
-        # configured without reaching the backend.
-        faults=FaultSettings(**msgspec.structs.asdict(config.faults)),
-        initial_weights=trainer.weights(),
-        data_plane=data_plane,
-        # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
-        stage_in_thread=True,
-    )
+    backend: GenerationBackend
+    if config.generation.backend == "http":
+        backend = _http_backend(config, dataset, trainer)
+    else:
+        backend = SimulatedAgentBackend(
+            task_set=dataset,
+            seed=job.seed,
+            workers=config.generation.workers,
+            call_latency_s=config.generation.call_latency_s,
+            latency_jitter=config.generation.latency_jitter,
+            # [faults] has exactly the backend's fault fields, so a new fault cannot be
+            # configured without reaching the backend.
+            faults=FaultSettings(**msgspec.structs.asdict(config.faults)),
+            initial_weights=trainer.weights(),
+            data_plane=data_plane,
+            # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
+            stage_in_thread=True,
+        )
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
+
+
+def _http_backend(
+    config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
+) -> HttpGenerationBackend:
+    http = config.http
+    return HttpGenerationBackend(
+        servers=list(http.servers),
+        task_set=dataset,
+        dialect=DIALECTS[http.dialect],
+        weight_sync=WEIGHT_SYNCS[http.weight_sync],
+        settings=HttpBackendSettings(
+            model=http.model,
+            pool=PoolSettings(
+                concurrency=http.per_server_concurrency,
+                probe_interval_s=http.probe_interval_s,
+                probe_timeout_s=http.probe_timeout_s,
+                dead_after_failures=http.dead_after_failures,
+                no_server_wait_s=http.no_server_wait_s,
+            ),
+            request_timeout_s=http.request_timeout_s,
+            call_redispatch_budget=http.call_redispatch_budget,
+            redispatch_backoff_s=http.redispatch_backoff_s,
+            logprob_mode=http.logprob_mode,
+            stage_in_thread=True,
+        ),
+        initial_version=trainer.weight_version,
+        initial_weights=trainer.weights(),
+    )
+
+
+@contextlib.contextmanager
+def _generation_servers(out: Path, config: RunConfig) -> Iterator[RunConfig]:
+    """The config the components see: with local servers started (and stopped on exit)
+    when the HTTP backend has no server list. The job's own config keeps the empty list,
+    so a resume, which starts new servers on new ports, is still the same job."""
+    http = config.http
+    if config.generation.backend != "http" or http.servers:
+        yield config
+        return
+    fleet = LocalServerFleet(
+        out,
+        http.launch_servers,
+        seed=config.job.seed,
+        call_latency_s=config.generation.call_latency_s,
+        model=http.model,
+    )
+    with fleet as urls:
+        yield msgspec.structs.replace(
+            config, http=msgspec.structs.replace(http, servers=tuple(urls))
+        )
 
 
 @dataclass(slots=True)
@@ -143,10 +212,28 @@ def run_job(
     """Start or resume the job in ``out`` and run it to the end."""
     started = time.monotonic()
     claim_run_directory(out, config)
+    if config.generation.backend == "http":
+        log("backend http: [faults] is not injected; the servers' own failures are the faults")
+    with _generation_servers(out, config) as resolved:
+        if resolved is not config:
+            count = len(resolved.http.servers)
+            log(f"started {count} local generation servers (listed in {SERVERS_FILE})")
+        return _run_in(out, config, resolved, started, progress, components, log)
+
+
+def _run_in(
+    out: Path,
+    config: RunConfig,
+    resolved: RunConfig,
+    started: float,
+    progress: RunProgress | None,
+    components: Callable[[RunConfig, DataPlane], JobComponents],
+    log: Callable[[str], None],
+) -> JobResult:
     inner = SqliteDataPlane(out / DATA_PLANE_FILE)
     audit = AuditTrail(out)
     try:
-        parts = components(config, inner)
+        parts = components(resolved, inner)
         controller = Controller(
             config=config,
             dataset=parts.dataset,

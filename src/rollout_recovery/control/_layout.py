@@ -3,7 +3,7 @@ auditor that reads them (the audit-trail files are named in ``_audit``)."""
 
 from __future__ import annotations
 
-__all__ = ["DATA_PLANE_FILE", "JOB_FILE", "PLOT_FILE", "RUN_LOG"]
+__all__ = ["DATA_PLANE_FILE", "JOB_FILE", "PLOT_FILE", "RUN_LOG", "SERVERS_DIR", "SERVERS_FILE"]
 
 #: The job's configuration: a run directory belongs to one job.
 JOB_FILE = "job.toml"
@@ -13,3 +13,7 @@ DATA_PLANE_FILE = "dataplane.sqlite"
 RUN_LOG = "run_log.jsonl"
 #: Mean reward per step, restarts and checkpoints marked.
 PLOT_FILE = "reward.png"
+#: The local generation servers a job with ``[http] servers = []`` started (url, pid, log).
+SERVERS_FILE = "servers.json"
+#: Their ready files and logs.
+SERVERS_DIR = "servers"

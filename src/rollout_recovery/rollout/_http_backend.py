@@ -26,6 +26,8 @@ Failures are classified:
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -119,20 +121,22 @@ class HttpGenerationBackend:
         initial_version: int,
         initial_weights: object,
         client: httpx.AsyncClient | None = None,
-        on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
+        on_event: Callable[[str, str, dict[str, object]], None] | None = None,
     ) -> None:
         self._task_set = task_set
         self._dialect = dialect
         self._settings = settings
         self._own_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()
-        self._on_event = on_event
+        # Bounded: a caller that never drains must not grow memory without end.
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self._listener = on_event
         self._pool = ServerPool(
             servers,
             settings=settings.pool,
             weight_sync=weight_sync,
             client=self._client,
-            on_event=on_event,
+            on_event=self._on_event,
         )
         self._pool.set_weights(initial_version, initial_weights)
         self.redispatches = 0
@@ -146,6 +150,31 @@ class HttpGenerationBackend:
 
     def server_stats(self) -> dict[str, ServerStats]:
         return self._pool.stats()
+
+    def _on_event(self, kind: str, server: str, detail: dict[str, object]) -> None:
+        self._events.append({"event": kind, "server": server, **detail})
+        if self._listener is not None:
+            self._listener(kind, server, detail)
+
+    # -- BackendTelemetry --------------------------------------------------------------------
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """Server state changes, weight loads and redispatches since the last drain."""
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    def telemetry(self) -> dict[str, Any]:
+        """Per-server counts and states, and the backend's redispatch and data-failure counts."""
+        states = self._pool.states()
+        return {
+            "servers": {
+                url: {"state": states[url], **dataclasses.asdict(stats)}
+                for url, stats in self._pool.stats().items()
+            },
+            "redispatches": self.redispatches,
+            "data_failures": dict(self.data_failures),
+        }
 
     # -- GenerationBackend -------------------------------------------------------------------
 

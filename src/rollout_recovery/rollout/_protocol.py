@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..capture import CaptureWriter
 from ..rewards import RewardChecks
 
-__all__ = ["AttemptRequest", "AttemptResult", "GenerationBackend"]
+__all__ = ["AttemptRequest", "AttemptResult", "BackendTelemetry", "GenerationBackend"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,3 +55,18 @@ class GenerationBackend(Protocol):
     ) -> AttemptResult: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class BackendTelemetry(Protocol):
+    """Optional: a backend with parts that live and die on their own (servers, actors).
+
+    The controller writes ``drain_events()`` (``{"event": kind, ...}`` dicts: a server
+    died, rejoined, a call was redispatched) to ``events.jsonl`` and ``telemetry()``
+    (cumulative per-part counts, JSON-like) into each step's ``metrics.jsonl`` line and the
+    run summary.
+    """
+
+    def telemetry(self) -> dict[str, Any]: ...
+
+    def drain_events(self) -> list[dict[str, Any]]: ...
