@@ -17,6 +17,7 @@ LAYERS = [
     "cli",
     "control",
     "rollout",
+    "serve",
     "policy",
     "finalize",
     "capture",
@@ -31,7 +32,8 @@ LAYERS = [
     "_durable",
     "_closing",
 ]
-SUBPACKAGES = {"cli", "control", "rollout", "policy", "finalize", "capture", "dataplane"} | {
+SUBPACKAGES = {"cli", "control", "rollout", "serve", "policy", "finalize", "capture"} | {
+    "dataplane",
     "checkpoint",
     "ledger",
     "rewards",

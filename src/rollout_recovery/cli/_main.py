@@ -39,6 +39,9 @@ def _register() -> None:
     from ._audit import audit
 
     cli.add_command(audit)
+    from ._serve import serve
+
+    cli.add_command(serve)
 
 
 _register()

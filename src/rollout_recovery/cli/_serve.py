@@ -1,0 +1,159 @@
+"""``rollout-recovery serve``: the numpy policy behind an OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from ..errors import InvalidStateError
+from ..serve import DEFAULT_MODEL_NAME, PolicyServer, ServeSettings, read_ready_file
+
+__all__ = ["serve"]
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# How often --exit-with-parent looks for its parent.
+_PARENT_POLL_S = 0.2
+
+
+def _remove_own_ready_file(path: Path) -> None:
+    # Only while it still names this process: a new server may have replaced it.
+    with contextlib.suppress(OSError, InvalidStateError):
+        if read_ready_file(path).pid == os.getpid():
+            path.unlink()
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """Set ``stop`` once ``parent`` has died (this process is then reparented)."""
+
+    def watch() -> None:
+        while not stop.wait(_PARENT_POLL_S):
+            if os.getppid() != parent:
+                stop.set()
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+@click.command("serve")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind. WARNING: the server has no authentication: anyone who can reach "
+    "it can generate and replace the weights. Bind another address on a trusted network only.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to bind; 0 picks a free one (read it from --ready-file).",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help='Once listening, atomically write {"url": ..., "pid": ...} here (removed on exit).',
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Initial weights are NumpyGRPOTrainer(seed=SEED)'s (version 0); also seeds requests "
+    "that carry no seed.",
+)
+@click.option("--model-name", default=DEFAULT_MODEL_NAME, show_default=True)
+@click.option(
+    "--call-latency-s",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Seconds every generation waits before it answers (a request stays in flight).",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=2),
+    default=512,
+    show_default=True,
+    help="Context length: prompt plus max_tokens.",
+)
+@click.option(
+    "--exit-with-parent",
+    is_flag=True,
+    help="Stop (as on SIGTERM) when the process that started this one dies, so a killed job "
+    "leaves no server behind.",
+)
+@click.option("--access-log", is_flag=True, help="Log every request to stderr.")
+def serve(
+    host: str,
+    port: int,
+    ready_file: Path | None,
+    seed: int,
+    model_name: str,
+    call_latency_s: float,
+    max_model_len: int,
+    exit_with_parent: bool,
+    access_log: bool,
+) -> None:
+    """Serve the numpy policy over vLLM's HTTP API, token in and token out.
+
+    Routes: /v1/completions, /v1/models, /inference/v1/generate, /health, /weight_info,
+    /update_weight_version and /update_weights (load new weights; never an older version).
+    Prints "serving on URL" once listening; SIGTERM or SIGINT stops it (exit 0).
+    """
+    settings = ServeSettings(
+        host=host,
+        port=port,
+        model_name=model_name,
+        seed=seed,
+        call_latency_s=call_latency_s,
+        max_model_len=max_model_len,
+        access_log=access_log,
+    )
+    try:
+        server = PolicyServer(settings)
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {error.strerror or error}"
+        ) from None
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if exit_with_parent:
+        _watch_parent(os.getppid(), stop)
+    try:
+        server.start()
+        if ready_file is not None:
+            try:
+                server.write_ready_file(ready_file)
+            except OSError as error:
+                raise click.ClickException(
+                    f"cannot write the ready file {str(ready_file)!r}: {error.strerror or error}"
+                ) from None
+        if host not in _LOOPBACK:
+            click.echo(
+                f"warning: serving on {host} without authentication: anyone who can reach "
+                "it can generate and replace the weights",
+                err=True,
+            )
+        click.echo(f"serving on {server.url}")
+        sys.stdout.flush()
+        # A timed wait: the signal handler runs between waits even where a blocking
+        # wait would not be interrupted.
+        while not stop.wait(1.0):
+            pass
+    finally:
+        server.shutdown()
+        if ready_file is not None:
+            _remove_own_ready_file(ready_file)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

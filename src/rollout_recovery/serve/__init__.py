@@ -1,0 +1,24 @@
+"""``rollout-recovery serve``: an OpenAI-compatible (vLLM-compatible) server of the numpy policy.
+
+Token in, token out: ``POST /v1/completions`` (vLLM's ``return_token_ids`` and
+``return_tokens_as_token_ids``) and ``POST /inference/v1/generate`` sample from a
+:class:`~rollout_recovery.policy.PolicySnapshot` with exact logprobs; ``POST /update_weights``
+loads new weights, never an older version. Every generation answer carries its weight
+version in an ``X-Weight-Version`` header. :class:`PolicyServer` runs one in-process (tests,
+the HTTP generation backend's tests); the command runs one per process and announces it
+through a ready file (:func:`read_ready_file`).
+"""
+
+from ._app import WEIGHT_VERSION_HEADER
+from ._ready import ServerReady, read_ready_file
+from ._server import PolicyServer
+from ._settings import DEFAULT_MODEL_NAME, ServeSettings
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "WEIGHT_VERSION_HEADER",
+    "PolicyServer",
+    "ServeSettings",
+    "ServerReady",
+    "read_ready_file",
+]

@@ -1,0 +1,214 @@
+"""The API: routes and what each answers, free of any transport.
+
+:meth:`ServeApp.handle` maps ``(method, path, body bytes)`` to a :class:`Response`; the HTTP
+layer only reads requests and writes answers, so every route can be exercised without a
+socket and the transport can change without touching the API.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .. import __version__
+from ..policy import PolicySnapshot
+from ._api_error import ApiError
+from ._requests import (
+    SamplingRequest,
+    decode_json_object,
+    parse_completion_request,
+    parse_generate_request,
+)
+from ._responses import completion_body, generate_body, models_body, version_label
+from ._sampling import Generation, generate
+from ._settings import ServeSettings
+from ._weights import WeightStore, parse_version_label, parse_weight_update
+
+__all__ = ["WEIGHT_VERSION_HEADER", "Response", "ServeApp"]
+
+# Every generation answer names the weight version that produced it (the /v1 bodies
+# cannot: vLLM's shapes have no field for it).
+WEIGHT_VERSION_HEADER = "X-Weight-Version"
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """An answer: status, body bytes, extra headers; ``close`` ends the connection after it."""
+
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+    close: bool = False
+
+    @property
+    def content_type(self) -> str | None:
+        return "application/json" if self.body else None
+
+
+def _json(payload: Mapping[str, Any], *, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(HTTPStatus.OK, msgspec.json.encode(payload), headers)
+
+
+_Handler = Callable[["ServeApp", bytes], Response]
+
+
+class ServeApp:
+    """The routes of one server over its :class:`WeightStore`.
+
+    A generation request takes its weight snapshot, calls ``on_admitted`` (a test seam:
+    tests hold a request in flight with it, without sleeping), waits
+    ``settings.call_latency_s`` (cut short with a 503 when the server stops), then samples.
+    """
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        weights: WeightStore,
+        *,
+        stopping: threading.Event,
+        on_admitted: Callable[[], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._weights = weights
+        self._stopping = stopping
+        self._on_admitted = on_admitted
+        self._created = int(time.time())
+        # Requests without a seed draw from one seed sequence per server.
+        self._seeds = np.random.SeedSequence(settings.seed)
+        self._seeds_lock = threading.Lock()
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, body: bytes) -> Response:
+        """Answer one request; every refusal is vLLM's error body with its status."""
+        try:
+            methods = _ROUTES.get(path)
+            if methods is None:
+                raise ApiError(HTTPStatus.NOT_FOUND, f"no route {path}")
+            handler = methods.get(method)
+            if handler is None:
+                allow = ", ".join(sorted(methods))
+                raise ApiError(
+                    HTTPStatus.METHOD_NOT_ALLOWED,
+                    f"{method} is not allowed on {path} (allowed: {allow})",
+                    headers=(("Allow", allow),),
+                )
+            return handler(self, body)
+        except ApiError as error:
+            return Response(error.status, error.body(), error.headers, error.close)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def _wait_call_latency(self) -> None:
+        latency = self._settings.call_latency_s
+        if latency > 0 and self._stopping.wait(latency):
+            raise ApiError(
+                HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down", close=True
+            )
+
+    def _rng(self, seed: int | None) -> np.random.Generator:
+        if seed is not None:
+            return np.random.default_rng(seed)
+        with self._seeds_lock:
+            (child,) = self._seeds.spawn(1)
+        return np.random.default_rng(child)
+
+    def _generate(self, request: SamplingRequest) -> tuple[Generation, tuple[tuple[str, str]]]:
+        # The snapshot is taken once, at admission: a weight update while this request
+        # waits or samples never changes which policy produced its tokens.
+        snapshot: PolicySnapshot = self._weights.current()
+        if self._on_admitted is not None:
+            self._on_admitted()
+        self._wait_call_latency()
+        generation = generate(
+            snapshot,
+            request.prompt,
+            digit=request.digit,
+            max_tokens=request.max_tokens,
+            rng=self._rng(request.seed),
+            top_k=request.top_k,
+            ignore_eos=request.ignore_eos,
+        )
+        return generation, ((WEIGHT_VERSION_HEADER, version_label(snapshot.version)),)
+
+    def _completions(self, body: bytes) -> Response:
+        request = parse_completion_request(
+            decode_json_object(body),
+            model_name=self._settings.model_name,
+            max_model_len=self._settings.max_model_len,
+        )
+        generation, headers = self._generate(request)
+        payload = completion_body(
+            request_id=f"cmpl-{uuid.uuid4().hex[:16]}",
+            created=int(time.time()),
+            model=self._settings.model_name,
+            request=request,
+            generation=generation,
+        )
+        return _json(payload, headers=headers)
+
+    def _inference_generate(self, body: bytes) -> Response:
+        request, request_id = parse_generate_request(
+            decode_json_object(body),
+            model_name=self._settings.model_name,
+            max_model_len=self._settings.max_model_len,
+        )
+        generation, headers = self._generate(request)
+        payload = generate_body(
+            request_id=f"generate-tokens-{request_id or uuid.uuid4().hex[:16]}",
+            created=int(time.time()),
+            model=self._settings.model_name,
+            request=request,
+            generation=generation,
+        )
+        return _json(payload, headers=headers)
+
+    # -- models, health, weights ------------------------------------------------------------
+
+    def _health(self, body: bytes) -> Response:
+        return Response(HTTPStatus.OK)
+
+    def _models(self, body: bytes) -> Response:
+        return _json(
+            models_body(
+                model=self._settings.model_name,
+                created=self._created,
+                max_model_len=self._settings.max_model_len,
+            )
+        )
+
+    def _version(self, body: bytes) -> Response:
+        return _json({"version": __version__})
+
+    def _weight_info(self, body: bytes) -> Response:
+        return _json({"weight_version": version_label(self._weights.current().version)})
+
+    def _update_weight_version(self, body: bytes) -> Response:
+        version = parse_version_label(decode_json_object(body).get("new_version"))
+        snapshot = self._weights.relabel(version)
+        return _json({"success": True, "new_version": version_label(snapshot.version)})
+
+    def _update_weights(self, body: bytes) -> Response:
+        snapshot = parse_weight_update(decode_json_object(body))
+        self._weights.load(snapshot)
+        return _json({"weight_version": version_label(snapshot.version)})
+
+
+_ROUTES: dict[str, dict[str, _Handler]] = {
+    "/health": {"GET": ServeApp._health},
+    "/version": {"GET": ServeApp._version},
+    "/v1/models": {"GET": ServeApp._models},
+    "/v1/completions": {"POST": ServeApp._completions},
+    "/inference/v1/generate": {"POST": ServeApp._inference_generate},
+    "/weight_info": {"GET": ServeApp._weight_info},
+    "/update_weight_version": {"POST": ServeApp._update_weight_version},
+    "/update_weights": {"POST": ServeApp._update_weights},
+}

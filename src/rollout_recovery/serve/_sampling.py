@@ -1,0 +1,165 @@
+"""The generation rule: token ids in, the policy's tokens and exact logprobs out.
+
+A prompt is a list of ids of the policy's vocabulary holding the task's digit. After an
+``ANSWER`` tag the policy answers (``[digit, EOS]``, cut to ``max_tokens``); anywhere else it
+thinks (``max_tokens`` thought tokens). Each reported logprob is read from the snapshot's
+own table, so it is the logprob the trainer recomputes for that token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import InvalidArgumentError
+from ..policy import (
+    ANSWER,
+    DIGIT_BASE,
+    EOS,
+    NUM_DIGITS,
+    NUM_THOUGHT,
+    THOUGHT_BASE,
+    VOCAB_SIZE,
+    PolicySnapshot,
+    prompt_digit,
+)
+from ._api_error import bad_request, schema_error
+
+__all__ = [
+    "ANSWER_TOKENS",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "LOGPROB_FLOOR",
+    "MAX_TOP_LOGPROBS",
+    "Generation",
+    "check_prompt",
+    "generate",
+]
+
+# vLLM's default --max-logprobs: the most top logprobs one position may ask for.
+MAX_TOP_LOGPROBS = 20
+# What the policy generates after <answer>: the answer digit, then EOS.
+ANSWER_TOKENS = 2
+# What the OpenAI shapes report for a token of probability 0 (vLLM clamps -inf to it).
+LOGPROB_FLOOR = -9999.0
+
+FINISH_LENGTH = "length"
+FINISH_STOP = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One sampled continuation.
+
+    Only when logprobs were asked for: ``ranks[i]`` is the sampled token's rank at position
+    ``i`` (1 + the number of tokens more likely than it, as vLLM counts), and
+    ``top_logprobs[i]`` the position's ``k`` most likely tokens as ``(token id, logprob,
+    rank)``, most likely first, ties in id order. A token the policy cannot emit at a
+    position has logprob ``LOGPROB_FLOOR`` there.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int] | None
+    top_logprobs: list[list[tuple[int, float, int]]] | None
+    finish_reason: str
+    weight_version: int
+
+
+def check_prompt(prompt: Sequence[int], *, param: str) -> int:
+    """The prompt's digit; a 400 for an id outside the vocabulary or a prompt without digit.
+
+    ``prompt`` holds ints already (the request parser checked the JSON types); ``param``
+    is the request field that holds it. An id outside the vocabulary is refused with
+    vLLM's message, then where it is.
+    """
+    if not prompt:
+        raise bad_request("Prompt cannot be empty", param=param)
+    for position, token in enumerate(prompt):
+        if token < 0:
+            raise schema_error(
+                f"Input should be greater than or equal to 0 ({param}[{position}] is {token})",
+                field=f"{param}.{position}",
+            )
+        if token >= VOCAB_SIZE:
+            raise bad_request(
+                f"Token id {token} is out of vocabulary ({param}[{position}]; the policy's "
+                f"ids are 0 to {VOCAB_SIZE - 1})"
+            )
+    try:
+        return prompt_digit(prompt)
+    except InvalidArgumentError:
+        raise bad_request(
+            f"{param} holds no digit token (ids {DIGIT_BASE} to {DIGIT_BASE + NUM_DIGITS - 1}): "
+            "the policy conditions every token on the prompt's digit",
+            param=param,
+        ) from None
+
+
+def _row(snapshot: PolicySnapshot, digit: int, token: int) -> npt.NDArray[np.float64]:
+    """The full-vocabulary log distribution the policy sampled ``token`` from."""
+    row = np.full(VOCAB_SIZE, -math.inf)
+    if THOUGHT_BASE <= token < THOUGHT_BASE + NUM_THOUGHT:
+        row[THOUGHT_BASE : THOUGHT_BASE + NUM_THOUGHT] = snapshot.thought_logprobs[digit]
+    elif DIGIT_BASE <= token < DIGIT_BASE + NUM_DIGITS:
+        row[DIGIT_BASE : DIGIT_BASE + NUM_DIGITS] = snapshot.answer_logprobs[digit]
+    else:  # EOS after the answer: deterministic
+        row[EOS] = 0.0
+    return row
+
+
+def _clamped(logprob: float) -> float:
+    return max(float(logprob), LOGPROB_FLOOR)
+
+
+def _rank(row: npt.NDArray[np.float64], token: int) -> int:
+    return int(np.count_nonzero(row > row[token])) + 1
+
+
+def _top(row: npt.NDArray[np.float64], k: int) -> list[tuple[int, float, int]]:
+    # A stable sort of -row keeps equal logprobs in id order.
+    ranked = (int(t) for t in np.argsort(-row, kind="stable")[:k])
+    return [(t, _clamped(row[t]), _rank(row, t)) for t in ranked]
+
+
+def generate(
+    snapshot: PolicySnapshot,
+    prompt: Sequence[int],
+    *,
+    digit: int,
+    max_tokens: int,
+    rng: np.random.Generator,
+    top_k: int | None,
+    ignore_eos: bool = False,
+) -> Generation:
+    """Sample ``max_tokens`` tokens at most after ``prompt`` (whose digit is ``digit``).
+
+    ``top_k`` None reports no candidates; 0 reports the sampled token only. An answer
+    finishes for ``stop`` at its EOS, or for ``length`` when cut before it or when
+    ``ignore_eos`` (EOS then stops nothing: ``max_tokens`` does, as in vLLM).
+    """
+    if prompt[-1] == ANSWER:
+        tokens, logprobs = snapshot.sample_answer(digit, rng)
+        tokens, logprobs = tokens[:max_tokens], logprobs[:max_tokens]
+        stopped = tokens[-1] == EOS and not ignore_eos
+        finish = FINISH_STOP if stopped else FINISH_LENGTH
+    else:
+        tokens, logprobs = snapshot.sample_reasoning(digit, max_tokens, rng)
+        finish = FINISH_LENGTH
+    ranks, top = None, None
+    if top_k is not None:
+        rows = [_row(snapshot, digit, t) for t in tokens]
+        ranks = [_rank(row, t) for row, t in zip(rows, tokens, strict=True)]
+        top = [_top(row, top_k) for row in rows]
+    return Generation(
+        token_ids=tokens,
+        logprobs=[_clamped(lp) for lp in logprobs],
+        ranks=ranks,
+        top_logprobs=top,
+        finish_reason=finish,
+        weight_version=snapshot.version,
+    )

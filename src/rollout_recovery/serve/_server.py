@@ -1,0 +1,145 @@
+"""A running server: the weights, the API and the HTTP transport, started and stopped whole."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from ..errors import InvalidOperationError
+from ..policy import NumpyGRPOTrainer, PolicySnapshot
+from ._app import ServeApp
+from ._http import make_http_server
+from ._ready import write_ready_file
+from ._settings import ServeSettings
+from ._weights import WeightStore
+
+__all__ = ["PolicyServer"]
+
+# How often the accept loop looks for a shutdown request.
+_POLL_INTERVAL_S = 0.05
+# How long a shutdown lets requests in flight finish before it closes their connections.
+SHUTDOWN_GRACE_S = 10.0
+
+
+def _url_host(host: str) -> str:
+    """The host part of a URL that reaches a server bound to ``host``."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class PolicyServer:
+    """An OpenAI-compatible (vLLM-compatible) server of the numpy policy.
+
+    The socket is bound when the object is built, so :attr:`url` is known at once (port 0
+    picks a free port). :meth:`start` serves from a background thread, :meth:`shutdown`
+    stops: it refuses new connections, cuts the call latency of requests in flight short
+    (they answer 503), waits for them, then closes every connection. As a context manager
+    it starts on entry and shuts down on exit.
+
+    ``initial_weights`` defaults to ``NumpyGRPOTrainer(seed=settings.seed).weights()``
+    (version 0). ``on_admitted`` is a test seam: it is called in a generation request's
+    thread once the request holds its weight snapshot, before the call latency and the
+    sampling, so a test can hold a request in flight without sleeping.
+    """
+
+    def __init__(
+        self,
+        settings: ServeSettings | None = None,
+        *,
+        initial_weights: PolicySnapshot | None = None,
+        on_admitted: Callable[[], None] | None = None,
+    ) -> None:
+        self._settings = settings if settings is not None else ServeSettings()
+        snapshot = (
+            initial_weights
+            if initial_weights is not None
+            else NumpyGRPOTrainer(seed=self._settings.seed).weights()
+        )
+        self._weights = WeightStore(snapshot)
+        self._stopping = threading.Event()
+        app = ServeApp(
+            self._settings, self._weights, stopping=self._stopping, on_admitted=on_admitted
+        )
+        self._http = make_http_server(
+            self._settings.host,
+            self._settings.port,
+            app,
+            max_body_bytes=self._settings.max_body_bytes,
+            access_log=self._settings.access_log,
+        )
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"PolicyServer(url={self.url!r})"
+
+    @property
+    def settings(self) -> ServeSettings:
+        return self._settings
+
+    @property
+    def port(self) -> int:
+        return int(self._http.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT``, the base URL (the OpenAI client takes ``url + "/v1"``)."""
+        return f"http://{_url_host(self._settings.host)}:{self.port}"
+
+    @property
+    def weights(self) -> PolicySnapshot:
+        """The snapshot the next generation request will use."""
+        return self._weights.current()
+
+    def write_ready_file(self, path: str | os.PathLike[str]) -> None:
+        """Atomically write ``{"url", "pid"}`` to ``path`` (see :func:`read_ready_file`)."""
+        write_ready_file(path, self.url)
+
+    def start(self) -> None:
+        """Serve from a daemon thread until :meth:`shutdown`."""
+        with self._lock:
+            if self._closed or self._thread is not None:
+                raise InvalidOperationError("a PolicyServer is started once, before shutdown")
+            self._thread = threading.Thread(
+                target=self._http.serve_forever,
+                kwargs={"poll_interval": _POLL_INTERVAL_S},
+                name=f"rollout-recovery-serve:{self.port}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def shutdown(self, *, grace_s: float = SHUTDOWN_GRACE_S) -> bool:
+        """Stop serving and close the socket; idempotent.
+
+        Returns whether every request in flight finished within ``grace_s``.
+        """
+        with self._lock:
+            if self._closed:
+                return True
+            self._closed = True
+            thread = self._thread
+        self._stopping.set()
+        if thread is not None:
+            self._http.shutdown()
+            thread.join()
+        finished = self._http.drain(grace_s)
+        self._http.server_close()
+        return finished
+
+    def __enter__(self) -> PolicyServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.shutdown()

@@ -1,0 +1,157 @@
+"""``rollout-recovery serve`` as a process: ready file, stdout line, health, clean signals.
+
+The child is read line by line (its ``serving on`` line is the synchronization point) and
+runs in its own process group, which a watchdog kills if the test overruns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_support import WAIT_S
+
+from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
+from rollout_recovery.serve import ServeSettings, read_ready_file
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).with_name("rollout-recovery")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "rollout_recovery"]
+
+
+@contextlib.contextmanager
+def _serve(*args: str) -> Iterator[subprocess.Popen[str]]:
+    child = subprocess.Popen(
+        [*_command(), "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    watchdog = threading.Timer(WAIT_S, lambda: os.killpg(child.pid, signal.SIGKILL))
+    watchdog.start()
+    try:
+        yield child
+    finally:
+        watchdog.cancel()
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_announces_itself_answers_and_stops_on_a_signal(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    ready_file = tmp_path / "ready.json"
+    with _serve("--port", "0", "--ready-file", str(ready_file), "--seed", "2") as child:
+        assert child.stdout is not None and child.stderr is not None
+        line = child.stdout.readline()
+        assert line.startswith("serving on http://127.0.0.1:"), child.stderr.read()
+        ready = read_ready_file(ready_file)
+        assert ready.url == line.removeprefix("serving on ").strip()
+        assert ready.pid == child.pid
+        assert not ready.url.endswith(":0")
+        assert httpx.get(ready.url + "/health", timeout=WAIT_S).status_code == 200
+        info = httpx.get(ready.url + "/weight_info", timeout=WAIT_S).json()
+        assert info == {"weight_version": "0"}
+        child.send_signal(sig)
+        assert child.wait(WAIT_S) == 0
+        assert child.stderr.read() == ""
+    # The ready file leaves with the server: a parent never reads a dead server's URL.
+    assert not ready_file.exists()
+
+
+def test_exit_with_parent_stops_the_server_when_its_parent_is_killed(tmp_path: Path) -> None:
+    ready_file = tmp_path / "ready.json"
+    serve = [*_command(), "serve", "--port", "0", "--ready-file", str(ready_file)]
+    # A parent that starts the server (sharing its stdout pipe with it) and is then killed.
+    parent_code = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen({[*serve, '--exit-with-parent']!r})\n"
+        "print('child', child.pid, flush=True)\n"
+        "child.wait()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    watchdog = threading.Timer(WAIT_S, lambda: os.killpg(parent.pid, signal.SIGKILL))
+    watchdog.start()
+    try:
+        assert parent.stdout is not None
+        lines = [parent.stdout.readline(), parent.stdout.readline()]
+        (child_line,) = [line for line in lines if line.startswith("child ")]
+        assert any(line.startswith("serving on http://") for line in lines)
+        assert read_ready_file(ready_file).pid == int(child_line.split()[1])
+        parent.kill()
+        parent.wait()
+        # The pipe reaches its end once the orphaned server has exited too.
+        assert parent.stdout.read() == ""
+        assert not ready_file.exists()  # removed by a clean shutdown, not a kill
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with _serve("--port", str(port), "--ready-file", str(tmp_path / "r.json")) as child:
+            assert child.wait(WAIT_S) == 1
+            assert child.stderr is not None and child.stdout is not None
+            assert f"cannot listen on 127.0.0.1:{port}" in child.stderr.read()
+            assert child.stdout.read() == ""
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_ready_file_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ready.json"
+    path.write_text('{"url": "http://127.0.0.1:1"}')
+    with pytest.raises(InvalidStateError) as refused:
+        read_ready_file(path)
+    assert refused.value.file == str(path)
+    path.write_text("garbage")
+    with pytest.raises(InvalidStateError):
+        read_ready_file(path)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"port": -1},
+        {"port": 70000},
+        {"port": True},
+        {"host": ""},
+        {"model_name": ""},
+        {"seed": -1},
+        {"call_latency_s": -0.1},
+        {"call_latency_s": float("nan")},
+        {"max_model_len": 1},
+        {"max_body_bytes": -5},
+    ],
+)
+def test_bad_settings_are_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ServeSettings(**fields)  # type: ignore[arg-type]
