@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,18 +70,19 @@ def test_vllm_completions_reads_a_top_level_prompt_echo() -> None:
 
 def _generate_reply(tokens: list[int], spans: Any) -> dict[str, Any]:
     return {
-        "request_id": "r1",
+        "request_id": "generate-tokens-1",
+        "prompt_token_ids": list(CALL.prompt_token_ids),
         "choices": [
             {
                 "index": 0,
-                "token_ids": tokens,
-                "logprobs": {
-                    "content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in tokens]
-                },
                 "finish_reason": "length",
+                "token_ids": tokens,
+                "weight_versions": spans,
+                "logprobs": {
+                    "content": [{"token_id": t, "logprob": -0.5, "rank": 3} for t in tokens]
+                },
             }
         ],
-        "weight_versions": spans,
     }
 
 
@@ -90,6 +93,17 @@ def test_vllm_generate_records_the_weight_version_spans() -> None:
     assert reply.server_weight_version == "8"
     body = VllmGenerate().body("tiny", CALL)
     assert body["token_ids"] == [0, 5, 22, 1] and body["sampling_params"]["max_tokens"] == 4
+    assert body["return_token_ids"] is True
+
+
+def test_vllm_generate_cross_checks_the_logprob_ids_and_the_echo() -> None:
+    spans = [{"version": "7", "start": 0, "end": 2}]
+    reply = _generate_reply([4, 5], spans)
+    reply["choices"][0]["logprobs"]["content"][1]["token_id"] = 6
+    assert _failure(VllmGenerate().parse, reply).reason == "token_mismatch"
+    reply = _generate_reply([4, 5], spans)
+    reply["prompt_token_ids"] = None  # sent without return_token_ids: nothing to check
+    assert _failure(VllmGenerate().parse, reply).reason == "malformed_response"
 
 
 @pytest.mark.parametrize(
@@ -177,3 +191,63 @@ def test_infra_statuses_are_resent_elsewhere(status: int) -> None:
 def test_other_4xx_are_data_failures(status: int, payload: Any, reason: str) -> None:
     failure = classify_status(status, payload)
     assert failure is not None and failure.reason == reason
+
+
+# ------------------------------------------------------- recorded vLLM 0.32 responses
+
+_FIXTURES = Path(__file__).parent.parent / "fixtures" / "vllm"
+
+
+def _recorded(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((_FIXTURES / name).read_text())
+    return data
+
+
+def _call_of(request: dict[str, Any], prompt_key: str) -> CallSpec:
+    sampling = request.get("sampling_params", request)
+    return CallSpec(
+        prompt_token_ids=request[prompt_key],
+        max_tokens=sampling["max_tokens"],
+        temperature=sampling["temperature"],
+        seed=sampling["seed"],
+    )
+
+
+@pytest.mark.parametrize("name", ["completions_token_in.json", "completions_token_in_top1.json"])
+def test_recorded_vllm_completions_parse_and_our_body_asks_the_same(name: str) -> None:
+    recorded = _recorded(name)
+    call = _call_of(recorded["request"], "prompt")
+    reply = VllmCompletions().parse(call, recorded["response"])
+    choice = recorded["response"]["choices"][0]
+    assert reply.token_ids == choice["token_ids"]
+    assert reply.logprobs == choice["logprobs"]["token_logprobs"]
+    ours = VllmCompletions().body("tiny", call)
+    for field in ("prompt", "max_tokens", "return_token_ids", "return_tokens_as_token_ids"):
+        assert ours[field] == recorded["request"][field]
+
+
+@pytest.mark.parametrize("name", ["generate.json", "generate_top2.json"])
+def test_recorded_vllm_generate_parses_with_its_spans(name: str) -> None:
+    recorded = _recorded(name)
+    call = _call_of(recorded["request"], "token_ids")
+    reply = VllmGenerate().parse(call, recorded["response"])
+    choice = recorded["response"]["choices"][0]
+    assert reply.token_ids == choice["token_ids"]
+    assert reply.weight_version_spans == choice["weight_versions"]
+    ours = VllmGenerate().body("tiny", call)
+    assert ours["return_token_ids"] is recorded["request"]["return_token_ids"] is True
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "completions_prompt512_max4",
+        "completions_prompt600_max4",
+        "generate_prompt512_max4",
+        "generate_prompt600_max4",
+    ],
+)
+def test_recorded_vllm_context_refusals_are_context_overflows(case: str) -> None:
+    recorded = _recorded("error_context_overflow.json")[case]
+    failure = classify_status(recorded["status"], recorded["response"])
+    assert failure is not None and failure.reason == "context_overflow"

@@ -48,7 +48,13 @@ __all__ = ["HttpBackendSettings", "HttpGenerationBackend", "classify_status"]
 
 # Statuses that say "this server, now" rather than "this request": resend elsewhere.
 _INFRA_STATUSES = frozenset({408, 429})
-_CONTEXT_OVERFLOW_MARKERS = ("maximum context length", "max_model_len", "context length")
+# vLLM 0.32's refusals of a prompt that leaves no room (tests/fixtures/vllm/error_*.json).
+_CONTEXT_OVERFLOW_MARKERS = (
+    "maximum context length",
+    "maximum model length",
+    "max_model_len",
+    "max_tokens must be at least 1",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

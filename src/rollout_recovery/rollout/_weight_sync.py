@@ -98,7 +98,10 @@ class VersionTagSync:
         self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
     ) -> int | None:
         response = await client.post(
-            f"{url}/update_weight_version", json={"weight_version": str(version)}, timeout=timeout
+            # vLLM takes the version as a string (an int is a 400).
+            f"{url}/update_weight_version",
+            json={"new_version": str(version)},
+            timeout=timeout,
         )
         response.raise_for_status()
         info = await client.get(f"{url}/weight_info", timeout=timeout)

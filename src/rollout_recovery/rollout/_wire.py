@@ -251,7 +251,13 @@ class VllmCompletions:
 
 
 class VllmGenerate:
-    """vLLM's ``/inference/v1/generate``: token in, token out, with weight-version spans."""
+    """vLLM's ``/inference/v1/generate``: token in, token out, with weight-version spans.
+
+    Shapes as recorded from vLLM 0.32 (``tests/fixtures/vllm/generate*.json``): the prompt
+    echo is top-level ``prompt_token_ids`` (with a top-level ``return_token_ids``), the
+    spans are the choice's ``weight_versions``, logprobs are
+    ``{"content": [{"token_id": N, "logprob": x, "rank": r, ...}]}``.
+    """
 
     name: DialectName = "vllm-generate"
     path = "/inference/v1/generate"
@@ -268,6 +274,7 @@ class VllmGenerate:
         return {
             "model": model,
             "token_ids": list(call.prompt_token_ids),
+            "return_token_ids": True,
             "sampling_params": sampling,
         }
 
@@ -277,13 +284,11 @@ class VllmGenerate:
         if not isinstance(choices, list) or len(choices) != 1:
             raise DataFailure("malformed_response", "choices is not a one-element list")
         choice = _mapping(choices[0], "choices[0]")
-        if "prompt_token_ids" in reply or "prompt_token_ids" in choice:
-            echoed = choice.get("prompt_token_ids", reply.get("prompt_token_ids"))
-            _check_prompt_echo(call, echoed, "prompt_token_ids")
+        _check_prompt_echo(call, reply.get("prompt_token_ids"), "prompt_token_ids")
         token_ids = _token_list(choice.get("token_ids"), "choices[0].token_ids")
         values = _generate_logprobs(choice.get("logprobs"), token_ids)
         _check_generated(call, token_ids, values)
-        spans = _version_spans(reply.get("weight_versions"), len(token_ids))
+        spans = _version_spans(choice.get("weight_versions"), len(token_ids))
         finish = choice.get("finish_reason")
         return ServerReply(
             token_ids=token_ids,
@@ -295,32 +300,18 @@ class VllmGenerate:
 
 
 def _generate_logprobs(value: object, token_ids: list[int]) -> list[float]:
-    """The generate route's logprobs: ``{"content": [{"token": "token_id:N", "logprob": x}]}``
-    (chat style) or a plain list of ``{token_id: {logprob}}`` dicts (engine style)."""
-    if isinstance(value, Mapping) and isinstance(value.get("content"), list):
-        entries = value["content"]
-        ids = _parse_token_id_tokens(
-            [_mapping(e, "logprobs.content[]").get("token") for e in entries],
-            "logprobs.content[].token",
+    """The generate route's ``{"content": [{"token_id": N, "logprob": x}, ...]}``, one
+    entry per generated token, naming exactly the generated ids."""
+    logprobs = _mapping(value, "choices[0].logprobs")
+    entries = logprobs.get("content")
+    if not isinstance(entries, list):
+        raise DataFailure("malformed_response", "choices[0].logprobs.content is not a list")
+    ids = [_mapping(e, f"logprobs.content[{i}]").get("token_id") for i, e in enumerate(entries)]
+    if ids != token_ids:
+        raise DataFailure(
+            "token_mismatch", "logprobs.content names other ids than choices[0].token_ids"
         )
-        if ids != token_ids:
-            raise DataFailure("token_mismatch", "logprobs.content names other ids than token_ids")
-        return _logprob_list([e.get("logprob") for e in entries], "logprobs.content[].logprob")
-    if isinstance(value, list):
-        out: list[float] = []
-        for i, (entry, token) in enumerate(zip(value, token_ids, strict=False)):
-            entry = _mapping(entry, f"logprobs[{i}]")
-            chosen = entry.get(str(token), entry.get(token))  # type: ignore[call-overload]
-            if chosen is None:
-                raise DataFailure("token_mismatch", f"logprobs[{i}] has no entry for token {token}")
-            number = chosen.get("logprob") if isinstance(chosen, Mapping) else chosen
-            out.extend(_logprob_list([number], f"logprobs[{i}]"))
-        if len(value) != len(token_ids):
-            raise DataFailure(
-                "token_mismatch", f"{len(value)} logprobs for {len(token_ids)} tokens"
-            )
-        return out
-    raise DataFailure("malformed_response", "choices[0].logprobs is missing")
+    return _logprob_list([e.get("logprob") for e in entries], "logprobs.content[].logprob")
 
 
 class SglangGenerate:
