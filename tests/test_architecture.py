@@ -16,6 +16,7 @@ PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
 LAYERS = [
     "cli",
     "control",
+    "cluster",
     "rollout",
     "serve",
     "policy",
@@ -32,7 +33,7 @@ LAYERS = [
     "_durable",
     "_closing",
 ]
-SUBPACKAGES = {"cli", "control", "rollout", "serve", "policy", "finalize", "capture"} | {
+SUBPACKAGES = {"cli", "control", "cluster", "rollout", "serve", "policy", "finalize", "capture"} | {
     "dataplane",
     "checkpoint",
     "ledger",
@@ -140,3 +141,16 @@ def test_the_facade_checker_sees_private_imports() -> None:
     names = {name for _, name in _imported_layers(PACKAGE_ROOT / "checkpoint" / "_native.py")}
     assert "rollout_recovery.ledger.codec_support" in names
     assert "rollout_recovery.checkpoint._errors" in names
+
+
+def test_the_default_install_never_imports_ray() -> None:
+    """Ray is the [ray] extra: only a job with generation.backend = "ray" imports it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rollout_recovery, rollout_recovery.control, rollout_recovery.cli, "
+        "rollout_recovery.rollout, rollout_recovery.serve; "
+        "assert 'ray' not in sys.modules, 'ray was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -20,10 +20,11 @@ spell the location; ``__str__`` appends it once, as ``message (at $.path in file
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "MAX_LISTED_KEYS",
+    "ActorPoolExhaustedError",
     "BareStringError",
     "BarrierNestingError",
     "BarrierTimeoutError",
@@ -34,6 +35,7 @@ __all__ = [
     "DataPlaneBusyError",
     "DataPlaneClosedError",
     "DeadCutError",
+    "FencedWriterError",
     "FinalizationUnknownError",
     "GenerationError",
     "InvalidArgumentError",
@@ -120,6 +122,21 @@ class RolloutRecoveryError(Exception):
 
     fatal: ClassVar[bool] = False
     retryable: ClassVar[bool] = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable whatever the subclass's __init__ takes (the default reduce calls
+        # cls(*args)): an error raised in a Ray actor or another process arrives as itself,
+        # attributes included.
+        return (_rebuild_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild_error(
+    cls: type[RolloutRecoveryError], args: tuple[Any, ...], state: dict[str, Any]
+) -> RolloutRecoveryError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 def _located(message: str, path: str | None, file: str | None) -> str:
@@ -434,3 +451,24 @@ class StorageFullError(RolloutRecoveryError, OSError):
         import errno
 
         super().__init__(errno.ENOSPC, f"no space left on device while {what}", filename)
+
+
+class FencedWriterError(RolloutRecoveryError, PermissionError):
+    """A data-plane write from a fenced writer (a generation actor declared dead) was
+    refused: whatever it still had in flight must never land. ``writer`` names it."""
+
+    def __init__(self, writer: str, partition: str) -> None:
+        super().__init__(f"writer {writer!r} is fenced: its write to {partition!r} was refused")
+        self.writer = writer
+        self.partition = partition
+
+
+class ActorPoolExhaustedError(RolloutRecoveryError, RuntimeError):
+    """No live generation actor is left and none could be started: the run stops instead
+    of waiting forever. ``detail`` says what the last start attempt hit."""
+
+    fatal = True
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"no live generation actor is left and none could be started: {detail}")
+        self.detail = detail

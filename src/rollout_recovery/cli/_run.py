@@ -31,9 +31,10 @@ __all__ = ["run"]
 @click.option("--seed", type=click.IntRange(min=0), help="Overrides job.seed.")
 @click.option(
     "--backend",
-    type=click.Choice(["simulated", "http"]),
-    help="Overrides generation.backend: simulated agents, or HTTP generation servers "
-    "([http] servers; none listed: the job starts [http] launch_servers local ones).",
+    type=click.Choice(["simulated", "http", "ray"]),
+    help="Overrides generation.backend: simulated agents; HTTP generation servers "
+    "([http] servers; none listed: the job starts [http] launch_servers local ones); or "
+    "generation actors and data shards on Ray ([ray]; needs the [ray] extra).",
 )
 @click.option("--print-config", is_flag=True, help="Print the configuration as TOML and exit.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal.")

@@ -35,7 +35,7 @@ from ._audit import EVENTS
 from ._checkpoint_dir import CheckpointStore, LoadedCheckpoint
 from ._checkpointing import decode_checkpoint_files
 from ._config import load_config
-from ._layout import DATA_PLANE_FILE, JOB_FILE, RUN_LOG
+from ._layout import DATA_PLANE_FILE, JOB_FILE, RUN_LOG, SHARDS_DIR
 from ._state import ControllerState
 from ._trail_check import CommittedOwnership, TrailLineError, _lines, check_trail
 
@@ -202,15 +202,21 @@ def _check_checkpoint_rows(
     restored_step: int | None,
     violations: list[str],
 ) -> None:
-    path = run_dir / DATA_PLANE_FILE
     if not checkpoints:
         return
-    if not path.is_file():
+    # The embedded store, or the Ray backend's shards: read straight from their files, so
+    # the audit needs no cluster.
+    files = [run_dir / DATA_PLANE_FILE] if (run_dir / DATA_PLANE_FILE).is_file() else []
+    files += sorted((run_dir / SHARDS_DIR).glob("shard-*.sqlite"))
+    if not files:
         violations.append(f"{DATA_PLANE_FILE} is missing but checkpoints own rows in it")
         return
-    with SqliteDataPlane(path) as store:
-        staged = set(store.keys(STAGING_PARTITION))
-        canonical = set(store.keys(CANONICAL_PARTITION))
+    staged: set[str] = set()
+    canonical: set[str] = set()
+    for path in files:
+        with SqliteDataPlane(path) as store:
+            staged.update(store.keys(STAGING_PARTITION))
+            canonical.update(store.keys(CANONICAL_PARTITION))
     for checkpoint in checkpoints:
         where = f"checkpoint {checkpoint.name}"
         both = sorted(

@@ -33,6 +33,7 @@ __all__ = [
     "JobConfig",
     "LivenessConfig",
     "PolicyConfig",
+    "RayConfig",
     "RetryConfig",
     "RunConfig",
     "TaskConfig",
@@ -90,8 +91,9 @@ class GenerationConfig(_Section, frozen=True, kw_only=True, forbid_unknown_field
 
     #: "simulated": in-process agents with injected [faults]; "http": real generation
     #: servers, configured in [http] ([faults] is not injected there: the servers' own
-    #: failures are the faults).
-    backend: Literal["simulated", "http"] = "simulated"
+    #: failures are the faults); "ray": generation actors and data shards on a Ray
+    #: cluster, configured in [ray] (needs the [ray] extra).
+    backend: Literal["simulated", "http", "ray"] = "simulated"
     #: Simulated workers (the simulated backend only).
     workers: PositiveInt = 4
     max_inflight_attempts: PositiveInt = 64
@@ -124,6 +126,32 @@ class HttpConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: How long a call waits for any healthy server before its attempt fails.
     no_server_wait_s: PositiveFloat = 30.0
     logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
+
+
+class RayConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[ray]``: placement and liveness on Ray (used when ``generation.backend = "ray"``).
+
+    Everything about where things run is here: actors per node, CPUs per actor, shards.
+    """
+
+    #: "" starts a local cluster with ``num_cpus``; "auto" or "ray://host:port" attaches.
+    address: str = ""
+    num_cpus: PositiveInt = 2
+    #: What a generation actor runs: "simulated" (the numpy policy in the actor, the
+    #: [faults] of the simulated environment) or "http" (a proxy to the [http] servers).
+    worker: Literal["simulated", "http"] = "simulated"
+    actors_per_node: PositiveInt = 2
+    cpus_per_actor: PositiveFloat = 0.25
+    per_actor_concurrency: PositiveInt = 32
+    #: Data-plane shards, each a SQLite file in the run directory's shards/.
+    data_shards: PositiveInt = 2
+    cpus_per_shard: PositiveFloat = 0.25
+    ping_interval_s: PositiveFloat = 1.0
+    ping_timeout_s: PositiveFloat = 5.0
+    actor_start_timeout_s: PositiveFloat = 60.0
+    #: Dead actors replaced per run at most; then the run goes on with what is left and
+    #: stops once nothing is.
+    max_replacements: NonNegativeInt = 100
 
 
 class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -172,6 +200,7 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     faults: FaultsConfig = msgspec.field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)

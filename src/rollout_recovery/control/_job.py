@@ -30,7 +30,7 @@ import msgspec
 from .._durable import atomic_write_bytes
 from ..capture import STAGING_PARTITION
 from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
-from ..errors import JobMismatchError
+from ..errors import ConfigError, JobMismatchError
 from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
 from ..rollout import (
     DIALECTS,
@@ -54,7 +54,7 @@ from ._checkpointing import (
 )
 from ._config import RunConfig, config_differences, config_to_toml, load_config
 from ._controller import Controller, PromptDataset, RunProgress
-from ._layout import DATA_PLANE_FILE, JOB_FILE, PLOT_FILE, RUN_LOG, SERVERS_FILE
+from ._layout import DATA_PLANE_FILE, JOB_FILE, PLOT_FILE, RUN_LOG, SERVERS_FILE, SHARDS_DIR
 from ._plot import write_reward_plot
 from ._report import RunSummary
 from ._server_fleet import LocalServerFleet
@@ -94,6 +94,8 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     backend: GenerationBackend
     if config.generation.backend == "http":
         backend = _http_backend(config, dataset, trainer)
+    elif config.generation.backend == "ray":
+        backend = _ray_backend(config, data_plane, trainer)
     else:
         backend = SimulatedAgentBackend(
             task_set=dataset,
@@ -141,13 +143,100 @@ def _http_backend(
     )
 
 
+def _ray_backend(
+    config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
+) -> GenerationBackend:
+    from ..cluster import ActorPoolSettings, RayGenerationBackend, RayShardedDataPlane, WorkerSpec
+
+    if not isinstance(data_plane, RayShardedDataPlane):
+        raise ConfigError(
+            "the Ray backend stages into the Ray data plane; run it through run_job",
+            path="$.generation.backend",
+        )
+    ray_config, http = config.ray, config.http
+    faults = msgspec.structs.asdict(config.faults)
+    # A worker is its own process: a simulated worker crash would only be a subset of a
+    # real actor death, which the pool handles (and the chaos tests cause).
+    faults["worker_crash_rate"] = 0.0
+    spec = WorkerSpec(
+        kind=ray_config.worker,
+        shards=data_plane.layout,
+        task_size=config.task.dataset_size,
+        task_seed=config.job.seed,
+        prompt_group_every=config.task.prompt_group_every,
+        seed=config.job.seed,
+        call_latency_s=config.generation.call_latency_s,
+        latency_jitter=config.generation.latency_jitter,
+        faults=FaultSettings(**faults),
+        http_servers=http.servers,
+        http_model=http.model,
+        http_dialect=http.dialect,
+        http_weight_sync=http.weight_sync,
+    )
+    settings = ActorPoolSettings(
+        actors_per_node=ray_config.actors_per_node,
+        cpus_per_actor=ray_config.cpus_per_actor,
+        per_actor_concurrency=ray_config.per_actor_concurrency,
+        ping_interval_s=ray_config.ping_interval_s,
+        ping_timeout_s=ray_config.ping_timeout_s,
+        actor_start_timeout_s=ray_config.actor_start_timeout_s,
+        max_replacements=ray_config.max_replacements,
+    )
+    return RayGenerationBackend(
+        spec=spec, settings=settings, plane=data_plane, initial_weights=trainer.weights()
+    )
+
+
+@contextlib.contextmanager
+def _data_plane(out: Path, config: RunConfig) -> Iterator[DataPlane]:
+    """The job's durable store: one SQLite file, or SQLite shards served by Ray actors
+    (on a cluster this job attaches to or starts, and leaves as it found it)."""
+    if config.generation.backend != "ray":
+        store = SqliteDataPlane(out / DATA_PLANE_FILE)
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    from ..cluster import RayShardedDataPlane, ShardDirectory, ray_session
+
+    ray_config = config.ray
+    with ray_session(ray_config.address, ray_config.num_cpus):
+        layout = ShardDirectory(
+            prefix=f"rr-{os.getpid()}-{int(time.time() * 1000) % 10**9}",
+            namespace="rollout-recovery",
+            directory=str(out / SHARDS_DIR),
+            shards=ray_config.data_shards,
+            cpus_per_shard=ray_config.cpus_per_shard,
+        )
+        plane = RayShardedDataPlane.start(layout)
+        try:
+            yield plane
+        finally:
+            plane.shutdown()
+
+
+def _require_ray(config: RunConfig) -> None:
+    if config.generation.backend != "ray":
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "needs Ray: pip install 'rollout-recovery[ray]'", path="$.generation.backend"
+        ) from None
+
+
 @contextlib.contextmanager
 def _generation_servers(out: Path, config: RunConfig) -> Iterator[RunConfig]:
     """The config the components see: with local servers started (and stopped on exit)
     when the HTTP backend has no server list. The job's own config keeps the empty list,
     so a resume, which starts new servers on new ports, is still the same job."""
     http = config.http
-    if config.generation.backend != "http" or http.servers:
+    wants_servers = config.generation.backend == "http" or (
+        config.generation.backend == "ray" and config.ray.worker == "http"
+    )
+    if not wants_servers or http.servers:
         yield config
         return
     fleet = LocalServerFleet(
@@ -211,6 +300,7 @@ def run_job(
 ) -> JobResult:
     """Start or resume the job in ``out`` and run it to the end."""
     started = time.monotonic()
+    _require_ray(config)
     claim_run_directory(out, config)
     if config.generation.backend == "http":
         log("backend http: [faults] is not injected; the servers' own failures are the faults")
@@ -218,10 +308,11 @@ def run_job(
         if resolved is not config:
             count = len(resolved.http.servers)
             log(f"started {count} local generation servers (listed in {SERVERS_FILE})")
-        return _run_in(out, config, resolved, started, progress, components, log)
+        with _data_plane(out, config) as inner:
+            return _run_with(out, config, resolved, started, progress, components, log, inner)
 
 
-def _run_in(
+def _run_with(
     out: Path,
     config: RunConfig,
     resolved: RunConfig,
@@ -229,8 +320,8 @@ def _run_in(
     progress: RunProgress | None,
     components: Callable[[RunConfig, DataPlane], JobComponents],
     log: Callable[[str], None],
+    inner: DataPlane,
 ) -> JobResult:
-    inner = SqliteDataPlane(out / DATA_PLANE_FILE)
     audit = AuditTrail(out)
     try:
         parts = components(resolved, inner)
@@ -248,7 +339,6 @@ def _run_in(
         result = asyncio.run(_run(controller, store, out, log))
     finally:
         audit.close()
-        inner.close()
     summary = _summary(out, controller, time.monotonic() - started)
     result.summary = summary
     _plot(out, config)
@@ -355,7 +445,20 @@ def _summary(out: Path, controller: Controller, wall_time: float) -> RunSummary:
         wall_time_s=wall_time,
         first_tenth_reward=first,
         last_tenth_reward=last,
+        parts=_parts(metrics),
     )
+
+
+def _parts(metrics: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per server or actor counts from the newest step's backend telemetry."""
+    backend = metrics[-1].get("backend") if metrics else None
+    if not isinstance(backend, dict):
+        return {}
+    for kind in ("servers", "actors"):
+        parts = backend.get(kind)
+        if isinstance(parts, dict):
+            return parts
+    return {}
 
 
 def _plot(out: Path, config: RunConfig) -> None:

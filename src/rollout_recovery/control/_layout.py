@@ -3,7 +3,15 @@ auditor that reads them (the audit-trail files are named in ``_audit``)."""
 
 from __future__ import annotations
 
-__all__ = ["DATA_PLANE_FILE", "JOB_FILE", "PLOT_FILE", "RUN_LOG", "SERVERS_DIR", "SERVERS_FILE"]
+__all__ = [
+    "DATA_PLANE_FILE",
+    "JOB_FILE",
+    "PLOT_FILE",
+    "RUN_LOG",
+    "SERVERS_DIR",
+    "SERVERS_FILE",
+    "SHARDS_DIR",
+]
 
 #: The job's configuration: a run directory belongs to one job.
 JOB_FILE = "job.toml"
@@ -17,3 +25,5 @@ PLOT_FILE = "reward.png"
 SERVERS_FILE = "servers.json"
 #: Their ready files and logs.
 SERVERS_DIR = "servers"
+#: The Ray backend's data shards: ``shard-<i>.sqlite`` each (instead of DATA_PLANE_FILE).
+SHARDS_DIR = "shards"

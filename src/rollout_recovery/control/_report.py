@@ -8,8 +8,9 @@ prints the end-of-run table.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import TextIO
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -179,6 +180,9 @@ class RunSummary:
     # Mean reward over the first and the last tenth of the steps (None: no reward yet).
     first_tenth_reward: float | None
     last_tenth_reward: float | None
+    #: Per generation part (server or actor) counts from the backend's telemetry, when it
+    #: has parts that live and die on their own: ``{name: {"state": ..., "calls": ...}}``.
+    parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 _SUMMARY_LABELS = {
@@ -215,7 +219,25 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     table = Table(title="run summary", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for field in fields(summary):
-        value = getattr(summary, field.name)
-        table.add_row(_SUMMARY_LABELS[field.name], _format_summary_value(field.name, value))
+    for item in fields(summary):
+        if item.name == "parts":
+            continue
+        value = getattr(summary, item.name)
+        table.add_row(_SUMMARY_LABELS[item.name], _format_summary_value(item.name, value))
     console.print(table)
+    if summary.parts:
+        console.print(_parts_table(summary.parts))
+
+
+def _parts_table(parts: Mapping[str, Mapping[str, Any]]) -> Table:
+    """One row per server or actor: its state and counts (attempts, failures, ...)."""
+    columns: list[str] = []
+    for counts in parts.values():
+        columns.extend(c for c in counts if c not in columns and c not in ("pid", "node"))
+    table = Table(title="generation parts", show_header=True, header_style="bold")
+    table.add_column("part")
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for name, counts in parts.items():
+        table.add_row(name, *(_format_summary_value(c, counts.get(c)) for c in columns))
+    return table

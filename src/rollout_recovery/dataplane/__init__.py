@@ -17,6 +17,7 @@ from ._inventory import reconcile_staging
 from ._memory import MemoryDataPlane
 from ._protocol import DataPlane, Row
 from ._replay import CANONICAL_PARTITION, ReplayIndex
+from ._snapshot_tools import merge_snapshots, split_snapshot
 from ._sqlite import SqliteDataPlane
 
 __all__ = [
@@ -32,5 +33,7 @@ __all__ = [
     "SqliteDataPlane",
     "check_keys_argument",
     "check_partition",
+    "merge_snapshots",
     "reconcile_staging",
+    "split_snapshot",
 ]

@@ -1,0 +1,369 @@
+"""Generation actors on Ray: a pool that replaces dead actors and never waits forever.
+
+Every actor is created with ``max_restarts=0`` and ``max_task_retries=0``: Ray never
+restarts or resends anything behind our back. The pool judges liveness itself, from task
+results, the controller's attempt deadline and pings with their own timeout:
+
+- an attempt whose actor died (``RayActorError``: ``ray.kill``, a SIGKILLed process, a
+  lost node), whose deadline passed (the controller cancels it), or whose actor misses a
+  ping gets its actor *declared dead*: killed (``no_restart``), its writer id fenced on
+  every data shard, every attempt in flight on it failed with
+  ``GenerationError("actor_died")`` (the controller abandons them and redispatches the
+  siblings, under its round budget, with new rollout ids), and a replacement started;
+- an actor takes work only while it holds the current weight version (pushed once per
+  version through the object store);
+- when no live actor is left and no replacement starts (``actor_start_timeout_s``, or the
+  ``max_replacements`` budget is spent), every waiting and later attempt raises
+  :class:`~rollout_recovery.errors.ActorPoolExhaustedError`, which stops the run.
+
+Data shards are pinged by the same loop and restarted on their file when dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from ..capture import CaptureWriter
+from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
+from ..rollout import AttemptRequest, AttemptResult
+from ._sharded_plane import RayShardedDataPlane
+from ._worker import GenerationWorker, Params, WorkerSpec, snapshot_params
+
+__all__ = ["ActorPoolSettings", "ActorStats", "RayGenerationBackend"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActorPoolSettings:
+    """Placement and liveness of the generation actors (seconds unless named otherwise)."""
+
+    actors_per_node: int = 2
+    cpus_per_actor: float = 0.25
+    per_actor_concurrency: int = 32
+    ping_interval_s: float = 1.0
+    ping_timeout_s: float = 5.0
+    actor_start_timeout_s: float = 60.0
+    max_replacements: int = 100
+    # How long an attempt waits for an actor holding the current weights.
+    no_actor_wait_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("actors_per_node", "per_actor_concurrency"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"{name} must be >= 1", path=f"$.{name}")
+        if self.max_replacements < 0:
+            raise InvalidArgumentError("max_replacements must be >= 0", path="$.max_replacements")
+        for name in ("cpus_per_actor", "ping_interval_s", "ping_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
+
+
+@dataclass(slots=True)
+class ActorStats:
+    attempts: int = 0
+    failures: int = 0
+    state: str = "starting"
+    pid: int | None = None
+    node: str | None = None
+    replaces: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Actor:
+    name: str
+    handle: Any
+    stats: ActorStats
+    version: int | None = None
+    in_flight: int = 0
+    dead: bool = False
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+class RayGenerationBackend:
+    """A :class:`~rollout_recovery.rollout.GenerationBackend` on a pool of Ray actors.
+
+    ``plane`` is the driver's :class:`RayShardedDataPlane` (workers stage into the same
+    shards under their own writer ids). The ``capture`` an attempt is given is not used:
+    the worker stages with its own writer on its node.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: WorkerSpec,
+        settings: ActorPoolSettings,
+        plane: RayShardedDataPlane,
+        initial_weights: object,
+    ) -> None:
+        self._spec = spec
+        self._settings = settings
+        self._plane = plane
+        version, params = snapshot_params(initial_weights)
+        self._target: tuple[int, Params] = (version, params)
+        self._target_ref: Any = None
+        self._prefix = f"rr-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._names = itertools.count()
+        self._actors: dict[str, _Actor] = {}
+        self._retired: dict[str, ActorStats] = {}
+        self._changed: asyncio.Condition | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._closed = False
+        self._exhausted: ActorPoolExhaustedError | None = None
+        self.replacements = 0
+        self._events: deque[dict[str, Any]] = deque(maxlen=10_000)
+
+    # -- telemetry -----------------------------------------------------------------------
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        self._events.append({"event": kind, **detail})
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    def telemetry(self) -> dict[str, Any]:
+        actors = {name: dataclasses.asdict(a.stats) for name, a in self._actors.items()}
+        actors.update({name: dataclasses.asdict(s) for name, s in self._retired.items()})
+        return {
+            "actors": actors,
+            "replacements": self.replacements,
+            "shard_restarts": self._plane.restarts,
+        }
+
+    def live_actors(self) -> dict[str, Any]:
+        """Handles of the live actors, by name (for tests and operators)."""
+        return {name: a.handle for name, a in self._actors.items() if not a.dead}
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def _notify(self) -> None:
+        condition = self._condition()
+        async with condition:
+            condition.notify_all()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def start(self) -> None:
+        """Start the pool (also done by the first attempt): ``actors_per_node`` actors per
+        alive node, then the health loop."""
+        if self._started:
+            return
+        self._started = True
+        everything: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        nodes = [n for n in everything if n.get("Alive")]
+        count = self._settings.actors_per_node * max(1, len(nodes))
+        self._target_ref = ray.put(self._target)
+        started = await asyncio.gather(
+            *(self._start_actor(replaces=None) for _ in range(count)), return_exceptions=True
+        )
+        if not any(isinstance(s, _Actor) for s in started):
+            self._exhausted = ActorPoolExhaustedError(f"no actor started: {started[0]!r}")
+            raise self._exhausted
+        self._spawn(self._health_loop(), "ray-health")
+
+    async def _start_actor(self, *, replaces: str | None) -> _Actor:
+        name = f"{self._prefix}-gen-{next(self._names)}"
+        actor_class: Any = ray.remote(
+            num_cpus=self._settings.cpus_per_actor, max_restarts=0, max_task_retries=0
+        )(GenerationWorker)
+        version, params = self._target
+        handle = actor_class.options(
+            name=name, max_concurrency=self._settings.per_actor_concurrency + 4
+        ).remote(self._spec, name, version, params)
+        actor = _Actor(name=name, handle=handle, stats=ActorStats(replaces=replaces))
+        try:
+            async with asyncio.timeout(self._settings.actor_start_timeout_s):
+                actor.stats.pid = await handle.ping.remote()
+        except (TimeoutError, RayActorError) as error:
+            ray.kill(handle, no_restart=True)
+            raise ActorPoolExhaustedError(f"actor {name} did not start: {error!r}") from error
+        actor.version = version
+        actor.stats.state = "live"
+        self._actors[name] = actor
+        self._event("actor_started", actor=name, pid=actor.stats.pid, replaces=replaces)
+        if actor.version != self._target[0]:  # weights moved on while it started
+            self._push(actor)
+        await self._notify()
+        return actor
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for actor in self._actors.values():
+            if not actor.dead:
+                ray.kill(actor.handle, no_restart=True)
+        if self._changed is not None:
+            await self._notify()
+
+    # -- weights -------------------------------------------------------------------------
+
+    def update_weights(self, version: int, weights: object) -> None:
+        """Push once through the object store; an actor takes work again once it holds it."""
+        self._target = snapshot_params(weights)
+        if not self._started:
+            return
+        self._target_ref = ray.put(self._target)
+        for actor in self._actors.values():
+            if not actor.dead:
+                self._push(actor)
+
+    def _push(self, actor: _Actor) -> None:
+        async def push() -> None:
+            try:
+                # A top-level ObjectRef argument arrives resolved: one copy per node.
+                loaded = await actor.handle.load_weights.remote(self._target_ref)
+            except RayActorError:
+                await self._declare_dead(actor, "actor_died")
+                return
+            actor.version = loaded
+            await self._notify()
+
+        self._spawn(push(), f"push-{actor.name}")
+
+    # -- attempts ------------------------------------------------------------------------
+
+    def _eligible(self) -> _Actor | None:
+        version = self._target[0]
+        ready = [
+            a
+            for a in self._actors.values()
+            if not a.dead
+            and a.version == version
+            and a.in_flight < self._settings.per_actor_concurrency
+        ]
+        return min(ready, key=lambda a: (a.in_flight, a.stats.attempts)) if ready else None
+
+    async def _acquire(self) -> _Actor:
+        condition = self._condition()
+        deadline = time.monotonic() + self._settings.no_actor_wait_s
+        async with condition:
+            while True:
+                if self._exhausted is not None:
+                    raise self._exhausted
+                if self._closed:
+                    raise GenerationError("backend_closed", "the Ray backend is closed")
+                actor = self._eligible()
+                if actor is not None:
+                    actor.in_flight += 1
+                    actor.stats.attempts += 1
+                    return actor
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise GenerationError(
+                        "no_live_actor",
+                        f"no actor with the current weights for {self._settings.no_actor_wait_s} s",
+                    )
+                try:
+                    async with asyncio.timeout(remaining):
+                        await condition.wait()
+                except TimeoutError:
+                    continue
+
+    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+        await self.start()
+        actor = await self._acquire()
+        ref = actor.handle.run_attempt.remote(request)
+        try:
+            result: AttemptResult = await ref
+            return result
+        except RayTaskError as error:
+            # The actor lives; the attempt itself failed (the simulated environment's
+            # faults, a shard that did not come back).
+            actor.stats.failures += 1
+            cause = error.cause
+            if isinstance(cause, GenerationError):
+                raise GenerationError(cause.reason, str(cause), worker=actor.name) from None
+            raise GenerationError(
+                "attempt_failed", f"{type(cause).__name__}: {cause}", worker=actor.name
+            ) from None
+        except RayActorError as error:
+            actor.stats.failures += 1
+            await self._declare_dead(actor, "actor_died")
+            raise GenerationError("actor_died", str(error)[:300], worker=actor.name) from None
+        except asyncio.CancelledError:
+            # The controller's deadline: an actor that does not answer in time is
+            # declared dead with everything it runs.
+            actor.stats.failures += 1
+            self._spawn(self._declare_dead(actor, "deadline_missed"), f"dead-{actor.name}")
+            raise
+        finally:
+            actor.in_flight -= 1
+
+    # -- deaths and replacements -----------------------------------------------------------
+
+    async def _declare_dead(self, actor: _Actor, why: str) -> None:
+        if actor.dead:
+            return
+        actor.dead = True
+        actor.stats.state = "dead"
+        ray.kill(actor.handle, no_restart=True)
+        # Fenced before anything of it is redispatched: a put it still had in flight is
+        # refused from now on (one that landed earlier is an unreferenced orphan).
+        await asyncio.to_thread(self._plane.fence, actor.name)
+        self._retired[actor.name] = actor.stats
+        del self._actors[actor.name]
+        self._event("actor_dead", actor=actor.name, why=why, pid=actor.stats.pid)
+        await self._notify()
+        if not self._closed:
+            self._spawn(self._replace(actor.name), f"replace-{actor.name}")
+
+    async def _replace(self, dead: str) -> None:
+        while not self._closed:
+            if self.replacements >= self._settings.max_replacements:
+                detail = f"the replacement budget ({self._settings.max_replacements}) is spent"
+            else:
+                self.replacements += 1
+                try:
+                    await self._start_actor(replaces=dead)
+                    return
+                except ActorPoolExhaustedError as error:
+                    detail = error.detail
+            if not any(not a.dead for a in self._actors.values()):
+                self._exhausted = ActorPoolExhaustedError(detail)
+                self._event("actor_pool_exhausted", detail=detail)
+                await self._notify()
+                return
+            if self.replacements >= self._settings.max_replacements:
+                return  # others still live: run on with fewer actors
+
+    async def _health_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._settings.ping_interval_s)
+            for actor in list(self._actors.values()):
+                if actor.dead:
+                    continue
+                try:
+                    async with asyncio.timeout(self._settings.ping_timeout_s):
+                        await actor.handle.ping.remote()
+                except (TimeoutError, RayActorError):
+                    await self._declare_dead(actor, "ping_failed")
+            dead_shards = await asyncio.to_thread(
+                self._plane.ping_shards, self._settings.ping_timeout_s
+            )
+            for index in dead_shards:
+                await asyncio.to_thread(self._plane.restart_shard, index)
+                self._event("shard_restarted", shard=index)

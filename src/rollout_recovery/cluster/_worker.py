@@ -1,0 +1,124 @@
+"""The generation actor's body: one worker that runs attempts on any node.
+
+It stages every call into the sharded data plane under its own writer id (so the driver
+can fence it), runs the task's two-call episodes either with the numpy policy in process
+(``kind = "simulated"``, the simulated environment and its injected faults) or as a proxy
+to OpenAI-compatible HTTP servers (``kind = "http"``), and holds the weight version the
+driver last pushed. Ray serializes its arguments and results: weights travel as plain
+numpy tables, results as :class:`~rollout_recovery.rollout.AttemptResult`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..capture import STAGING_PARTITION, CaptureWriter
+from ..errors import InvalidArgumentTypeError
+from ..policy import PolicySnapshot, TaskSet
+from ..rollout import (
+    DIALECTS,
+    WEIGHT_SYNCS,
+    AttemptRequest,
+    AttemptResult,
+    DialectName,
+    FaultSettings,
+    GenerationBackend,
+    HttpBackendSettings,
+    HttpGenerationBackend,
+    PoolSettings,
+    SimulatedAgentBackend,
+    WeightSyncName,
+)
+from ._sharded_plane import RayShardedDataPlane, ShardDirectory
+
+__all__ = ["GenerationWorker", "Params", "WorkerSpec", "snapshot_params"]
+
+Params = dict[str, npt.NDArray[np.float64]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """Everything a worker needs to build itself on another node (picklable)."""
+
+    kind: Literal["simulated", "http"]
+    shards: ShardDirectory
+    task_size: int
+    task_seed: int
+    prompt_group_every: int
+    seed: int
+    call_latency_s: float = 0.0
+    latency_jitter: float = 0.0
+    faults: FaultSettings = field(default_factory=FaultSettings)
+    http_servers: tuple[str, ...] = ()
+    http_model: str = "rollout-recovery-numpy"
+    http_dialect: DialectName = "vllm-completions"
+    http_weight_sync: WeightSyncName = "policy"
+
+
+class GenerationWorker:
+    """The actor class body (wrapped with ``ray.remote`` by the pool)."""
+
+    def __init__(self, spec: WorkerSpec, writer: str, version: int, params: Params) -> None:
+        self._plane = RayShardedDataPlane(spec.shards, writer=writer)
+        self._capture = CaptureWriter(self._plane, partition=STAGING_PARTITION)
+        tasks = TaskSet(
+            spec.task_size, seed=spec.task_seed, prompt_group_every=spec.prompt_group_every
+        )
+        snapshot = PolicySnapshot(version, params)
+        self._backend: GenerationBackend
+        if spec.kind == "simulated":
+            self._backend = SimulatedAgentBackend(
+                task_set=tasks,
+                seed=spec.seed,
+                workers=1,
+                call_latency_s=spec.call_latency_s,
+                latency_jitter=spec.latency_jitter,
+                faults=spec.faults,
+                initial_weights=snapshot,
+                data_plane=self._plane,
+                # Staging blocks on a shard round trip: off the actor's event loop.
+                stage_in_thread=True,
+            )
+        else:
+            self._backend = HttpGenerationBackend(
+                servers=list(spec.http_servers),
+                task_set=tasks,
+                dialect=DIALECTS[spec.http_dialect],
+                weight_sync=WEIGHT_SYNCS[spec.http_weight_sync],
+                settings=HttpBackendSettings(
+                    model=spec.http_model, pool=PoolSettings(), stage_in_thread=True
+                ),
+                initial_version=version,
+                initial_weights=snapshot,
+            )
+        self._version = version
+
+    async def ping(self) -> int:
+        return os.getpid()
+
+    async def load_weights(self, target: tuple[int, Params]) -> int:
+        version, params = target
+        self._backend.update_weights(version, PolicySnapshot(version, params))
+        self._version = version
+        return version
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptResult:
+        return await self._backend.run_attempt(request, self._capture)
+
+    async def close(self) -> None:
+        await self._backend.aclose()
+
+
+def snapshot_params(weights: object) -> tuple[int, Params]:
+    """A :class:`PolicySnapshot` as what travels to workers (its tables are read-only
+    views; Ray ships copies)."""
+    if not isinstance(weights, PolicySnapshot):
+        raise InvalidArgumentTypeError(
+            f"the Ray workers take PolicySnapshot weights, got {type(weights).__name__}"
+        )
+    return weights.version, {name: np.asarray(table) for name, table in weights.params.items()}

@@ -1,0 +1,201 @@
+"""Generation actors on Ray: attempts, dead actors (ray.kill, SIGKILL, missed deadlines),
+fenced late writes, and a pool that fails loudly instead of waiting forever."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import ray
+
+from rollout_recovery.capture import (
+    STAGING_PARTITION,
+    CaptureWriter,
+    LinearizedRollout,
+    fetch_and_verify,
+)
+from rollout_recovery.cluster import (
+    ActorPoolSettings,
+    RayGenerationBackend,
+    RayShardedDataPlane,
+    WorkerSpec,
+)
+from rollout_recovery.dataplane import reconcile_staging
+from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError, GenerationError
+from rollout_recovery.ledger import RolloutRecoveryLedger
+from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
+from rollout_recovery.rollout import AttemptRequest, AttemptResult
+
+pytestmark = pytest.mark.ray
+
+NewPlane = Callable[..., RayShardedDataPlane]
+TASKS = TaskSet(64, seed=2, prompt_group_every=4)
+
+
+def _backend(
+    plane: RayShardedDataPlane, *, latency: float = 0.0, actors: int = 2, **settings: Any
+) -> RayGenerationBackend:
+    spec = WorkerSpec(
+        kind="simulated",
+        shards=plane.layout,
+        task_size=64,
+        task_seed=2,
+        prompt_group_every=4,
+        seed=0,
+        call_latency_s=latency,
+    )
+    return RayGenerationBackend(
+        spec=spec,
+        settings=ActorPoolSettings(
+            actors_per_node=actors,
+            cpus_per_actor=0.01,
+            ping_interval_s=0.2,
+            ping_timeout_s=5.0,
+            **settings,
+        ),
+        plane=plane,
+        initial_weights=NumpyGRPOTrainer(seed=0).weights(),
+    )
+
+
+def _request(idx: int, attempt: int = 0) -> AttemptRequest:
+    return AttemptRequest(
+        group_id=f"grp{idx}",
+        generation_index=0,
+        rollout_id=f"grp{idx}_g0_a{attempt}",
+        prompt=TASKS[idx],
+        weight_version=0,
+    )
+
+
+async def _gather(
+    backend: RayGenerationBackend, plane: RayShardedDataPlane, idxs: range
+) -> list[Any]:
+    writer = CaptureWriter(plane)
+    return list(
+        await asyncio.gather(
+            *(backend.run_attempt(_request(i), writer) for i in idxs), return_exceptions=True
+        )
+    )
+
+
+def test_attempts_run_on_actors_and_stage_into_the_shards(new_plane: NewPlane) -> None:
+    plane = new_plane(2)
+    backend = _backend(plane)
+
+    async def scenario() -> list[Any]:
+        try:
+            return await _gather(backend, plane, range(8))
+        finally:
+            await backend.aclose()
+
+    results = asyncio.run(scenario())
+    for result in results:
+        assert isinstance(result, AttemptResult), result
+        verified = fetch_and_verify(result.receipt, plane)
+        assert isinstance(verified, LinearizedRollout), verified
+    counts = backend.telemetry()["actors"]
+    assert len(counts) == 2 and sum(a["attempts"] for a in counts.values()) == 8
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "sigkill"])
+def test_a_dead_actor_costs_only_its_attempts_and_is_replaced(
+    new_plane: NewPlane, how: str
+) -> None:
+    plane = new_plane(2)
+    # Slow calls (0.5 s each): attempts are in flight on both actors when one dies.
+    backend = _backend(plane, latency=0.5)
+
+    async def scenario() -> tuple[list[Any], list[Any], str]:
+        try:
+            await backend.start()
+            writer = CaptureWriter(plane)
+            tasks = [
+                asyncio.create_task(backend.run_attempt(_request(i), writer)) for i in range(6)
+            ]
+            victim_name, victim = sorted(backend.live_actors().items())[0]
+            await asyncio.sleep(0.2)  # let the attempts reach the actors
+            if how == "ray.kill":
+                ray.kill(victim, no_restart=True)
+            else:
+                os.kill(backend.telemetry()["actors"][victim_name]["pid"], signal.SIGKILL)
+            first = await asyncio.gather(*tasks, return_exceptions=True)
+            # The pool goes on: a replacement takes the dead actor's place.
+            later = await _gather(backend, plane, range(10, 16))
+            return first, later, victim_name
+        finally:
+            await backend.aclose()
+
+    first, later, victim = asyncio.run(scenario())
+    died = [r for r in first if isinstance(r, GenerationError)]
+    assert died and all(e.reason == "actor_died" and e.worker == victim for e in died)
+    assert any(isinstance(r, AttemptResult) for r in first)  # the other actor's finished
+    assert all(isinstance(r, AttemptResult) for r in later)
+    telemetry = backend.telemetry()
+    assert telemetry["actors"][victim]["state"] == "dead"
+    assert telemetry["replacements"] == 1
+    assert any(a["replaces"] == victim for a in telemetry["actors"].values())
+    # Its writer id is fenced: a late put from it can never land.
+    with pytest.raises(FencedWriterError):
+        RayShardedDataPlane(plane.layout, writer=victim).put(
+            STAGING_PARTITION, {"grp0_g0_a0/late": _row()}
+        )
+
+
+def _row() -> Any:
+    from dataplane_support import make_row
+
+    return make_row(5)
+
+
+def test_a_late_write_that_beat_the_fence_is_an_unreferenced_orphan(
+    new_plane: NewPlane,
+) -> None:
+    """The other half of the guarantee: a row a dying actor staged before its fence is
+    named by no sealed receipt, so the restore inventory pass deletes it and no canonical
+    row can ever be built from it."""
+    plane = new_plane(2)
+    late = RayShardedDataPlane(plane.layout, writer="gen-dead")
+    late.put(STAGING_PARTITION, {"grp1_g0_aabc/reason-1": _row()})
+    plane.fence("gen-dead")
+    ledger = RolloutRecoveryLedger()  # the attempt was abandoned: nothing references it
+
+    async def inventory() -> Any:
+        from rollout_recovery.dataplane import DataPlaneCheckpointBarrier
+
+        barrier = DataPlaneCheckpointBarrier()
+        async with barrier.mutation("recovery_restore") as cut:
+            return reconcile_staging(
+                ledger, plane, cut, partition=STAGING_PARTITION, clear_unreferenced=True
+            )
+
+    asyncio.run(inventory())
+    assert plane.keys(STAGING_PARTITION) == []
+
+
+def test_no_live_actor_and_none_startable_fails_loudly(new_plane: NewPlane) -> None:
+    plane = new_plane(1)
+    backend = _backend(plane, actors=1, max_replacements=0, no_actor_wait_s=30.0)
+
+    async def scenario() -> BaseException:
+        try:
+            await backend.start()
+            (only,) = backend.live_actors().values()
+            ray.kill(only, no_restart=True)
+            writer = CaptureWriter(plane)
+            with pytest.raises(GenerationError):
+                await backend.run_attempt(_request(1), writer)
+            with pytest.raises(ActorPoolExhaustedError) as caught:
+                async with asyncio.timeout(20):  # well before no_actor_wait_s
+                    await backend.run_attempt(_request(2), writer)
+            return caught.value
+        finally:
+            await backend.aclose()
+
+    error = asyncio.run(scenario())
+    assert "replacement budget" in str(error)
+    assert error.fatal

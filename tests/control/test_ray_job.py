@@ -1,0 +1,134 @@
+"""The main job with ``generation.backend = "ray"``: actors and shards die, the job does not.
+
+In process, on the module's Ray cluster: while the job runs, the test kills a generation
+actor with ``ray.kill``, SIGKILLs another actor's process and kills a data shard actor.
+The job must finish without a restart and the audit must show no sibling trained twice,
+none lost, and sealed siblings kept. Then the whole controller: SIGKILL of
+``rollout-recovery run --backend ray`` (its own local cluster), rerun, audit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from rollout_recovery.cluster import RayGenerationBackend, RayShardedDataPlane  # noqa: E402
+from rollout_recovery.control import (  # noqa: E402
+    JobComponents,
+    RunConfig,
+    audit_run,
+    default_components,
+    run_job,
+)
+from rollout_recovery.dataplane import DataPlane  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+RAY_JOB: dict[str, dict[str, Any]] = {
+    "job": {"steps": 16},
+    "generation": {"backend": "ray", "call_latency_s": 0.02, "attempt_deadline_s": 10.0},
+    "ray": {"actors_per_node": 3, "cpus_per_actor": 0.01, "cpus_per_shard": 0.01},
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(
+        num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False
+    )
+    yield
+    ray.shutdown()
+
+
+class _Killer:
+    """A RunProgress that kills parts of the cluster at given steps (on the job's loop)."""
+
+    def __init__(self) -> None:
+        self.backend: RayGenerationBackend | None = None
+        self.plane: RayShardedDataPlane | None = None
+        self.done: list[str] = []
+
+    def start(self, total_steps: int, resumed_from: int | None) -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+    def update(self, *, step: int, **_: Any) -> None:
+        assert self.backend is not None and self.plane is not None
+        actors = sorted(self.backend.live_actors().items())
+        if step >= 3 and "ray.kill" not in self.done:
+            ray.kill(actors[0][1], no_restart=True)
+            self.done.append("ray.kill")
+        elif step >= 6 and "sigkill" not in self.done:
+            pid = self.backend.telemetry()["actors"][actors[-1][0]]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            self.done.append("sigkill")
+        elif step >= 9 and "shard" not in self.done:
+            ray.kill(self.plane._handle(0), no_restart=True)
+            self.done.append("shard")
+
+
+def test_actor_and_shard_deaths_cost_no_restart_and_no_sample(
+    tmp_path: Path,
+    fast_config: Callable[..., RunConfig],
+    read_jsonl: Callable[[Path], list[dict[str, Any]]],
+) -> None:
+    config = fast_config(RAY_JOB)
+    killer = _Killer()
+
+    def components(resolved: RunConfig, data_plane: DataPlane) -> JobComponents:
+        parts = default_components(resolved, data_plane)
+        assert isinstance(parts.backend, RayGenerationBackend)
+        assert isinstance(data_plane, RayShardedDataPlane)
+        killer.backend, killer.plane = parts.backend, data_plane
+        return parts
+
+    out = tmp_path / "run"
+    result = run_job(out, config, progress=killer, components=components)
+    assert killer.done == ["ray.kill", "sigkill", "shard"]
+    assert result.summary.steps == config.job.steps
+    # The summary's per-actor table: dead actors and their replacements, with counts.
+    states = {name: part["state"] for name, part in result.summary.parts.items()}
+    assert list(states.values()).count("dead") >= 2 and "live" in states.values()
+    report = audit_run(out)
+    assert report.ok, report.violations
+    events = read_jsonl(out / "events.jsonl")
+    dead = [e for e in events if e["event"] == "actor_dead"]
+    assert len(dead) >= 2
+    assert len([e for e in events if e["event"] == "actor_started" and e["replaces"]]) >= 2
+    abandoned = [e for e in events if e["event"] == "attempt_abandoned"]
+    assert any("actor_died" in e["reason"] for e in abandoned)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    backend = metrics[-1]["backend"]
+    assert backend["replacements"] >= 2 and backend["shard_restarts"] >= 1
+    # The audit covers "none twice, none lost, sealed kept"; no run restarted.
+    assert [e["event"] for e in read_jsonl(out / "run_log.jsonl")] == ["start"]
+
+
+def test_sigkill_the_ray_controller_and_rerun(
+    tmp_path: Path,
+    write_config: Callable[..., Path],
+    run_cli_until: Callable[..., subprocess.CompletedProcess[str]],
+    run_cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    out = tmp_path / "run"
+    config = write_config(RAY_JOB)
+    args = ["--out", str(out), "--config", str(config), "--plain"]
+    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 6/"))
+    assert killed.returncode == -signal.SIGKILL, killed.stdout
+    finished = run_cli(args, timeout=240)
+    assert finished.returncode == 0, finished.stdout
+    assert "resumed from" in finished.stdout
+    report = audit_run(out)
+    assert report.ok, report.violations
+    assert report.counts.get("restores", 0) >= 1

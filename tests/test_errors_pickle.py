@@ -1,0 +1,29 @@
+"""Errors cross process boundaries (Ray actors, subprocesses) as themselves."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from rollout_recovery import errors
+
+CASES = [
+    errors.MissingRowError("canonical", ["g1_g0"]),
+    errors.FencedWriterError("gen-3", "rollout_staging"),
+    errors.InvalidArgumentError("bad", path="$.x"),
+    errors.InvalidRowError("token_ids must be 1-D", key="k", field="token_ids"),
+    errors.GenerationError("actor_died", "gone", worker="gen-1"),
+    errors.ActorPoolExhaustedError("budget spent"),
+    errors.LivenessError("a shard", 5.0),
+    errors.DataPlaneBusyError("busy", file="f", operation="put", holder_pids=[7]),
+]
+
+
+@pytest.mark.parametrize("error", CASES, ids=lambda e: type(e).__name__)
+def test_an_error_survives_pickling_with_its_attributes(error: Exception) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert copy.__dict__ == error.__dict__
+    assert copy.args == error.args
