@@ -35,7 +35,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RAY_JOB: dict[str, dict[str, Any]] = {
     "job": {"steps": 16},
-    "generation": {"backend": "ray", "call_latency_s": 0.02, "attempt_deadline_s": 10.0},
+    # Calls slow enough that attempts are always in flight when an actor is killed.
+    "generation": {"backend": "ray", "call_latency_s": 0.1, "attempt_deadline_s": 10.0},
     "ray": {"actors_per_node": 3, "cpus_per_actor": 0.01, "cpus_per_shard": 0.01},
 }
 

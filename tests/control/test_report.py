@@ -166,7 +166,25 @@ def test_the_summary_table_shows_every_field() -> None:
         "mean reward, first tenth": "0.211",
         "mean reward, last tenth": "0.842",
     }
-    assert len(rows) == len(fields(RunSummary))
+    # Every scalar field; the per-part counts get a table of their own.
+    assert len(rows) == len(fields(RunSummary)) - 1
+    assert "generation parts" not in stream.getvalue()
+
+
+def test_the_summary_shows_one_row_per_server_or_actor() -> None:
+    console, stream = _plain_console()
+    parts = {
+        "gen-0": {"attempts": 40, "failures": 3, "state": "dead", "pid": 11, "replaces": None},
+        "gen-2": {"attempts": 12, "failures": 0, "state": "live", "pid": 12, "replaces": "gen-0"},
+    }
+    render_summary(_summary(parts=parts), console)
+    text = stream.getvalue()
+    assert "generation parts" in text
+    lines = [line for line in text.splitlines() if "gen-" in line]
+    assert len(lines) == 2
+    assert "dead" in lines[0] and "40" in lines[0] and "3" in lines[0]
+    assert "live" in lines[1] and "gen-0" in lines[1]  # the actor it replaced
+    assert "pid" not in text  # process ids are for the metrics file, not the table
 
 
 def test_the_summary_shows_a_missing_reward_as_n_a() -> None:

@@ -190,7 +190,10 @@ class RayGenerationBackend:
         )(GenerationWorker)
         version, params = self._target
         handle = actor_class.options(
-            name=name, max_concurrency=self._settings.per_actor_concurrency + 4
+            name=name,
+            max_concurrency=self._settings.per_actor_concurrency + 4,
+            # Across nodes first: one node's loss takes as few actors as possible.
+            scheduling_strategy="SPREAD",
         ).remote(self._spec, name, version, params)
         actor = _Actor(name=name, handle=handle, stats=ActorStats(replaces=replaces))
         try:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import ray
 
 from ..capture import STAGING_PARTITION
 from ..dataplane import Row, SqliteDataPlane
@@ -68,6 +69,11 @@ class DataShard:
 
     def ping(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this shard's file lives on."""
+        node_id: str = ray.get_runtime_context().get_node_id()
+        return node_id
 
     def put(self, partition: str, rows: Mapping[str, Row], writer: str | None) -> None:
         if writer is not None:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._cut import MutationCut
 from ..dataplane import (
@@ -91,6 +92,7 @@ class RayShardedDataPlane:
         self._layout = layout
         self._writer = writer
         self._handles: dict[int, Any] = {}
+        self._nodes: dict[int, str] = {}
         self._closed = False
         self.restarts = 0
 
@@ -117,14 +119,26 @@ class RayShardedDataPlane:
         deadline = time.monotonic() + SUCCESSOR_WAIT_S
         while True:
             try:
+                # A shard's rows are on its node's disk: its first start spreads shards
+                # over the nodes, every restart goes back to that node (and fails, rather
+                # than opening an empty store elsewhere, when the node is gone).
+                node = self._nodes.get(index)
+                strategy: Any = (
+                    "SPREAD"
+                    if node is None
+                    else NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+                )
                 handle = actor_class.options(
                     name=self._layout.name(index),
                     namespace=self._layout.namespace,
                     get_if_exists=True,
                     max_task_retries=0,
+                    scheduling_strategy=strategy,
                 ).remote(self._layout.path(index))
                 # An adopted (already running) shard may serve another file: name ours.
                 ray.get(handle.open.remote(self._layout.path(index)))
+                if self._writer is None:
+                    self._nodes[index] = ray.get(handle.node.remote())
                 return handle
             except (RayActorError, ValueError):
                 # A dead actor's name is released a moment after its death.

@@ -17,11 +17,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..capture import CallRecord, CaptureFailure, assemble_receipt
 from ..errors import InvalidArgumentError
 from ..policy import ANSWER, DIGIT_BASE, TaskSet, prompt_digit, render
 from ..rewards import RewardChecks, compute_reward_checks
+from ._protocol import AttemptResult
 
-__all__ = ["ANSWER_TOKENS", "TaskPrompt", "answer_prompt", "grade", "task_prompt"]
+__all__ = [
+    "ANSWER_TOKENS",
+    "TaskPrompt",
+    "answer_prompt",
+    "finished_attempt",
+    "grade",
+    "task_prompt",
+]
 
 # What the answer call generates: the digit, then EOS.
 ANSWER_TOKENS = 2
@@ -81,3 +90,32 @@ def grade(
         result, {"responses_create_params": {"input": task.messages}}, effort=None
     )
     return reward, checks
+
+
+def finished_attempt(
+    task: TaskPrompt,
+    rollout_id: str,
+    records: Sequence[CallRecord],
+    *,
+    thoughts: Sequence[int],
+    answer: Sequence[int],
+    answer_call_id: str,
+    failures: Sequence[CaptureFailure] = (),
+) -> AttemptResult:
+    """A whole episode as the controller seals it: graded, its receipt assembled."""
+    reward, checks = grade(task, thoughts, answer)
+    receipt = assemble_receipt(
+        rollout_id,
+        records,
+        terminal_model_call_id=answer_call_id,
+        failures=failures,
+        reward=reward,
+    )
+    return AttemptResult(
+        rollout_id=rollout_id,
+        receipt=receipt,
+        reward=reward,
+        mask_sample=False,
+        reward_checks=checks,
+        generated_tokens=len(thoughts) + len(answer),
+    )

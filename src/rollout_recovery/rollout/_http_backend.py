@@ -38,7 +38,7 @@ import httpx
 from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt
 from ..errors import GenerationError, InvalidArgumentError
 from ..policy import TaskSet
-from ._digit_task import ANSWER_TOKENS, answer_prompt, grade, task_prompt
+from ._digit_task import ANSWER_TOKENS, answer_prompt, finished_attempt, task_prompt
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._weight_sync import WeightSync
@@ -228,17 +228,8 @@ class HttpGenerationBackend:
             records.append(second)
         except _DataFailed as failed:
             return self._failed_attempt(rollout_id, records, failed)
-        reward, checks = grade(task, thoughts, answer)
-        receipt = assemble_receipt(
-            rollout_id, records, terminal_model_call_id=answer_id, reward=reward
-        )
-        return AttemptResult(
-            rollout_id=rollout_id,
-            receipt=receipt,
-            reward=reward,
-            mask_sample=False,
-            reward_checks=checks,
-            generated_tokens=len(thoughts) + len(answer),
+        return finished_attempt(
+            task, rollout_id, records, thoughts=thoughts, answer=answer, answer_call_id=answer_id
         )
 
     # -- one call ------------------------------------------------------------------------------

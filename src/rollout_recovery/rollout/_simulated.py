@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt, staging_key
+from ..capture import CallRecord, CaptureFailure, CaptureWriter, staging_key
 from ..dataplane import DataPlane, Row
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
 from ..policy import (
@@ -48,7 +48,7 @@ from ..policy import (
     PolicySnapshot,
     TaskSet,
 )
-from ._digit_task import answer_prompt, grade, task_prompt
+from ._digit_task import answer_prompt, finished_attempt, task_prompt
 from ._protocol import AttemptRequest, AttemptResult
 
 __all__ = ["CAPTURE_FAILURE_REASON", "FaultSettings", "SimulatedAgentBackend"]
@@ -461,21 +461,14 @@ class SimulatedAgentBackend:
         finally:
             worker.in_flight -= 1
 
-        reward, checks = grade(task, thoughts, answer)
-        receipt = assemble_receipt(
+        return finished_attempt(
+            task,
             rollout_id,
             records,
-            terminal_model_call_id=answer_id,
+            thoughts=thoughts,
+            answer=answer,
+            answer_call_id=answer_id,
             failures=failures,
-            reward=reward,
-        )
-        return AttemptResult(
-            rollout_id=rollout_id,
-            receipt=receipt,
-            reward=reward,
-            mask_sample=False,
-            reward_checks=checks,
-            generated_tokens=len(thoughts) + len(answer),
         )
 
     async def aclose(self) -> None:

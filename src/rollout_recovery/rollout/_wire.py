@@ -137,6 +137,13 @@ def _logprob_list(value: object, where: str) -> list[float]:
     return out
 
 
+def _only_choice(reply: Mapping[str, Any]) -> Mapping[str, Any]:
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1:
+        raise DataFailure("malformed_response", "choices is not a one-element list")
+    return _mapping(choices[0], "choices[0]")
+
+
 def _check_generated(call: CallSpec, token_ids: list[int], logprobs: list[float]) -> None:
     if not token_ids:
         raise DataFailure("empty_generation", "the server generated no token")
@@ -226,10 +233,7 @@ class VllmCompletions:
 
     def parse(self, call: CallSpec, payload: object) -> ServerReply:
         reply = _mapping(payload, "the response")
-        choices = reply.get("choices")
-        if not isinstance(choices, list) or len(choices) != 1:
-            raise DataFailure("malformed_response", "choices is not a one-element list")
-        choice = _mapping(choices[0], "choices[0]")
+        choice = _only_choice(reply)
         # vLLM puts the echo on the choice; accept the chat endpoints' top-level place too.
         echoed = choice.get("prompt_token_ids", reply.get("prompt_token_ids"))
         _check_prompt_echo(call, echoed, "prompt_token_ids")
@@ -280,10 +284,7 @@ class VllmGenerate:
 
     def parse(self, call: CallSpec, payload: object) -> ServerReply:
         reply = _mapping(payload, "the response")
-        choices = reply.get("choices")
-        if not isinstance(choices, list) or len(choices) != 1:
-            raise DataFailure("malformed_response", "choices is not a one-element list")
-        choice = _mapping(choices[0], "choices[0]")
+        choice = _only_choice(reply)
         _check_prompt_echo(call, reply.get("prompt_token_ids"), "prompt_token_ids")
         token_ids = _token_list(choice.get("token_ids"), "choices[0].token_ids")
         values = _generate_logprobs(choice.get("logprobs"), token_ids)
