@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TextIO
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -229,15 +230,31 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         console.print(_parts_table(summary.parts))
 
 
+# Short headers: the table fits 80 columns with a server address in the first one.
+_PART_LABELS = {
+    "infra_failures": "infra",
+    "data_failures": "data",
+    "weight_pushes": "pushes",
+}
+
+
 def _parts_table(parts: Mapping[str, Mapping[str, Any]]) -> Table:
     """One row per server or actor: its state and counts (attempts, failures, ...)."""
     columns: list[str] = []
     for counts in parts.values():
         columns.extend(c for c in counts if c not in columns and c not in ("pid", "node"))
-    table = Table(title="generation parts", show_header=True, header_style="bold")
-    table.add_column("part")
+    table = Table(
+        title="generation parts",
+        caption="infra, data: failed calls by class" if "infra_failures" in columns else None,
+        show_header=True,
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("part", no_wrap=True)
     for column in columns:
-        table.add_column(column.replace("_", " "), justify="right")
+        table.add_column(_PART_LABELS.get(column, column.replace("_", " ")), justify="right")
     for name, counts in parts.items():
-        table.add_row(name, *(_format_summary_value(c, counts.get(c)) for c in columns))
+        shown = name.removeprefix("http://").removeprefix("https://")
+        table.add_row(shown, *(_format_summary_value(c, counts.get(c)) for c in columns))
     return table
