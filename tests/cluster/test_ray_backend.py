@@ -199,3 +199,28 @@ def test_no_live_actor_and_none_startable_fails_loudly(new_plane: NewPlane) -> N
     error = asyncio.run(scenario())
     assert "replacement budget" in str(error)
     assert error.fatal
+
+
+def test_an_actor_takes_work_only_once_it_holds_the_current_weights(
+    new_plane: NewPlane,
+) -> None:
+    from rollout_recovery.policy import PolicySnapshot, initial_params
+
+    plane = new_plane(2)
+    backend = _backend(plane)
+
+    async def scenario() -> list[Any]:
+        try:
+            await _gather(backend, plane, range(4))
+            backend.update_weights(1, PolicySnapshot(1, initial_params(1, 1.0)))
+            # Dispatched right after the update: no actor may serve them with version 0.
+            return await _gather(backend, plane, range(20, 28))
+        finally:
+            await backend.aclose()
+
+    results = asyncio.run(scenario())
+    for result in results:
+        assert isinstance(result, AttemptResult), result
+        verified = fetch_and_verify(result.receipt, plane)
+        assert isinstance(verified, LinearizedRollout), verified
+        assert verified.min_weight_version == verified.max_weight_version == 1
