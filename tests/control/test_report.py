@@ -203,3 +203,17 @@ def test_the_summary_is_frozen() -> None:
     summary = _summary()
     with pytest.raises(AttributeError):
         summary.steps = 1  # type: ignore[misc]
+
+
+def test_many_dead_actors_are_added_up_in_one_row() -> None:
+    console, stream = _plain_console()
+    parts = {
+        f"gen-{i}": {"attempts": 10, "failures": 2, "state": "dead", "replaces": None}
+        for i in range(9)
+    }
+    parts["gen-9"] = {"attempts": 5, "failures": 1, "state": "live", "replaces": "gen-8"}
+    render_summary(_summary(parts=parts), console)
+    text = stream.getvalue()
+    (row,) = [line for line in text.splitlines() if "9 dead, added up" in line]
+    assert "90" in row and "18" in row
+    assert "gen-9" in text and "gen-3 " not in text

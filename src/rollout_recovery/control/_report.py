@@ -230,6 +230,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         console.print(_parts_table(summary.parts))
 
 
+# More dead parts than this are added up into one row.
+_MAX_DEAD_ROWS = 6
 # Short headers: the table fits 80 columns with a server address in the first one.
 _PART_LABELS = {
     "infra_failures": "infra",
@@ -254,7 +256,23 @@ def _parts_table(parts: Mapping[str, Mapping[str, Any]]) -> Table:
     table.add_column("part", no_wrap=True)
     for column in columns:
         table.add_column(_PART_LABELS.get(column, column.replace("_", " ")), justify="right")
+    dead = {name: counts for name, counts in parts.items() if counts.get("state") == "dead"}
+    folded = len(dead) > _MAX_DEAD_ROWS
     for name, counts in parts.items():
+        if folded and name in dead:
+            continue
         shown = name.removeprefix("http://").removeprefix("https://")
         table.add_row(shown, *(_format_summary_value(c, counts.get(c)) for c in columns))
+    if folded:
+        # A long run replaces many actors: one row adds them up (metrics.jsonl has each).
+        total = {
+            c: sum(v.get(c) or 0 for v in dead.values())
+            for c in columns
+            if all(isinstance(v.get(c), int | None) for v in dead.values())
+        }
+        cells = [
+            "dead" if c == "state" else _format_summary_value(c, total.get(c)) if c in total else ""
+            for c in columns
+        ]
+        table.add_row(f"{len(dead)} dead, added up", *cells)
     return table
