@@ -143,6 +143,10 @@ class RayGenerationBackend:
             "shard_restarts": self._plane.restarts,
         }
 
+    def actor_load(self) -> dict[str, int]:
+        """Attempts in flight on each live actor, by name."""
+        return {name: a.in_flight for name, a in self._actors.items() if not a.dead}
+
     def live_actors(self) -> dict[str, Any]:
         """Handles of the live actors, by name (for tests and operators)."""
         return {name: a.handle for name, a in self._actors.items() if not a.dead}
