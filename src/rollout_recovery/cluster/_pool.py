@@ -368,9 +368,8 @@ class RayGenerationBackend:
                         await actor.handle.ping.remote()
                 except (TimeoutError, RayActorError):
                     await self._declare_dead(actor, "ping_failed")
-            dead_shards = await asyncio.to_thread(
-                self._plane.ping_shards, self._settings.ping_timeout_s
+            revived = await asyncio.to_thread(
+                self._plane.revive_dead_shards, self._settings.ping_timeout_s
             )
-            for index in dead_shards:
-                await asyncio.to_thread(self._plane.restart_shard, index)
+            for index in revived:
                 self._event("shard_restarted", shard=index)

@@ -20,6 +20,7 @@ makes one (a group's rows share a shard, see :mod:`._routing`).
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,6 +94,8 @@ class RayShardedDataPlane:
         self._writer = writer
         self._handles: dict[int, Any] = {}
         self._nodes: dict[int, str] = {}
+        # The controller's loop and the health loop's thread both replace dead shards.
+        self._lock = threading.RLock()
         self._closed = False
         self.restarts = 0
 
@@ -149,30 +152,44 @@ class RayShardedDataPlane:
     def _handle(self, index: int) -> Any:
         if self._closed:
             raise DataPlaneClosedError("the Ray data plane is closed")
-        handle = self._handles.get(index)
-        if handle is None:
-            handle = ray.get_actor(self._layout.name(index), namespace=self._layout.namespace)
-            self._handles[index] = handle
-        return handle
+        with self._lock:
+            handle = self._handles.get(index)
+            if handle is None:
+                handle = ray.get_actor(self._layout.name(index), namespace=self._layout.namespace)
+                self._handles[index] = handle
+            return handle
 
     def restart_shard(self, index: int) -> None:
         """Replace shard ``index`` (dead or not) by a new actor on the same file."""
-        old = self._handles.pop(index, None)
-        if old is not None:
-            ray.kill(old, no_restart=True)
-        self._handles[index] = self._create(index)
-        self.restarts += 1
+        with self._lock:
+            old = self._handles.pop(index, None)
+            if old is not None:
+                ray.kill(old, no_restart=True)
+            self._handles[index] = self._create(index)
+            self.restarts += 1
 
-    def ping_shards(self, timeout: float) -> list[int]:
-        """The indexes of shards that did not answer a ping within ``timeout``."""
-        refs = {index: self._handle(index).ping.remote() for index in range(self._layout.shards)}
-        dead = []
+    def _pings(self, timeout: float) -> dict[int, Any]:
+        """Shards that did not answer a ping within ``timeout``, with the handle pinged."""
+        handles = {index: self._handle(index) for index in range(self._layout.shards)}
+        refs = {index: handle.ping.remote() for index, handle in handles.items()}
+        dead = {}
         for index, ref in refs.items():
             try:
                 ray.get(ref, timeout=timeout)
             except (RayActorError, GetTimeoutError):
-                dead.append(index)
+                dead[index] = handles[index]
         return dead
+
+    def ping_shards(self, timeout: float) -> list[int]:
+        """The indexes of shards that did not answer a ping within ``timeout``."""
+        return sorted(self._pings(timeout))
+
+    def revive_dead_shards(self, timeout: float) -> list[int]:
+        """Ping every shard and restart the ones that did not answer (driver only)."""
+        dead = self._pings(timeout)
+        for index, handle in dead.items():
+            self._successor(index, handle)
+        return sorted(dead)
 
     def fence(self, writer: str) -> None:
         """Refuse every later put of ``writer`` on every shard (driver only)."""
@@ -185,28 +202,38 @@ class RayShardedDataPlane:
 
     def _call(self, index: int, method: str, *args: Any) -> Any:
         for attempt in (0, 1):
+            handle = self._handle(index)
             try:
-                return ray.get(getattr(self._handle(index), method).remote(*args))
+                return ray.get(getattr(handle, method).remote(*args))
             except RayTaskError as error:
                 raise _unwrap(error) from None
             except RayActorError:
                 if attempt:
                     raise
-                self._successor(index)
+                self._successor(index, handle)
         raise AssertionError("unreachable")
 
-    def _successor(self, index: int) -> None:
-        self._handles.pop(index, None)
-        if self._writer is None:
-            self.restart_shard(index)
-            return
+    def _successor(self, index: int, failed: Any) -> None:
+        """Replace the ``failed`` handle of shard ``index``, unless another thread (the
+        health loop, a concurrent call) already has: one death, one restart."""
+        with self._lock:
+            current = self._handles.get(index)
+            if current is None or current is not failed:
+                return
+            if self._writer is None:
+                ray.kill(current, no_restart=True)
+                self._handles[index] = self._create(index)
+                self.restarts += 1
+                return
+            del self._handles[index]
         # A worker waits for the driver to restart the shard, then uses the new actor.
         deadline = time.monotonic() + SUCCESSOR_WAIT_S
         while time.monotonic() < deadline:
             try:
                 handle = ray.get_actor(self._layout.name(index), namespace=self._layout.namespace)
                 ray.get(handle.ping.remote(), timeout=5.0)
-                self._handles[index] = handle
+                with self._lock:
+                    self._handles.setdefault(index, handle)
                 return
             except (ValueError, RayActorError, GetTimeoutError):
                 time.sleep(0.1)
