@@ -11,6 +11,7 @@ from typing import Final
 
 __all__ = [
     "IDENTIFIER_PATTERN",
+    "INT32_MAX",
     "INT64_MAX",
     "MAX_PLAIN_DEPTH",
     "PLAIN_INT_MAX",
@@ -19,6 +20,8 @@ __all__ = [
     "UINT64_LIMIT",
 ]
 
+# Token ids: rows store int32.
+INT32_MAX: Final = 2**31 - 1
 # Counts, steps and versions: a signed 64-bit integer (SQLite, the replay index, msgspec).
 INT64_MAX: Final = 2**63 - 1
 # Digest inputs that are unsigned 64-bit words: [0, UINT64_LIMIT).

@@ -7,7 +7,15 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import LOGPROB, FakeServer, HttpRig, completion, generated_for, make_rig
+from http_support import (
+    LOGPROB,
+    FakeFleet,
+    FakeServer,
+    HttpRig,
+    completion,
+    generated_for,
+    make_rig,
+)
 
 from rollout_recovery.capture import (
     STAGING_PARTITION,
@@ -245,6 +253,27 @@ def _answer_only(change: Any) -> Any:
         ),
         pytest.param(lambda p, t: completion(p, []), "empty_generation", id="empty"),
         pytest.param(lambda p, t: {"choices": []}, "malformed_response", id="no-choice"),
+        pytest.param(
+            lambda p, t: completion(
+                p,
+                [2**31, *t[1:]],
+                logprobs={
+                    "tokens": [f"token_id:{x}" for x in [2**31, *t[1:]]],
+                    "token_logprobs": [-1.0] * len(t),
+                },
+            ),
+            "malformed_response",
+            id="token-id-beyond-int32",
+        ),
+        pytest.param(
+            lambda p, t: completion(
+                p,
+                t,
+                logprobs={"tokens": [f"token_id:{x}" for x in t], "token_logprobs": [-1e300, -1]},
+            ),
+            "invalid_logprobs",
+            id="logprob-not-finite-in-float32",
+        ),
     ],
 )
 def test_a_reply_that_disagrees_with_itself_is_a_data_failure(change: Any, reason: str) -> None:
@@ -257,3 +286,36 @@ def test_a_reply_that_disagrees_with_itself_is_a_data_failure(change: Any, reaso
 def test_a_non_json_200_is_a_data_failure() -> None:
     rig, result = _data_failure(_failing_with(httpx.Response(200, text="<html>")))
     _assert_sealed_failure(rig, result, "malformed_response")
+
+
+def test_a_call_the_controller_gives_up_on_is_no_verdict_on_its_server() -> None:
+    """A deadline (the controller cancels the attempt) says nothing about the server: it
+    stays healthy and nothing counts against it."""
+
+    def slow(fleet: FakeFleet) -> httpx.MockTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/v1/completions":
+                await asyncio.Event().wait()  # never answers
+            return fleet.handle(request)
+
+        return httpx.MockTransport(handle)
+
+    rig = make_rig(1, dead_after=1, transport=slow)
+
+    async def scenario() -> None:
+        try:
+            rig.backend.pool.start()
+            await rig.events.wait(
+                lambda: rig.backend.pool.states() == {rig.fleet[0].url: "healthy"}
+            )
+            for i in range(3):
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await rig.backend.run_attempt(rig.request(i), rig.writer)
+        finally:
+            await rig.backend.aclose()
+
+    run(scenario())
+    stats = rig.backend.server_stats()[rig.fleet[0].url]
+    assert stats.infra_failures == 0 and stats.deaths == 0
+    assert rig.backend.pool.states()[rig.fleet[0].url] == "healthy"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._bounds import INT64_MAX
+from .._bounds import INT32_MAX, INT64_MAX
 from ..dataplane import DataPlane, Row
 from ..errors import InvalidArgumentError, InvalidStateError
 from ._digest import (
@@ -31,8 +31,6 @@ __all__ = ["STAGING_PARTITION", "CaptureWriter"]
 
 STAGING_PARTITION = "rollout_staging"
 
-_INT32_MAX = int(np.iinfo(np.int32).max)
-
 
 def _token_array(
     values: Sequence[int] | npt.NDArray[np.integer], name: str
@@ -41,7 +39,7 @@ def _token_array(
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise InvalidArgumentError(f"{name} must be a 1-D sequence of integers", path=f"$.{name}")
     # Rows store int32; check the range before casting so nothing wraps silently.
-    if array.size and (int(array.min()) < 0 or int(array.max()) > _INT32_MAX):
+    if array.size and (int(array.min()) < 0 or int(array.max()) > INT32_MAX):
         raise InvalidArgumentError(f"{name} must lie in [0, 2**31)", path=f"$.{name}")
     return array.astype(np.int32)
 
@@ -84,8 +82,7 @@ class CaptureWriter:
         parent_rollout, _ = parse_staging_key(parent.staging_key)
         if parent_rollout != rollout_id or parent.model_call_id == model_call_id:
             raise InvalidArgumentError(
-                f"parent {parent.staging_key!r} is not an earlier call of rollout "
-                f"{rollout_id!r}",
+                f"parent {parent.staging_key!r} is not an earlier call of rollout {rollout_id!r}",
                 path="$.parent",
             )
         prev_len = parent.cum_len

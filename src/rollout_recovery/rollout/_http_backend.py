@@ -323,6 +323,10 @@ class HttpGenerationBackend:
             except DataFailure as failure:
                 outcome = "data"
                 raise _DataFailed(model_call_id, failure) from None
+            except asyncio.CancelledError:
+                # The controller's deadline or a shutdown, not the server's failure.
+                outcome = "cancelled"
+                raise
             finally:
                 await self._pool.release(lease, outcome=outcome)
         raise GenerationError(

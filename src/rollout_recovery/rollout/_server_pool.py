@@ -140,10 +140,6 @@ class ServerPool:
     def versions(self) -> dict[str, int | None]:
         return {url: server.version for url, server in self._servers.items()}
 
-    @property
-    def target_version(self) -> int | None:
-        return None if self._target is None else self._target[0]
-
     # -- lifecycle -------------------------------------------------------------------------
 
     def _condition(self) -> asyncio.Condition:
@@ -324,10 +320,13 @@ class ServerPool:
                     continue
 
     async def release(self, lease: Lease, *, outcome: str) -> None:
-        """End a call: ``ok``, ``data`` (the server answered badly) or ``infra``."""
+        """End a call: ``ok``, ``data`` (the server answered badly), ``infra``, or
+        ``cancelled`` (the caller gave up: no verdict on the server)."""
         server = self._servers[lease.url]
         server.in_flight -= 1
-        if outcome == "ok":
+        if outcome == "cancelled":
+            pass
+        elif outcome == "ok":
             server.failures_in_a_row = 0
         elif outcome == "data":
             server.stats.data_failures += 1

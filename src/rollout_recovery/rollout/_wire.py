@@ -18,10 +18,13 @@ sample.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from .._bounds import INT32_MAX
 
 __all__ = [
     "DIALECTS",
@@ -118,7 +121,11 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 
 
 def _token_list(value: object, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(type(item) is int and item >= 0 for item in value):
+    # The writer's bounds (rows store int32): a reply outside them is the server's data
+    # failure here, not a refusal at staging that would stop the run.
+    if not isinstance(value, list) or not all(
+        type(item) is int and 0 <= item <= INT32_MAX for item in value
+    ):
         raise DataFailure("malformed_response", f"{where} is not a list of token ids")
     return list(value)
 
@@ -131,7 +138,9 @@ def _logprob_list(value: object, where: str) -> list[float]:
         if isinstance(item, bool) or not isinstance(item, int | float):
             raise DataFailure("invalid_logprobs", f"{where}[{i}] is {item!r}, not a number")
         number = float(item)
-        if not math.isfinite(number) or number > 0.0:
+        with np.errstate(over="ignore"):  # rows store float32: must stay finite there
+            finite = bool(np.isfinite(np.float32(number)))
+        if not finite or number > 0.0:
             raise DataFailure("invalid_logprobs", f"{where}[{i}] is {item!r}")
         out.append(number)
     return out
