@@ -17,6 +17,8 @@ CASES = [
     errors.ActorPoolExhaustedError("budget spent"),
     errors.LivenessError("a shard", 5.0),
     errors.DataPlaneBusyError("busy", file="f", operation="put", holder_pids=[7]),
+    errors.StorageFullError("staging a row", filename="/runs/x/dataplane.sqlite"),
+    errors.NotARegularFileError(22, "not a regular file", "/runs/x/fifo"),
 ]
 
 
@@ -27,3 +29,9 @@ def test_an_error_survives_pickling_with_its_attributes(error: Exception) -> Non
     assert str(copy) == str(error)
     assert copy.__dict__ == error.__dict__
     assert copy.args == error.args
+    if isinstance(error, OSError):
+        assert (copy.errno, copy.strerror, copy.filename) == (
+            error.errno,
+            error.strerror,
+            error.filename,
+        )

@@ -127,14 +127,22 @@ class RolloutRecoveryError(Exception):
         # Picklable whatever the subclass's __init__ takes (the default reduce calls
         # cls(*args)): an error raised in a Ray actor or another process arrives as itself,
         # attributes included.
-        return (_rebuild_error, (type(self), self.args, dict(self.__dict__)))
+        args = self.args
+        if isinstance(self, OSError) and self.filename is not None:
+            args = (*args, self.filename)  # OSError keeps it in a slot, not in args
+        return (_rebuild_error, (type(self), args, dict(self.__dict__)))
 
 
 def _rebuild_error(
     cls: type[RolloutRecoveryError], args: tuple[Any, ...], state: dict[str, Any]
 ) -> RolloutRecoveryError:
-    error = cls.__new__(cls)
-    error.args = args
+    error: RolloutRecoveryError = cls.__new__(cls, *args)
+    if isinstance(error, OSError):
+        # errno, strerror and filename live in slots that OSError.__init__ fills (our
+        # subclasses' own __init__ take other arguments, so it is called directly).
+        OSError.__init__(error, *args)
+    else:
+        error.args = args
     error.__dict__.update(state)
     return error
 

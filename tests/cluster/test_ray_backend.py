@@ -224,3 +224,19 @@ def test_an_actor_takes_work_only_once_it_holds_the_current_weights(
         verified = fetch_and_verify(result.receipt, plane)
         assert isinstance(verified, LinearizedRollout), verified
         assert verified.min_weight_version == verified.max_weight_version == 1
+
+
+def test_a_finished_attempt_frees_its_slot_for_a_waiting_one(new_plane: NewPlane) -> None:
+    plane = new_plane(1)
+    # One actor, one slot: every attempt but the first waits for the one before to end.
+    backend = _backend(plane, latency=0.05, actors=1, per_actor_concurrency=1, no_actor_wait_s=60)
+
+    async def scenario() -> list[Any]:
+        try:
+            async with asyncio.timeout(20):  # far below no_actor_wait_s
+                return await _gather(backend, plane, range(30, 34))
+        finally:
+            await backend.aclose()
+
+    results = asyncio.run(scenario())
+    assert all(isinstance(r, AttemptResult) for r in results), results

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -42,6 +42,10 @@ from ._sharded_plane import RayShardedDataPlane
 from ._worker import GenerationWorker, Params, WorkerSpec, snapshot_params
 
 __all__ = ["ActorPoolSettings", "ActorStats", "RayGenerationBackend"]
+
+# One remote class per process (Ray exports a class once per wrapper, not per actor). Ray
+# never restarts an actor or resends a task behind the pool's back.
+_REMOTE_WORKER: Any = ray.remote(max_restarts=0, max_task_retries=0)(GenerationWorker)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +79,6 @@ class ActorStats:
     failures: int = 0
     state: str = "starting"
     pid: int | None = None
-    node: str | None = None
     replaces: str | None = None
 
 
@@ -87,7 +90,6 @@ class _Actor:
     version: int | None = None
     in_flight: int = 0
     dead: bool = False
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
 class RayGenerationBackend:
@@ -189,16 +191,14 @@ class RayGenerationBackend:
 
     async def _start_actor(self, *, replaces: str | None) -> _Actor:
         name = f"{self._prefix}-gen-{next(self._names)}"
-        actor_class: Any = ray.remote(
-            num_cpus=self._settings.cpus_per_actor, max_restarts=0, max_task_retries=0
-        )(GenerationWorker)
-        version, params = self._target
-        handle = actor_class.options(
+        version = self._target[0]
+        handle = _REMOTE_WORKER.options(
             name=name,
+            num_cpus=self._settings.cpus_per_actor,
             max_concurrency=self._settings.per_actor_concurrency + 4,
             # Across nodes first: one node's loss takes as few actors as possible.
             scheduling_strategy="SPREAD",
-        ).remote(self._spec, name, version, params)
+        ).remote(self._spec, name, self._target_ref)
         actor = _Actor(name=name, handle=handle, stats=ActorStats(replaces=replaces))
         try:
             async with asyncio.timeout(self._settings.actor_start_timeout_s):
@@ -319,6 +319,7 @@ class RayGenerationBackend:
             raise
         finally:
             actor.in_flight -= 1
+            await self._notify()  # a slot is free: wake an attempt waiting for one
 
     # -- deaths and replacements -----------------------------------------------------------
 
@@ -328,15 +329,18 @@ class RayGenerationBackend:
         actor.dead = True
         actor.stats.state = "dead"
         ray.kill(actor.handle, no_restart=True)
-        # Fenced before anything of it is redispatched: a put it still had in flight is
-        # refused from now on (one that landed earlier is an unreferenced orphan).
-        await asyncio.to_thread(self._plane.fence, actor.name)
-        self._retired[actor.name] = actor.stats
-        del self._actors[actor.name]
-        self._event("actor_dead", actor=actor.name, why=why, pid=actor.stats.pid)
-        await self._notify()
-        if not self._closed:
-            self._spawn(self._replace(actor.name), f"replace-{actor.name}")
+        try:
+            # Fenced before anything of it is redispatched: a put it still had in flight
+            # is refused from now on (one that landed earlier is an unreferenced orphan).
+            await asyncio.to_thread(self._plane.fence, actor.name)
+        finally:
+            # Even if the fence failed: the actor is gone and its capacity is replaced.
+            self._retired[actor.name] = actor.stats
+            del self._actors[actor.name]
+            self._event("actor_dead", actor=actor.name, why=why, pid=actor.stats.pid)
+            await self._notify()
+            if not self._closed:
+                self._spawn(self._replace(actor.name), f"replace-{actor.name}")
 
     async def _replace(self, dead: str) -> None:
         while not self._closed:

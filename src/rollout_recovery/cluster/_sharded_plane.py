@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import ray
@@ -46,8 +46,6 @@ from ._shard import DataShard
 
 __all__ = ["RayShardedDataPlane", "ShardDirectory"]
 
-T = TypeVar("T")
-
 #: How long a call waits for a dead shard's successor before it gives up.
 SUCCESSOR_WAIT_S = 60.0
 
@@ -67,6 +65,10 @@ class ShardDirectory:
 
     def path(self, index: int) -> str:
         return str(Path(self.directory) / f"shard-{index}.sqlite")
+
+
+# One remote class per process: Ray exports a class once per wrapper, not per actor.
+_REMOTE_SHARD: Any = ray.remote(max_restarts=0, max_task_retries=0)(DataShard)
 
 
 def _unwrap(error: RayTaskError) -> BaseException:
@@ -116,11 +118,11 @@ class RayShardedDataPlane:
 
     def _create(self, index: int) -> Any:
         """Start shard ``index`` on its file, or adopt the running actor of that name."""
-        actor_class: Any = ray.remote(num_cpus=self._layout.cpus_per_shard, max_restarts=0)(
-            DataShard
-        )
         deadline = time.monotonic() + SUCCESSOR_WAIT_S
         while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LivenessError(f"data shard {index} to start", SUCCESSOR_WAIT_S)
             try:
                 # A shard's rows are on its node's disk: its first start spreads shards
                 # over the nodes, every restart goes back to that node (and fails, rather
@@ -131,22 +133,20 @@ class RayShardedDataPlane:
                     if node is None
                     else NodeAffinitySchedulingStrategy(node_id=node, soft=False)
                 )
-                handle = actor_class.options(
+                handle = _REMOTE_SHARD.options(
                     name=self._layout.name(index),
                     namespace=self._layout.namespace,
+                    num_cpus=self._layout.cpus_per_shard,
                     get_if_exists=True,
-                    max_task_retries=0,
                     scheduling_strategy=strategy,
                 ).remote(self._layout.path(index))
                 # An adopted (already running) shard may serve another file: name ours.
-                ray.get(handle.open.remote(self._layout.path(index)))
+                ray.get(handle.open.remote(self._layout.path(index)), timeout=remaining)
                 if self._writer is None:
-                    self._nodes[index] = ray.get(handle.node.remote())
+                    self._nodes[index] = ray.get(handle.node.remote(), timeout=remaining)
                 return handle
-            except (RayActorError, ValueError):
+            except (RayActorError, ValueError, GetTimeoutError):
                 # A dead actor's name is released a moment after its death.
-                if time.monotonic() > deadline:
-                    raise
                 time.sleep(0.05)
 
     def _handle(self, index: int) -> Any:
@@ -162,11 +162,16 @@ class RayShardedDataPlane:
     def restart_shard(self, index: int) -> None:
         """Replace shard ``index`` (dead or not) by a new actor on the same file."""
         with self._lock:
-            old = self._handles.pop(index, None)
-            if old is not None:
-                ray.kill(old, no_restart=True)
-            self._handles[index] = self._create(index)
-            self.restarts += 1
+            self._restart_locked(index)
+
+    def _restart_locked(self, index: int) -> None:
+        if self._closed:
+            return  # shut down while a restart was pending: start nothing new
+        old = self._handles.pop(index, None)
+        if old is not None:
+            ray.kill(old, no_restart=True)
+        self._handles[index] = self._create(index)
+        self.restarts += 1
 
     def _pings(self, timeout: float) -> dict[int, Any]:
         """Shards that did not answer a ping within ``timeout``, with the handle pinged."""
@@ -221,9 +226,7 @@ class RayShardedDataPlane:
             if current is None or current is not failed:
                 return
             if self._writer is None:
-                ray.kill(current, no_restart=True)
-                self._handles[index] = self._create(index)
-                self.restarts += 1
+                self._restart_locked(index)
                 return
             del self._handles[index]
         # A worker waits for the driver to restart the shard, then uses the new actor.
@@ -319,8 +322,9 @@ class RayShardedDataPlane:
 
     def shutdown(self) -> None:
         """Driver only: stop every shard actor (their files stay)."""
-        for index in range(self._layout.shards):
-            handle = self._handles.pop(index, None)
-            if handle is not None:
-                ray.kill(handle, no_restart=True)
-        self._closed = True
+        with self._lock:  # not while the health loop's thread restarts one
+            self._closed = True
+            for index in range(self._layout.shards):
+                handle = self._handles.pop(index, None)
+                if handle is not None:
+                    ray.kill(handle, no_restart=True)

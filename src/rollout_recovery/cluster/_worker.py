@@ -34,6 +34,7 @@ from ..rollout import (
     SimulatedAgentBackend,
     WeightSyncName,
 )
+from ..serve import DEFAULT_MODEL_NAME
 from ._sharded_plane import RayShardedDataPlane, ShardDirectory
 
 __all__ = ["GenerationWorker", "Params", "WorkerSpec", "snapshot_params"]
@@ -55,15 +56,17 @@ class WorkerSpec:
     latency_jitter: float = 0.0
     faults: FaultSettings = field(default_factory=FaultSettings)
     http_servers: tuple[str, ...] = ()
-    http_model: str = "rollout-recovery-numpy"
     http_dialect: DialectName = "vllm-completions"
     http_weight_sync: WeightSyncName = "policy"
+    #: The job's [http] settings, for a worker that proxies to servers.
+    http_settings: HttpBackendSettings | None = None
 
 
 class GenerationWorker:
     """The actor class body (wrapped with ``ray.remote`` by the pool)."""
 
-    def __init__(self, spec: WorkerSpec, writer: str, version: int, params: Params) -> None:
+    def __init__(self, spec: WorkerSpec, writer: str, target: tuple[int, Params]) -> None:
+        version, params = target
         self._plane = RayShardedDataPlane(spec.shards, writer=writer)
         self._capture = CaptureWriter(self._plane, partition=STAGING_PARTITION)
         tasks = TaskSet(
@@ -90,13 +93,13 @@ class GenerationWorker:
                 task_set=tasks,
                 dialect=DIALECTS[spec.http_dialect],
                 weight_sync=WEIGHT_SYNCS[spec.http_weight_sync],
-                settings=HttpBackendSettings(
-                    model=spec.http_model, pool=PoolSettings(), stage_in_thread=True
+                settings=spec.http_settings
+                or HttpBackendSettings(
+                    model=DEFAULT_MODEL_NAME, pool=PoolSettings(), stage_in_thread=True
                 ),
                 initial_version=version,
                 initial_weights=snapshot,
             )
-        self._version = version
 
     async def ping(self) -> int:
         return os.getpid()
@@ -104,14 +107,10 @@ class GenerationWorker:
     async def load_weights(self, target: tuple[int, Params]) -> int:
         version, params = target
         self._backend.update_weights(version, PolicySnapshot(version, params))
-        self._version = version
         return version
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptResult:
         return await self._backend.run_attempt(request, self._capture)
-
-    async def close(self) -> None:
-        await self._backend.aclose()
 
 
 def snapshot_params(weights: object) -> tuple[int, Params]:

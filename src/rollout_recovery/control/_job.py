@@ -52,7 +52,7 @@ from ._checkpointing import (
     take_checkpoint,
     verify_checkpoint,
 )
-from ._config import RunConfig, config_differences, config_to_toml, load_config
+from ._config import HttpConfig, RunConfig, config_differences, config_to_toml, load_config
 from ._controller import Controller, PromptDataset, RunProgress
 from ._layout import DATA_PLANE_FILE, JOB_FILE, PLOT_FILE, RUN_LOG, SERVERS_FILE, SHARDS_DIR
 from ._plot import write_reward_plot
@@ -114,6 +114,25 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 
 
+def _http_settings(http: HttpConfig) -> HttpBackendSettings:
+    """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker)."""
+    return HttpBackendSettings(
+        model=http.model,
+        pool=PoolSettings(
+            concurrency=http.per_server_concurrency,
+            probe_interval_s=http.probe_interval_s,
+            probe_timeout_s=http.probe_timeout_s,
+            dead_after_failures=http.dead_after_failures,
+            no_server_wait_s=http.no_server_wait_s,
+        ),
+        request_timeout_s=http.request_timeout_s,
+        call_redispatch_budget=http.call_redispatch_budget,
+        redispatch_backoff_s=http.redispatch_backoff_s,
+        logprob_mode=http.logprob_mode,
+        stage_in_thread=True,
+    )
+
+
 def _http_backend(
     config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
 ) -> HttpGenerationBackend:
@@ -123,21 +142,7 @@ def _http_backend(
         task_set=dataset,
         dialect=DIALECTS[http.dialect],
         weight_sync=WEIGHT_SYNCS[http.weight_sync],
-        settings=HttpBackendSettings(
-            model=http.model,
-            pool=PoolSettings(
-                concurrency=http.per_server_concurrency,
-                probe_interval_s=http.probe_interval_s,
-                probe_timeout_s=http.probe_timeout_s,
-                dead_after_failures=http.dead_after_failures,
-                no_server_wait_s=http.no_server_wait_s,
-            ),
-            request_timeout_s=http.request_timeout_s,
-            call_redispatch_budget=http.call_redispatch_budget,
-            redispatch_backoff_s=http.redispatch_backoff_s,
-            logprob_mode=http.logprob_mode,
-            stage_in_thread=True,
-        ),
+        settings=_http_settings(http),
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
     )
@@ -169,9 +174,9 @@ def _ray_backend(
         latency_jitter=config.generation.latency_jitter,
         faults=FaultSettings(**faults),
         http_servers=http.servers,
-        http_model=http.model,
         http_dialect=http.dialect,
         http_weight_sync=http.weight_sync,
+        http_settings=_http_settings(http),
     )
     settings = ActorPoolSettings(
         actors_per_node=ray_config.actors_per_node,
@@ -192,11 +197,8 @@ def _data_plane(out: Path, config: RunConfig) -> Iterator[DataPlane]:
     """The job's durable store: one SQLite file, or SQLite shards served by Ray actors
     (on a cluster this job attaches to or starts, and leaves as it found it)."""
     if config.generation.backend != "ray":
-        store = SqliteDataPlane(out / DATA_PLANE_FILE)
-        try:
+        with SqliteDataPlane(out / DATA_PLANE_FILE) as store:
             yield store
-        finally:
-            store.close()
         return
     from ..cluster import RayShardedDataPlane, ShardDirectory, ray_session
 

@@ -244,7 +244,7 @@ def _parts_table(parts: Mapping[str, Mapping[str, Any]]) -> Table:
     """One row per server or actor: its state and counts (attempts, failures, ...)."""
     columns: list[str] = []
     for counts in parts.values():
-        columns.extend(c for c in counts if c not in columns and c not in ("pid", "node"))
+        columns.extend(c for c in counts if c not in columns and c != "pid")
     table = Table(
         title="generation parts",
         caption="infra, data: failed calls by class" if "infra_failures" in columns else None,
