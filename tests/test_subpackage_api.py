@@ -100,6 +100,7 @@ SURFACES: dict[str, set[str]] = {
     },
     "policy": {
         "ANSWER",
+        "ANSWER_TOKENS",
         "BOS",
         "DEFAULT_CLIP_EPSILON",
         "DEFAULT_LEARNING_RATE",

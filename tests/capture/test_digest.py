@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from rollout_recovery.capture._digest import (
-    EMPTY_EXTRAS_DIGEST,
     compute_call_digest,
     compute_chain_hash,
     encode_token_ids,
     hash_token_ids,
 )
+from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
 from rollout_recovery.errors import InvalidStateError
 
 

@@ -20,7 +20,7 @@ from rollout_recovery.capture import (
     fetch_and_verify,
     verify_and_linearize,
 )
-from rollout_recovery.capture._digest import EMPTY_EXTRAS_DIGEST
+from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
 from rollout_recovery.capture._result import REBUILD_CODES, WeightVersionSpan
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.rewards import LinkSpan

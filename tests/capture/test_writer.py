@@ -223,3 +223,41 @@ def test_check_continuation_refuses_a_prompt_that_does_not_extend_its_parent() -
         )
     assert caught.value.path == "$.prompt_token_ids"
     assert data_plane.put_log == staged_before
+
+
+def _nested(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _self_containing() -> Any:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.parametrize(
+    "extras",
+    [
+        pytest.param({"x": _nested(63)}, id="deeper-than-row-metadata"),
+        pytest.param({"x": _self_containing()}, id="contains-itself"),
+        pytest.param({"x": "\ud800"}, id="lone-surrogate"),
+        pytest.param({"\udc00": 1}, id="lone-surrogate-key"),
+    ],
+)
+def test_extras_the_store_would_refuse_are_refused_at_staging(extras: dict[str, Any]) -> None:
+    data_plane = DictDataPlane()
+    with pytest.raises(InvalidArgumentError) as caught:
+        _root(CaptureWriter(data_plane), extras=extras)
+    assert caught.value.path is not None and caught.value.path.startswith("$.extras")
+    assert data_plane.put_log == []
+
+
+def test_extras_as_deep_as_row_metadata_allows_are_staged_in_a_real_store() -> None:
+    from rollout_recovery.dataplane import MemoryDataPlane
+
+    data_plane = MemoryDataPlane()  # validates metadata like every store
+    record = _root(CaptureWriter(data_plane), extras={"x": _nested(62)})
+    assert data_plane.keys(STAGING_PARTITION) == [record.staging_key]

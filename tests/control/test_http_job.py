@@ -139,7 +139,7 @@ def test_no_server_outlives_a_sigkilled_job(
     )
     assert result.returncode == -signal.SIGKILL
     pids = [server["pid"] for server in _servers(out)]
-    # --exit-with-parent: each server notices its parent is gone and exits on its own.
+    # --parent-pid: each server notices the job is gone and exits on its own.
     # Waiting on a process that is not our child can only be polled; the deadline bounds it.
     for pid in pids:
         assert _exits_within(pid, 10.0), f"server {pid} outlived the job"

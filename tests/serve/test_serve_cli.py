@@ -155,3 +155,33 @@ def test_a_ready_file_that_is_not_one_is_refused(tmp_path: Path) -> None:
 def test_bad_settings_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(InvalidArgumentError):
         ServeSettings(**fields)  # type: ignore[arg-type]
+
+
+def test_parent_pid_stops_the_server_when_that_process_dies_even_if_not_its_parent(
+    tmp_path: Path,
+) -> None:
+    # The "job" is not the server's parent here: as when an operator restarts a server.
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        ready_file = tmp_path / "ready.json"
+        with _serve(
+            "--port", "0", "--ready-file", str(ready_file), "--parent-pid", str(job.pid)
+        ) as child:
+            assert child.stdout is not None
+            assert child.stdout.readline().startswith("serving on http://")
+            assert child.poll() is None  # the job lives: so does the server
+            job.kill()
+            job.wait()
+            assert child.wait(WAIT_S) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def test_parent_pid_of_a_job_already_gone_stops_the_server(tmp_path: Path) -> None:
+    # The job died before the server could look at its parent.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with _serve("--port", "0", "--parent-pid", str(gone.pid)) as child:
+        assert child.wait(WAIT_S) == 0

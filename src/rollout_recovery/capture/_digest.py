@@ -30,11 +30,9 @@ import numpy.typing as npt
 
 from .._bounds import UINT64_LIMIT
 from ..errors import InvalidStateError
-from ._extras import EMPTY_EXTRAS_DIGEST
 
 __all__ = [
     "DIGEST_VERSION",
-    "EMPTY_EXTRAS_DIGEST",
     "EXTRAS_DIGEST_VERSION",
     "SCHEMA_VERSION",
     "compute_call_digest",

@@ -21,25 +21,17 @@ import math
 import struct
 from typing import Any
 
-from ..errors import InvalidStateError
+from .._bounds import INT64_MAX, MAX_PLAIN_DEPTH, PLAIN_INT_MIN
+from ..errors import InvalidStateError, is_utf8_text
+from ._digest import _text, _u64
 
 __all__ = ["EMPTY_EXTRAS_DIGEST", "compute_extras_digest"]
 
 _EXTRAS_DOMAIN = b"nemo-gym-staging-extras-v1"
 _ENCODING_VERSION = b"\x01"
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _u64(value: int) -> bytes:
-    return struct.pack(">Q", value)
-
-
-def _text(value: str) -> bytes:
-    raw = value.encode("utf-8")
-    return _u64(len(raw)) + raw
-
-
-def _encode(value: Any, path: str) -> bytes:
+def _encode(value: Any, path: str, depth: int) -> bytes:
     # Exact types on purpose: a numpy scalar or an int subclass would not round-trip as
     # the same typed value through the row codec.
     if value is None:
@@ -47,7 +39,7 @@ def _encode(value: Any, path: str) -> bytes:
     if type(value) is bool:
         return b"B" + (b"\x01" if value else b"\x00")
     if type(value) is int:
-        if not _INT64_MIN <= value <= _INT64_MAX:
+        if not PLAIN_INT_MIN <= value <= INT64_MAX:
             raise InvalidStateError("extras ints must fit in a signed 64-bit int", path=path)
         return b"I" + struct.pack(">q", value)
     if type(value) is float:
@@ -55,16 +47,25 @@ def _encode(value: Any, path: str) -> bytes:
             raise InvalidStateError("extras floats must be finite", path=path)
         return b"F" + struct.pack(">d", value)
     if type(value) is str:
+        if not is_utf8_text(value):
+            raise InvalidStateError("extras strings must be UTF-8 (no lone surrogates)", path=path)
         return b"S" + _text(value)
+    if type(value) in (list, dict) and depth >= MAX_PLAIN_DEPTH:
+        # The row metadata's bound (extras sit one level below its root); it also turns a
+        # value that contains itself into this error instead of a RecursionError.
+        raise InvalidStateError(
+            f"extras are nested deeper than {MAX_PLAIN_DEPTH} levels (or contain themselves)",
+            path=path,
+        )
     if type(value) is list:
-        items = b"".join(_encode(item, f"{path}[{i}]") for i, item in enumerate(value))
+        items = b"".join(_encode(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
         return b"L" + _u64(len(value)) + items
     if type(value) is dict:
         for key in value:
-            if type(key) is not str:
+            if type(key) is not str or not is_utf8_text(key):
                 raise InvalidStateError(f"extras dict keys must be str, got {key!r}", path=path)
         keys = sorted(value, key=lambda k: k.encode("utf-8"))
-        pairs = b"".join(_text(k) + _encode(value[k], f"{path}.{k}") for k in keys)
+        pairs = b"".join(_text(k) + _encode(value[k], f"{path}.{k}", depth + 1) for k in keys)
         return b"D" + _u64(len(keys)) + pairs
     raise InvalidStateError(
         f"extras values must be None, bool, int, float, str, list or dict, "
@@ -76,7 +77,7 @@ def _encode(value: Any, path: str) -> bytes:
 def compute_extras_digest(extras: Any) -> str:
     """The v1 extras digest of ``extras`` (``None`` for a call without extras)."""
     return hashlib.sha256(
-        _EXTRAS_DOMAIN + _ENCODING_VERSION + _encode(extras, "$.extras")
+        _EXTRAS_DOMAIN + _ENCODING_VERSION + _encode(extras, "$.extras", depth=1)
     ).hexdigest()
 
 

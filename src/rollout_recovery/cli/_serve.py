@@ -30,11 +30,24 @@ def _remove_own_ready_file(path: Path) -> None:
 
 
 def _watch_parent(parent: int, stop: threading.Event) -> None:
-    """Set ``stop`` once ``parent`` has died (this process is then reparented)."""
+    """Set ``stop`` once ``parent`` has died: this process is reparented, or (when it was
+    started by another one, as a restarted server is) ``parent`` no longer exists."""
+    child_of_parent = os.getppid() == parent
+
+    def gone() -> bool:
+        if child_of_parent:
+            return os.getppid() != parent
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # it exists, under another user
+        return False
 
     def watch() -> None:
         while not stop.wait(_PARENT_POLL_S):
-            if os.getppid() != parent:
+            if gone():
                 stop.set()
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
@@ -89,6 +102,13 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     help="Stop (as on SIGTERM) when the process that started this one dies, so a killed job "
     "leaves no server behind.",
 )
+@click.option(
+    "--parent-pid",
+    type=click.IntRange(min=1),
+    help="Stop when the process with this pid dies (the job that launched this server): "
+    "also noticed when it dies before this server starts, or when another process "
+    "restarts the server.",
+)
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
 def serve(
     host: str,
@@ -99,6 +119,7 @@ def serve(
     call_latency_s: float,
     max_model_len: int,
     exit_with_parent: bool,
+    parent_pid: int | None,
     access_log: bool,
 ) -> None:
     """Serve the numpy policy over vLLM's HTTP API, token in and token out.
@@ -128,8 +149,8 @@ def serve(
         stop.set()
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    if exit_with_parent:
-        _watch_parent(os.getppid(), stop)
+    if parent_pid is not None or exit_with_parent:
+        _watch_parent(parent_pid if parent_pid is not None else os.getppid(), stop)
     try:
         server.start()
         if ready_file is not None:

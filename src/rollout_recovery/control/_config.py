@@ -24,6 +24,8 @@ import msgspec
 from msgspec import Meta
 
 from rollout_recovery.errors import ConfigError, InvalidArgumentTypeError, split_validation_path
+from rollout_recovery.rollout import DialectName, WeightSyncName
+from rollout_recovery.serve import DEFAULT_MODEL_NAME
 
 __all__ = [
     "CheckpointConfig",
@@ -109,11 +111,11 @@ class HttpConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: ``launch_servers`` local ``rollout-recovery serve`` processes itself and stops them.
     servers: tuple[ServerUrl, ...] = ()
     launch_servers: PositiveInt = 3
-    dialect: Literal["vllm-completions", "vllm-generate", "sglang"] = "vllm-completions"
+    dialect: DialectName = "vllm-completions"
     #: How servers get new weights: "policy" pushes the numpy policy (rollout-recovery
     #: serve), "version-tag" only tags a vLLM dev-mode server, "none" leaves them alone.
-    weight_sync: Literal["policy", "version-tag", "none"] = "policy"
-    model: Annotated[str, Meta(min_length=1)] = "rollout-recovery-numpy"
+    weight_sync: WeightSyncName = "policy"
+    model: Annotated[str, Meta(min_length=1)] = DEFAULT_MODEL_NAME
     per_server_concurrency: PositiveInt = 16
     request_timeout_s: PositiveFloat = 10.0
     #: How often one call is resent to another server after an infra failure.

@@ -2,7 +2,7 @@
 
 Each server is ``python -m rollout_recovery serve`` on a free loopback port, in its own
 process group (so a kill of the group ends everything it started), told to exit when the
-job that started it dies (``--exit-with-parent``: a SIGKILLed job leaves no server behind).
+job that started it dies (``--parent-pid``: a SIGKILLed job leaves no server behind).
 ``servers.json`` in the run directory lists them (url, pid, log file, and the command that
 restarts one on the same port), so an operator or a test can kill or restart a single
 server while the job runs.
@@ -23,6 +23,7 @@ from types import TracebackType
 
 from .._durable import atomic_write_bytes
 from ..errors import GenerationError
+from ..serve import read_ready_file
 from ._layout import SERVERS_DIR, SERVERS_FILE
 
 __all__ = ["LocalServer", "LocalServerFleet"]
@@ -78,7 +79,10 @@ class LocalServerFleet:
             repr(self._latency),
             "--model-name",
             self._model,
-            "--exit-with-parent",
+            # This process, named: a server that read its parent only after the job died
+            # would watch the wrong one.
+            "--parent-pid",
+            str(os.getpid()),
         ]
 
     def __enter__(self) -> list[str]:
@@ -144,7 +148,7 @@ class LocalServerFleet:
                     f"its log ({log}) ends: {_tail(log)}",
                 )
             time.sleep(0.02)
-        url = str(json.loads(ready.read_text())["url"])
+        url = read_ready_file(ready).url
         port = int(url.rsplit(":", 1)[1])
         return LocalServer(url, process.pid, log, self._command(port, ready))
 

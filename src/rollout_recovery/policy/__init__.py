@@ -21,6 +21,7 @@ from ._numpy_policy import (
 from ._protocol import Trainer, TrainSample
 from ._tasks import (
     ANSWER,
+    ANSWER_TOKENS,
     BOS,
     DIGIT_BASE,
     EOS,
@@ -41,6 +42,7 @@ from ._trainer import DEFAULT_CLIP_EPSILON, DEFAULT_LEARNING_RATE, NumpyGRPOTrai
 
 __all__ = [
     "ANSWER",
+    "ANSWER_TOKENS",
     "BOS",
     "DEFAULT_CLIP_EPSILON",
     "DEFAULT_LEARNING_RATE",

@@ -20,6 +20,7 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
     "ANSWER",
+    "ANSWER_TOKENS",
     "BOS",
     "DIGIT_BASE",
     "EOS",
@@ -42,6 +43,8 @@ BOS = 0
 THINK = 1
 ANSWER = 2
 EOS = 3
+# What an answer is: the answer digit, then EOS.
+ANSWER_TOKENS = 2
 # Digits 0-9: both the prompt's hidden digit and the answer the policy emits.
 DIGIT_BASE = 4
 NUM_DIGITS = 10

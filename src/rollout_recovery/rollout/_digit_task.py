@@ -24,16 +24,12 @@ from ..rewards import RewardChecks, compute_reward_checks
 from ._protocol import AttemptResult
 
 __all__ = [
-    "ANSWER_TOKENS",
     "TaskPrompt",
     "answer_prompt",
     "finished_attempt",
     "grade",
     "task_prompt",
 ]
-
-# What the answer call generates: the digit, then EOS.
-ANSWER_TOKENS = 2
 
 
 @dataclass(frozen=True, slots=True)

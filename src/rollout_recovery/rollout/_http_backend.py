@@ -37,8 +37,8 @@ import httpx
 
 from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt
 from ..errors import GenerationError, InvalidArgumentError
-from ..policy import TaskSet
-from ._digit_task import ANSWER_TOKENS, answer_prompt, finished_attempt, task_prompt
+from ..policy import ANSWER_TOKENS, TaskSet
+from ._digit_task import answer_prompt, finished_attempt, task_prompt
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._weight_sync import WeightSync

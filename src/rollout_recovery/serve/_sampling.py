@@ -30,7 +30,6 @@ from ..policy import (
 from ._api_error import bad_request, schema_error
 
 __all__ = [
-    "ANSWER_TOKENS",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "LOGPROB_FLOOR",
@@ -42,8 +41,6 @@ __all__ = [
 
 # vLLM's default --max-logprobs: the most top logprobs one position may ask for.
 MAX_TOP_LOGPROBS = 20
-# What the policy generates after <answer>: the answer digit, then EOS.
-ANSWER_TOKENS = 2
 # What the OpenAI shapes report for a token of probability 0 (vLLM clamps -inf to it).
 LOGPROB_FLOOR = -9999.0
 
