@@ -53,7 +53,7 @@ def test_vllm_completions_accepts_a_consistent_reply_and_no_single_flipped_id(
     reply = VllmCompletions().parse(CALL, payload)
     assert reply.token_ids == tokens and reply.logprobs == [logprob] * len(tokens)
     flipped = list(tokens)
-    flipped[flip % len(tokens)] += 1
+    flipped[flip % len(tokens)] = (flipped[flip % len(tokens)] + 1) % 2**31  # another valid id
     broken = completion(prompt, tokens, token_ids=flipped)
     assert _failure(VllmCompletions().parse, broken).reason == "token_mismatch"
 
