@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import ray
+from cluster_support import kill_and_await_death
 
 from rollout_recovery.capture import (
     STAGING_PARTITION,
@@ -118,7 +119,9 @@ def test_a_dead_actor_costs_only_its_attempts_and_is_replaced(
                 asyncio.create_task(backend.run_attempt(_request(i), writer)) for i in range(6)
             ]
             victim_name, victim = sorted(backend.live_actors().items())[0]
-            await asyncio.sleep(0.2)  # let the attempts reach the actors
+            # Kill only once attempts are in flight on both actors (each takes >= 1 s).
+            while not all(backend.actor_load().values()):
+                await asyncio.sleep(0.01)
             if how == "ray.kill":
                 ray.kill(victim, no_restart=True)
             else:
@@ -185,7 +188,7 @@ def test_no_live_actor_and_none_startable_fails_loudly(new_plane: NewPlane) -> N
         try:
             await backend.start()
             (only,) = backend.live_actors().values()
-            ray.kill(only, no_restart=True)
+            kill_and_await_death(only)  # or the doomed actor may still run attempt 1
             writer = CaptureWriter(plane)
             with pytest.raises(GenerationError):
                 await backend.run_attempt(_request(1), writer)

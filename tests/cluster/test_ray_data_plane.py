@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cluster_support import layout
+from cluster_support import kill_and_await_death, layout
 from dataplane_support import assert_rows_equal, make_row
 from hypothesis import given
 from hypothesis import strategies as st
@@ -94,11 +94,9 @@ def test_a_put_that_returned_survives_a_sigkill_of_its_shard(new_plane: NewPlane
 
 
 def test_a_killed_shard_is_restarted_by_the_health_check(new_plane: NewPlane) -> None:
-    import ray
-
     plane = new_plane(2)
     plane.put(CANONICAL_PARTITION, {"a_g0": make_row(1)})
-    ray.kill(plane._handle(shard_of("a_g0", 2)), no_restart=True)
+    kill_and_await_death(plane._handle(shard_of("a_g0", 2)))
     dead = plane.ping_shards(timeout=5.0)
     assert dead == [shard_of("a_g0", 2)]
     plane.restart_shard(dead[0])
