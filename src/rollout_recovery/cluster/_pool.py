@@ -364,16 +364,25 @@ class RayGenerationBackend:
     async def _health_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self._settings.ping_interval_s)
-            for actor in list(self._actors.values()):
-                if actor.dead:
-                    continue
-                try:
-                    async with asyncio.timeout(self._settings.ping_timeout_s):
-                        await actor.handle.ping.remote()
-                except (TimeoutError, RayActorError):
-                    await self._declare_dead(actor, "ping_failed")
-            revived = await asyncio.to_thread(
-                self._plane.revive_dead_shards, self._settings.ping_timeout_s
-            )
-            for index in revived:
-                self._event("shard_restarted", shard=index)
+            try:
+                await self._health_round()
+            except Exception as error:
+                # One failed round (a fence that could not be written, a shard that would
+                # not restart in time) must not end the checks for good: a later hang would
+                # go unnoticed. The failure itself reaches the controller on its next call.
+                self._event("health_check_failed", error=repr(error))
+
+    async def _health_round(self) -> None:
+        for actor in list(self._actors.values()):
+            if actor.dead:
+                continue
+            try:
+                async with asyncio.timeout(self._settings.ping_timeout_s):
+                    await actor.handle.ping.remote()
+            except (TimeoutError, RayActorError):
+                await self._declare_dead(actor, "ping_failed")
+        revived = await asyncio.to_thread(
+            self._plane.revive_dead_shards, self._settings.ping_timeout_s
+        )
+        for index in revived:
+            self._event("shard_restarted", shard=index)
