@@ -129,6 +129,11 @@ def test_a_dead_actor_costs_only_its_attempts_and_is_replaced(
             first = await asyncio.gather(*tasks, return_exceptions=True)
             # The pool goes on: a replacement takes the dead actor's place.
             later = await _gather(backend, plane, range(10, 16))
+            async with asyncio.timeout(60):  # a start takes about 1 s on two idle cores
+                while not any(
+                    a["replaces"] == victim_name for a in backend.telemetry()["actors"].values()
+                ):
+                    await asyncio.sleep(0.01)
             return first, later, victim_name
         finally:
             await backend.aclose()
@@ -243,3 +248,44 @@ def test_a_finished_attempt_frees_its_slot_for_a_waiting_one(new_plane: NewPlane
 
     results = asyncio.run(scenario())
     assert all(isinstance(r, AttemptResult) for r in results), results
+
+
+def test_a_failed_health_round_does_not_end_the_health_checks(
+    new_plane: NewPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plane = new_plane(1)
+    revive = plane.revive_dead_shards
+    rounds: list[int] = []
+
+    def flaky_revive(timeout: float) -> list[int]:
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise RuntimeError("shard 0 would not restart")
+        return revive(timeout)
+
+    monkeypatch.setattr(plane, "revive_dead_shards", flaky_revive)
+    backend = _backend(plane)
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        try:
+            await backend.start()
+            while not rounds:
+                await asyncio.sleep(0.01)
+            # No attempt is running: only the health loop's ping can notice this death.
+            victim_name, victim = sorted(backend.live_actors().items())[0]
+            await asyncio.to_thread(kill_and_await_death, victim)
+            events: list[dict[str, Any]] = []
+            async with asyncio.timeout(30):
+                # The event, not the live set: an actor leaves that before it is fenced.
+                while not any(e["event"] == "actor_dead" for e in events):
+                    await asyncio.sleep(0.01)
+                    events += backend.drain_events()
+            return backend.telemetry()["actors"][victim_name], events
+        finally:
+            await backend.aclose()
+
+    victim, events = asyncio.run(scenario())
+    assert victim["state"] == "dead"
+    failed = [e for e in events if e["event"] == "health_check_failed"]
+    assert failed and "would not restart" in failed[0]["error"]
+    assert any(e["event"] == "actor_dead" and e["why"] == "ping_failed" for e in events)
