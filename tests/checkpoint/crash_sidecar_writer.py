@@ -1,11 +1,13 @@
 """Child process for test_sidecar_crash.py: rewrites one sidecar file in a loop.
 
-Usage: python crash_sidecar_writer.py PATH FORMAT PAUSE_AT. Before each write it prints
-``start N``, after it ``done N``; write N stores batch_shortfall {0: N}. During write
-number PAUSE_AT (0: never) the named crash point fires: the first half of the file's bytes
-is written and flushed, ``mid-write N`` is printed, and the process blocks until the parent
-SIGKILLs it, so a kill lands inside a write deterministically, whatever the writer's
-strategy. Not a test module (no ``test_`` prefix).
+Usage: python crash_sidecar_writer.py PATH FORMAT PAUSE_AT [HOLD_AFTER]. Before each
+write it prints ``start N``, after it ``done N``; write N stores batch_shortfall {0: N}.
+During write number PAUSE_AT (0: never) the named crash point fires: the first half of the
+file's bytes is written and flushed, ``mid-write N`` is printed, and the process blocks
+until the parent SIGKILLs it, so a kill lands inside a write deterministically, whatever
+the writer's strategy. After write number HOLD_AFTER (0: never) it blocks the same way, so
+a kill "at done N" cannot land after write N+1 by a slow parent. Not a test module (no
+``test_`` prefix).
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ def _install_crash_point(current: list[int], pause_at: int) -> None:
 
 def main() -> None:
     path, format, pause_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    hold_after = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     ledger = _ledger(400)  # a few MB per write
     current = [0]
     _install_crash_point(current, pause_at)
@@ -110,6 +113,8 @@ def main() -> None:
         print(f"start {number}", flush=True)
         write_sidecar(path, state, format=format, validate=False)  # type: ignore[arg-type]
         print(f"done {number}", flush=True)
+        if number == hold_after:
+            sys.stdin.readline()  # blocks: the parent never writes, it kills
 
 
 if __name__ == "__main__":

@@ -23,8 +23,11 @@ CHILD = Path(__file__).with_name("crash_sidecar_writer.py")
 def _run_until(path: Path, format: str, line: str) -> None:
     """Start the writer and SIGKILL it the moment it prints ``line``."""
     pause_at = line.split()[1] if line.startswith("mid-write") else "0"
+    # Killed at "done N" or during write N ("start N"): the child holds after write N, so
+    # a slow parent cannot let write N+1 finish first.
+    hold_after = line.split()[1] if line.startswith(("done", "start")) else "0"
     child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(path), format, pause_at],
+        [sys.executable, str(CHILD), str(path), format, pause_at, hold_after],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -26,7 +26,7 @@ WRITER = Path(__file__).resolve().parent / "crash_writer.py"
 
 def _run_and_kill(db: Path, acks_wanted: int) -> int:
     """Start the writer, SIGKILL it right after ``acks_wanted`` acknowledgements (counted
-    in this run); return the highest acknowledged row index."""
+    in this run); return the highest row index it acknowledged before it died."""
     proc = subprocess.Popen(
         [sys.executable, str(WRITER), str(db)],
         stdout=subprocess.PIPE,
@@ -34,10 +34,10 @@ def _run_and_kill(db: Path, acks_wanted: int) -> int:
         text=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
+    last = -1
     try:
         first = proc.stdout.readline()
         assert first == "ready\n", f"writer failed to start: {first!r} {proc.stderr.read()!r}"
-        last = -1
         for _ in range(acks_wanted):
             line = proc.stdout.readline()
             assert line.startswith("ack "), f"writer died: {line!r} {proc.stderr.read()!r}"
@@ -47,6 +47,11 @@ def _run_and_kill(db: Path, acks_wanted: int) -> int:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=30)
+        # The child may have acknowledged more puts before the signal landed (this
+        # process can be descheduled between reading an ack and sending the kill).
+        for line in proc.stdout.read().splitlines():
+            if line.startswith("ack "):
+                last = max(last, int(line.split()[1]))
         proc.stdout.close()
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
