@@ -239,10 +239,10 @@ def test_shared_subtree_bomb_is_refused_quickly() -> None:
     body = b"".join(b"]q" + bytes((level,)) for level in range(60))
     body += b"".join(b"ah" + bytes((level,)) + b"a" for level in range(59, 0, -1))
     pkl = _p2(b"}" + _binunicode("bomb") + body + b"s")
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(InvalidStateError, match="more nodes"):
         decode_torch_pt(_pt(pkl), max_depth=1000)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def test_modest_sharing_is_accepted() -> None:
@@ -466,7 +466,8 @@ def test_tensor_checkpoints_are_refused() -> None:
 
 
 def _decode_outcome(data: bytes, expected: dict[str, Any]) -> str:
-    started = time.perf_counter()
+    # CPU time, not wall time: other processes on a loaded machine do not count.
+    started = time.process_time()
     try:
         result = decode_torch_pt(data)
     except InvalidStateError:
@@ -474,7 +475,7 @@ def _decode_outcome(data: bytes, expected: dict[str, Any]) -> str:
     else:
         assert_identical(result, expected)
         outcome = "identical"
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert elapsed < 1.0, f"decode took {elapsed:.2f}s"
     return outcome
 
@@ -520,7 +521,7 @@ def test_pickle_mutation_fuzz() -> None:
             for _ in range(rng.randint(1, 3)):
                 position = rng.randrange(len(mutated))
                 mutated[position] = rng.randrange(256)
-        started = time.perf_counter()
+        started = time.process_time()
         try:
             result = decode_torch_pt(_pt(bytes(mutated)))
         except InvalidStateError:
@@ -530,6 +531,6 @@ def test_pickle_mutation_fuzz() -> None:
             # a string): the result must then still be a clean tree, which the reader proved.
             assert type(result) is dict
             outcomes["identical"] += result == expected
-        assert time.perf_counter() - started < 1.0
+        assert time.process_time() - started < 1.0
     assert outcomes["refused"] > 100
     assert not PWNED.exists()

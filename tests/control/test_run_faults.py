@@ -166,8 +166,9 @@ def test_hung_attempts_are_abandoned_at_their_deadline(
     assert trail.abandons("deadline_exceeded")
     assert {e["reason"] for e in trail.of("attempt_abandoned")} == {"deadline_exceeded"}
     assert trail.backend.inner.fault_counts["hang"] > 0
-    # Every attempt, hung or not, ended within its deadline (plus scheduling slack).
-    assert max(trail.backend.durations) < deadline + 2.0
+    # Every attempt, hung or not, ended within its deadline (plus slack for a loaded
+    # machine; a hung attempt nobody cancels would never end at all).
+    assert max(trail.backend.durations) < deadline + 10.0
     assert elapsed < 60
     trail.assert_finished()
 

@@ -113,9 +113,9 @@ def test_clipped_tokens_get_no_gradient() -> None:
 
 
 def test_grpo_learns_the_hidden_rule_quickly() -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     rewards, metrics = grpo_run(steps=40, seed=0)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     first, last = float(np.mean(rewards[:5])), float(np.mean(rewards[-5:]))
     assert first < 0.3
     assert last > first + 0.3
@@ -124,7 +124,7 @@ def test_grpo_learns_the_hidden_rule_quickly() -> None:
     # On-policy: captured and recomputed logprobs agree, so nothing is clipped.
     assert metrics[0]["clip_fraction"] == 0.0
     assert metrics[0]["mean_ratio"] == pytest.approx(1.0, abs=1e-6)
-    assert elapsed < 5.0
+    assert elapsed < 5.0  # CPU seconds: a loaded machine does not count
 
 
 def test_version_advances_once_per_step_even_when_empty() -> None:
