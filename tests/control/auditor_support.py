@@ -30,6 +30,7 @@ from rollout_recovery.control._audit import EVENTS, TRAINED_ROWS
 from rollout_recovery.control._auditor import _decode
 from rollout_recovery.control._checkpoint_dir import CheckpointStore
 from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.control._controller import Controller
 from rollout_recovery.ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 
 STEPS, PROMPTS, N = 6, 3, 3
@@ -70,24 +71,53 @@ def small_config(*, keep: int, steps: int = STEPS) -> RunConfig:
 
 @contextmanager
 def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> Iterator[None]:
-    """Checkpoints at ``steps`` take their cut only once the ledger holds a sealed sibling.
+    """Checkpoints at ``steps`` take their cut only once the ledger holds a sealed sibling
+    and the replay index a group ready for the next step (so the cut owns staged and
+    canonical rows alike).
 
-    Whether a cut catches a group half sealed is a matter of timing; this makes it
-    certain (the condition is polled on the event loop, which keeps generating meanwhile).
+    Left to timing, a loaded machine can publish every group generated ahead before a
+    slow trainer reaches the checkpoint, and then no sealed sibling ever comes. So this
+    makes it certain: until checkpoint S (the next of ``steps``) has its cut, groups for
+    steps after S are held back from publishing (their sealed siblings stay in the
+    ledger); the groups of steps up to S publish unhindered. The checkpoint waits
+    (polling on the event loop) for both kinds of rows, then releases the held groups
+    just before it asks for its cut; the barrier makes them wait behind the cut.
     """
-    real = job_module.take_checkpoint
+    real_checkpoint = job_module.take_checkpoint
+    real_publish = Controller._publish
+    pending = sorted(steps)
+    released: list[asyncio.Event] = []
+
+    def release() -> asyncio.Event:
+        if not released:
+            released.append(asyncio.Event())
+        return released[0]
+
+    async def publish(controller: Any, group_id: str) -> None:
+        target = controller.ledger.get_group(group_id).target_step
+        while pending and target > pending[0]:
+            await release().wait()
+        await real_publish(controller, group_id)
 
     async def take_checkpoint(controller: Any, store: CheckpointStore) -> Any:
-        if controller.step in steps:
+        if pending and controller.step == pending[0]:
             deadline = time.monotonic() + timeout
-            while not controller.ledger.expected_staging_keys():
+            while not (
+                controller.ledger.expected_staging_keys()
+                and controller.replay.ready_groups(controller.step)
+            ):
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"no sealed sibling at step {controller.step}")
+                    step = controller.step
+                    raise AssertionError(f"no sealed sibling or no ready group at step {step}")
                 await asyncio.sleep(0)
-        return await real(controller, store)
+            pending.pop(0)
+            release().set()  # the held publishers wake behind this checkpoint's cut
+            released.clear()
+        return await real_checkpoint(controller, store)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(job_module, "take_checkpoint", take_checkpoint)
+        patch.setattr(Controller, "_publish", publish)
         yield
 
 
