@@ -146,6 +146,7 @@ SURFACES: dict[str, set[str]] = {
         "FaultSettings",
         "GenerationBackend",
         "SimulatedAgentBackend",
+        "BackendStartup",
         "BackendTelemetry",
         "DIALECTS",
         "WEIGHT_SYNCS",

@@ -8,6 +8,7 @@ is removed (the fault not injected, not detected, not retried, not bounded).
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections import Counter
@@ -149,6 +150,52 @@ def test_failed_attempts_are_abandoned_and_retried(
     assert summary.retries > 0
     assert summary.attempts > summary.prompts_taken * trail.config.job.generations_per_prompt
     trail.assert_finished()
+
+
+# ------------------------------------------------------------------ slow start-up
+
+
+class SlowStartBackend(TimedBackend):
+    """A backend that comes up slowly, like a Ray actor pool: ``start()`` takes a while,
+    and an attempt that finds it not started starts it (and waits) itself."""
+
+    def __init__(self, inner: SimulatedAgentBackend) -> None:
+        super().__init__(inner)
+        self.up = False
+        self.dispatched_before_up = 0
+        self._starting: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._starting is None:
+            self._starting = asyncio.create_task(self._come_up())
+        await self._starting
+
+    async def _come_up(self) -> None:
+        await asyncio.sleep(0.3)  # a slow start, not a synchronization
+        self.up = True
+
+    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+        if not self.up:
+            self.dispatched_before_up += 1
+            await self.start()
+        return await super().run_attempt(request, capture)
+
+
+def test_a_slow_backend_start_runs_before_any_attempt_and_its_deadline(
+    tmp_path: Path, fault_config: FaultConfig
+) -> None:
+    backends: list[SlowStartBackend] = []
+
+    def components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
+        parts = default_components(config, data_plane)
+        assert isinstance(parts.backend, SimulatedAgentBackend)
+        backends.append(SlowStartBackend(parts.backend))
+        return JobComponents(parts.dataset, backends[-1], parts.trainer)
+
+    result = run_job(tmp_path / "run", fault_config({}), components=components)
+    assert result.summary.steps == fault_config({}).job.steps
+    # The controller awaited start() first: no attempt's deadline paid for the start-up.
+    assert backends[0].up and backends[0].dispatched_before_up == 0
 
 
 # -------------------------------------------------------------------- hung attempts

@@ -172,8 +172,9 @@ class RayGenerationBackend:
         return task
 
     async def start(self) -> None:
-        """Start the pool (also done by the first attempt): ``actors_per_node`` actors per
-        alive node, then the health loop."""
+        """Start the pool: ``actors_per_node`` actors per alive node, then the health loop.
+        The controller awaits it before its first dispatch (``BackendStartup``), so actor
+        starts count against no attempt's deadline; a first attempt also starts it."""
         if self._started:
             return
         self._started = True

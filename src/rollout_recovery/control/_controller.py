@@ -53,7 +53,13 @@ from ..ledger import (
 )
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
-from ..rollout import AttemptRequest, AttemptResult, BackendTelemetry, GenerationBackend
+from ..rollout import (
+    AttemptRequest,
+    AttemptResult,
+    BackendStartup,
+    BackendTelemetry,
+    GenerationBackend,
+)
 from ._audit import AuditTrail
 from ._config import RunConfig
 from ._crashpoints import crash_point
@@ -207,6 +213,9 @@ class Controller:
         """Run until every step is trained; redispatches restored work first."""
         self._signals = _Signals()
         self._inflight_slots = asyncio.Semaphore(self.config.generation.max_inflight_attempts)
+        if isinstance(self.backend, BackendStartup):
+            # Before the first dispatch, outside every attempt deadline (see the protocol).
+            await self.backend.start()
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks

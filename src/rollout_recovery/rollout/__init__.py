@@ -11,7 +11,13 @@ attempt's ``CaptureWriter`` and injects the faults of :class:`FaultSettings`.
 """
 
 from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
-from ._protocol import AttemptRequest, AttemptResult, BackendTelemetry, GenerationBackend
+from ._protocol import (
+    AttemptRequest,
+    AttemptResult,
+    BackendStartup,
+    BackendTelemetry,
+    GenerationBackend,
+)
 from ._server_pool import PoolSettings, ServerHealth, ServerPool, ServerStats
 from ._simulated import CAPTURE_FAILURE_REASON, FaultSettings, SimulatedAgentBackend
 from ._weight_sync import (
@@ -40,6 +46,7 @@ __all__ = [
     "WEIGHT_SYNCS",
     "AttemptRequest",
     "AttemptResult",
+    "BackendStartup",
     "BackendTelemetry",
     "CallSpec",
     "DataFailure",

@@ -16,7 +16,13 @@ from typing import Any, Protocol, runtime_checkable
 from ..capture import CaptureWriter
 from ..rewards import RewardChecks
 
-__all__ = ["AttemptRequest", "AttemptResult", "BackendTelemetry", "GenerationBackend"]
+__all__ = [
+    "AttemptRequest",
+    "AttemptResult",
+    "BackendStartup",
+    "BackendTelemetry",
+    "GenerationBackend",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,3 +76,17 @@ class BackendTelemetry(Protocol):
     def telemetry(self) -> dict[str, Any]: ...
 
     def drain_events(self) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class BackendStartup(Protocol):
+    """Optional: a backend whose parts take long to come up (Ray actors start processes and
+    load weights; on a real cluster, minutes).
+
+    The controller awaits ``start()`` once, before it dispatches anything and outside every
+    attempt deadline: a slow start must not count as hung attempts, burn their retry
+    rounds and drop prompts. ``start()`` bounds its own wait and raises when nothing came
+    up; calling it again is a no-op.
+    """
+
+    async def start(self) -> None: ...
