@@ -37,7 +37,14 @@ RAY_JOB: dict[str, dict[str, Any]] = {
     "job": {"steps": 16},
     # Calls slow enough that attempts are always in flight when an actor is killed.
     "generation": {"backend": "ray", "call_latency_s": 0.1, "attempt_deadline_s": 10.0},
-    "ray": {"actors_per_node": 3, "cpus_per_actor": 0.01, "cpus_per_shard": 0.01},
+    # Kills are seen at once (the actor's calls fail); a long ping timeout only keeps a
+    # loaded machine's slow but live actors from being declared dead as well.
+    "ray": {
+        "actors_per_node": 3,
+        "cpus_per_actor": 0.01,
+        "cpus_per_shard": 0.01,
+        "ping_timeout_s": 30.0,
+    },
     # Starting Ray workers is slow on a loaded 2-core machine (over 60 s for step 0 with
     # two CPU hogs beside the suite): a hang still fails, just later.
     "liveness": {"step_timeout_s": 300.0},
