@@ -107,17 +107,20 @@ class Trail:
 
 @pytest.fixture
 def run_trail(tmp_path: Path, read_jsonl: ReadJsonl) -> Callable[[RunConfig], Trail]:
-    """Run ``config`` in process in a new directory; return its trail and timed backend."""
+    """Run ``config`` in process in a new directory; return its trail and timed backend
+    (``wrap`` makes it: ``TimedBackend`` or a subclass)."""
     runs = iter(range(1000))
 
-    def run(config: RunConfig) -> Trail:
+    def run(
+        config: RunConfig, wrap: Callable[[SimulatedAgentBackend], TimedBackend] = TimedBackend
+    ) -> Trail:
         out = tmp_path / f"run-{next(runs)}"
         backends: list[TimedBackend] = []
 
         def components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
             parts = default_components(config, data_plane)
             assert isinstance(parts.backend, SimulatedAgentBackend)
-            backends.append(TimedBackend(parts.backend))
+            backends.append(wrap(parts.backend))
             return JobComponents(parts.dataset, backends[-1], parts.trainer)
 
         result = run_job(out, config, components=components)
@@ -182,20 +185,15 @@ class SlowStartBackend(TimedBackend):
 
 
 def test_a_slow_backend_start_runs_before_any_attempt_and_its_deadline(
-    tmp_path: Path, fault_config: FaultConfig
+    fault_config: FaultConfig, run_trail: Callable[..., Trail]
 ) -> None:
-    backends: list[SlowStartBackend] = []
-
-    def components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
-        parts = default_components(config, data_plane)
-        assert isinstance(parts.backend, SimulatedAgentBackend)
-        backends.append(SlowStartBackend(parts.backend))
-        return JobComponents(parts.dataset, backends[-1], parts.trainer)
-
-    result = run_job(tmp_path / "run", fault_config({}), components=components)
-    assert result.summary.steps == fault_config({}).job.steps
+    config = fault_config({})
+    trail = run_trail(config, SlowStartBackend)
+    assert trail.result.summary.steps == config.job.steps
     # The controller awaited start() first: no attempt's deadline paid for the start-up.
-    assert backends[0].up and backends[0].dispatched_before_up == 0
+    backend = trail.backend
+    assert isinstance(backend, SlowStartBackend)
+    assert backend.up and backend.dispatched_before_up == 0
 
 
 # -------------------------------------------------------------------- hung attempts
