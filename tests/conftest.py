@@ -12,6 +12,10 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+# The run fixtures (a fast job, the CLI in a child process group, finished runs) serve the
+# job, history and chaos tests alike.
+pytest_plugins = ["run_fixtures"]
+
 settings.register_profile(
     "rollout-recovery", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -48,9 +48,12 @@ __all__ = [
     "JobMismatchError",
     "LivenessError",
     "MissingRowError",
+    "NoValidRowsError",
     "NotARegularFileError",
     "NotARunDirectoryError",
     "RolloutRecoveryError",
+    "RunDirectoryLockedError",
+    "RunNotResumableError",
     "StagingInventoryError",
     "StepShortfallError",
     "StorageFullError",
@@ -118,10 +121,13 @@ class RolloutRecoveryError(Exception):
 
     ``fatal``: the run cannot go on and must stop (and resume from its last checkpoint).
     ``retryable``: nothing changed and the same call may be repeated as it is.
+    ``rerun_resumes``: a run stopped by it continues when the same command runs again
+    (False where the rerun would stop the same way: the message says what to change).
     """
 
     fatal: ClassVar[bool] = False
     retryable: ClassVar[bool] = False
+    rerun_resumes: ClassVar[bool] = True
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable whatever the subclass's __init__ takes (the default reduce calls
@@ -401,6 +407,8 @@ class GenerationError(RolloutRecoveryError, RuntimeError):
 class ConfigError(RolloutRecoveryError, ValueError):
     """A job configuration was refused before anything started; ``path`` names the field."""
 
+    rerun_resumes = False
+
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message if path is None else f"{path}: {message}")
         self.path = path
@@ -417,6 +425,8 @@ class CheckpointDirectoryError(RolloutRecoveryError, RuntimeError):
 class JobMismatchError(RolloutRecoveryError, ValueError):
     """An output directory holds another job's checkpoints; ``differences`` lists the fields."""
 
+    rerun_resumes = False
+
     def __init__(self, message: str, *, differences: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.differences = list(differences)
@@ -432,12 +442,28 @@ class LivenessError(RolloutRecoveryError, RuntimeError):
 
 
 class StepShortfallError(RolloutRecoveryError, RuntimeError):
-    """Too many prompts of one step were dropped for it to train; the run stops."""
+    """Too many prompts of one step were dropped for it to train; the run stops.
 
-    def __init__(self, *, step: int, available: int, required: int) -> None:
+    Raised before the drop that would cause it is recorded, so no checkpoint ever holds a
+    step that can no longer train; the message says which operational setting lets the
+    run continue.
+    """
+
+    rerun_resumes = False
+
+    def __init__(
+        self, *, step: int, available: int, required: int, per_step: int | None = None
+    ) -> None:
+        if per_step and available > 0:
+            remedy = (
+                f"rerun with job.min_step_fraction <= {available / per_step:g} (an operational "
+                "setting) to train it with fewer groups, or with more retry.max_rounds"
+            )
+        else:
+            remedy = "rerun with more retry.max_rounds (an operational setting)"
         super().__init__(
             f"step {step} can train at most {available} groups but needs at least {required} "
-            "(job.min_step_fraction): too many of its prompts were dropped"
+            "(job.min_step_fraction): too many of its prompts were dropped; " + remedy
         )
         self.step = step
         self.available = available
@@ -446,6 +472,8 @@ class StepShortfallError(RolloutRecoveryError, RuntimeError):
 
 class NotARunDirectoryError(RolloutRecoveryError, ValueError):
     """A path given as a run directory holds no rollout-recovery job."""
+
+    rerun_resumes = False
 
 
 class StorageFullError(RolloutRecoveryError, OSError):
@@ -480,3 +508,50 @@ class ActorPoolExhaustedError(RolloutRecoveryError, RuntimeError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"no live generation actor is left and none could be started: {detail}")
         self.detail = detail
+
+
+class RunDirectoryLockedError(RolloutRecoveryError, RuntimeError):
+    """Another live job holds the run directory's lock; nothing was written.
+
+    ``pid`` is the holder's process id when its lock file names one.
+    """
+
+    rerun_resumes = False
+
+    def __init__(self, message: str, *, pid: int | None, directory: str) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.directory = directory
+
+
+class RunNotResumableError(RolloutRecoveryError, RuntimeError):
+    """The run in a directory cannot continue as it is: rerunning the same command would
+    fail the same way. ``reason`` says why, ``remedy`` what would let it continue."""
+
+    rerun_resumes = False
+
+    def __init__(self, reason: str, *, remedy: str) -> None:
+        super().__init__(f"this run cannot continue: {reason}. {remedy}")
+        self.reason = reason
+        self.remedy = remedy
+
+
+class NoValidRowsError(RolloutRecoveryError, RuntimeError):
+    """Several steps in a row trained no valid row: every row was a masked placeholder.
+
+    ``reasons`` counts the placeholders' rejection reasons in the last step.
+    """
+
+    rerun_resumes = False
+
+    def __init__(self, *, steps: int, last_step: int, reasons: dict[str, int]) -> None:
+        shown = ", ".join(f"{reason} x{count}" for reason, count in sorted(reasons.items()))
+        super().__init__(
+            f"{steps} steps in a row (through step {last_step}) trained no valid row: every "
+            f"row was a masked placeholder ({shown or 'no reason recorded'}). The generation "
+            "side produces nothing usable: check the servers (their replies, vocabulary and "
+            "weights); job.max_steps_without_valid_rows sets how many such steps are allowed"
+        )
+        self.steps = steps
+        self.last_step = last_step
+        self.reasons = reasons

@@ -1,4 +1,5 @@
-"""ControllerState: exact round trip; a damaged or foreign file is refused with its path."""
+"""ControllerState: exact round trip; a damaged or foreign file is refused with its path;
+the fold of history records into it."""
 
 from __future__ import annotations
 
@@ -12,21 +13,40 @@ from hypothesis import strategies as st
 from rollout_recovery.control._state import (
     CONTROLLER_STATE_VERSION,
     ControllerState,
+    RunCounters,
     decode_controller_state,
     encode_controller_state,
 )
 from rollout_recovery.errors import InvalidStateError
 
+REQUIRED = (
+    "step",
+    "weight_version",
+    "highest_weight_version",
+    "prompts_taken",
+    "rounds_used",
+    "shortfall",
+    "steps_without_valid_rows",
+    "lineage",
+    "counters",
+    "config",
+    "identity",
+)
+
 
 def sample_state(**changes: Any) -> ControllerState:
     fields: dict[str, Any] = {
         "step": 7,
+        "weight_version": 9,
+        "highest_weight_version": 12,
         "prompts_taken": 41,
         "rounds_used": {"g-1": 2, "g-2": 1},
-        "audit_offsets": {"trained_rows.jsonl": 1200, "events.jsonl": 3400, "metrics.jsonl": 90},
-        "counters": {"attempts": 50, "retries": 3, "prompts_dropped": 1},
+        "shortfall": {7: 1, 8: 2},
+        "steps_without_valid_rows": 0,
+        "lineage": [0, 1, 2, 9],
+        "counters": RunCounters(attempts=50, retries=3, prompts_dropped=1),
         "config": {"job": {"seed": 3, "name": "run"}, "checkpoint": {"keep": 2, "every": 1.5}},
-        "config_fingerprint": "sha256:abc",
+        "identity": "sha256:abc",
     }
     fields.update(changes)
     return ControllerState(**fields)
@@ -71,28 +91,31 @@ CONFIG_VALUES = st.recursive(
     step=INTS,
     prompts_taken=INTS,
     rounds_used=st.dictionaries(NAMES, INTS, max_size=5),
-    audit_offsets=st.dictionaries(NAMES, INTS, max_size=4),
-    counters=st.dictionaries(NAMES, INTS, max_size=5),
+    shortfall=st.dictionaries(INTS, INTS, max_size=4),
+    lineage=st.lists(INTS, max_size=5),
+    attempts=INTS,
     config=st.dictionaries(NAMES, CONFIG_VALUES, max_size=5),
-    fingerprint=st.text(max_size=20),
+    identity=st.text(max_size=20),
 )
 def test_round_trip_is_exact(
     step: int,
     prompts_taken: int,
     rounds_used: dict[str, int],
-    audit_offsets: dict[str, int],
-    counters: dict[str, int],
+    shortfall: dict[int, int],
+    lineage: list[int],
+    attempts: int,
     config: dict[str, Any],
-    fingerprint: str,
+    identity: str,
 ) -> None:
-    state = ControllerState(
+    state = sample_state(
         step=step,
         prompts_taken=prompts_taken,
         rounds_used=rounds_used,
-        audit_offsets=audit_offsets,
-        counters=counters,
+        shortfall=shortfall,
+        lineage=lineage,
+        counters=RunCounters(attempts=attempts),
         config=config,
-        config_fingerprint=fingerprint,
+        identity=identity,
     )
     data = encode_controller_state(state)
     decoded = decode_controller_state(data)
@@ -143,13 +166,14 @@ def test_the_error_is_a_value_error() -> None:
         ("prompts_taken", None, "$.prompts_taken"),
         ("rounds_used", [1, 2], "$.rounds_used"),
         ("rounds_used", {"g-1": "two"}, "$.rounds_used[...]"),
-        ("audit_offsets", {"events.jsonl": 1.5}, "$.audit_offsets[...]"),
-        ("audit_offsets", {1: 2}, "$.audit_offsets"),
+        ("shortfall", {"x": 1}, "$.shortfall"),
+        ("lineage", [1, "2"], "$.lineage[1]"),
         ("counters", "none", "$.counters"),
+        ("counters", {"attempts": 1.5}, "$.counters.attempts"),
         ("config", [], "$.config"),
         ("config", {3: "x"}, "$.config"),
-        ("config_fingerprint", b"abc", "$.config_fingerprint"),
-        ("config_fingerprint", 5, "$.config_fingerprint"),
+        ("identity", b"abc", "$.identity"),
+        ("identity", 5, "$.identity"),
         ("format", "nemo-rl-sidecar", "$.format"),
         ("version", "1", "$.version"),
     ],
@@ -162,7 +186,7 @@ def test_a_wrong_type_at_a_field_names_the_field(field: str, value: Any, path: s
     assert str(error).startswith("invalid controller state")
 
 
-@pytest.mark.parametrize("version", [0, 2, -1, 2**40])
+@pytest.mark.parametrize("version", [0, 2, -1, 2**40])  # 2: before the journal
 def test_a_wrong_version_is_refused_at_the_version(version: int) -> None:
     fields = as_builtins(sample_state())
     fields["version"] = version
@@ -179,18 +203,7 @@ def test_an_unknown_field_is_refused_and_named() -> None:
     assert error.path in (None, "$")
 
 
-@pytest.mark.parametrize(
-    "field",
-    [
-        "step",
-        "prompts_taken",
-        "rounds_used",
-        "audit_offsets",
-        "counters",
-        "config",
-        "config_fingerprint",
-    ],
-)
+@pytest.mark.parametrize("field", REQUIRED)
 def test_a_missing_required_field_is_refused_and_named(field: str) -> None:
     fields = as_builtins(sample_state())
     del fields[field]
@@ -204,7 +217,8 @@ def test_missing_format_and_version_take_their_defaults() -> None:
     assert decode_controller_state(encode_dict(fields)) == sample_state()
 
 
-def test_the_state_is_frozen() -> None:
-    state = sample_state()
-    with pytest.raises(AttributeError):
-        state.step = 8  # type: ignore[misc]
+def test_the_initial_state_names_its_version_and_nothing_else() -> None:
+    state = ControllerState.initial(5)
+    assert (state.step, state.weight_version, state.highest_weight_version) == (0, 5, 5)
+    assert state.lineage == [5] and state.rounds_used == {} and state.shortfall == {}
+    assert decode_controller_state(encode_controller_state(state)) == state

@@ -26,13 +26,14 @@ Rules:
   fenced off; a fresh controller restores from the newest committed checkpoint exactly
   as ``rollout-recovery run`` does.
 
-After every rule the machine checks DESIGN §5 invariants 1 to 5 against a small model of
-where every prompt is owned, which siblings are sealed with which rollout id, and what the
-last committed checkpoint captured (a crash rolls the model back to it, as the audit trail
-is cut back):
+After every rule the machine checks DESIGN §5 invariants 1 to 5 and 9 against a small
+model of where every prompt is owned and which siblings are sealed with which rollout id.
+The journal keeps every acknowledged record across a crash, so a crash loses only the
+attempts in flight and the training after the newest checkpoint (the policy lives only in
+checkpoints: those steps are rolled back and trained again from the same rows):
 
 1. ownership: every prompt taken is in exactly one of ledger, replay index, trained (the
-   trail's ``trained_rows.jsonl``) or dropped with a reason (``prompt_dropped``);
+   journal's surviving ``step_trained`` records) or dropped with a reason;
 2. every replay group holds exactly N canonical rows, one per sibling, each from the
    sibling's sealed current attempt (its rollout id), placeholders exactly for poisoned
    captures;
@@ -47,6 +48,10 @@ is cut back):
    the canonical partition exactly the replay index's rows); at all times the store holds
    every row the ledger, the replay index and the checkpoints a crash may restore own, and
    the staged rows of groups that left the ledger are deleted or pending deletion.
+
+9. every seal journaled before a crash is still sealed after it (or trained); weight
+   versions are unique across the whole journal, rolled-back steps included; and at every
+   checkpoint the snapshot built from the journal on disk equals the live state.
 
 Plus a liveness check: once every group of the current step is published or dropped, the
 step is trainable (its drops were credited).
@@ -73,7 +78,13 @@ CAUGHT:
 - ``restore_keeps_unowned_canonical``: restore keeps canonical rows published after the
   checkpoint (the product's own check: ``ReplayIndex.from_state`` refuses them);
 - ``publish_keeps_staging``: publication never deletes the group's staged rows
-  (invariant 5: a leak until the next restore).
+  (invariant 5: a leak until the next restore);
+- ``replay_drops_seals``: a restore's journal replay skips sibling seals (invariant 9: a
+  seal acknowledged before the crash is gone after it);
+- ``versions_reused_after_restore``: the next weight version counts from the restored one,
+  not from the highest ever journaled (invariant 9: one number, two sets of weights);
+- ``replay_keeps_training``: the replay re-applies training after the snapshot instead of
+  rolling it back (the product's own check: the policy's version disagrees).
 
 Not caught, by design rather than by a gap of the machine: restore skipping
 ``discard_canonical_groups``. A publish discards the group from the ledger in the same cut
@@ -93,8 +104,7 @@ therefore guards the newest checkpoint and those committed since the last restor
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -122,24 +132,37 @@ from rollout_recovery.capture import (
     CaptureWriter,
     assemble_receipt,
 )
-from rollout_recovery.control import AuditTrail, CheckpointStore
-from rollout_recovery.control._audit import EVENTS, TRAINED_ROWS
 from rollout_recovery.control._checkpointing import (
+    follow_journal,
     restore_controller,
     take_checkpoint,
     verify_checkpoint,
 )
 from rollout_recovery.control._config import RunConfig, config_from_builtins
-from rollout_recovery.control._controller import (
-    Controller,
-    _Failure,
-    _Signals,
-    dataset_position_to_idx,
-)
+from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
-from rollout_recovery.control._job import _start_fresh
+from rollout_recovery.control._replay import JournalReplay
+from rollout_recovery.control._sampler import dataset_position_to_idx
 from rollout_recovery.dataplane import CANONICAL_PARTITION, MemoryDataPlane, ReplayIndex, Row
 from rollout_recovery.errors import GenerationError, RolloutRecoveryError, StepShortfallError
+from rollout_recovery.history import (
+    AbandonedAttempt,
+    AttemptsAbandoned,
+    AuditTrail,
+    GroupPublished,
+    GroupSealed,
+    JournalEntry,
+    PromptDropped,
+    PromptTaken,
+    Restored,
+    RunStarted,
+    SiblingSealed,
+    StepTrained,
+    TrainedRow,
+    check_trail,
+    read_entries,
+)
+from rollout_recovery.job._run_job import _start_fresh
 from rollout_recovery.ledger import (
     PromptGroupPhase,
     RecoveryGranularity,
@@ -147,7 +170,8 @@ from rollout_recovery.ledger import (
     RolloutRecoveryLedger,
 )
 from rollout_recovery.policy import ANSWER, EOS, THOUGHT_BASE, TaskSet, TrainSample, digit_token
-from rollout_recovery.rollout import AttemptRequest, AttemptResult
+from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
+from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 N = 2  # generations per prompt
 BATCH = 2  # prompts per step
@@ -268,9 +292,10 @@ class CountingTrainer:
     def weights(self) -> object:
         return self._version
 
-    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+    def train_step(self, samples: Sequence[TrainSample], *, version: int) -> dict[str, float]:
+        assert version > self._version, (version, self._version)
         self.samples.append(len(samples))
-        self._version += 1
+        self._version = version
         return {"samples": float(len(samples))}
 
     def state(self) -> dict[str, np.ndarray[Any, Any]]:
@@ -378,6 +403,8 @@ class GroupModel:
     rounds: int = 0
     sealed: dict[int, str] = field(default_factory=dict)  # index -> rollout id
     poisoned: set[int] = field(default_factory=set)
+    #: Out of rounds, but its drop would leave its step too short: the run refuses it.
+    undroppable: bool = False
 
 
 @dataclass
@@ -390,15 +417,23 @@ class RoundModel:
 class Model:
     step: int = 0
     groups: dict[str, GroupModel] = field(default_factory=dict)
-    shortfall: dict[int, int] = field(default_factory=dict)
+    #: Drops per target step, over the whole run (never pruned).
+    drops: dict[int, int] = field(default_factory=dict)
     inflight: dict[str, RoundModel] = field(default_factory=dict)
     dispatched: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: The step each trained group trained in.
+    trained_in: dict[str, int] = field(default_factory=dict)
 
     def where(self, *places: str) -> set[str]:
         return {gid for gid, g in self.groups.items() if g.where in places}
 
     def expected_groups(self, step: int) -> int:
-        return BATCH - self.shortfall.get(step, 0)
+        return BATCH - self.drops.get(step, 0)
+
+    @property
+    def shortfall(self) -> dict[int, int]:
+        """What the controller still credits: drops of the steps not yet trained."""
+        return {s: n for s, n in self.drops.items() if s >= self.step}
 
     def ready_count(self, step: int) -> int:
         return sum(1 for g in self.groups.values() if g.where == "replay" and g.batch == step)
@@ -421,11 +456,28 @@ class Life:
         return self.loop.run_until_complete(awaitable)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+def _surviving_rows(entries: Sequence[JournalEntry]) -> list[tuple[int, TrainedRow]]:
+    """(step, row) of every trained row no restore rolled back."""
+    windows = [
+        (e.record.snapshot_position, e.offset) for e in entries if isinstance(e.record, Restored)
+    ]
+    return [
+        (e.record.step, row)
+        for e in entries
+        if isinstance(e.record, StepTrained)
+        and not any(start <= e.offset < end for start, end in windows)
+        for row in e.record.rows
+    ]
+
+
+def _seal_ids(entries: Sequence[JournalEntry]) -> set[str]:
+    found: set[str] = set()
+    for entry in entries:
+        if isinstance(entry.record, SiblingSealed):
+            found.add(entry.record.seal.rollout_id)
+        elif isinstance(entry.record, GroupSealed):
+            found.update(seal.rollout_id for seal in entry.record.seals)
+    return found
 
 
 # ---------------------------------------------------------------------- the machine
@@ -438,13 +490,11 @@ class ControllerMachine(RuleBasedStateMachine):
         self.durable = MemoryDataPlane()
         self.dataset = TaskSet(CONFIG.task.dataset_size, seed=CONFIG.job.seed, prompt_group_every=2)
         self.model = Model()
-        self.committed = Model()
+        #: The step of the newest committed checkpoint (training after it rolls back).
+        self.committed_step = 0
         self.committed_name: str | None = None
-        # Rows each checkpoint owns (checkpoint name -> staging keys, canonical keys), and
-        # the checkpoints a crash may restore from: the newest, and those committed since
-        # the last restore (an older one loses rows to the restore's inventory pass).
-        self.owned: dict[str, tuple[set[str], set[str]]] = {}
-        self.guarded: set[str] = set()
+        #: The rules that changed something since the last commit or boot.
+        self.changed_since_commit = False
         self.rules_since_boot = 0
         self.ticks = 0
         try:
@@ -459,14 +509,15 @@ class ControllerMachine(RuleBasedStateMachine):
         loop = VirtualClockLoop()
         fence = FencedDataPlane(self.durable)
         backend = ScriptedBackend()
-        audit = AuditTrail(self.run_dir)
+        audit = AuditTrail(RunDirectory(self.run_dir))
+        audit.journal.sync_in_thread = False  # the rules drive the loop until it is idle
         controller = Controller(
             config=CONFIG,
             dataset=self.dataset,
             backend=backend,
             trainer=CountingTrainer(),
             data_plane=fence,
-            audit=audit,
+            history=audit,
         )
         # The rules run every group themselves, one round at a time.
         controller._launch = lambda group_id: None  # type: ignore[method-assign]
@@ -483,8 +534,18 @@ class ControllerMachine(RuleBasedStateMachine):
         found = store.newest_loadable(
             lambda loaded: verify_checkpoint(loaded, config=CONFIG, controller=controller)
         )
+        started = RunStarted(
+            pid=os.getpid(),
+            resumed_from=None if found is None else found[0].name,
+            step=0,
+            steps=STEPS,
+            prompts_per_step=BATCH,
+            group_size=N,
+        )
         if found is None:
             life.run(_start_fresh(controller))
+            controller.record(started)
+            follow_journal(controller)
             self._checkpoint()  # the bootstrap anchor
         else:
             _, verified, skipped = found
@@ -493,8 +554,9 @@ class ControllerMachine(RuleBasedStateMachine):
                 f"restored {verified.name}, the last committed checkpoint is {self.committed_name}"
             )
             life.run(restore_controller(controller, verified))
+            controller.record(started)
+            follow_journal(controller)
             life.restored = True
-            self.guarded = {verified.name}
         self.rules_since_boot = 0
         self._reserve_next()
         return life
@@ -557,16 +619,25 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def _checkpoint(self) -> None:
         life = self.life
-        timing = life.run(take_checkpoint(life.controller, life.store))
+        controller = life.controller
+        # The live state at the hold (nothing else runs: the loop is ours).
+        live_ledger = controller.ledger.state_dict()
+        live_replay = controller.replay.state_dict()
+        timing = life.run(take_checkpoint(controller, life.store))
         name = f"step_{timing.step:06d}"
         assert name == life.store.committed()[0].name
-        self.owned[name] = (
-            life.controller.ledger.expected_staging_keys(),
-            set(life.controller.replay.row_keys()),
-        )
-        self.guarded.add(name)
-        self.committed = copy.deepcopy(self.model)
+        # Invariant 9: the snapshot the journal on disk rebuilt is the live state.
+        builder = controller.snapshots
+        assert builder is not None and builder.position == timing.position
+        assert builder.ledger.state_dict() == live_ledger, "the journal replay diverged"
+        assert builder.replay.state_dict() == live_replay, "the replayed index diverged"
+        for field_name in ("step", "weight_version", "prompts_taken", "rounds_used", "shortfall"):
+            assert getattr(builder.state, field_name) == getattr(controller.state, field_name), (
+                field_name
+            )
+        self.committed_step = self.model.step
         self.committed_name = name
+        self.changed_since_commit = False
 
     # -- rules ---------------------------------------------------------------------
 
@@ -612,7 +683,9 @@ class ControllerMachine(RuleBasedStateMachine):
         return sorted(
             gid
             for gid in self.model.where("admitted")
-            if gid not in self.model.inflight and len(self.model.groups[gid].sealed) < N
+            if gid not in self.model.inflight
+            and len(self.model.groups[gid].sealed) < N
+            and not self.model.groups[gid].undroppable
         )
 
     @precondition(lambda self: bool(self._runnable()))
@@ -630,10 +703,19 @@ class ControllerMachine(RuleBasedStateMachine):
         if group.rounds >= MAX_ROUNDS:
             self.life.loop.run_until_idle()
             task = self.life.rounds.pop(gid)
+            if self.model.expected_groups(group.batch) - 1 < MINIMUM_GROUPS:
+                # The drop would leave its step untrainable: refused before it is recorded
+                # (a checkpoint holding it could never continue); the run stops.
+                assert task.done() and isinstance(task.exception(), StepShortfallError)
+                assert len(backend.requests) == seen, "a refused drop dispatched attempts"
+                group.undroppable = True
+                self._crash_and_restore()
+                return
             assert task.done() and task.result() is False, "an exhausted group was not dropped"
             assert len(backend.requests) == seen, "a dropped group dispatched attempts"
             group.where = "dropped"
-            self.model.shortfall[group.batch] = self.model.shortfall.get(group.batch, 0) + 1
+            self.model.drops[group.batch] = self.model.drops.get(group.batch, 0) + 1
+            self.changed_since_commit = True
             return
         group.rounds += 1
         pending = sorted(set(range(N)) - set(group.sealed))
@@ -724,23 +806,24 @@ class ControllerMachine(RuleBasedStateMachine):
         comes first."""
         step = self.model.step
         self.life.run(self.controller._train_step(step))
-        for group in self.model.groups.values():
+        for gid, group in self.model.groups.items():
             if group.where == "replay" and group.batch == step:
                 group.where = "trained"
+                self.model.trained_in[gid] = step
         self.model.step = step + 1
-        self.model.shortfall = {s: n for s, n in self.model.shortfall.items() if s > step}
+        self.changed_since_commit = True
         if checkpoint:
             self._checkpoint()
 
     def _changed(self) -> bool:
         """Anything happened since the last commit (else a crash tests nothing new)."""
-        return self.model != self.committed or bool(self.life.rounds)
+        return self.changed_since_commit or bool(self.life.rounds)
 
     def _checkpointable(self) -> bool:
         # The train pump checkpoints after a train step, so never the same step twice in
         # one incarnation: the deferred deletions count commits, and a re-save of a step
         # replaces a directory instead of adding one.
-        return self.model.step > self.committed.step
+        return self.model.step > self.committed_step
 
     @precondition(lambda self: self._checkpointable())
     @rule()
@@ -773,16 +856,40 @@ class ControllerMachine(RuleBasedStateMachine):
         self._crash_and_restore()
 
     def _crash_and_restore(self) -> None:
+        sealed_before = _seal_ids(read_entries(self.run_dir / "events.jsonl"))
         self._kill()
+        model = self.model
         interrupted = {
             rid
-            for gid, plan in self.committed.inflight.items()
+            for gid, plan in model.inflight.items()
             for index, rid in plan.rollout_ids.items()
-            if index not in self.committed.groups[gid].sealed
+            if index not in model.groups[gid].sealed
         }
-        self.model = copy.deepcopy(self.committed)
-        self.model.inflight.clear()
+        model.inflight.clear()
+        # The journal kept everything else; training after the checkpoint rolls back.
+        for gid, step in list(model.trained_in.items()):
+            if step >= self.committed_step:
+                model.groups[gid].where = "replay"
+                del model.trained_in[gid]
+        model.step = self.committed_step
         self.life = self._boot()
+        # Invariant 9: every seal journaled before the crash is still sealed or trained.
+        controller = self.controller
+        kept = {
+            record.gate_rollout_id(index)
+            for record in controller.ledger.groups()
+            for index in record.sealed_generation_indices
+        }
+        published = {
+            rid
+            for gid in model.where("replay", "trained")
+            for rid in model.groups[gid].sealed.values()
+        }
+        dropped = {
+            rid for gid in model.where("dropped") for rid in model.groups[gid].sealed.values()
+        }
+        lost = sealed_before - kept - published - dropped
+        assert not lost, f"seals journaled before the crash are gone: {sorted(lost)[:5]}"
         # Invariant 5: after a restore the partitions hold exactly what the state owns.
         controller = self.controller
         staging = set(self.durable.keys(STAGING_PARTITION))
@@ -798,12 +905,13 @@ class ControllerMachine(RuleBasedStateMachine):
             f"lacks {sorted(owned - canonical)[:5]}"
         )
         # Every attempt the crash interrupted is stamped abandoned because of the restart.
-        events = _read_jsonl(self.run_dir / EVENTS)
-        restarted = set()
-        for event in events:
-            if event["event"] == "attempt_abandoned" and event["reason"] == "restart":
-                restarted.add(event["rollout_id"])
-                restarted.update(event.get("rollout_ids") or ())
+        restarted = {
+            attempt.rollout_id
+            for entry in read_entries(self.run_dir / "events.jsonl")
+            if isinstance(entry.record, AttemptsAbandoned)
+            for attempt in entry.record.attempts
+            if attempt.reason is FailureReason.RESTART
+        }
         assert interrupted <= restarted, (
             f"interrupted attempts not stamped abandoned: {sorted(interrupted - restarted)}"
         )
@@ -819,22 +927,32 @@ class ControllerMachine(RuleBasedStateMachine):
         controller = self.controller
         model = self.model
         ledger = controller.ledger
-        events = _read_jsonl(self.run_dir / EVENTS)
-        trained_rows = _read_jsonl(self.run_dir / TRAINED_ROWS)
+        entries = read_entries(self.run_dir / "events.jsonl")
+        records = [entry.record for entry in entries]
+        surviving = _surviving_rows(entries)
 
         # The controller's own bookkeeping follows the model.
-        assert controller.prompts_taken == len(model.groups)
-        assert controller.step == model.step == controller.trainer.weight_version
-        assert controller.shortfall == model.shortfall, (controller.shortfall, model.shortfall)
-        taken_events = [e["group_id"] for e in events if e["event"] == "prompt_taken"]
-        assert taken_events == list(model.groups), "the trail's prompt_taken events differ"
+        state = controller.state
+        assert state.prompts_taken == len(model.groups)
+        assert state.step == model.step
+        assert state.weight_version == controller.trainer.weight_version
+        assert state.shortfall == model.shortfall, (state.shortfall, model.shortfall)
+        taken_events = [r.group_id for r in records if isinstance(r, PromptTaken)]
+        assert taken_events == list(model.groups), "the journal's prompt_taken records differ"
+        # Weight versions are unique over the whole journal, rolled-back steps included.
+        versions = [r.weight_version for r in records if isinstance(r, StepTrained)]
+        assert len(versions) == len(set(versions)), f"a version named twice: {versions}"
+        assert state.highest_weight_version == max(versions, default=0)
+        # The trail checker of the auditor agrees (a run still going).
+        report = check_trail(self.run_dir / "events.jsonl", complete=False)
+        assert report.ok, report.violations
 
         # 1. Ownership: exactly one of ledger, replay index, trained, dropped-with-reason.
         in_ledger = {group.group_id for group in ledger.groups()}
         in_replay = set(controller.replay.group_ids())
-        trained = {row["group_id"] for row in trained_rows}
-        dropped = {e["group_id"] for e in events if e["event"] == "prompt_dropped"}
-        assert all(e["reason"] for e in events if e["event"] == "prompt_dropped")
+        trained = {row.group_id for _, row in surviving}
+        dropped = {r.group_id for r in records if isinstance(r, PromptDropped)}
+        assert all(r.reason for r in records if isinstance(r, PromptDropped))
         places = {"ledger": in_ledger, "replay": in_replay, "trained": trained, "dropped": dropped}
         for gid in model.groups:
             owners = [name for name, ids in places.items() if gid in ids]
@@ -865,21 +983,21 @@ class ControllerMachine(RuleBasedStateMachine):
                     f"sealed {group.sealed[index]}"
                 )
                 assert meta["valid"] is (index not in group.poisoned), (gid, index, meta)
-        published = [e["group_id"] for e in events if e["event"] == "group_published"]
+        published = [r.group_id for r in records if isinstance(r, GroupPublished)]
         assert len(published) == len(set(published)), f"published twice: {published}"
         assert set(published) == model.where("replay", "trained")
 
         # 3. Training: no sibling twice, each group in its target step with N rows.
-        siblings = [(row["group_id"], row["generation_index"]) for row in trained_rows]
+        siblings = [(row.group_id, row.generation_index) for _, row in surviving]
         assert len(siblings) == len(set(siblings)), "a sibling was trained twice"
         for gid in trained:
             group = model.groups[gid]
-            lines = [line for line in trained_rows if line["group_id"] == gid]
+            lines = [(step, row) for step, row in surviving if row.group_id == gid]
             assert len(lines) == N, f"{gid} trained with {len(lines)} rows"
-            assert {line["step"] for line in lines} == {group.batch}, f"{gid} trained off-step"
-            for line in lines:
-                assert line["rollout_id"] == group.sealed[line["generation_index"]]
-                assert line["valid"] is (line["generation_index"] not in group.poisoned)
+            assert {step for step, _ in lines} == {group.batch}, f"{gid} trained off-step"
+            for _, row in lines:
+                assert row.rollout_id == group.sealed[row.generation_index]
+                assert row.valid is (row.generation_index not in group.poisoned)
 
         # 4. Seals: the ledger's are the model's; nothing is DISPATCHED that no round runs;
         #    every dispatched attempt is sealed, running or stamped abandoned.
@@ -910,17 +1028,16 @@ class ControllerMachine(RuleBasedStateMachine):
             for index, rid in plan.rollout_ids.items()
             if index not in model.groups[gid].sealed
         }
-        abandoned: set[str] = set()
-        for event in events:
-            if event["event"] == "attempt_abandoned":
-                if event.get("rollout_id"):
-                    abandoned.add(event["rollout_id"])
-                abandoned.update(event.get("rollout_ids") or ())
+        abandoned = {
+            attempt.rollout_id
+            for r in records
+            if isinstance(r, AttemptsAbandoned)
+            for attempt in r.attempts
+        }
         assert not abandoned & sealed_ids, f"sealed attempts abandoned: {abandoned & sealed_ids}"
         unaccounted = set(model.dispatched) - sealed_ids - running_ids - abandoned
         assert not unaccounted, f"dispatched attempts neither sealed nor abandoned: {unaccounted}"
-        sealed_events = {e["rollout_id"] for e in events if e["event"] == "sibling_sealed"}
-        assert sealed_ids <= sealed_events, f"seals missing from the trail: {sealed_ids}"
+        assert sealed_ids <= _seal_ids(entries), f"seals missing from the journal: {sealed_ids}"
 
         # 5. The store holds every row the ledger, the index and a restorable checkpoint own.
         staging = set(self.durable.keys(STAGING_PARTITION))
@@ -941,17 +1058,19 @@ class ControllerMachine(RuleBasedStateMachine):
         # A staging key is "{rollout_id}/{model_call_id}".
         leaked = {key for key in staging - pending if key.split("/", 1)[0] in gone}
         assert not leaked, f"staged rows nobody owns are never deleted: {sorted(leaked)[:5]}"
-        on_disk = {checkpoint.name for checkpoint in self.life.store.committed()}
-        for name in sorted(self.guarded & on_disk):
-            owned_staging, owned_canonical = self.owned[name]
-            assert owned_staging <= staging, (
-                f"{name} can no longer be restored: staged rows "
-                f"{sorted(owned_staging - staging)[:5]} are gone"
-            )
-            assert owned_canonical <= canonical, (
-                f"{name} can no longer be restored: canonical rows "
-                f"{sorted(owned_canonical - canonical)[:5]} are gone"
-            )
+        # A crash now restores the newest checkpoint and replays the journal: it needs the
+        # rows of the state at the journal's end, and the canonical rows of every group
+        # trained since that checkpoint (their training rolls back and runs again).
+        rolled_back = {
+            key
+            for gid, step in model.trained_in.items()
+            if step >= self.committed_step
+            for key in (f"{gid}_g{i}" for i in range(N))
+        }
+        missing_rolled_back = rolled_back - canonical
+        assert not missing_rolled_back, (
+            f"a crash could not retrain: canonical rows {sorted(missing_rolled_back)[:5]} gone"
+        )
 
         # Liveness: once the step's groups are all published or dropped, it can train.
         step = model.step
@@ -1002,22 +1121,23 @@ def _skip_prepare_for_restart(patch: pytest.MonkeyPatch) -> None:
 
 
 def _abandon_without_stamp(patch: pytest.MonkeyPatch) -> None:
-    async def abandon(self: Controller, group_id: str, failures: list[_Failure]) -> None:
+    async def abandon(self: Controller, group_id: str, failures: list[AttemptFailure]) -> None:
         async with self.barrier.mutation("recovery_retries"):
-            for failure in failures:
-                self.audit.event(
-                    "attempt_abandoned",
+            self.record(
+                AttemptsAbandoned(
                     group_id=group_id,
-                    generation_index=failure.generation_index,
-                    rollout_id=failure.rollout_id,
-                    reason=failure.reason,
+                    attempts=[
+                        AbandonedAttempt(f.generation_index, f.rollout_id, f.reason)
+                        for f in failures
+                    ],
                 )
+            )
 
     patch.setattr(Controller, "_abandon", abandon)
 
 
 def _abandon_without_event(patch: pytest.MonkeyPatch) -> None:
-    async def abandon(self: Controller, group_id: str, failures: list[_Failure]) -> None:
+    async def abandon(self: Controller, group_id: str, failures: list[AttemptFailure]) -> None:
         async with self.barrier.mutation("recovery_retries") as cut:
             self.ledger.abandon_unsealed(cut, group_id)
 
@@ -1040,10 +1160,10 @@ def _immediate_deletion(patch: pytest.MonkeyPatch) -> None:
 def _drop_without_shortfall(patch: pytest.MonkeyPatch) -> None:
     real = Controller._drop
 
-    async def drop(self: Controller, group_id: str, *, reason: str) -> None:
-        saved = dict(self.shortfall)
-        await real(self, group_id, reason=reason)
-        self.shortfall = saved
+    async def drop(self: Controller, group_id: str, **kwargs: Any) -> None:
+        saved = dict(self.state.shortfall)
+        await real(self, group_id, **kwargs)
+        self.state.shortfall = saved
 
     patch.setattr(Controller, "_drop", drop)
 
@@ -1085,6 +1205,40 @@ def _restore_without_restart_stamp(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(checkpointing, "_dispatched_attempts", lambda ledger: {})
 
 
+def _replay_drops_seals(patch: pytest.MonkeyPatch) -> None:
+    real = JournalReplay._transition
+
+    def transition(self: JournalReplay, cut: Any, entry: JournalEntry, *args: Any) -> bool:
+        if isinstance(entry.record, SiblingSealed):
+            return False
+        return bool(real(self, cut, entry, *args))
+
+    patch.setattr(JournalReplay, "_transition", transition)
+
+
+def _versions_reused_after_restore(patch: pytest.MonkeyPatch) -> None:
+    real = Controller._train_step
+
+    async def train_step(self: Controller, step: int) -> None:
+        self.state.highest_weight_version = self.state.weight_version
+        await real(self, step)
+
+    patch.setattr(Controller, "_train_step", train_step)
+
+
+def _replay_keeps_training(patch: pytest.MonkeyPatch) -> None:
+    real = JournalReplay._transition
+
+    def transition(self: JournalReplay, cut: Any, entry: JournalEntry, *args: Any) -> bool:
+        if isinstance(entry.record, StepTrained):
+            self.replay.claim(cut, entry.record.step, entry.record.group_ids)
+            self.replay.clear(cut, entry.record.group_ids)
+            return False
+        return bool(real(self, cut, entry, *args))
+
+    patch.setattr(JournalReplay, "_transition", transition)
+
+
 PLANTED: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "skip_staging_inventory": _skip_staging_inventory,
     "skip_prepare_for_restart": _skip_prepare_for_restart,
@@ -1096,6 +1250,9 @@ PLANTED: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "restore_keeps_unowned_canonical": _restore_keeps_unowned_canonical,
     "publish_keeps_staging": _publish_keeps_staging,
     "restore_without_restart_stamp": _restore_without_restart_stamp,
+    "replay_drops_seals": _replay_drops_seals,
+    "versions_reused_after_restore": _versions_reused_after_restore,
+    "replay_keeps_training": _replay_keeps_training,
 }
 
 PLANTED_SETTINGS = settings(

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._bounds import INT32_MAX, INT64_MAX
+from .._crashpoints import crash_point
 from ..dataplane import DataPlane, Row
 from ..errors import InvalidArgumentError, InvalidStateError
 from ._digest import (
@@ -194,4 +195,6 @@ class CaptureWriter:
         )
         # Durable first: only a staged row may be acknowledged with a call record.
         self._data_plane.put(self._partition, {key: row})
+        # A kill here: the row is durable but the caller never learned it was staged.
+        crash_point("capture.before_ack")
         return header.call_record(key)

@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..control import audit_run
 from ..errors import NotARunDirectoryError
+from ..history import audit_run
 
 __all__ = ["audit"]
 

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..control._chaos import ChaosReport, run_chaos
+from ..chaos import ChaosReport, run_chaos
 from ..errors import ConfigError
 
 __all__ = ["chaos", "render_chaos_report"]

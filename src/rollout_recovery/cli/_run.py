@@ -9,8 +9,16 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ..control import RunReporter, config_to_toml, load_config, render_summary, run_job
-from ..errors import ConfigError, JobMismatchError, RolloutRecoveryError
+from .._settings import config_to_toml
+from ..control import load_config
+from ..errors import (
+    ConfigError,
+    JobMismatchError,
+    RolloutRecoveryError,
+    RunDirectoryLockedError,
+)
+from ..job import RunReporter, render_summary, run_job, silence_closed_stdout
+from ..rundir import RunDirectory
 
 __all__ = ["run"]
 
@@ -53,6 +61,10 @@ def run(
     on two CPU cores. The run directory gets an audit trail (trained_rows.jsonl,
     events.jsonl), metrics.jsonl, reward.png and its checkpoints.
     """
+    # Without --config, a run directory's own job.toml is the config: rerunning with only
+    # --out resumes the job the directory holds.
+    if config_path is None and out is not None and RunDirectory(out).job_file.is_file():
+        config_path = RunDirectory(out).job_file
     try:
         config = load_config(config_path, seed=seed, backend=backend)
     except ConfigError as error:
@@ -75,12 +87,16 @@ def run(
                 "checkpoint is intact: free space and rerun the same command to resume."
             )
             sys.exit(1)
-        except JobMismatchError as error:
+        except (JobMismatchError, RunDirectoryLockedError) as error:
             reporter.log(f"error: {error}")
             sys.exit(2)
         except RolloutRecoveryError as error:
             reporter.log(f"error: the run stopped: {type(error).__name__}: {error}")
-            reporter.log("rerun the same command to resume from the last committed checkpoint")
+            if error.rerun_resumes:
+                reporter.log("rerun the same command to resume from the last committed checkpoint")
             sys.exit(1)
-    render_summary(result.summary, console)
-    click.echo(f"audit trail, metrics and reward.png are in {out}")
+    try:
+        render_summary(result.summary, console)
+        click.echo(f"audit trail, metrics and reward.png are in {out}")
+    except (BrokenPipeError, ValueError):
+        silence_closed_stdout()  # the reader went away; the run itself is done

@@ -4,16 +4,25 @@
 simulated environment with the numpy policy, or a proxy to HTTP servers) and replaces the
 ones that die; :class:`RayShardedDataPlane` serves the ``DataPlane`` protocol from
 SQLite-backed shard actors that workers on any node reach, fencing the writers of dead
-actors. Importing this package needs Ray; the rest of the library never imports it unless
-a job asks for ``generation.backend = "ray"``.
+actors. Only :class:`RayConfig` (the ``[ray]`` section of the config tree) is importable
+without Ray: every other name imports Ray on first use, so the rest of the library never
+imports it unless a job asks for ``generation.backend = "ray"``.
 """
 
-from ._pool import ActorPoolSettings, ActorStats, RayGenerationBackend
-from ._routing import group_of, shard_of
-from ._runtime import ray_session
-from ._shard import FENCE_PARTITION, DataShard
-from ._sharded_plane import RayShardedDataPlane, ShardDirectory
-from ._worker import GenerationWorker, WorkerSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._config import RayConfig
+
+if TYPE_CHECKING:
+    from ._pool import ActorPoolSettings, ActorStats, RayGenerationBackend
+    from ._routing import group_of, shard_of
+    from ._runtime import ray_session
+    from ._shard import FENCE_PARTITION, DataShard
+    from ._sharded_plane import RayShardedDataPlane, ShardDirectory
+    from ._worker import GenerationWorker, WorkerSpec
 
 __all__ = [
     "FENCE_PARTITION",
@@ -21,6 +30,7 @@ __all__ = [
     "ActorStats",
     "DataShard",
     "GenerationWorker",
+    "RayConfig",
     "RayGenerationBackend",
     "RayShardedDataPlane",
     "ShardDirectory",
@@ -29,3 +39,28 @@ __all__ = [
     "ray_session",
     "shard_of",
 ]
+
+# Name -> the private module that defines it (each of them imports Ray).
+_LAZY = {
+    "ActorPoolSettings": "_pool",
+    "ActorStats": "_pool",
+    "RayGenerationBackend": "_pool",
+    "group_of": "_routing",
+    "shard_of": "_routing",
+    "ray_session": "_runtime",
+    "FENCE_PARTITION": "_shard",
+    "DataShard": "_shard",
+    "RayShardedDataPlane": "_sharded_plane",
+    "ShardDirectory": "_sharded_plane",
+    "GenerationWorker": "_worker",
+    "WorkerSpec": "_worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value

@@ -1,43 +1,36 @@
-"""The controller and the main job: pumps, retries, checkpoints, restore, audit trail.
+"""The controller: one asyncio process that owns every prompt from dataloader to trainer.
 
-:func:`run_job` is ``rollout-recovery run``: it claims a run directory, resumes from the
-newest committed checkpoint that verifies (or starts fresh), and drives a
-:class:`Controller` to the end. A user plugs in their own dataset, generation backend
-and trainer through ``components=``.
+:class:`Controller` runs the pumps, deadlines, retries and drops; its persisted state is
+one :class:`ControllerState`. :func:`take_checkpoint` and :func:`restore_controller`
+capture and restore one consistent cut of it with the ledger, the replay index and the
+trainer. The run config (:class:`RunConfig`) is the tree of every component's section.
 """
 
-from ._audit import AuditTrail
-from ._auditor import AuditReport, audit_run
-from ._checkpoint_dir import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
-from ._checkpointing import CheckpointTiming, RestoreReport
-from ._config import RunConfig, config_to_toml, load_config
+from ._checkpointing import (
+    CheckpointTiming,
+    RestoreReport,
+    VerifiedCheckpoint,
+    follow_journal,
+    restore_controller,
+    take_checkpoint,
+    verify_checkpoint,
+)
+from ._config import RunConfig, config_differences, config_from_builtins, load_config
 from ._controller import Controller, PromptDataset, RunProgress
-from ._crashpoints import CRASH_POINTS, crash_point
-from ._job import JobComponents, JobResult, default_components, run_job
-from ._report import RunReporter, RunSummary, render_summary
 
 __all__ = [
-    "CRASH_POINTS",
-    "AuditReport",
-    "AuditTrail",
-    "CheckpointStore",
     "CheckpointTiming",
     "Controller",
-    "JobComponents",
-    "JobResult",
-    "LoadedCheckpoint",
     "PromptDataset",
     "RestoreReport",
     "RunConfig",
     "RunProgress",
-    "RunReporter",
-    "RunSummary",
-    "SkippedCheckpoint",
-    "audit_run",
-    "config_to_toml",
-    "crash_point",
-    "default_components",
+    "VerifiedCheckpoint",
+    "config_differences",
+    "config_from_builtins",
+    "follow_journal",
     "load_config",
-    "render_summary",
-    "run_job",
+    "restore_controller",
+    "take_checkpoint",
+    "verify_checkpoint",
 ]

@@ -1,23 +1,28 @@
-"""Checkpoint and restore of a whole run: one consistent cut, written after the hold.
+"""Checkpoints as snapshots of the journal, and restores that replay what came after.
 
-Capture. Inside ``barrier.checkpoint()`` (every mutation drained) we take only what is
-O(ledger): the sidecar bytes straight from ledger storage, the replay index's metadata,
-the controller state with the audit files' lengths, and a copy of the policy arrays. No
-token row is read or copied: rows the checkpoint owns stay in the durable store until no
-retained checkpoint needs them (``_deferred.py``), so the hold does not grow with the
-bytes stored. Encoding the rest, fsyncing and publishing happen after the hold, while
-generation goes on.
+Capture. Under ``barrier.checkpoint()`` (every mutation drained) only the journal's
+position is taken: O(1), whatever the size of the ledger or the bytes stored. Then, with
+generation going on: the journal is made durable up to that position, the snapshot
+builder replays it to there and encodes the ledger, the replay index and the controller
+state, the trainer's state is copied (the trainer is idle: the train pump awaits its own
+checkpoints), and everything is published as ``step_NNNNNN`` with the journal position
+in its manifest. No token row is read or copied: rows a checkpoint owns stay in the
+durable store until no retained checkpoint needs them (``_deferred.py``).
 
 Restore. Each committed checkpoint, newest first, is verified without changing anything:
-checksums, every file decoded and validated, the job's configuration, and the durable
-store holding every row the checkpoint owns. The first that passes is restored in one
-``recovery_restore`` cut, in DESIGN §4 step 8's order.
+checksums, every file decoded and validated, the job's identity, and the durable store
+holding every row the checkpoint owns. The first that passes is loaded and the journal
+after its position is replayed (DESIGN §4 step 8), all in one ``recovery_restore`` cut:
+every seal acknowledged before the crash is back, training after the snapshot is rolled
+back (the policy lives only in checkpoints), and new weight versions continue above the
+highest ever journaled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,57 +32,57 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from .._crashpoints import crash_point
+from .._settings import config_to_builtins, identity_fingerprint
 from ..capture import STAGING_PARTITION
-from ..checkpoint import (
-    SIDECAR_FILENAMES,
-    decode_sidecar,
-    encode_native_checkpoint,
-    encode_sidecar,
-    sidecar_filename,
-)
+from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from ..dataplane import CANONICAL_PARTITION, ReplayIndex, reconcile_staging
-from ..errors import CheckpointDirectoryError, InvalidStateError, JobMismatchError
+from ..errors import (
+    CheckpointDirectoryError,
+    InvalidStateError,
+    JobMismatchError,
+    RunNotResumableError,
+)
+from ..history import (
+    AbandonedAttempt,
+    AttemptsAbandoned,
+    CheckpointCommitted,
+    JournalScan,
+    Restored,
+    cut_torn_tail,
+    scan_journal,
+)
 from ..ledger import (
     ParsedRolloutRecoveryState,
     PromptGroupStatus,
     RecoveryGranularity,
     RolloutAttemptStatus,
     RolloutRecoveryLedger,
-    build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
-from ._checkpoint_dir import CheckpointStore, LoadedCheckpoint
-from ._config import (
-    RunConfig,
-    config_differences,
-    config_fingerprint,
-    config_from_builtins,
-    config_to_builtins,
-)
-from ._controller import COUNTERS, Controller
-from ._crashpoints import crash_point
-from ._state import (
-    CONTROLLER_STATE_FILE,
-    ControllerState,
-    decode_controller_state,
-    encode_controller_state,
-)
+from ..rollout import FailureReason
+from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint
+from ._config import RunConfig, config_differences, config_from_builtins
+from ._controller import Controller
+from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
+from ._snapshot import Snapshot, SnapshotBuilder
+from ._state import ControllerState, decode_controller_state
 
 __all__ = [
-    "POLICY_FILE",
-    "REPLAY_FILE",
     "CheckpointFiles",
     "CheckpointTiming",
     "RestoreReport",
     "VerifiedCheckpoint",
     "decode_checkpoint_files",
+    "follow_journal",
     "restore_controller",
     "take_checkpoint",
     "verify_checkpoint",
 ]
 
-REPLAY_FILE = "replay_index.msgpack"
-POLICY_FILE = "policy.npz"
+REPLAY_FILE = CHECKPOINT_FILES.replay_index
+POLICY_FILE = CHECKPOINT_FILES.trainer_state
+CONTROLLER_STATE_FILE = CHECKPOINT_FILES.controller_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +92,10 @@ class CheckpointTiming:
     hold_s: float
     #: What mutations felt: from asking for the section (drain included) to leaving it.
     stall_s: float
-    #: Encoding, fsync and publication after the hold.
+    #: Journal sync, snapshot, encoding and publication after the hold.
     write_s: float
+    #: The journal position the checkpoint snapshots.
+    position: int = 0
 
 
 class _AnyCut:
@@ -98,83 +105,98 @@ class _AnyCut:
         return None
 
 
+def follow_journal(controller: Controller) -> None:
+    """Start the controller's snapshot builder at the journal's current end.
+
+    Call once the controller's state is what the journal says up to there (a fresh start
+    or a finished restore): from then on the builder follows the journal alone.
+    """
+    controller.snapshots = SnapshotBuilder(
+        journal=controller.history.journal.path,
+        position=controller.history.position,
+        ledger=controller.ledger,
+        replay=controller.replay,
+        state=controller.state,
+        group_size=controller.config.job.generations_per_prompt,
+    )
+
+
 async def take_checkpoint(controller: Controller, store: CheckpointStore) -> CheckpointTiming:
-    """Capture one consistent cut of the run and publish it as ``step_NNNNNN``."""
+    """Snapshot the journal at its current position and publish it as ``step_NNNNNN``."""
     config = controller.config
+    builder = controller.snapshots
+    if builder is None:
+        raise InvalidStateError("take_checkpoint before follow_journal: no snapshot builder")
     requested = time.monotonic()
     async with controller.barrier.checkpoint(timeout=config.checkpoint.barrier_timeout_s):
         entered = time.monotonic()
-        # Written inside the cut, so the event is in the history exactly when this
-        # checkpoint is: a resume from an older one cuts it off with everything else.
-        controller.audit.event("checkpoint_committed", step=controller.step)
-        canonical_ids = set(controller.replay.group_ids())
-        sidecar_fields: dict[str, Any] = {
-            "batch_shortfall": dict(controller.shortfall),
-            "sampler_stamps_target_steps": True,
-            # The replay index owns finalizer metrics; the sidecar's field is a copy.
-            "finalizer_metrics_by_group": controller.replay.metrics_by_group(),
-            "reward_settings": controller.settings,
-            "canonical_group_ids": canonical_ids,
-        }
-        sidecar: bytes | dict[str, Any]
-        if config.checkpoint.format == "native":
-            sidecar = encode_native_checkpoint(controller.ledger, **sidecar_fields)
-        else:
-            sidecar = dict(build_rollout_recovery_state(controller.ledger, **sidecar_fields))
-        expected_staging = controller.ledger.expected_staging_keys()
-        canonical_keys = controller.replay.row_keys()
-        replay_state = controller.replay.state_dict()
-        counters = dict(controller.counters)
-        counters["checkpoints"] += 1
-        state = ControllerState(
-            step=controller.step,
-            prompts_taken=controller.prompts_taken,
-            rounds_used=dict(controller.rounds_used),
-            audit_offsets=controller.audit.offsets(),
-            counters=counters,
-            config=config_to_builtins(config),
-            config_fingerprint=config_fingerprint(config),
-        )
-        policy = {
-            name: np.array(value, copy=True) for name, value in controller.trainer.state().items()
-        }
-        step = controller.step
+        # The whole exclusive hold: a position in the journal (and the metrics sink).
+        position = controller.history.position
+        marks = controller.history.marks()
         number = controller.data_plane.checkpoint_captured()
+        crash_point("snapshot.in_hold")
         released = time.monotonic()
     hold, stall = released - entered, released - requested
+    # The trainer is idle (the train pump awaits this), so its state is the snapshot's.
+    policy = {
+        name: np.array(value, copy=True) for name, value in controller.trainer.state().items()
+    }
+    await controller.history.flush()  # the snapshot's history is durable
+    settings = controller.settings
+    identity = identity_fingerprint(config)
+
+    def build() -> Snapshot:
+        builder.advance_to(position)
+        return builder.snapshot(
+            sidecar_format=config.checkpoint.format,
+            settings=settings,
+            config=config_to_builtins(config),
+            identity=identity,
+        )
+
+    snapshot = await asyncio.to_thread(build)
+    if snapshot.weight_version != controller.trainer.weight_version:
+        raise InvalidStateError(
+            f"the snapshot at journal position {position} is at weight version "
+            f"{snapshot.weight_version} but the trainer holds {controller.trainer.weight_version}"
+        )
     # The rows this checkpoint owns cannot be deleted before a later checkpoint commits,
-    # so checking them after the hold is as good as under it, and keeps the hold short.
-    _require_rows(controller, expected_staging, canonical_keys)
-    controller.audit.sync()
+    # so checking them now is as good as under the hold.
+    _require_rows(controller, snapshot.expected_staging, snapshot.canonical_keys)
+    crash_point("snapshot.before_write")
     files = {
-        sidecar_filename(config.checkpoint.format): (
-            sidecar
-            if isinstance(sidecar, bytes)
-            else encode_sidecar(sidecar, format=config.checkpoint.format)
-        ),
-        REPLAY_FILE: msgspec.msgpack.encode(replay_state),
-        CONTROLLER_STATE_FILE: encode_controller_state(state),
+        snapshot.sidecar_name: snapshot.sidecar,
+        REPLAY_FILE: snapshot.replay_state,
+        CONTROLLER_STATE_FILE: snapshot.controller_state,
         POLICY_FILE: _npz_bytes(policy),
     }
-    await asyncio.to_thread(store.save, step, files)
+    await asyncio.to_thread(controller.history.sync)
+    saved = await asyncio.to_thread(store.save, snapshot.step, files, marks=marks)
     controller.data_plane.checkpoint_committed(number)
-    controller.counters["checkpoints"] += 1
-    for name, seconds in (
-        ("longest_checkpoint_stall_us", stall),
-        ("longest_checkpoint_hold_us", hold),
-    ):
-        controller.counters[name] = max(controller.counters[name], int(seconds * 1e6))
+    controller.record(
+        CheckpointCommitted(
+            step=snapshot.step,
+            name=saved.name,
+            position=position,
+            hold_us=int(hold * 1e6),
+            stall_us=int(stall * 1e6),
+        )
+    )
     return CheckpointTiming(
-        step=step, hold_s=hold, stall_s=stall, write_s=time.monotonic() - released
+        step=snapshot.step,
+        hold_s=hold,
+        stall_s=stall,
+        write_s=time.monotonic() - released,
+        position=position,
     )
 
 
 def _require_rows(
-    controller: Controller, expected_staging: set[str], canonical_keys: list[str]
+    controller: Controller, expected_staging: frozenset[str], canonical_keys: frozenset[str]
 ) -> None:
     store = controller.data_plane
     missing_staging = expected_staging - set(store.keys(STAGING_PARTITION))
-    missing_canonical = set(canonical_keys) - set(store.keys(CANONICAL_PARTITION))
+    missing_canonical = canonical_keys - set(store.keys(CANONICAL_PARTITION))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
             "refusing to publish a checkpoint whose rows are not in the data plane: "
@@ -201,6 +223,11 @@ class VerifiedCheckpoint:
     replay_state: dict[str, Any]
     controller_state: ControllerState
     policy: dict[str, npt.NDArray[Any]]
+    #: The history files' lengths the checkpoint includes.
+    marks: dict[str, int]
+    #: Where the snapshot's history ends in the journal, and the journal after it.
+    position: int
+    scan: JournalScan
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,11 +276,13 @@ def verify_checkpoint(
     where = str(loaded.directory)
     files = decode_checkpoint_files(loaded)
     parsed, state, replay_state = files.parsed, files.controller_state, files.replay_state
-    saved_config = config_from_builtins(state.config)
-    differences = config_differences(saved_config, config)
-    if differences:
+    if state.identity != identity_fingerprint(config):
+        differences = config_differences(
+            config_from_builtins(state.config), config, which="identity"
+        )
         raise JobMismatchError(
-            f"{where} belongs to another job: " + "; ".join(differences),
+            f"{where} belongs to another job: "
+            + ("; ".join(differences) or "its identity fingerprint differs"),
             differences=differences,
         )
     try:
@@ -261,16 +290,45 @@ def verify_checkpoint(
             policy = {name: npz[name] for name in npz.files}
     except (ValueError, OSError) as error:
         raise InvalidStateError(f"{where}: unreadable {POLICY_FILE}: {error}") from None
-    # Dry run of the restore's inventory checks on a throwaway ledger.
+    # The journal after the snapshot, read and verified (nothing is cut here).
+    journal = controller.history.journal.path
+    position = loaded.marks.get(journal.name)
+    if position is None:
+        raise CheckpointDirectoryError(
+            f"records no journal position for {journal.name}", directory=where
+        )
+    scan = scan_journal(journal, start=position)
+    entries, torn_cut = whole_cuts(
+        scan.entries, batch_size=config.job.prompts_per_step, journal=journal
+    )
+    if torn_cut is not None:
+        scan = JournalScan(
+            entries=entries,
+            end=torn_cut,
+            torn_bytes=scan.end + scan.torn_bytes - torn_cut,
+            torn_reason="a reservation batch cut short at the end of the journal",
+        )
+    # Dry run of the restore on throwaway copies: the rows it will need at the end of the
+    # replay (not the snapshot's own: the journal may have published or dropped since).
     scratch = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
+    bind_placeholder_prompts(_AnyCut(), scratch)
+    replay = ReplayIndex.from_state_dict(
+        replay_state,
+        data_plane=metadata_only_plane(),
+        group_size=config.job.generations_per_prompt,
+        check_rows=False,
+    )
+    scratch_state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=ControllerState)
+    JournalReplay(ledger=scratch, replay=replay, state=scratch_state, journal=journal).restore(
+        _AnyCut(), scan.entries, snapshot_position=position, reuse=config.recovery.reuse
+    )
     scratch.prepare_for_restart(_AnyCut())
-    owned_rows = {key for group in replay_state.get("groups", []) for key in group["row_keys"]}
     store = controller.data_plane
     missing_staging = scratch.expected_staging_keys() - set(store.keys(STAGING_PARTITION))
-    missing_canonical = owned_rows - set(store.keys(CANONICAL_PARTITION))
+    missing_canonical = set(replay.row_keys()) - set(store.keys(CANONICAL_PARTITION))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
-            "the data plane lacks rows this checkpoint owns: "
+            "the data plane lacks rows this checkpoint and the journal after it need: "
             f"staging {sorted(missing_staging)[:10]} (total={len(missing_staging)}), "
             f"canonical {sorted(missing_canonical)[:10]} (total={len(missing_canonical)})",
             directory=where,
@@ -282,6 +340,9 @@ def verify_checkpoint(
         replay_state=replay_state,
         controller_state=state,
         policy=policy,
+        marks=dict(loaded.marks),
+        position=position,
+        scan=scan,
     )
 
 
@@ -297,37 +358,59 @@ class RestoreReport:
     canonical_rows_cleared: int
     tokens_reused: int
     canonical_tokens_kept: int
+    #: Journal records replayed after the snapshot.
+    replayed_records: int = 0
+    #: Bytes of a torn journal tail cut off (a write a crash interrupted).
+    torn_tail_bytes: int = 0
+    rolled_back_steps: tuple[int, ...] = ()
+    #: Seals the reuse policy discarded, and their tokens.
+    seals_discarded: int = 0
+    tokens_discarded: int = 0
+    #: Generated tokens staged by attempts the crash interrupted.
+    tokens_in_flight_lost: int = 0
 
 
 async def restore_controller(controller: Controller, verified: VerifiedCheckpoint) -> RestoreReport:
-    """Restore ``verified`` into a fresh controller, in DESIGN §4 step 8's order."""
+    """Restore ``verified`` and replay the journal after it, in DESIGN §4 step 8's order."""
     ledger = controller.ledger
     store = controller.data_plane
+    journal = controller.history.journal.path
+    position, scan = verified.position, verified.scan
+    if scan.torn_bytes:
+        cut_torn_tail(journal, scan.end)
+        controller.history.journal.truncate(scan.end)
     state = verified.controller_state
+    reuse = controller.config.recovery.reuse
     async with controller.barrier.mutation("recovery_restore") as cut:
         ledger.load_state_dict(cut, verified.parsed.ledger_state)
+        replay = ReplayIndex.from_state_dict(
+            verified.replay_state,
+            data_plane=metadata_only_plane(),
+            check_rows=False,
+            group_size=controller.config.job.generations_per_prompt,
+        )
+        replayer = JournalReplay(ledger=ledger, replay=replay, state=state, journal=journal)
+        outcome = replayer.restore(cut, scan.entries, snapshot_position=position, reuse=reuse)
+        _require_survivable_shortfall(controller, state, verified.name)
         interrupted = _dispatched_attempts(ledger)
         ledger.prepare_for_restart(cut)
-        controller.shortfall = dict(verified.parsed.batch_shortfall)
-        canonical_ids = {group["group_id"] for group in verified.replay_state["groups"]}
-        ledger.discard_canonical_groups(cut, sorted(canonical_ids))
-        owned_rows = {key for group in verified.replay_state["groups"] for key in group["row_keys"]}
-        # Canonical rows published after the checkpoint: the restored index does not own
-        # them, and their groups are back in the ledger to be published again.
+        ledger.discard_canonical_groups(cut, replay.group_ids())
+        owned_rows = set(replay.row_keys())
+        # Canonical rows whose publish never reached the journal: their groups are in the
+        # ledger, to be published again.
         unowned = sorted(set(store.keys(CANONICAL_PARTITION)) - owned_rows)
         store.inner.clear(CANONICAL_PARTITION, unowned, cut=cut)
         controller.replay = ReplayIndex.from_state_dict(
-            verified.replay_state,
+            replay.state_dict(),
             data_plane=store,
             group_size=controller.config.job.generations_per_prompt,
         )
-        # Finished groups waiting to train: a restart that discards buffered work (what
-        # other frameworks do) would regenerate these tokens too.
         canonical_tokens = sum(
             int(row.token_mask.sum())
             for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
+        in_flight_tokens = _unsealed_tokens(ledger, store.inner)
         # Against the inner store: deletions at restore are immediate, nothing needs them.
         cleared = reconcile_staging(
             ledger, store.inner, cut, partition=STAGING_PARTITION, clear_unreferenced=True
@@ -337,62 +420,115 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
                 cut, group.group_id, controller.dataset[int(group.prompt_id)]
             )
         controller.trainer.load_state(verified.policy)
-        if controller.trainer.weight_version != state.step:
+        if controller.trainer.weight_version != state.weight_version:
             raise InvalidStateError(
-                f"{verified.name}: controller step {state.step} disagrees with the policy's "
-                f"weight version {controller.trainer.weight_version}"
+                f"{verified.name}: the controller's weight version {state.weight_version} "
+                f"disagrees with the policy's {controller.trainer.weight_version}"
             )
-        controller.step = state.step
-        controller.prompts_taken = state.prompts_taken
-        controller.rounds_used = dict(state.rounds_used)
-        controller.counters = {name: state.counters.get(name, 0) for name in COUNTERS}
-        cut_off = controller.audit.truncate_to(state.audit_offsets)
+        controller.state = state
+        controller.history.truncate_metrics(
+            verified.marks.get(controller.history.metrics_path.name, 0)
+        )
         groups = ledger.groups()
-        kept = {
-            group.gate_rollout_id(index)
-            for group in groups
-            for index in group.sealed_generation_indices
-        }
-        controller.counters["siblings_reused"] += len(kept)
-        for group_id, entries in interrupted.items():
-            granularity = ledger.get_group(group_id).recovery_granularity
-            controller.audit.attempts_abandoned(
-                group_id,
-                entries,
-                reason="restart",
-                whole_group=granularity is RecoveryGranularity.PROMPT_GROUP,
-            )
-        tokens_reused = controller.audit.sealed_tokens(kept)
+        kept = sum(len(group.sealed_generation_indices) for group in groups)
         report = RestoreReport(
             step=state.step,
             checkpoint=verified.name,
             groups_in_ledger=len(groups),
-            sealed_siblings_kept=len(kept),
+            sealed_siblings_kept=kept,
             canonical_groups=len(controller.replay),
-            shortfall=dict(controller.shortfall),
+            shortfall=dict(state.shortfall),
             staging_rows_cleared=len(cleared),
             canonical_rows_cleared=len(unowned),
-            tokens_reused=tokens_reused,
+            tokens_reused=_sealed_tokens(ledger, store.inner),
             canonical_tokens_kept=canonical_tokens,
+            replayed_records=outcome.replayed,
+            torn_tail_bytes=scan.torn_bytes,
+            rolled_back_steps=tuple(outcome.rolled_back_steps),
+            seals_discarded=len(outcome.discarded),
+            tokens_discarded=sum(seal.tokens for seal in outcome.discarded),
+            tokens_in_flight_lost=in_flight_tokens,
         )
-        controller.audit.event(
-            "restored",
-            step=report.step,
-            checkpoint=report.checkpoint,
-            groups_in_ledger=report.groups_in_ledger,
-            sealed_siblings_kept=report.sealed_siblings_kept,
-            canonical_groups=report.canonical_groups,
-            shortfall={str(k): v for k, v in report.shortfall.items()},
-            seals_lost=cut_off.seals_lost,
-            tokens_lost=cut_off.tokens_lost,
-            tokens_reused=tokens_reused,
-            canonical_tokens_kept=canonical_tokens,
-            trained_rows_cut=cut_off.trained_rows,
+        # The record says what this restore did; a later replay that crosses it repeats
+        # exactly that (prepare_for_restart, the rollback, the discards).
+        controller.record(
+            Restored(
+                checkpoint=verified.name,
+                step=state.step,
+                snapshot_position=position,
+                replayed_records=outcome.replayed,
+                torn_tail_bytes=scan.torn_bytes,
+                reuse=reuse,
+                rolled_back_steps=list(outcome.rolled_back_steps),
+                discarded=list(outcome.discarded),
+                groups_in_ledger=report.groups_in_ledger,
+                sealed_siblings_kept=report.sealed_siblings_kept,
+                canonical_groups=report.canonical_groups,
+                shortfall=report.shortfall,
+                seals_lost=report.seals_discarded,
+                tokens_lost=report.tokens_discarded,
+                tokens_reused=report.tokens_reused,
+                canonical_tokens_kept=canonical_tokens,
+                tokens_in_flight_lost=in_flight_tokens,
+            )
         )
+        for group_id, entries in interrupted.items():
+            whole_group = (
+                ledger.get_group(group_id).recovery_granularity is RecoveryGranularity.PROMPT_GROUP
+            )
+            controller.record(
+                AttemptsAbandoned(
+                    group_id=group_id,
+                    attempts=[
+                        AbandonedAttempt(index, rollout_id, FailureReason.RESTART)
+                        for index, rollout_id in entries
+                    ],
+                    whole_group=whole_group,
+                )
+            )
+    await controller.history.flush()
     controller.backend.update_weights(
         controller.trainer.weight_version, controller.trainer.weights()
     )
     return report
+
+
+def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
+    """Generated tokens of the siblings the ledger holds sealed (what the restore reused)."""
+    keys = sorted(ledger.expected_staging_keys())
+    rows = store.get(STAGING_PARTITION, keys) if keys else []
+    return sum(int(row.token_mask.sum()) for row in rows)
+
+
+def _unsealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
+    """Generated tokens of staged calls no seal names: attempts the crash interrupted."""
+    orphans = sorted(set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys())
+    rows = store.get(STAGING_PARTITION, orphans) if orphans else []
+    return sum(int(row.token_mask.sum()) for row in rows)
+
+
+def _require_survivable_shortfall(
+    controller: Controller, state: ControllerState, name: str
+) -> None:
+    """Refuse a checkpoint whose drops leave a step below its minimum: it can never train.
+
+    Such a checkpoint is written only by an older version (drops are refused before they
+    make a step unsurvivable); the message says what would let the run continue.
+    """
+    job = controller.config.job
+    minimum = math.ceil(job.min_step_fraction * job.prompts_per_step)
+    for step, dropped in sorted(state.shortfall.items()):
+        available = job.prompts_per_step - dropped
+        if available < minimum:
+            raise RunNotResumableError(
+                f"checkpoint {name} has step {step} with {dropped} of its "
+                f"{job.prompts_per_step} prompts dropped, fewer than the {minimum} a step "
+                "needs",
+                remedy=(
+                    "Lowering job.min_step_fraction (an operational setting) to "
+                    f"{available / job.prompts_per_step:g} or less lets it continue."
+                ),
+            )
 
 
 def _dispatched_attempts(ledger: RolloutRecoveryLedger) -> dict[str, list[tuple[int, str]]]:

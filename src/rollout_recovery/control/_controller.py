@@ -33,15 +33,43 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from ..capture import STAGING_PARTITION, CallRecord, CaptureWriter
+from .._crashpoints import crash_point
+from ..capture import STAGING_PARTITION, CaptureWriter, Receipt
 from ..dataplane import (
     CANONICAL_PARTITION,
     DataPlane,
     DataPlaneCheckpointBarrier,
+    ReplayGroup,
     ReplayIndex,
 )
-from ..errors import GenerationError, InvalidArgumentError, LivenessError, StepShortfallError
-from ..finalize import grpo_advantages, publish_finalized_group
+from ..errors import (
+    GenerationError,
+    InvalidArgumentError,
+    LivenessError,
+    NoValidRowsError,
+    StepShortfallError,
+)
+from ..finalize import CanonicalRowMeta, grpo_advantages, publish_finalized_group
+from ..history import (
+    AbandonedAttempt,
+    AttemptsAbandoned,
+    AuditTrail,
+    BackendEvent,
+    BatchAdmitted,
+    DropReason,
+    FreshAttempt,
+    GroupPublished,
+    GroupSealed,
+    HistoryRecord,
+    PromptDropped,
+    PromptTaken,
+    RewardChecksRecord,
+    RoundStarted,
+    Seal,
+    SiblingSealed,
+    StepTrained,
+    TrainedRow,
+)
 from ..ledger import (
     PromptGroupPhase,
     PromptGroupRecoveryRecord,
@@ -54,34 +82,24 @@ from ..ledger import (
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
 from ..rollout import (
+    AttemptFailure,
     AttemptRequest,
     AttemptResult,
     BackendStartup,
     BackendTelemetry,
+    FailureReason,
     GenerationBackend,
 )
-from ._audit import AuditTrail
 from ._config import RunConfig
-from ._crashpoints import crash_point
 from ._deferred import DeferredDeletionDataPlane
+from ._replay import admission_id_of
+from ._sampler import dataset_position_to_idx
+from ._snapshot import SnapshotBuilder
+from ._state import ControllerState
 
 T = TypeVar("T")
 
-__all__ = ["COUNTERS", "Controller", "PromptDataset", "RunProgress"]
-
-#: The run counters persisted in every checkpoint, so a resumed run reports totals.
-COUNTERS = (
-    "prompts_taken",
-    "prompts_trained",
-    "prompts_dropped",
-    "attempts",
-    "retries",
-    "siblings_reused",
-    "checkpoints",
-    "tokens_generated",
-    "longest_checkpoint_stall_us",
-    "longest_checkpoint_hold_us",
-)
+__all__ = ["Controller", "PromptDataset", "RunProgress"]
 
 
 class PromptDataset(Protocol):
@@ -110,23 +128,6 @@ class RunProgress(Protocol):
     def log(self, message: str) -> None: ...
 
 
-class _AcknowledgingWriter(CaptureWriter):
-    """The capture writer handed to backends, with the stage-then-ack crash point."""
-
-    def stage_call(self, **kwargs: Any) -> CallRecord:
-        record = super().stage_call(**kwargs)
-        # A kill here: the row is durable but the worker never learned it was staged.
-        crash_point("capture.before_ack")
-        return record
-
-
-@dataclass(slots=True)
-class _Failure:
-    generation_index: int
-    rollout_id: str
-    reason: str
-
-
 @dataclass(slots=True)
 class _Signals:
     """One condition for every "something changed" wait (publish, drop, train step)."""
@@ -145,13 +146,6 @@ class _Signals:
             raise LivenessError(what, timeout) from None
 
 
-def dataset_position_to_idx(position: int, *, size: int, seed: int) -> int:
-    """The dataloader's order: a fresh seeded permutation of the dataset every epoch."""
-    epoch, offset = divmod(position, size)
-    order = np.random.default_rng([seed, epoch]).permutation(size)
-    return int(order[offset])
-
-
 class Controller:
     """Owns the barrier, the ledger, the replay index and the pumps of one run."""
 
@@ -163,7 +157,7 @@ class Controller:
         backend: GenerationBackend,
         trainer: Trainer,
         data_plane: DataPlane,
-        audit: AuditTrail,
+        history: AuditTrail,
         progress: RunProgress | None = None,
         reward_settings: CaptureRewardSettings | None = None,
     ) -> None:
@@ -171,7 +165,7 @@ class Controller:
         self.dataset = dataset
         self.backend = backend
         self.trainer = trainer
-        self.audit = audit
+        self.history = history
         self.progress = progress
         self.settings = reward_settings or CaptureRewardSettings.from_configs()
         self.barrier = DataPlaneCheckpointBarrier()
@@ -180,13 +174,12 @@ class Controller:
         self.replay = ReplayIndex(
             data_plane=self.data_plane, group_size=config.job.generations_per_prompt
         )
-        self.capture = _AcknowledgingWriter(self.data_plane)
-        # Controller state, captured by every checkpoint.
-        self.step = 0
-        self.prompts_taken = 0
-        self.rounds_used: dict[str, int] = {}
-        self.shortfall: dict[int, int] = {}
-        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.capture = CaptureWriter(self.data_plane)
+        #: Everything a checkpoint persists of the controller, in one object; it changes
+        #: only by folding in the records the controller appends (``record``).
+        self.state = ControllerState.initial(trainer.weight_version)
+        #: Follows the journal to build checkpoint snapshots outside the hold.
+        self.snapshots: SnapshotBuilder | None = None
         # Runtime only.
         self.in_flight = 0
         self.last_mean_reward: float | None = None
@@ -195,7 +188,26 @@ class Controller:
         self._tasks: asyncio.TaskGroup | None = None
         self._checkpointer: Callable[[], Any] | None = None
 
+    # ------------------------------------------------------------------ history
+
+    def record(self, record: HistoryRecord) -> None:
+        """Append ``record`` to the journal and fold it into the state (always both: a
+        replay of the journal then arrives at the same state)."""
+        self.history.append(record)
+        self.state.apply(record)
+
+    def record_all(self, records: Sequence[HistoryRecord]) -> None:
+        """``record`` for one cut's records, written at once: a kill keeps all or none."""
+        self.history.append_all(records)
+        for record in records:
+            self.state.apply(record)
+
     # ------------------------------------------------------------------ running
+
+    @property
+    def step(self) -> int:
+        """The next step to train."""
+        return self.state.step
 
     @property
     def total_steps(self) -> int:
@@ -204,6 +216,11 @@ class Controller:
     @property
     def _batch_size(self) -> int:
         return self.config.job.prompts_per_step
+
+    @property
+    def _min_groups_per_step(self) -> int:
+        job = self.config.job
+        return math.ceil(job.min_step_fraction * job.prompts_per_step)
 
     def set_checkpointer(self, checkpoint: Callable[[], Any]) -> None:
         """``checkpoint()`` is awaited after every K-th step and after the last one."""
@@ -251,16 +268,16 @@ class Controller:
                 reserved.setdefault(group.admission_id, []).append(group.group_id)
         for admission_id, group_ids in sorted(reserved.items()):
             await self._admit(_batch_of(admission_id), group_ids)
-        while (batch := self.prompts_taken // self._batch_size) < self.total_steps:
+        while (batch := self.state.prompts_taken // self._batch_size) < self.total_steps:
             group_ids = await self._reserve_batch(batch)
             await self._admit(batch, group_ids)
 
     async def _reserve_batch(self, batch: int) -> list[str]:
         job = self.config.job
-        group_ids: list[str] = []
+        state = self.state
+        taken: list[HistoryRecord] = []
         async with self.barrier.mutation("prompt_reservations") as cut:
-            for _ in range(self._batch_size):
-                position = self.prompts_taken
+            for position in range(state.prompts_taken, state.prompts_taken + self._batch_size):
                 idx = dataset_position_to_idx(position, size=len(self.dataset), seed=job.seed)
                 prompt = self.dataset[idx]
                 group_id = f"g{position:07d}"
@@ -269,43 +286,62 @@ class Controller:
                     if prompt.get("task_source") == "atomic"
                     else RecoveryGranularity.SIBLING
                 )
-                self.ledger.reserve_group(
+                record = self.ledger.reserve_group(
                     cut,
                     prompt_id=str(idx),
                     prompt_payload=prompt,
                     expected_generations=job.generations_per_prompt,
                     target_step=None,
-                    start_weight_version=self.trainer.weight_version,
+                    start_weight_version=state.weight_version,
                     task_source=prompt.get("task_source"),
                     recovery_granularity=granularity,
                     admitted=False,
                     group_id=group_id,
-                    admission_id=f"batch{batch:06d}",
+                    admission_id=admission_id_of(batch),
                 )
-                self.prompts_taken += 1
-                self.counters["prompts_taken"] += 1
-                self.audit.event("prompt_taken", prompt_idx=idx, group_id=group_id, batch=batch)
-                group_ids.append(group_id)
-        return group_ids
+                taken.append(
+                    PromptTaken(
+                        group_id=group_id,
+                        prompt_idx=idx,
+                        position=position,
+                        batch=batch,
+                        task_name=record.prompt_ref.task_name,
+                        task_source=record.task_source,
+                        granularity=granularity,
+                        weight_version=state.weight_version,
+                        attempts=[
+                            record.gate_rollout_id(i) for i in range(record.expected_generations)
+                        ],
+                    )
+                )
+            # The batch is one cut: the journal gets all of it or none of it.
+            self.record_all(taken)
+        return [record.group_id for record in taken if isinstance(record, PromptTaken)]
 
     async def _admit(self, batch: int, group_ids: Sequence[str]) -> None:
         """Admit one batch (target step = batch) once it is inside the staleness window."""
         assert self._signals is not None
         window = self.config.job.staleness_window
         await self._signals.wait_for(
-            lambda: batch <= self.step + window,
+            lambda: batch <= self.state.step + window,
             # Admission waits on training, which waits at most one budget per step.
             timeout=self._wait_budget * (window + 2),
             what=f"the staleness window to admit batch {batch} (trainer at step {self.step})",
         )
         async with self.barrier.mutation("prompt_reservations") as cut:
+            version = self.state.weight_version
             for group_id in group_ids:
                 self.ledger.mark_group_admitted(
-                    cut,
-                    group_id,
-                    target_step=batch,
-                    start_weight_version=self.trainer.weight_version,
+                    cut, group_id, target_step=batch, start_weight_version=version
                 )
+            self.record(
+                BatchAdmitted(
+                    batch=batch,
+                    group_ids=list(group_ids),
+                    target_step=batch,
+                    weight_version=version,
+                )
+            )
         for group_id in group_ids:
             self._launch(group_id)
 
@@ -323,9 +359,12 @@ class Controller:
         A round of its own so the stateful test can drive rounds one at a time.
         """
         retry = self.config.retry
-        if self.rounds_used.get(group_id, 0) >= retry.max_rounds:
+        state = self.state
+        if state.rounds_used.get(group_id, 0) >= retry.max_rounds:
             await self._drop(
-                group_id, reason=f"retry budget exhausted after {retry.max_rounds} rounds"
+                group_id,
+                reason=DropReason.RETRY_BUDGET_EXHAUSTED,
+                detail=f"retry budget exhausted after {retry.max_rounds} rounds",
             )
             return False
         async with self.barrier.mutation("recovery_retries") as cut:
@@ -336,18 +375,24 @@ class Controller:
                 if s.current_attempt.status is RolloutAttemptStatus.RESERVED
             ]
             self.ledger.mark_group_dispatched(cut, group_id, generation_indices=pending)
-            self.rounds_used[group_id] = self.rounds_used.get(group_id, 0) + 1
-        self.counters["attempts"] += len(pending)
+            rounds = state.rounds_used.get(group_id, 0) + 1
+            self.record(
+                RoundStarted(
+                    group_id=group_id,
+                    round=rounds,
+                    dispatched=[FreshAttempt(i, record.gate_rollout_id(i)) for i in pending],
+                    weight_version=state.weight_version,
+                )
+            )
         failures = await self._generate(record, pending)
         if failures:
             await self._abandon(group_id, failures)
-            self.counters["retries"] += 1
             await asyncio.sleep(retry.backoff_s)
         return True
 
     async def _generate(
         self, record: PromptGroupRecoveryRecord, pending: Sequence[int]
-    ) -> list[_Failure]:
+    ) -> list[AttemptFailure]:
         """Run one round of ``pending`` siblings; seal what succeeds, return what failed."""
         prompt = record.prompt_payload
         requests = [
@@ -356,12 +401,12 @@ class Controller:
                 generation_index=index,
                 rollout_id=record.gate_rollout_id(index),
                 prompt=prompt,
-                weight_version=self.trainer.weight_version,
+                weight_version=self.state.weight_version,
             )
             for index in pending
         ]
         atomic = record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
-        outcomes: dict[int, AttemptResult | _Failure] = {}
+        outcomes: dict[int, AttemptResult | AttemptFailure] = {}
 
         async def one(request: AttemptRequest) -> None:
             outcome = await self._attempt(request)
@@ -372,13 +417,13 @@ class Controller:
         async with asyncio.TaskGroup() as round_tasks:
             for request in requests:
                 round_tasks.create_task(one(request))
-        failures = [o for o in outcomes.values() if isinstance(o, _Failure)]
+        failures = [o for o in outcomes.values() if isinstance(o, AttemptFailure)]
         if atomic and not failures:
             results = {i: o for i, o in outcomes.items() if isinstance(o, AttemptResult)}
             await self._seal_cohort(record.group_id, results)
         return sorted(failures, key=lambda f: f.generation_index)
 
-    async def _attempt(self, request: AttemptRequest) -> AttemptResult | _Failure:
+    async def _attempt(self, request: AttemptRequest) -> AttemptResult | AttemptFailure:
         assert self._inflight_slots is not None
         async with self._inflight_slots:
             self.in_flight += 1
@@ -386,12 +431,18 @@ class Controller:
                 async with asyncio.timeout(self.config.generation.attempt_deadline_s):
                     return await self.backend.run_attempt(request, self.capture)
             except TimeoutError:
-                reason = "deadline_exceeded"
+                reason, detail = FailureReason.DEADLINE_EXCEEDED, ""
             except GenerationError as error:
-                reason = error.reason
+                # The one place a backend's raised failure becomes the failure value.
+                reason, detail = FailureReason(error.reason), str(error)
             finally:
                 self.in_flight -= 1
-        return _Failure(request.generation_index, request.rollout_id, reason)
+        return AttemptFailure(
+            rollout_id=request.rollout_id,
+            generation_index=request.generation_index,
+            reason=reason,
+            detail=detail,
+        )
 
     async def _seal_sibling(self, group_id: str, index: int, result: AttemptResult) -> None:
         async with self.barrier.mutation("sibling_seals") as cut:
@@ -405,7 +456,9 @@ class Controller:
                 mask_sample=result.mask_sample,
                 reward_checks=result.reward_checks,
             )
-            self._record_seal(group_id, index, result)
+            self.record(SiblingSealed(group_id=group_id, seal=_seal_record(index, result)))
+        # Acknowledged only once durable: from here the seal survives any crash.
+        await self.history.flush()
 
     async def _seal_cohort(self, group_id: str, results: Mapping[int, AttemptResult]) -> None:
         async with self.barrier.mutation("sibling_seals") as cut:
@@ -423,60 +476,69 @@ class Controller:
                     for index, result in results.items()
                 },
             )
-            for index, result in sorted(results.items()):
-                self._record_seal(group_id, index, result)
+            self.record(
+                GroupSealed(
+                    group_id=group_id,
+                    seals=[_seal_record(i, result) for i, result in sorted(results.items())],
+                )
+            )
+        await self.history.flush()
 
-    def _record_seal(self, group_id: str, index: int, result: AttemptResult) -> None:
-        self.counters["tokens_generated"] += result.generated_tokens
-        self.audit.event(
-            "sibling_sealed",
-            group_id=group_id,
-            generation_index=index,
-            rollout_id=result.rollout_id,
-            tokens=result.generated_tokens,
-        )
-
-    async def _abandon(self, group_id: str, failures: Sequence[_Failure]) -> None:
+    async def _abandon(self, group_id: str, failures: Sequence[AttemptFailure]) -> None:
         async with self.barrier.mutation("recovery_retries") as cut:
             record = self.ledger.get_group(group_id)
             self.ledger.abandon_unsealed(cut, group_id)
-            if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
-                # The whole cohort goes, the attempts that succeeded with it.
-                self.audit.attempts_abandoned(
-                    group_id,
-                    [(i, record.gate_rollout_id(i)) for i in range(record.expected_generations)],
-                    reason=",".join(sorted({f.reason for f in failures})),
-                    whole_group=True,
-                )
-            else:
-                for failure in failures:
-                    self.audit.attempts_abandoned(
-                        group_id,
-                        [(failure.generation_index, failure.rollout_id)],
-                        reason=failure.reason,
-                        whole_group=False,
+            whole_group = record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
+            if whole_group:
+                # The whole cohort goes, the attempts that succeeded with it included.
+                reasons = {f.generation_index: f.reason for f in failures}
+                attempts = [
+                    AbandonedAttempt(
+                        i, record.gate_rollout_id(i), reasons.get(i, FailureReason.COHORT)
                     )
+                    for i in range(record.expected_generations)
+                ]
+            else:
+                attempts = [
+                    AbandonedAttempt(f.generation_index, f.rollout_id, f.reason) for f in failures
+                ]
+            self.record(
+                AttemptsAbandoned(group_id=group_id, attempts=attempts, whole_group=whole_group)
+            )
 
-    async def _drop(self, group_id: str, *, reason: str) -> None:
-        """Give up on a prompt: its step closes short instead of waiting for it."""
+    async def _drop(self, group_id: str, *, reason: DropReason, detail: str) -> None:
+        """Give up on a prompt: its step closes short instead of waiting for it.
+
+        Refused (the run stops, nothing changes) when the step could then never train:
+        a checkpoint holding such a drop could never be resumed.
+        """
         assert self._signals is not None
+        state = self.state
         async with self.barrier.mutation("group_removals") as cut:
             record = self.ledger.get_group(group_id)
+            target = record.target_step
+            assert target is not None
+            available = self._batch_size - state.shortfall.get(target, 0) - 1
+            if available < self._min_groups_per_step:
+                raise StepShortfallError(
+                    step=target,
+                    available=available,
+                    required=self._min_groups_per_step,
+                    per_step=self._batch_size,
+                )
             owned = self.ledger.expected_staging_keys()
             self.ledger.discard_group(cut, group_id)
             self.data_plane.clear(
                 STAGING_PARTITION, sorted(owned - self.ledger.expected_staging_keys()), cut=cut
             )
-            assert record.target_step is not None
-            self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1
-            self.rounds_used.pop(group_id, None)
-            self.counters["prompts_dropped"] += 1
-            self.audit.event(
-                "prompt_dropped",
-                group_id=group_id,
-                prompt_idx=int(record.prompt_id),
-                target_step=record.target_step,
-                reason=reason,
+            self.record(
+                PromptDropped(
+                    group_id=group_id,
+                    prompt_idx=int(record.prompt_id),
+                    target_step=target,
+                    reason=reason,
+                    detail=detail,
+                )
             )
         await self._signals.notify()
 
@@ -495,12 +557,16 @@ class Controller:
             # deferred), so a kill here leaves the disk exactly as a kill between the put
             # and the ledger discard would: canonical rows no checkpoint owns.
             crash_point("finalize.after_put")
-            self.rounds_used.pop(group_id, None)
-            self.audit.event(
-                "group_published",
-                group_id=group_id,
-                target_step=finalized.target_step,
-                valid_rows=finalized.valid_row_count,
+            self.record(
+                GroupPublished(
+                    group_id=group_id,
+                    target_step=_required(finalized.target_step, "target_step"),
+                    row_keys=list(finalized.row_keys),
+                    valid_rows=finalized.valid_row_count,
+                    min_weight_version=finalized.min_weight_version,
+                    max_weight_version=finalized.max_weight_version,
+                    metrics=dict(finalized.metrics),
+                )
             )
         await self._signals.notify()
 
@@ -508,49 +574,50 @@ class Controller:
 
     async def _train_pump(self) -> None:
         assert self._signals is not None
-        job = self.config.job
-        minimum = math.ceil(job.min_step_fraction * job.prompts_per_step)
-        while self.step < self.total_steps:
-            step = self.step
+        while self.state.step < self.total_steps:
+            step = self.state.step
             await self._signals.wait_for(
                 lambda: (
-                    len(self.replay.ready_groups(self.step)) >= self._expected_groups(self.step)
+                    len(self.replay.ready_groups(self.state.step))
+                    >= self._expected_groups(self.state.step)
                 ),
                 timeout=self._wait_budget,
                 what=f"the {self._expected_groups(step)} groups of step {step}",
             )
-            if self._expected_groups(step) < minimum:
+            if self._expected_groups(step) < self._min_groups_per_step:
                 raise StepShortfallError(
-                    step=step, available=self._expected_groups(step), required=minimum
+                    step=step,
+                    available=self._expected_groups(step),
+                    required=self._min_groups_per_step,
+                    per_step=self._batch_size,
                 )
             await self._train_step(step)
             await self._signals.notify()
             if self._checkpointer is not None and (
-                self.step % self.config.checkpoint.every_steps == 0 or self.step == self.total_steps
+                self.state.step % self.config.checkpoint.every_steps == 0
+                or self.state.step == self.total_steps
             ):
                 await self._checkpointer()
 
     def _expected_groups(self, step: int) -> int:
         """A step trains once every group it still expects is ready (drops closed it short)."""
-        return self.config.job.prompts_per_step - self.shortfall.get(step, 0)
+        return self._batch_size - self.state.shortfall.get(step, 0)
 
-    async def _train_step(self, step: int) -> None:
-        groups = self.replay.ready_groups(step)
-        group_ids = [group.group_id for group in groups]
-        async with self.barrier.mutation("sample_clears") as cut:
-            self.replay.claim(cut, step, group_ids)
+    def _samples(
+        self, step: int, groups: Sequence[ReplayGroup]
+    ) -> tuple[list[TrainSample], list[TrainedRow], list[float], dict[str, int]]:
+        """The step's trainable samples (GRPO advantages, placeholders out) and its rows."""
         samples: list[TrainSample] = []
-        trained: list[dict[str, Any]] = []
+        trained: list[TrainedRow] = []
         rewards_seen: list[float] = []
+        placeholder_reasons: dict[str, int] = {}
         for group in groups:
             rows = self.data_plane.get(CANONICAL_PARTITION, list(group.row_keys))
-            rewards = np.array([float(row.metadata["reward"]) for row in rows])
-            mask = np.array(
-                [bool(row.metadata["valid"]) and not row.metadata["mask_sample"] for row in rows]
-            )
+            metas = [CanonicalRowMeta.of(row) for row in rows]
+            rewards = np.array([meta.reward for meta in metas])
+            mask = np.array([meta.trainable for meta in metas])
             advantages = grpo_advantages(rewards, mask)
-            for row, advantage, trainable in zip(rows, advantages, mask, strict=True):
-                meta = row.metadata
+            for row, meta, advantage, trainable in zip(rows, metas, advantages, mask, strict=True):
                 if trainable:
                     samples.append(
                         TrainSample(
@@ -560,53 +627,74 @@ class Controller:
                             advantage=float(advantage),
                         )
                     )
-                    rewards_seen.append(float(meta["reward"]))
+                    rewards_seen.append(meta.reward)
+                elif meta.reason is not None:
+                    placeholder_reasons[meta.reason] = placeholder_reasons.get(meta.reason, 0) + 1
                 trained.append(
-                    {
-                        "step": step,
-                        "group_id": meta["group_id"],
-                        "generation_index": meta["generation_index"],
-                        "prompt_idx": int(meta["prompt_id"]),
-                        "rollout_id": meta["rollout_id"],
-                        "valid": bool(meta["valid"]),
-                        "reward": float(meta["reward"]),
-                        "weight_version": meta["weight_version"],
-                    }
+                    TrainedRow(
+                        group_id=meta.group_id,
+                        generation_index=meta.generation_index,
+                        prompt_idx=int(meta.prompt_id),
+                        rollout_id=meta.rollout_id,
+                        valid=meta.valid,
+                        reward=meta.reward,
+                        weight_version=meta.weight_version,
+                    )
                 )
+        return samples, trained, rewards_seen, placeholder_reasons
+
+    async def _train_step(self, step: int) -> None:
+        # Train only on publishes that are durable: a crash cannot take back what trained.
+        await self.history.flush()
+        groups = self.replay.ready_groups(step)
+        group_ids = [group.group_id for group in groups]
+        async with self.barrier.mutation("sample_clears") as cut:
+            self.replay.claim(cut, step, group_ids)
+        samples, trained, rewards_seen, placeholder_reasons = self._samples(step, groups)
+        # Above every version the run ever produced, rolled-back ones included.
+        version = self.state.highest_weight_version + 1
         started = time.monotonic()
         budget = self.config.liveness.train_step_timeout_s
         try:
             # In a thread, so a stuck step is noticed while the event loop keeps serving.
             metrics = await asyncio.wait_for(
-                _in_daemon_thread(self.trainer.train_step, samples), timeout=budget
+                _in_daemon_thread(_train, self.trainer, samples, version), timeout=budget
             )
         except TimeoutError:
             raise LivenessError(f"trainer step {step}", budget) from None
         train_seconds = time.monotonic() - started
         crash_point("train.before_clear")
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None
+        state = self.state
         async with self.barrier.mutation("sample_clears") as cut:
             self.replay.clear(cut, group_ids)
-            for line in trained:
-                self.audit.trained_row(**line)
-            self.step = step + 1
-            self.shortfall = {s: n for s, n in self.shortfall.items() if s > step}
-            self.counters["prompts_trained"] += len(groups)
+            self.record(
+                StepTrained(
+                    step=step,
+                    weight_version=version,
+                    group_ids=group_ids,
+                    rows=trained,
+                    valid_rows=len(samples),
+                    mean_reward=mean_reward,
+                )
+            )
             backend_metrics: dict[str, Any] = {}
             if isinstance(self.backend, BackendTelemetry):
-                # Server deaths, rejoins and redispatches since the last step, in the same
-                # cut as the step's rows: a resume cuts them back together.
+                # Server deaths, rejoins and redispatches since the last step.
                 for event in self.backend.drain_events():
-                    self.audit.event(**event)
+                    kind = str(event.pop("event", "unknown"))
+                    self.record(BackendEvent(kind=kind, detail=event))
                 backend_metrics["backend"] = self.backend.telemetry()
-            self.audit.metrics(
+            self.history.metrics(
                 {
                     "step": step,
                     "mean_reward": mean_reward,
                     "groups": len(groups),
                     "rows": len(trained),
                     "valid_rows": len(samples),
-                    "weight_version": self.trainer.weight_version,
+                    "valid_row_fraction": len(samples) / len(trained) if trained else None,
+                    "placeholder_reasons": placeholder_reasons,
+                    "weight_version": state.weight_version,
                     "train_seconds": train_seconds,
                     **{f"train/{k}": v for k, v in metrics.items()},
                     **backend_metrics,
@@ -614,22 +702,69 @@ class Controller:
             )
         self.last_mean_reward = mean_reward
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
+        self._check_valid_rows(step, placeholder_reasons)
         if self.progress is not None:
             self.progress.update(
-                step=self.step,
+                step=state.step,
                 mean_reward=mean_reward,
                 in_flight=self.in_flight,
-                retries=self.counters["retries"],
-                checkpoints=self.counters["checkpoints"],
+                retries=state.counters.retries,
+                checkpoints=state.counters.checkpoints,
+            )
+
+    def _check_valid_rows(self, step: int, placeholder_reasons: Mapping[str, int]) -> None:
+        """Stop a run that trains nothing: K steps in a row of placeholders only.
+
+        A server that answers every call with garbage gives masked placeholders, which
+        train nothing; without this the run would "finish" having learned nothing.
+        """
+        state = self.state
+        limit = self.config.job.max_steps_without_valid_rows
+        if state.steps_without_valid_rows >= limit:
+            raise NoValidRowsError(
+                steps=state.steps_without_valid_rows,
+                last_step=step,
+                reasons=dict(placeholder_reasons),
             )
 
 
+def _train(trainer: Trainer, samples: Sequence[TrainSample], version: int) -> dict[str, float]:
+    return trainer.train_step(samples, version=version)
+
+
+def _required(value: int | None, name: str) -> int:
+    if value is None:  # publish_finalized_group refuses a group without one
+        raise InvalidArgumentError(f"a published group must have a {name}")
+    return value
+
+
+def _seal_record(index: int, result: AttemptResult) -> Seal:
+    checks = result.reward_checks
+    return Seal(
+        generation_index=index,
+        rollout_id=result.rollout_id,
+        receipt=result.receipt,
+        reward=result.reward,
+        mask_sample=result.mask_sample,
+        reward_checks=None
+        if checks is None
+        else RewardChecksRecord(
+            checks.duplicated_reasoning, checks.empty_final_answer, checks.low_effort
+        ),
+        tokens=result.generated_tokens,
+        weight_versions=[
+            call.weight_version for call in Receipt.from_dict(result.receipt).manifest
+        ],
+    )
+
+
 def _batch_of(admission_id: str) -> int:
-    if not admission_id.startswith("batch") or not admission_id[5:].isdigit():
+    digits = admission_id.removeprefix("batch")
+    if not digits.isdigit() or admission_id_of(int(digits)) != admission_id:
         raise InvalidArgumentError(
             f"admission_id {admission_id!r} was not minted by this controller"
         )
-    return int(admission_id[5:])
+    return int(digits)
 
 
 def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[T]:

@@ -1,9 +1,11 @@
-"""The controller's own checkpoint file, beside the NeMo-RL-compatible sidecar.
+"""The controller's persisted state: one versioned Struct, beside the NeMo-RL sidecar.
 
-The sidecar's schema is closed (NeMo-RL reads it), so what only the controller needs —
-training step, dataloader cursor, retry budgets, audit-trail lengths, counters, the job's
-configuration — goes in ``controller_state.msgpack``: a versioned msgspec Struct, decoded
-strictly, so a damaged or foreign file is refused with the field path at fault.
+The sidecar's schema is closed (NeMo-RL reads it), so what only the controller needs goes
+in ``controller_state.msgpack``: the training step, the dataloader cursor, the retry rounds
+each group used, the step shortfall, the weight versions, the run counters and the job's
+configuration. The controller holds exactly one :class:`ControllerState` and changes its
+fields as the run goes; a checkpoint encodes it whole. Decoding is strict, so a damaged or
+foreign file is refused with the field path at fault.
 """
 
 from __future__ import annotations
@@ -13,37 +15,155 @@ from typing import Any, Literal
 import msgspec
 
 from ..errors import InvalidStateError, split_validation_path
+from ..history import (
+    AttemptsAbandoned,
+    CheckpointCommitted,
+    GroupPublished,
+    GroupSealed,
+    HistoryRecord,
+    PromptDropped,
+    PromptTaken,
+    Restored,
+    RoundStarted,
+    SiblingSealed,
+    StepTrained,
+)
+from ..rollout import FailureReason
 
 __all__ = [
-    "CONTROLLER_STATE_FILE",
     "CONTROLLER_STATE_VERSION",
     "ControllerState",
+    "RunCounters",
     "decode_controller_state",
     "encode_controller_state",
 ]
 
-CONTROLLER_STATE_FILE = "controller_state.msgpack"
-CONTROLLER_STATE_VERSION = 1
+CONTROLLER_STATE_VERSION = 3
 
 
-class ControllerState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Everything the controller needs to continue a run from a checkpoint."""
+class RunCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Totals over the whole run (across restarts), for the summary."""
+
+    prompts_taken: int = 0
+    prompts_trained: int = 0
+    prompts_dropped: int = 0
+    attempts: int = 0
+    retries: int = 0
+    siblings_reused: int = 0
+    checkpoints: int = 0
+    tokens_generated: int = 0
+    rows_trained: int = 0
+    valid_rows_trained: int = 0
+    longest_checkpoint_stall_us: int = 0
+    longest_checkpoint_hold_us: int = 0
+
+
+class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything the controller needs to continue a run from a checkpoint.
+
+    Every field is required in a file: a state missing one is refused, not defaulted.
+    """
 
     format: Literal["rollout-recovery-controller-state"] = "rollout-recovery-controller-state"
     version: int = CONTROLLER_STATE_VERSION
-    #: The next step to train; equals the trainer's weight version.
+    #: The next step to train.
     step: int
+    #: The trainer's weight version (what generation stamps new calls with).
+    weight_version: int
+    #: The highest weight version this run ever produced: versions after a restore
+    #: continue above it, so one number never names two sets of weights.
+    highest_weight_version: int
     #: Prompts taken from the dataloader so far (its cursor; moves with the ledger).
     prompts_taken: int
     #: Generation rounds each unfinished group has used (its retry budget).
     rounds_used: dict[str, int]
-    #: The audit files' lengths inside the checkpoint cut.
-    audit_offsets: dict[str, int]
-    #: Run counters (attempts, retries, drops, ...), so a resumed run reports totals.
-    counters: dict[str, int]
-    #: The job's configuration, as builtins, and its fingerprint.
+    #: Per target step, how many of its groups were dropped (the sidecar's copy is
+    #: NeMo-RL's ``batch_shortfall``).
+    shortfall: dict[int, int]
+    #: Consecutive trained steps without a single valid row (a run that only trains
+    #: placeholders is stopped).
+    steps_without_valid_rows: int
+    #: The weight versions the current policy descends from, oldest first, itself last:
+    #: what ``[recovery] reuse = "ancestors"`` keeps seals of.
+    lineage: list[int]
+    #: Totals over the whole run, for the summary.
+    counters: RunCounters
+    #: The job's configuration, as builtins, and its identity fingerprint.
     config: dict[str, Any]
-    config_fingerprint: str
+    identity: str
+
+    @classmethod
+    def initial(cls, weight_version: int) -> ControllerState:
+        """The state of a run that has done nothing yet, its policy at ``weight_version``."""
+        return cls(
+            step=0,
+            weight_version=weight_version,
+            highest_weight_version=weight_version,
+            prompts_taken=0,
+            rounds_used={},
+            shortfall={},
+            steps_without_valid_rows=0,
+            lineage=[weight_version],
+            counters=RunCounters(),
+            config={},
+            identity="",
+        )
+
+    def apply(self, record: HistoryRecord, *, rolled_back: bool = False) -> None:
+        """Fold one history record into the state: the one place the state changes.
+
+        The live controller calls it for each record it appends, a journal replay for
+        each record it reads, so both arrive at the same state. ``rolled_back`` marks a
+        training step a restore undoes (its policy was lost): only its version is kept,
+        so versions stay unique.
+        """
+        counters = self.counters
+        if isinstance(record, PromptTaken):
+            self.prompts_taken = record.position + 1
+            counters.prompts_taken += 1
+        elif isinstance(record, RoundStarted):
+            self.rounds_used[record.group_id] = record.round
+            counters.attempts += len(record.dispatched)
+        elif isinstance(record, SiblingSealed):
+            counters.tokens_generated += record.seal.tokens
+        elif isinstance(record, GroupSealed):
+            counters.tokens_generated += sum(seal.tokens for seal in record.seals)
+        elif isinstance(record, AttemptsAbandoned):
+            if any(a.reason is not FailureReason.RESTART for a in record.attempts):
+                counters.retries += 1
+        elif isinstance(record, PromptDropped):
+            self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1
+            self.rounds_used.pop(record.group_id, None)
+            counters.prompts_dropped += 1
+        elif isinstance(record, GroupPublished):
+            self.rounds_used.pop(record.group_id, None)
+        elif isinstance(record, StepTrained):
+            self.highest_weight_version = max(self.highest_weight_version, record.weight_version)
+            if not rolled_back:
+                self._train(record)
+        elif isinstance(record, CheckpointCommitted):
+            counters.checkpoints += 1
+            counters.longest_checkpoint_hold_us = max(
+                counters.longest_checkpoint_hold_us, record.hold_us
+            )
+            counters.longest_checkpoint_stall_us = max(
+                counters.longest_checkpoint_stall_us, record.stall_us
+            )
+        elif isinstance(record, Restored):
+            counters.siblings_reused += record.sealed_siblings_kept
+
+    def _train(self, record: StepTrained) -> None:
+        counters = self.counters
+        self.step = record.step + 1
+        self.weight_version = record.weight_version
+        self.lineage.append(record.weight_version)
+        self.shortfall = {s: n for s, n in self.shortfall.items() if s > record.step}
+        self.steps_without_valid_rows = (
+            0 if record.valid_rows else (self.steps_without_valid_rows + 1)
+        )
+        counters.prompts_trained += len(record.group_ids)
+        counters.rows_trained += len(record.rows)
+        counters.valid_rows_trained += record.valid_rows
 
 
 def encode_controller_state(state: ControllerState) -> bytes:

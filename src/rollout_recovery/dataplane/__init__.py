@@ -16,7 +16,7 @@ from ._codec import check_keys_argument, check_partition
 from ._inventory import reconcile_staging
 from ._memory import MemoryDataPlane
 from ._protocol import DataPlane, Row
-from ._replay import CANONICAL_PARTITION, ReplayIndex
+from ._replay import CANONICAL_PARTITION, ReplayGroup, ReplayIndex
 from ._snapshot_tools import merge_snapshots, split_snapshot
 from ._sqlite import SqliteDataPlane
 
@@ -28,6 +28,7 @@ __all__ = [
     "DataPlaneCheckpointBarrierTelemetry",
     "DataPlaneMutationCut",
     "MemoryDataPlane",
+    "ReplayGroup",
     "ReplayIndex",
     "Row",
     "SqliteDataPlane",

@@ -369,6 +369,16 @@ class ReplayIndex:
         result: dict[str, Any] = msgspec.to_builtins(state)
         return result
 
+    @staticmethod
+    def saved_groups(state: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+        """The row keys each group of a saved :meth:`state_dict` owns, without a data plane.
+
+        Checks the schema and the digest like :meth:`from_state_dict` (for readers such as
+        the auditor, which only need ownership). Raises :class:`InvalidStateError`.
+        """
+        parsed = _parse_state(state)
+        return {group.group_id: tuple(group.row_keys) for group in parsed.groups}
+
     @classmethod
     def from_state_dict(
         cls,
@@ -376,37 +386,17 @@ class ReplayIndex:
         *,
         data_plane: DataPlane,
         group_size: int | None = None,
+        check_rows: bool = True,
     ) -> ReplayIndex:
         """Rebuild an index from :meth:`state_dict` output after the data plane was restored.
 
-        Checks the schema, the digest, each group's shape, and that the canonical
-        partition holds exactly the indexed row keys. ``group_size``, when given, must
-        match the saved one. Raises :class:`InvalidStateError`; nothing is modified.
+        Checks the schema, the digest, each group's shape, and (unless ``check_rows`` is
+        False: an index that only tracks ownership, such as a journal replay's) that the
+        canonical partition holds exactly the indexed row keys. ``group_size``, when
+        given, must match the saved one. Raises :class:`InvalidStateError`; nothing is
+        modified.
         """
-        try:
-            parsed = msgspec.convert(state, _IndexState, strict=True)
-        except msgspec.ValidationError as exc:
-            message, path = split_validation_path(str(exc))
-            raise InvalidStateError(f"invalid replay index state: {message}", path=path) from None
-        if parsed.schema_version != _SCHEMA_VERSION:
-            raise InvalidStateError(
-                f"replay index schema_version {parsed.schema_version} is not supported "
-                f"(expected {_SCHEMA_VERSION})",
-                path="$.schema_version",
-            )
-        if group_size is not None and parsed.group_size != group_size:
-            raise InvalidStateError(
-                f"replay index was saved with group_size={parsed.group_size}, "
-                f"expected {group_size}",
-                path="$.group_size",
-            )
-        expected_digest = _digest(parsed.partition, parsed.group_size, parsed.groups)
-        if parsed.digest != expected_digest:
-            raise InvalidStateError(
-                f"replay index digest mismatch: saved {parsed.digest!r}, contents hash to "
-                f"{expected_digest!r}",
-                path="$.digest",
-            )
+        parsed = _parse_state(state, group_size)
         try:
             index = cls(
                 data_plane=data_plane, group_size=parsed.group_size, partition=parsed.partition
@@ -418,6 +408,8 @@ class ReplayIndex:
                 index._load_group(saved)
             except InvalidTransitionError as exc:
                 raise InvalidStateError(str(exc), path=f"$.groups[{position}]") from None
+        if not check_rows:
+            return index
         present = set(data_plane.keys(parsed.partition))
         missing = sorted(set(index._owner) - present)
         extra = sorted(present - set(index._owner))
@@ -498,6 +490,34 @@ class ReplayIndex:
         for gid in ids:
             for key in self._groups.pop(gid).row_keys:
                 del self._owner[key]
+
+
+def _parse_state(state: Mapping[str, Any], group_size: int | None = None) -> _IndexState:
+    """A saved state, strictly typed, of this schema (and group size), with its digest."""
+    try:
+        parsed = msgspec.convert(state, _IndexState, strict=True)
+    except msgspec.ValidationError as exc:
+        message, path = split_validation_path(str(exc))
+        raise InvalidStateError(f"invalid replay index state: {message}", path=path) from None
+    if parsed.schema_version != _SCHEMA_VERSION:
+        raise InvalidStateError(
+            f"replay index schema_version {parsed.schema_version} is not supported "
+            f"(expected {_SCHEMA_VERSION})",
+            path="$.schema_version",
+        )
+    if group_size is not None and parsed.group_size != group_size:
+        raise InvalidStateError(
+            f"replay index was saved with group_size={parsed.group_size}, expected {group_size}",
+            path="$.group_size",
+        )
+    expected_digest = _digest(parsed.partition, parsed.group_size, parsed.groups)
+    if parsed.digest != expected_digest:
+        raise InvalidStateError(
+            f"replay index digest mismatch: saved {parsed.digest!r}, contents hash to "
+            f"{expected_digest!r}",
+            path="$.digest",
+        )
+    return parsed
 
 
 class _LiveCut:

@@ -11,9 +11,11 @@ from ._advantages import ADVANTAGE_EPSILON, grpo_advantages
 from ._group import finalize_group
 from ._publish import publish_finalized_group
 from ._result import FinalizedGroup, SiblingOutcome
+from ._rows import CanonicalRowMeta
 
 __all__ = [
     "ADVANTAGE_EPSILON",
+    "CanonicalRowMeta",
     "FinalizedGroup",
     "SiblingOutcome",
     "finalize_group",

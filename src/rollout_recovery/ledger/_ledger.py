@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Self
 
 from .._bounds import INT64_MAX
@@ -292,8 +292,13 @@ class RolloutRecoveryLedger:
         group_id: str | None = None,
         admission_id: str | None = None,
         prompt_ref: PromptRef | None = None,
+        attempt_uuids: Sequence[uuid.UUID] | None = None,
     ) -> PromptGroupRecoveryRecord:
-        """Create one logical group and a fresh RESERVED attempt for each sibling."""
+        """Create one logical group and a fresh RESERVED attempt for each sibling.
+
+        ``attempt_uuids`` (one per sibling) names the attempts instead of minting new ids:
+        a journal replay re-creates exactly the attempts it recorded.
+        """
         cut.require_live()
         _check_reservation(
             prompt_id=prompt_id,
@@ -315,6 +320,11 @@ class RolloutRecoveryLedger:
             )
         _check_text("prompt_ref.task_name", prompt_ref.task_name, optional=True, non_empty=False)
         _check_scheduling(target_step, start_weight_version)
+        if attempt_uuids is not None and len(attempt_uuids) != expected_generations:
+            raise InvalidTransitionError(
+                f"attempt_uuids names {len(attempt_uuids)} attempts for "
+                f"{expected_generations} siblings"
+            )
         group_id = group_id or str(uuid.uuid4())
         if group_id in self._groups:
             raise InvalidTransitionError(
@@ -334,7 +344,12 @@ class RolloutRecoveryLedger:
             status=_GENERATING,
             phase=PromptGroupPhase.ADMITTED if admitted else PromptGroupPhase.RESERVED,
             siblings=[
-                SiblingState(generation_index=index, attempts=[AttemptState.fresh()])
+                SiblingState(
+                    generation_index=index,
+                    attempts=[
+                        AttemptState.fresh(None if attempt_uuids is None else attempt_uuids[index])
+                    ],
+                )
                 for index in range(expected_generations)
             ],
         )
@@ -601,12 +616,18 @@ class RolloutRecoveryLedger:
         group.status = _GENERATING
 
     def prepare_incomplete_retry(
-        self, cut: MutationCut, group_id: str
+        self,
+        cut: MutationCut,
+        group_id: str,
+        *,
+        attempt_uuids: Mapping[int, uuid.UUID] | None = None,
     ) -> PromptGroupRecoveryRecord:
         """Mint fresh attempts for abandoned or failed siblings, per the group's granularity.
 
         Sealed siblings are kept at sibling granularity; RESERVED ones are left alone, so a
-        fresh group is a no-op.
+        fresh group is a no-op. ``attempt_uuids`` (generation index -> id, exactly the
+        siblings this retry renews) names the new attempts instead of minting ids, for a
+        journal replay.
         """
         cut.require_live()
         group = self._require_group(group_id)
@@ -640,8 +661,15 @@ class RolloutRecoveryLedger:
                     group_id=group_id,
                 )
             to_retry.append(index)
+        if attempt_uuids is not None and sorted(attempt_uuids) != to_retry:
+            raise InvalidTransitionError(
+                f"retry of group {group_id!r} renews siblings {to_retry}, but attempt_uuids "
+                f"names {sorted(attempt_uuids)}",
+                group_id=group_id,
+            )
         for index in to_retry:
-            group.siblings[index].attempts.append(AttemptState.fresh())
+            named = None if attempt_uuids is None else attempt_uuids[index]
+            group.siblings[index].attempts.append(AttemptState.fresh(named))
         return group.to_record(self._payloads.get(group_id))
 
     def prepare_for_restart(self, cut: MutationCut) -> None:

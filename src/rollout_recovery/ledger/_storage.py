@@ -187,10 +187,11 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     staging_keys: list[str]
 
     @classmethod
-    def fresh(cls) -> AttemptState:
-        return cls(
-            uuid.uuid4().bytes, RolloutAttemptStatus.RESERVED, None, None, None, None, None, []
-        )
+    def fresh(cls, attempt_uuid: uuid.UUID | None = None) -> AttemptState:
+        """A RESERVED attempt, with a new random id unless ``attempt_uuid`` names it (a
+        replay re-creates the attempt the journal recorded, never a new one)."""
+        minted = attempt_uuid if attempt_uuid is not None else uuid.uuid4()
+        return cls(minted.bytes, RolloutAttemptStatus.RESERVED, None, None, None, None, None, [])
 
     def seal(
         self,

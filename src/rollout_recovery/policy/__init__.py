@@ -7,6 +7,7 @@ samples tokens with exact logprobs and recomputes them from a canonical row;
 importance-ratio GRPO objective and hand-derived gradients.
 """
 
+from ._config import PolicyConfig, TaskConfig
 from ._numpy_policy import (
     KIND_ANSWER,
     KIND_FIXED,
@@ -61,7 +62,9 @@ __all__ = [
     "THOUGHT_BASE",
     "VOCAB_SIZE",
     "NumpyGRPOTrainer",
+    "PolicyConfig",
     "PolicySnapshot",
+    "TaskConfig",
     "TaskSet",
     "TrainSample",
     "Trainer",

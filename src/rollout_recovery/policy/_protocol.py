@@ -31,11 +31,13 @@ class TrainSample:
 class Trainer(Protocol):
     """Learns from GRPO samples and hands its weights to generation.
 
-    ``weight_version`` counts completed train steps; ``train_step`` advances it by one, even
-    for an empty batch, so versions and steps stay in lockstep. ``weights`` returns an
-    immutable snapshot a generation backend may keep while training goes on. ``state`` is
-    everything needed to resume bit-for-bit (plain numpy arrays, saved without pickle);
-    ``load_state`` restores it.
+    ``weight_version`` names the current weights. ``train_step`` trains one step, even on
+    an empty batch, and names the weights it produces ``version``: the controller chooses
+    it, above every version the run ever produced (after a restore rolled training back,
+    the next version still continues above the lost ones, so one number never names two
+    sets of weights). ``weights`` returns an immutable snapshot a generation backend may
+    keep while training goes on. ``state`` is everything needed to resume bit-for-bit
+    (plain numpy arrays, saved without pickle); ``load_state`` restores it.
     """
 
     @property
@@ -43,7 +45,7 @@ class Trainer(Protocol):
 
     def weights(self) -> object: ...
 
-    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]: ...
+    def train_step(self, samples: Sequence[TrainSample], *, version: int) -> dict[str, float]: ...
 
     def state(self) -> dict[str, npt.NDArray[Any]]: ...
 

@@ -190,14 +190,28 @@ class NumpyGRPOTrainer:
                 np.sqrt(v_hat) + self._adam_eps
             )
 
-    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """``epochs`` Adam steps on ``samples``; the version advances by one regardless.
+    def train_step(
+        self, samples: Sequence[TrainSample], *, version: int | None = None
+    ) -> dict[str, float]:
+        """``epochs`` Adam steps on ``samples``; the new weights are ``version`` (by
+        default the next one), whatever the batch.
 
         Metrics are measured before the first update (what the behaviour data looked like
         to the current policy). An empty batch (or one without generated tokens) changes
-        no parameter and no optimizer state, but still advances the version. A sample this
-        policy cannot have produced raises ``ValueError`` before anything changes.
+        no parameter and no optimizer state, but still names the new version. A sample
+        this policy cannot have produced, or a version not above the current one, raises
+        ``ValueError`` before anything changes.
         """
+        new_version = self._version + 1 if version is None else version
+        if (
+            isinstance(new_version, bool)
+            or not isinstance(new_version, int)
+            or (new_version <= self._version)
+        ):
+            raise InvalidArgumentError(
+                f"a train step must produce a version above {self._version}, got {version!r}",
+                path="$.version",
+            )
         batch = _Batch(samples)
         metrics = {
             "loss": 0.0,
@@ -215,7 +229,7 @@ class NumpyGRPOTrainer:
                     norm = float(np.sqrt(sum(float((g * g).sum()) for g in grads.values())))
                     metrics.update(diagnostics, loss=loss, grad_norm=norm)
                 self._adam(grads)
-        self._version += 1
+        self._version = new_version
         return metrics
 
     # -- state ----------------------------------------------------------------------------

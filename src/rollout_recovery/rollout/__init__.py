@@ -10,7 +10,9 @@ attempt's ``CaptureWriter`` and injects the faults of :class:`FaultSettings`.
 :class:`WeightSync` pushes the trainer's weights to them.
 """
 
+from ._config import FaultsConfig, GenerationConfig, HttpConfig
 from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
+from ._outcomes import AttemptFailure, FailureReason
 from ._protocol import (
     AttemptRequest,
     AttemptResult,
@@ -44,6 +46,7 @@ __all__ = [
     "CAPTURE_FAILURE_REASON",
     "DIALECTS",
     "WEIGHT_SYNCS",
+    "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
     "BackendStartup",
@@ -52,9 +55,13 @@ __all__ = [
     "DataFailure",
     "Dialect",
     "DialectName",
+    "FailureReason",
     "FaultSettings",
+    "FaultsConfig",
     "GenerationBackend",
+    "GenerationConfig",
     "HttpBackendSettings",
+    "HttpConfig",
     "HttpGenerationBackend",
     "NoWeightSync",
     "PolicyWeightSync",

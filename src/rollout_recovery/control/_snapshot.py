@@ -1,0 +1,128 @@
+"""Snapshots of the journal, built outside the checkpoint's exclusive hold.
+
+A :class:`SnapshotBuilder` keeps its own ledger, replay index and controller state and
+follows the journal: to snapshot the history up to position ``P`` it replays the records
+between its last position and ``P`` (read back from ``events.jsonl``, verified) and
+encodes what it then holds. The live controller is never read, so the checkpoint's hold
+only has to take ``P``: it stays flat however large the ledger grows, and every snapshot
+proves on the way that the journal on disk rebuilds the state.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ..checkpoint import encode_native_checkpoint, encode_sidecar, sidecar_filename
+from ..dataplane import ReplayIndex
+from ..history import scan_journal
+from ..ledger import RolloutRecoveryLedger, build_rollout_recovery_state
+from ..rewards import CaptureRewardSettings
+from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane
+from ._state import ControllerState, encode_controller_state
+
+__all__ = ["Snapshot", "SnapshotBuilder"]
+
+
+class _ReplayCut:
+    """The cut of the builder's private state: nothing else can reach it, so it is always
+    live (like a ledger being loaded, which takes no cut either)."""
+
+    def require_live(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The encoded state at one journal position, ready to be written as a checkpoint."""
+
+    position: int
+    step: int
+    weight_version: int
+    sidecar_name: str
+    sidecar: bytes
+    replay_state: bytes
+    controller_state: bytes
+    #: The rows the snapshot owns (checked present before the checkpoint commits).
+    expected_staging: frozenset[str]
+    canonical_keys: frozenset[str]
+
+
+class SnapshotBuilder:
+    """Follows ``journal`` from ``position`` with copies of a consistent state."""
+
+    def __init__(
+        self,
+        *,
+        journal: Path,
+        position: int,
+        ledger: RolloutRecoveryLedger,
+        replay: ReplayIndex,
+        state: ControllerState,
+        group_size: int,
+    ) -> None:
+        self._journal = journal
+        self.position = position
+        # Copies: the builder's state evolves only from the journal from here on.
+        self.ledger = RolloutRecoveryLedger.from_state_dict(ledger.state_dict())
+        bind_placeholder_prompts(_ReplayCut(), self.ledger)
+        self.replay = ReplayIndex.from_state_dict(
+            replay.state_dict(),
+            data_plane=metadata_only_plane(),
+            group_size=group_size,
+            check_rows=False,
+        )
+        self.state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=ControllerState)
+        self._replay = JournalReplay(
+            ledger=self.ledger, replay=self.replay, state=self.state, journal=journal
+        )
+        self.records_followed = 0
+
+    def advance_to(self, position: int) -> None:
+        """Replay the journal's records from the builder's position up to ``position``."""
+        if position <= self.position:
+            return
+        scan = scan_journal(self._journal, start=self.position, limit=position)
+        self.records_followed += self._replay.follow(_ReplayCut(), scan.entries)
+        self.position = scan.end
+
+    def snapshot(
+        self,
+        *,
+        sidecar_format: Literal["native", "pt"],
+        settings: CaptureRewardSettings,
+        config: dict[str, Any],
+        identity: str,
+    ) -> Snapshot:
+        """Encode the builder's state (at its position) as checkpoint files."""
+        canonical_ids = set(self.replay.group_ids())
+        fields: dict[str, Any] = {
+            "batch_shortfall": dict(self.state.shortfall),
+            "sampler_stamps_target_steps": True,
+            "finalizer_metrics_by_group": self.replay.metrics_by_group(),
+            "reward_settings": settings,
+            "canonical_group_ids": canonical_ids,
+        }
+        if sidecar_format == "native":
+            sidecar = encode_native_checkpoint(self.ledger, **fields)
+        else:
+            built = dict(build_rollout_recovery_state(self.ledger, **fields))
+            sidecar = encode_sidecar(built, format=sidecar_format)
+        state = copy.copy(self.state)
+        state.config = config
+        state.identity = identity
+        return Snapshot(
+            position=self.position,
+            step=self.state.step,
+            weight_version=self.state.weight_version,
+            sidecar_name=sidecar_filename(sidecar_format),
+            sidecar=sidecar,
+            replay_state=msgspec.msgpack.encode(self.replay.state_dict()),
+            controller_state=encode_controller_state(state),
+            expected_staging=frozenset(self.ledger.expected_staging_keys()),
+            canonical_keys=frozenset(self.replay.row_keys()),
+        )

@@ -1,0 +1,86 @@
+"""The typed durable history of a run: its records, the trail that appends them, the
+checker of the invariants they must satisfy, and the read-only auditor.
+
+Every record is a msgspec Struct of one tagged union (:data:`HistoryRecord`); writers
+append Structs and readers decode into the union, refusing a line that is not a record
+with its ``file:line``.
+"""
+
+from ._auditor import AuditReport, audit_run
+from ._journal import (
+    JournalCorruptError,
+    JournalEntry,
+    JournalScan,
+    JournalWriter,
+    cut_torn_tail,
+    scan_journal,
+)
+from ._records import (
+    HISTORY_VERSION,
+    AbandonedAttempt,
+    AttemptsAbandoned,
+    BackendEvent,
+    BatchAdmitted,
+    CheckpointCommitted,
+    DiscardedSeal,
+    DropReason,
+    FreshAttempt,
+    GroupPublished,
+    GroupSealed,
+    HistoryRecord,
+    PromptDropped,
+    PromptTaken,
+    Restored,
+    ReusePolicy,
+    RewardChecksRecord,
+    RoundStarted,
+    RunStarted,
+    Seal,
+    SiblingSealed,
+    StepTrained,
+    TrainedRow,
+)
+from ._trail import AuditTrail
+from ._trail_check import TrailReport, check_trail
+from ._trail_reader import TrailLineError, read_entries, read_json_lines, read_records
+
+__all__ = [
+    "HISTORY_VERSION",
+    "AbandonedAttempt",
+    "AttemptsAbandoned",
+    "AuditReport",
+    "AuditTrail",
+    "BackendEvent",
+    "BatchAdmitted",
+    "CheckpointCommitted",
+    "DiscardedSeal",
+    "DropReason",
+    "FreshAttempt",
+    "GroupPublished",
+    "GroupSealed",
+    "HistoryRecord",
+    "JournalCorruptError",
+    "JournalEntry",
+    "JournalScan",
+    "JournalWriter",
+    "PromptDropped",
+    "PromptTaken",
+    "Restored",
+    "ReusePolicy",
+    "RewardChecksRecord",
+    "RoundStarted",
+    "RunStarted",
+    "Seal",
+    "SiblingSealed",
+    "StepTrained",
+    "TrailLineError",
+    "TrailReport",
+    "TrainedRow",
+    "audit_run",
+    "check_trail",
+    "cut_torn_tail",
+    "read_entries",
+    "read_json_lines",
+    "read_records",
+    "scan_journal",
+]

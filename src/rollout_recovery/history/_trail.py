@@ -1,0 +1,124 @@
+"""The audit trail: the run's history (the journal) and its per-step metrics.
+
+``events.jsonl`` is the write-ahead journal (``_journal``): every record of the run,
+checksummed, never cut back; a restore replays it. ``metrics.jsonl`` is a plain JSON-lines
+sink, one line per trained step: a restore cuts it back to its checkpoint, because the
+steps trained after the checkpoint are trained again and logged again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..errors import CheckpointDirectoryError, StorageFullError
+from ..rundir import PRIVATE_FILE_MODE, RunDirectory
+from ._journal import JournalWriter
+from ._records import HistoryRecord
+
+__all__ = ["AuditTrail", "strict_json_line"]
+
+
+def _plain_number(value: object) -> object:
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise NotImplementedError(f"cannot write a {type(value).__name__} to the metrics")
+
+
+# msgspec writes NaN and infinities as null: strict JSON by construction.
+_ENCODER = msgspec.json.Encoder(enc_hook=_plain_number)
+
+# One name for the append syscall, so a test can make the disk "fill up" mid-line.
+_write = os.write
+
+
+def strict_json_line(record: Mapping[str, Any]) -> bytes:
+    """One strict-JSON line (non-finite floats become null)."""
+    return _ENCODER.encode(dict(record)) + b"\n"
+
+
+class AuditTrail:
+    """Appends history records to the journal and metrics lines to their sink."""
+
+    def __init__(self, run: RunDirectory) -> None:
+        self._run = run
+        self.journal = JournalWriter(run.events)
+        self._metrics_fd = os.open(
+            run.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE
+        )
+
+    def close(self) -> None:
+        self.journal.close()
+        if self._metrics_fd >= 0:
+            os.close(self._metrics_fd)
+            self._metrics_fd = -1
+
+    # -- the history -------------------------------------------------------------------
+
+    def append(self, record: HistoryRecord) -> int:
+        """Append one record to the journal; returns the position after it."""
+        return self.journal.append(record)
+
+    def append_all(self, records: Sequence[HistoryRecord]) -> int:
+        """Append one cut's records with a single write (all or none survive a kill)."""
+        return self.journal.append_all(records)
+
+    async def flush(self) -> None:
+        """Every record appended so far is durable when this returns (group commit)."""
+        await self.journal.flush()
+
+    @property
+    def position(self) -> int:
+        return self.journal.position
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def metrics(self, values: Mapping[str, Any]) -> None:
+        line = strict_json_line(values)
+        if _write(self._metrics_fd, line) != len(line):
+            raise StorageFullError(
+                f"appending to {self._run.metrics.name}", filename=str(self._run.metrics)
+            )
+
+    @property
+    def metrics_path(self) -> Path:
+        return self._run.metrics
+
+    @property
+    def metrics_position(self) -> int:
+        return os.fstat(self._metrics_fd).st_size
+
+    def truncate_metrics(self, length: int) -> None:
+        """Cut the metrics back to a checkpoint's length (its later steps run again)."""
+        current = self.metrics_position
+        if length > current:
+            raise CheckpointDirectoryError(
+                f"{self._run.metrics.name} is {current} bytes but the checkpoint recorded "
+                f"{length}: the metrics lost lines the checkpoint had synced",
+                directory=str(self._run.root),
+            )
+        os.ftruncate(self._metrics_fd, length)
+        os.fsync(self._metrics_fd)
+
+    # -- both --------------------------------------------------------------------------
+
+    def marks(self) -> dict[str, int]:
+        """Both files' lengths by name: what a checkpoint taken now includes."""
+        return {
+            self._run.events.name: self.journal.position,
+            self._run.metrics.name: self.metrics_position,
+        }
+
+    def start_over(self) -> None:
+        """Empty both files: a fresh run (no checkpoint, no earlier work) begins."""
+        self.journal.truncate(0)
+        self.truncate_metrics(0)
+
+    def sync(self) -> None:
+        self.journal.sync()
+        os.fsync(self._metrics_fd)

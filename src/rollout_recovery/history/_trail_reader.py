@@ -1,0 +1,69 @@
+"""Reading the history back: every record verified and decoded, or refused with its place.
+
+A reader never guesses: a damaged line with whole records after it (altered, not torn)
+raises :class:`~rollout_recovery.history.JournalCorruptError` naming ``file:line`` and
+its byte offset. A torn tail (the last line of a live run being written, or one a power
+cut tore) is not part of the history yet and is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..errors import InvalidStateError
+from ._journal import JournalEntry, scan_journal
+from ._records import HISTORY_VERSION, HistoryRecord, RunStarted
+
+__all__ = ["TrailLineError", "read_entries", "read_json_lines", "read_records"]
+
+
+class TrailLineError(InvalidStateError):
+    """A line of a JSON-lines file that is not what it must be (damaged or hand-edited)."""
+
+
+def read_entries(path: Path, *, start: int = 0, limit: int | None = None) -> list[JournalEntry]:
+    """The verified records of the journal at ``path`` (from byte ``start``, up to
+    ``limit``), with their offsets and line numbers; a torn tail is left out."""
+    entries = scan_journal(path, start=start, limit=limit).entries
+    for entry in entries:
+        record = entry.record
+        if isinstance(record, RunStarted) and record.version != HISTORY_VERSION:
+            raise TrailLineError(
+                f"{path.name}:{entry.line} is history version {record.version}; this "
+                f"rollout-recovery reads version {HISTORY_VERSION}",
+                file=str(path),
+            )
+    return entries
+
+
+def read_records(
+    path: Path, *, start: int = 0, limit: int | None = None
+) -> Iterator[tuple[int, HistoryRecord]]:
+    """``(line number, record)`` of each verified record (see :func:`read_entries`)."""
+    for entry in read_entries(path, start=start, limit=limit):
+        yield entry.line, entry.record
+
+
+def read_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a plain JSON-lines file (metrics), numbered from 1.
+
+    Raises :class:`TrailLineError` for a line that is not a JSON object.
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = msgspec.json.decode(line)
+        except msgspec.DecodeError as error:
+            raise TrailLineError(
+                f"{path.name}:{number} is not valid JSON ({error})", file=str(path)
+            ) from None
+        if not isinstance(value, dict):
+            raise TrailLineError(f"{path.name}:{number} is not a JSON object", file=str(path))
+        yield number, value

@@ -1,0 +1,21 @@
+"""The composition root of ``rollout-recovery run``: config to components, the run
+directory claimed and resumed, local generation servers, the summary and the plot.
+
+:func:`run_job` is the main job; a user plugs in their own dataset, generation backend
+and trainer through ``components=``.
+"""
+
+from ._components import JobComponents, default_components
+from ._report import RunReporter, RunSummary, render_summary, silence_closed_stdout
+from ._run_job import JobResult, run_job
+
+__all__ = [
+    "JobComponents",
+    "JobResult",
+    "RunReporter",
+    "RunSummary",
+    "default_components",
+    "render_summary",
+    "run_job",
+    "silence_closed_stdout",
+]

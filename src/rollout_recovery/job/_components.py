@@ -1,0 +1,231 @@
+"""The composition root: from the run config to the components a job plugs together.
+
+:func:`default_components` builds the embedded default (synthetic tasks, the numpy GRPO
+policy, and simulated agents, HTTP generation servers or Ray actors as
+``generation.backend`` says); :func:`job_data_plane` opens the job's durable row store
+and :func:`generation_servers` starts local ``serve`` processes when the HTTP backend
+has no server list. A user plugs their own dataset, backend and trainer in through
+``run_job(components=...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from ..control import PromptDataset, RunConfig
+from ..dataplane import DataPlane, SqliteDataPlane
+from ..errors import ConfigError
+from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
+from ..rollout import (
+    DIALECTS,
+    WEIGHT_SYNCS,
+    FaultSettings,
+    GenerationBackend,
+    HttpBackendSettings,
+    HttpConfig,
+    HttpGenerationBackend,
+    PoolSettings,
+    SimulatedAgentBackend,
+)
+from ..rundir import RunDirectory
+from ._server_fleet import LocalServerFleet
+
+__all__ = [
+    "JobComponents",
+    "default_components",
+    "generation_servers",
+    "job_data_plane",
+    "require_ray",
+]
+
+
+@dataclass(slots=True)
+class JobComponents:
+    """What a run plugs in: the dataset, a generation backend and a trainer."""
+
+    dataset: PromptDataset
+    backend: GenerationBackend
+    trainer: Trainer
+
+
+def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
+    """The embedded default: synthetic tasks, the numpy GRPO policy, and simulated agents
+    (``generation.backend = "simulated"``) or HTTP generation servers (``"http"``, the
+    servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
+    local ones)."""
+    job = config.job
+    dataset = TaskSet(
+        config.task.dataset_size, seed=job.seed, prompt_group_every=config.task.prompt_group_every
+    )
+    trainer = NumpyGRPOTrainer(
+        seed=job.seed,
+        learning_rate=config.policy.learning_rate,
+        clip_epsilon=config.policy.clip_epsilon,
+    )
+    backend: GenerationBackend
+    if config.generation.backend == "http":
+        backend = _http_backend(config, dataset, trainer)
+    elif config.generation.backend == "ray":
+        backend = _ray_backend(config, data_plane, trainer)
+    else:
+        backend = SimulatedAgentBackend(
+            task_set=dataset,
+            seed=job.seed,
+            workers=config.generation.workers,
+            call_latency_s=config.generation.call_latency_s,
+            latency_jitter=config.generation.latency_jitter,
+            # [faults] has exactly the backend's fault fields, so a new fault cannot be
+            # configured without reaching the backend.
+            faults=FaultSettings(**msgspec.structs.asdict(config.faults)),
+            initial_weights=trainer.weights(),
+            data_plane=data_plane,
+            # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
+            stage_in_thread=True,
+        )
+    return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
+
+
+def _http_settings(http: HttpConfig) -> HttpBackendSettings:
+    """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker)."""
+    return HttpBackendSettings(
+        model=http.model,
+        pool=PoolSettings(
+            concurrency=http.per_server_concurrency,
+            probe_interval_s=http.probe_interval_s,
+            probe_timeout_s=http.probe_timeout_s,
+            dead_after_failures=http.dead_after_failures,
+            no_server_wait_s=http.no_server_wait_s,
+        ),
+        request_timeout_s=http.request_timeout_s,
+        call_redispatch_budget=http.call_redispatch_budget,
+        redispatch_backoff_s=http.redispatch_backoff_s,
+        logprob_mode=http.logprob_mode,
+        stage_in_thread=True,
+    )
+
+
+def _http_backend(
+    config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
+) -> HttpGenerationBackend:
+    http = config.http
+    return HttpGenerationBackend(
+        servers=list(http.servers),
+        task_set=dataset,
+        dialect=DIALECTS[http.dialect],
+        weight_sync=WEIGHT_SYNCS[http.weight_sync],
+        settings=_http_settings(http),
+        initial_version=trainer.weight_version,
+        initial_weights=trainer.weights(),
+    )
+
+
+def _ray_backend(
+    config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
+) -> GenerationBackend:
+    from ..cluster import ActorPoolSettings, RayGenerationBackend, RayShardedDataPlane, WorkerSpec
+
+    if not isinstance(data_plane, RayShardedDataPlane):
+        raise ConfigError(
+            "the Ray backend stages into the Ray data plane; run it through run_job",
+            path="$.generation.backend",
+        )
+    ray_config, http = config.ray, config.http
+    faults = msgspec.structs.asdict(config.faults)
+    # A worker is its own process: a simulated worker crash would only be a subset of a
+    # real actor death, which the pool handles (and the chaos tests cause).
+    faults["worker_crash_rate"] = 0.0
+    spec = WorkerSpec(
+        kind=ray_config.worker,
+        shards=data_plane.layout,
+        task_size=config.task.dataset_size,
+        task_seed=config.job.seed,
+        prompt_group_every=config.task.prompt_group_every,
+        seed=config.job.seed,
+        call_latency_s=config.generation.call_latency_s,
+        latency_jitter=config.generation.latency_jitter,
+        faults=FaultSettings(**faults),
+        http_servers=http.servers,
+        http_dialect=http.dialect,
+        http_weight_sync=http.weight_sync,
+        http_settings=_http_settings(http),
+    )
+    settings = ActorPoolSettings(
+        actors_per_node=ray_config.actors_per_node,
+        cpus_per_actor=ray_config.cpus_per_actor,
+        per_actor_concurrency=ray_config.per_actor_concurrency,
+        ping_interval_s=ray_config.ping_interval_s,
+        ping_timeout_s=ray_config.ping_timeout_s,
+        actor_start_timeout_s=ray_config.actor_start_timeout_s,
+        max_replacements=ray_config.max_replacements,
+    )
+    return RayGenerationBackend(
+        spec=spec, settings=settings, plane=data_plane, initial_weights=trainer.weights()
+    )
+
+
+@contextlib.contextmanager
+def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
+    """The job's durable store: one SQLite file, or SQLite shards served by Ray actors
+    (on a cluster this job attaches to or starts, and leaves as it found it)."""
+    if config.generation.backend != "ray":
+        with SqliteDataPlane(run.data_plane_file) as store:
+            yield store
+        return
+    from ..cluster import RayShardedDataPlane, ShardDirectory, ray_session
+
+    ray_config = config.ray
+    with ray_session(ray_config.address, ray_config.num_cpus):
+        layout = ShardDirectory(
+            prefix=f"rr-{os.getpid()}-{int(time.time() * 1000) % 10**9}",
+            namespace="rollout-recovery",
+            directory=str(run.shards_dir),
+            shards=ray_config.data_shards,
+            cpus_per_shard=ray_config.cpus_per_shard,
+        )
+        plane = RayShardedDataPlane.start(layout)
+        try:
+            yield plane
+        finally:
+            plane.shutdown()
+
+
+def require_ray(config: RunConfig) -> None:
+    if config.generation.backend != "ray":
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "needs Ray: pip install 'rollout-recovery[ray]'", path="$.generation.backend"
+        ) from None
+
+
+@contextlib.contextmanager
+def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
+    """The config the components see: with local servers started (and stopped on exit)
+    when the HTTP backend has no server list. The job's own config keeps the empty list,
+    so a resume, which starts new servers on new ports, is still the same job."""
+    http = config.http
+    wants_servers = config.generation.backend == "http" or (
+        config.generation.backend == "ray" and config.ray.worker == "http"
+    )
+    if not wants_servers or http.servers:
+        yield config
+        return
+    fleet = LocalServerFleet(
+        run.root,
+        http.launch_servers,
+        seed=config.job.seed,
+        call_latency_s=config.generation.call_latency_s,
+        model=http.model,
+    )
+    with fleet as urls:
+        yield msgspec.structs.replace(
+            config, http=msgspec.structs.replace(http, servers=tuple(urls))
+        )

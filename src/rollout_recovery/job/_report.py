@@ -1,0 +1,322 @@
+"""What a run shows while it runs and when it ends: progress, the summary, metrics.jsonl.
+
+``RunReporter`` draws a rich progress bar on a terminal and prints plain log lines
+otherwise (a CI log, a file), so a captured log holds one line per step. ``render_summary``
+prints the end-of-run table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TextIO
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .._closing import Closing
+from ..errors import ClosedResourceError
+
+__all__ = ["RunReporter", "RunSummary", "render_summary", "silence_closed_stdout"]
+
+
+def silence_closed_stdout() -> None:
+    """Point stdout at /dev/null, so nothing (the interpreter's final flush included)
+    writes to a pipe whose reader is gone."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _format_reward(reward: float | None) -> str:
+    if reward is None:
+        return "n/a"
+    return f"{reward:.3f}"
+
+
+class RunReporter(Closing):
+    """Live progress of one run.
+
+    On a terminal (``console.is_terminal``) it shows a rich progress bar with the step
+    count, the last mean reward, attempts in flight, retries and checkpoints. Anywhere
+    else, or with ``force_plain=True``, it prints plain lines instead::
+
+        starting 40 steps
+        step 12/40 reward=0.531 in_flight=23 retries=4 checkpoints=2
+
+    A plain line is printed when ``update`` reports a step other than the last one
+    printed; repeated updates of the same step (live in-flight counts) only refresh the
+    bar. ``log`` lines are printed as is, markup and highlighting off.
+    """
+
+    def __init__(
+        self, console: Console | TextIO | None = None, *, force_plain: bool = False
+    ) -> None:
+        if console is None:
+            console = Console(stderr=True)
+        elif not isinstance(console, Console):
+            console = Console(file=console)
+        self._console = console
+        self._plain = force_plain or not console.is_terminal
+        self._total: int | None = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._last_printed_step: int | None = None
+        self._closed = False
+        self._output_off = False
+
+    @property
+    def plain(self) -> bool:
+        """True when this reporter prints plain lines rather than a progress bar."""
+        return self._plain
+
+    def start(self, total_steps: int, resumed_from: int | None) -> None:
+        """Begin the display; ``resumed_from`` is the completed-step count of the restore.
+
+        ``None`` means a fresh run.
+        """
+        self._check_open()
+        self._total = total_steps
+        done = resumed_from or 0
+        if resumed_from is None:
+            self._print(f"starting {total_steps} steps")
+        else:
+            self._print(
+                f"resuming after step {resumed_from}: {max(total_steps - done, 0)} "
+                f"of {total_steps} steps left"
+            )
+        if self._plain:
+            return
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("[bold]step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn(
+                    "reward={task.fields[reward]} in_flight={task.fields[in_flight]} "
+                    "retries={task.fields[retries]} checkpoints={task.fields[checkpoints]}"
+                ),
+                TimeElapsedColumn(),
+                console=self._console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "run",
+                total=total_steps,
+                completed=done,
+                reward="n/a",
+                in_flight=0,
+                retries=0,
+                checkpoints=0,
+            )
+        else:
+            assert self._task is not None
+            self._progress.update(self._task, total=total_steps, completed=done)
+
+    def update(
+        self,
+        *,
+        step: int,
+        mean_reward: float | None,
+        in_flight: int,
+        retries: int,
+        checkpoints: int,
+    ) -> None:
+        """Report progress: ``step`` is the number of steps completed (1-based last step)."""
+        self._check_open()
+        reward = _format_reward(mean_reward)
+        if self._plain:
+            if step == self._last_printed_step:
+                return
+            self._last_printed_step = step
+            total = "?" if self._total is None else str(self._total)
+            self._print(
+                f"step {step}/{total} reward={reward} in_flight={in_flight} "
+                f"retries={retries} checkpoints={checkpoints}"
+            )
+            return
+        if self._progress is None:
+            self.start(self._total or step, None)
+        assert self._progress is not None and self._task is not None
+        self._progress.update(
+            self._task,
+            completed=step,
+            reward=reward,
+            in_flight=in_flight,
+            retries=retries,
+            checkpoints=checkpoints,
+        )
+
+    def log(self, message: str) -> None:
+        """One line of text, printed as is (above the bar on a terminal)."""
+        self._check_open()
+        self._print(message)
+
+    def close(self) -> None:
+        """Stop the bar (leaving its last state on screen); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _print(self, message: str) -> None:
+        if self._output_off:
+            return
+        console = self._progress.console if self._progress is not None else self._console
+        try:
+            console.print(message, markup=False, highlight=False, soft_wrap=True)
+        except (BrokenPipeError, ValueError, OSError) as error:
+            if (
+                isinstance(error, OSError)
+                and not isinstance(error, BrokenPipeError)
+                and (error.errno != errno.EPIPE)
+            ):
+                raise
+            self._turn_output_off(error)
+
+    def _turn_output_off(self, error: BaseException) -> None:
+        """The reader of our output went away (``run | head -2``): output never stops
+        training, so it is turned off, said once on stderr."""
+        self._output_off = True
+        if self._progress is not None:
+            with contextlib.suppress(Exception):
+                self._progress.stop()
+            self._progress = None
+        silence_closed_stdout()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                f"rollout-recovery: output closed ({type(error).__name__}); the run goes on "
+                "without printing progress\n"
+            )
+            sys.stderr.flush()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("the run reporter is closed")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """The end-of-run numbers printed by ``render_summary``."""
+
+    steps: int
+    prompts_taken: int
+    prompts_trained: int
+    prompts_dropped: int
+    attempts: int
+    retries: int
+    siblings_reused: int
+    checkpoints: int
+    restores: int
+    longest_checkpoint_stall_s: float
+    wall_time_s: float
+    # Mean reward over the first and the last tenth of the steps (None: no reward yet).
+    first_tenth_reward: float | None
+    last_tenth_reward: float | None
+    #: Valid rows over all rows trained (placeholders are the rest); None before any row.
+    valid_row_fraction: float | None = None
+    #: Per generation part (server or actor) counts from the backend's telemetry, when it
+    #: has parts that live and die on their own: ``{name: {"state": ..., "calls": ...}}``.
+    parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+_SUMMARY_LABELS = {
+    "steps": "steps trained",
+    "prompts_taken": "prompts taken",
+    "prompts_trained": "prompts trained",
+    "prompts_dropped": "prompts dropped",
+    "attempts": "attempts",
+    "retries": "retries",
+    "siblings_reused": "siblings reused",
+    "checkpoints": "checkpoints written",
+    "restores": "restores",
+    "longest_checkpoint_stall_s": "longest checkpoint stall",
+    "wall_time_s": "wall time",
+    "first_tenth_reward": "mean reward, first tenth",
+    "last_tenth_reward": "mean reward, last tenth",
+    "valid_row_fraction": "valid rows (fraction trained)",
+}
+
+
+def _format_summary_value(name: str, value: object) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if name.endswith("_s"):
+            return f"{value:.3f} s"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def render_summary(summary: RunSummary, console: Console) -> None:
+    """Print the summary as a two-column table (also readable on a plain console)."""
+    table = Table(title="run summary", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for item in fields(summary):
+        if item.name == "parts":
+            continue
+        value = getattr(summary, item.name)
+        table.add_row(_SUMMARY_LABELS[item.name], _format_summary_value(item.name, value))
+    console.print(table)
+    if summary.parts:
+        console.print(_parts_table(summary.parts))
+
+
+# More dead parts than this are added up into one row.
+_MAX_DEAD_ROWS = 6
+# Short headers: the table fits 80 columns with a server address in the first one.
+_PART_LABELS = {
+    "infra_failures": "infra",
+    "data_failures": "data",
+    "weight_pushes": "pushes",
+}
+
+
+def _parts_table(parts: Mapping[str, Mapping[str, Any]]) -> Table:
+    """One row per server or actor: its state and counts (attempts, failures, ...)."""
+    columns: list[str] = []
+    for counts in parts.values():
+        columns.extend(c for c in counts if c not in columns and c != "pid")
+    table = Table(
+        title="generation parts",
+        caption="infra, data: failed calls by class" if "infra_failures" in columns else None,
+        show_header=True,
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("part", no_wrap=True)
+    for column in columns:
+        table.add_column(_PART_LABELS.get(column, column.replace("_", " ")), justify="right")
+    dead = {name: counts for name, counts in parts.items() if counts.get("state") == "dead"}
+    folded = len(dead) > _MAX_DEAD_ROWS
+    for name, counts in parts.items():
+        if folded and name in dead:
+            continue
+        shown = name.removeprefix("http://").removeprefix("https://")
+        table.add_row(shown, *(_format_summary_value(c, counts.get(c)) for c in columns))
+    if folded:
+        # A long run replaces many actors: one row adds them up (metrics.jsonl has each).
+        total = {
+            c: sum(v.get(c) or 0 for v in dead.values())
+            for c in columns
+            if all(isinstance(v.get(c), int | None) for v in dead.values())
+        }
+        cells = [
+            "dead" if c == "state" else _format_summary_value(c, total.get(c)) if c in total else ""
+            for c in columns
+        ]
+        table.add_row(f"{len(dead)} dead, added up", *cells)
+    return table

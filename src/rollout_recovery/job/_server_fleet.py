@@ -1,0 +1,181 @@
+"""Local generation servers a job starts and stops itself (``[http] servers = []``).
+
+Each server is ``python -m rollout_recovery serve`` on a free loopback port, in its own
+process group (so a kill of the group ends everything it started), told to exit when the
+job that started it dies (``--parent-pid``: a SIGKILLed job leaves no server behind).
+``servers.json`` in the run directory lists them (url, pid, log file, and the command that
+restarts one on the same port), so an operator or a test can kill or restart a single
+server while the job runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from .._durable import atomic_write_bytes
+from ..errors import GenerationError
+from ..rundir import RunDirectory
+from ..serve import read_ready_file
+
+__all__ = ["LocalServer", "LocalServerFleet"]
+
+_READY_TIMEOUT_S = 60.0
+_STOP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalServer:
+    url: str
+    pid: int
+    log: Path
+    restart_command: list[str]
+
+
+class LocalServerFleet:
+    """Starts ``count`` servers on enter and stops them all on exit."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        count: int,
+        *,
+        seed: int,
+        call_latency_s: float,
+        model: str,
+        python: str = sys.executable,
+    ) -> None:
+        run = RunDirectory(run_dir)
+        self._dir = run.servers_dir
+        self._file = run.servers_file
+        self._count = count
+        self._seed = seed
+        self._latency = call_latency_s
+        self._model = model
+        self._python = python
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self.servers: list[LocalServer] = []
+
+    def _command(self, port: int, ready: Path) -> list[str]:
+        return [
+            self._python,
+            "-m",
+            "rollout_recovery",
+            "serve",
+            "--port",
+            str(port),
+            "--ready-file",
+            str(ready),
+            "--seed",
+            str(self._seed),
+            "--call-latency-s",
+            repr(self._latency),
+            "--model-name",
+            self._model,
+            # This process, named: a server that read its parent only after the job died
+            # would watch the wrong one.
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+
+    def __enter__(self) -> list[str]:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        try:
+            started = [self._spawn(index) for index in range(self._count)]
+            self.servers = [self._await_ready(*entry) for entry in started]
+        except BaseException:
+            self.stop()
+            raise
+        listing = [
+            {
+                "url": s.url,
+                "pid": s.pid,
+                "log": str(s.log),
+                "restart_command": s.restart_command,
+            }
+            for s in self.servers
+        ]
+        atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
+        return [server.url for server in self.servers]
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _spawn(self, index: int) -> tuple[int, Path, Path, subprocess.Popen[bytes]]:
+        ready = self._dir / f"server-{index}.ready"
+        log = self._dir / f"server-{index}.log"
+        ready.unlink(missing_ok=True)  # a previous run's file must not pass for ours
+        with open(log, "ab") as handle:
+            process = subprocess.Popen(
+                self._command(0, ready),
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._processes.append(process)
+        return index, ready, log, process
+
+    def _await_ready(
+        self, index: int, ready: Path, log: Path, process: subprocess.Popen[bytes]
+    ) -> LocalServer:
+        # The child writes the file atomically once it listens; polling a file is the
+        # only signal a separate process gives without a pipe protocol.
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while not ready.exists():
+            if process.poll() is not None:
+                raise GenerationError(
+                    "server_start_failed",
+                    f"local server {index} exited with {process.returncode} before it was "
+                    f"ready; its log ({log}) ends: {_tail(log)}",
+                )
+            if time.monotonic() > deadline:
+                raise GenerationError(
+                    "server_start_failed",
+                    f"local server {index} not ready after {_READY_TIMEOUT_S:.0f} s; "
+                    f"its log ({log}) ends: {_tail(log)}",
+                )
+            time.sleep(0.02)
+        url = read_ready_file(ready).url
+        port = int(url.rsplit(":", 1)[1])
+        return LocalServer(url, process.pid, log, self._command(port, ready))
+
+    def stop(self) -> None:
+        """SIGTERM every server's group, then SIGKILL what is left after a grace period."""
+        for process in self._processes:
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for process in self._processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+        self._processes.clear()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(unreadable)"

@@ -1,0 +1,84 @@
+"""``[generation]``, ``[faults]`` and ``[http]``: where rollouts come from.
+
+Everything here is operational (it may change when a run resumes: more workers, another
+server address, a longer timeout) except the backend kind, the served model's name and
+the logprob mode, which change what the trainer sees.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta
+
+from .._settings import (
+    OPERATIONAL,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    Section,
+)
+from ..serve import DEFAULT_MODEL_NAME
+from ._weight_sync import WeightSyncName
+from ._wire import DialectName
+
+__all__ = ["FaultsConfig", "GenerationConfig", "HttpConfig"]
+
+ServerUrl = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
+
+
+class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[generation]``: the generation backend and its workers."""
+
+    #: "simulated": in-process agents with injected [faults]; "http": real generation
+    #: servers, configured in [http] ([faults] is not injected there: the servers' own
+    #: failures are the faults); "ray": generation actors and data shards on a Ray
+    #: cluster, configured in [ray] (needs the [ray] extra).
+    backend: Literal["simulated", "http", "ray"] = "simulated"
+    #: Simulated workers (the simulated backend only).
+    workers: Annotated[PositiveInt, OPERATIONAL] = 4
+    max_inflight_attempts: Annotated[PositiveInt, OPERATIONAL] = 64
+    call_latency_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.08
+    latency_jitter: Annotated[NonNegativeFloat, OPERATIONAL] = 0.5
+    attempt_deadline_s: Annotated[PositiveFloat, OPERATIONAL] = 2.0
+
+
+class FaultsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[faults]``: injected fault rates (each in [0, 1]) of the simulated backend."""
+
+    attempt_failure_rate: Annotated[Rate, OPERATIONAL] = 0.03
+    straggler_rate: Annotated[Rate, OPERATIONAL] = 0.05
+    straggler_factor: Annotated[float, Meta(ge=1), OPERATIONAL] = 8.0
+    hang_rate: Annotated[Rate, OPERATIONAL] = 0.01
+    capture_failure_rate: Annotated[Rate, OPERATIONAL] = 0.01
+    tamper_rate: Annotated[Rate, OPERATIONAL] = 0.01
+    worker_crash_rate: Annotated[Rate, OPERATIONAL] = 0.002
+    worker_restart_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.2
+
+
+class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[http]``: the HTTP backend's servers (used when ``generation.backend = "http"``)."""
+
+    #: Base URLs of running OpenAI-compatible servers. Empty: the job starts
+    #: ``launch_servers`` local ``rollout-recovery serve`` processes itself and stops them.
+    servers: Annotated[tuple[ServerUrl, ...], OPERATIONAL] = ()
+    launch_servers: Annotated[PositiveInt, OPERATIONAL] = 3
+    dialect: Annotated[DialectName, OPERATIONAL] = "vllm-completions"
+    #: How servers get new weights: "policy" pushes the numpy policy (rollout-recovery
+    #: serve), "version-tag" only tags a vLLM dev-mode server, "none" leaves them alone.
+    weight_sync: Annotated[WeightSyncName, OPERATIONAL] = "policy"
+    model: Annotated[str, Meta(min_length=1)] = DEFAULT_MODEL_NAME
+    per_server_concurrency: Annotated[PositiveInt, OPERATIONAL] = 16
+    request_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 10.0
+    #: How often one call is resent to another server after an infra failure.
+    call_redispatch_budget: Annotated[NonNegativeInt, OPERATIONAL] = 3
+    redispatch_backoff_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.05
+    probe_interval_s: Annotated[PositiveFloat, OPERATIONAL] = 0.5
+    probe_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 1.0
+    #: Consecutive failed calls or probes after which a server counts as dead.
+    dead_after_failures: Annotated[PositiveInt, OPERATIONAL] = 3
+    #: How long a call waits for any healthy server before its attempt fails.
+    no_server_wait_s: Annotated[PositiveFloat, OPERATIONAL] = 30.0
+    logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"

@@ -1,0 +1,111 @@
+"""The run directory: every file of a run is named here, and only here.
+
+::
+
+    DIR/job.toml              the job's configuration: a directory belongs to one job
+    DIR/.lock                 held (flock) by the one live job; names its pid
+    DIR/run_log.jsonl         one line per start, resume or config change; never cut back
+    DIR/dataplane.sqlite      the durable row store (staging and canonical rows)
+    DIR/shards/shard-<i>.sqlite   the Ray backend's data shards instead
+    DIR/checkpoints/          step_NNNNNN/ (see ``_checkpoint_store``)
+    DIR/events.jsonl          the audit trail: typed history records (trained rows included)
+    DIR/metrics.jsonl         one line per trained step
+    DIR/reward.png            mean reward per step, restarts and checkpoints marked
+    DIR/servers.json, servers/   local generation servers a job started
+
+Files of a run hold prompts, rewards and server names: they are created readable by their
+owner only (``PRIVATE_FILE_MODE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CHECKPOINT_FILES", "PRIVATE_FILE_MODE", "CheckpointFiles", "RunDirectory"]
+
+#: Mode of every file a run creates (the umask may take more away, never add).
+PRIVATE_FILE_MODE = 0o600
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFiles:
+    """The names of a checkpoint's files (besides the ledger sidecar, which ``checkpoint``
+    names by format: ``rollout_recovery.sidecar`` or NeMo-RL's ``rollout_recovery.pt``)."""
+
+    #: The replay index's state: which canonical groups exist and their row keys.
+    replay_index: str = "replay_index.msgpack"
+    #: The controller's state (``control.ControllerState``).
+    controller_state: str = "controller_state.msgpack"
+    #: The trainer's state (weights, optimizer, RNG), as plain arrays.
+    trainer_state: str = "policy.npz"
+
+
+CHECKPOINT_FILES = CheckpointFiles()
+
+
+@dataclass(frozen=True, slots=True)
+class RunDirectory:
+    """The paths of one run directory; constructing it touches nothing on disk."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def job_file(self) -> Path:
+        return self.root / "job.toml"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def run_log(self) -> Path:
+        return self.root / "run_log.jsonl"
+
+    @property
+    def data_plane_file(self) -> Path:
+        return self.root / "dataplane.sqlite"
+
+    @property
+    def shards_dir(self) -> Path:
+        return self.root / "shards"
+
+    def shard_files(self) -> list[Path]:
+        """The Ray backend's shard files that exist, in shard order."""
+        return sorted(self.shards_dir.glob("shard-*.sqlite"))
+
+    def data_plane_files(self) -> list[Path]:
+        """Every durable row store file of the run: the embedded store or the shards."""
+        embedded = [self.data_plane_file] if self.data_plane_file.is_file() else []
+        return embedded + self.shard_files()
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def plot(self) -> Path:
+        return self.root / "reward.png"
+
+    @property
+    def servers_file(self) -> Path:
+        return self.root / "servers.json"
+
+    @property
+    def servers_dir(self) -> Path:
+        return self.root / "servers"
+
+    def trail_files(self) -> dict[str, Path]:
+        """The audit trail's files by name, as checkpoints record their lengths."""
+        return {path.name: path for path in (self.events, self.metrics)}

@@ -1,0 +1,306 @@
+"""The journal: checksummed lines, group commit, torn tails cut, damage refused.
+
+The kill test SIGKILLs a child that appends and flushes in a loop and prints each record's
+number once its flush returned (an acknowledgement); it synchronizes on those lines,
+never on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trail_builders import good_history
+
+from rollout_recovery.errors import StorageFullError
+from rollout_recovery.history import (
+    JournalCorruptError,
+    JournalWriter,
+    PromptTaken,
+    _journal,
+    cut_torn_tail,
+    scan_journal,
+)
+from rollout_recovery.history._journal import frame_record, unframe_line
+
+
+def taken(number: int, pad: str = "") -> PromptTaken:
+    return PromptTaken(group_id=f"g{number}{pad}", prompt_idx=number, position=number, batch=0)
+
+
+def write(path: Path, records: list[PromptTaken]) -> list[int]:
+    """Append ``records``; the positions after each."""
+    writer = JournalWriter(path)
+    try:
+        return [writer.append(record) for record in records]
+    finally:
+        writer.close()
+
+
+# -- lines ----------------------------------------------------------------------------------
+
+
+def test_a_line_is_plain_json_with_a_checksum_of_the_rest() -> None:
+    line = frame_record(taken(3))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    value = json.loads(line)
+    assert value["event"] == "prompt_taken" and value["prompt_idx"] == 3
+    body = b"{" + line[line.index(b",") + 1 : -1]
+    assert value["crc"] == zlib.crc32(body)
+    assert unframe_line(line[:-1]) == taken(3)
+
+
+@settings(max_examples=200)
+@given(record=st.builds(taken, st.integers(0, 10**9), st.text(max_size=30)))
+def test_every_record_round_trips_through_a_line(record: PromptTaken) -> None:
+    assert unframe_line(frame_record(record)[:-1]) == record
+
+
+@settings(max_examples=300)
+@given(
+    record=st.builds(taken, st.integers(0, 10**6), st.text(max_size=20)),
+    data=st.data(),
+)
+def test_any_single_byte_change_is_caught(record: PromptTaken, data: st.DataObject) -> None:
+    line = bytearray(frame_record(record)[:-1])
+    position = data.draw(st.integers(0, len(line) - 1))
+    replacement = data.draw(st.integers(0, 255).filter(lambda b: b != line[position]))
+    line[position] = replacement
+    with pytest.raises(ValueError):
+        unframe_line(bytes(line))
+
+
+def test_the_full_history_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    history = good_history()
+    writer = JournalWriter(path)
+    positions = [writer.append(record) for record in history]
+    writer.close()
+    scan = scan_journal(path)
+    assert [entry.record for entry in scan.entries] == history
+    assert [entry.offset for entry in scan.entries] == [0, *positions[:-1]]
+    assert [entry.line for entry in scan.entries] == list(range(1, len(history) + 1))
+    assert scan.end == positions[-1] == path.stat().st_size
+    assert scan.torn_bytes == 0
+
+
+def test_a_scan_from_a_position_reads_only_what_follows(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(10)])
+    scan = scan_journal(path, start=positions[4])
+    assert [entry.record.prompt_idx for entry in scan.entries] == list(range(5, 10))
+    assert scan.entries[0].line == 6
+    limited = scan_journal(path, start=positions[1], limit=positions[3])
+    assert [entry.record.prompt_idx for entry in limited.entries] == [2, 3]
+
+
+def test_a_reopened_writer_appends_after_the_existing_records(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    write(path, [taken(0)])
+    write(path, [taken(1)])
+    assert [e.record for e in scan_journal(path).entries] == [taken(0), taken(1)]
+
+
+def test_the_journal_is_private_to_its_owner(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    write(path, [taken(0)])
+    assert path.stat().st_mode & 0o077 == 0
+
+
+# -- tails and damage -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", [1, 10, 40])
+def test_a_torn_last_line_is_a_torn_tail_cut_at_the_last_whole_record(
+    tmp_path: Path, cut: int
+) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(5)])
+    with open(path, "r+b") as handle:
+        handle.truncate(positions[-1] - cut)  # the last write lost its end
+    scan = scan_journal(path)
+    assert [e.record.prompt_idx for e in scan.entries] == [0, 1, 2, 3]
+    assert scan.end == positions[3]
+    assert scan.torn_bytes == positions[4] - cut - positions[3]
+    assert scan.torn_reason
+    cut_torn_tail(path, scan.end)
+    assert path.stat().st_size == positions[3]
+    assert scan_journal(path).torn_bytes == 0
+
+
+def test_a_garbage_tail_after_a_power_cut_is_torn(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(3)])
+    with open(path, "ab") as handle:
+        handle.write(b"\x00" * 300 + b"\n" + b"\x00" * 40)
+    scan = scan_journal(path)
+    assert len(scan.entries) == 3
+    assert scan.end == positions[-1]
+    assert scan.torn_bytes == 341
+
+
+def test_a_damaged_line_with_records_after_it_is_fatal_with_its_offset(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(5)])
+    data = bytearray(path.read_bytes())
+    data[positions[1] + 20] ^= 0x01  # inside record 2 (line 3)
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError) as caught:
+        scan_journal(path)
+    assert caught.value.offset == positions[1]
+    assert caught.value.line == 3
+    assert "events.jsonl:3" in str(caught.value)
+    assert caught.value.fatal
+
+
+def test_a_journal_shorter_than_a_recorded_position_is_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(2)])
+    with pytest.raises(JournalCorruptError, match="shorter than the position"):
+        scan_journal(path, start=positions[-1] + 10)
+
+
+def test_a_short_write_stops_the_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = JournalWriter(path)
+    writer.append(taken(0))
+    real = _journal._write
+    monkeypatch.setattr(_journal, "_write", lambda fd, data: real(fd, data[:7]))
+    with pytest.raises(StorageFullError, match=r"appending to events\.jsonl"):
+        writer.append(taken(1))
+    writer.close()
+    # What landed of the failed write is taken back: no part of it is ever read as whole.
+    scan = scan_journal(path)
+    assert [e.record for e in scan.entries] == [taken(0)] and scan.torn_bytes == 0
+
+
+def test_a_cut_of_several_records_is_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "events.jsonl"
+    writes: list[int] = []
+    real = _journal._write
+
+    def counting(fd: int, data: bytes) -> int:
+        writes.append(len(data))
+        return real(fd, data)
+
+    monkeypatch.setattr(_journal, "_write", counting)
+    writer = JournalWriter(path)
+    writer.append_all([taken(0), taken(1), taken(2)])
+    writer.close()
+    assert len(writes) == 1
+    assert [e.record for e in scan_journal(path).entries] == [taken(0), taken(1), taken(2)]
+
+
+def test_a_failed_write_of_a_cut_leaves_none_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = JournalWriter(path)
+    writer.append(taken(0))
+    real = _journal._write
+    # The disk fills after two and a half records of the three.
+    monkeypatch.setattr(_journal, "_write", lambda fd, data: real(fd, data[: int(len(data) * 0.8)]))
+    with pytest.raises(StorageFullError):
+        writer.append_all([taken(1), taken(2), taken(3)])
+    writer.close()
+    assert [e.record for e in scan_journal(path).entries] == [taken(0)]
+
+
+# -- group commit ---------------------------------------------------------------------------
+
+
+def test_a_burst_of_flushes_shares_few_syncs(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = JournalWriter(path)
+
+    async def one(number: int) -> None:
+        writer.append(taken(number))
+        await writer.flush()
+        assert writer.durable_position >= writer.position or writer.durable_position > 0
+
+    async def burst() -> None:
+        await asyncio.gather(*(one(i) for i in range(200)))
+
+    asyncio.run(burst())
+    assert writer.durable_position == writer.position == path.stat().st_size
+    # 200 appends, each acknowledged after a durable sync, in far fewer syncs.
+    assert writer.syncs <= 20, writer.syncs
+    writer.close()
+
+
+def test_a_flush_with_nothing_new_does_not_sync(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path / "events.jsonl")
+    writer.append(taken(0))
+    asyncio.run(writer.flush())
+    syncs = writer.syncs
+    asyncio.run(writer.flush())
+    assert writer.syncs == syncs
+    writer.close()
+
+
+# -- SIGKILL --------------------------------------------------------------------------------
+
+CHILD = r"""
+import asyncio, sys
+from pathlib import Path
+from rollout_recovery.history import JournalWriter, PromptTaken
+path, start = Path(sys.argv[1]), int(sys.argv[2])
+writer = JournalWriter(path)
+
+async def main():
+    number = start
+    while True:
+        batch = []
+        for _ in range(1 + number % 7):
+            writer.append(PromptTaken(group_id="g" * (number % 300), prompt_idx=number,
+                                      position=number, batch=0))
+            batch.append(number)
+            number += 1
+        await writer.flush()
+        print(" ".join(map(str, batch)), flush=True)  # acknowledged: durable
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_during_appends_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    rng = random.Random(7)
+    acknowledged: list[int] = []
+    applied: list[int] = []
+    for _cycle in range(40):
+        start = applied[-1] + 1 if applied else 0
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path), str(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        for _ in range(rng.randint(1, 30)):
+            line = child.stdout.readline()
+            assert line, "the child died before its kill"
+            acknowledged.extend(int(n) for n in line.split())
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        scan = scan_journal(path)
+        if scan.torn_bytes:
+            cut_torn_tail(path, scan.end)
+        applied = [entry.record.prompt_idx for entry in scan.entries]
+        # No record twice, in order, and every acknowledged one is there.
+        assert applied == list(range(len(applied)))
+        assert set(acknowledged) <= set(applied)
+    assert len(acknowledged) > 40

@@ -1,0 +1,436 @@
+"""The job configuration: defaults, TOML round trip, refusals with exact paths, comparison."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import msgspec.inspect as mi
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_recovery._settings import (
+    _toml_string,
+    config_to_builtins,
+    config_to_toml,
+    operational_paths,
+)
+from rollout_recovery._settings import identity_fingerprint as config_fingerprint
+from rollout_recovery.control._config import (
+    JobConfig,
+    RunConfig,
+    config_differences,
+    config_from_builtins,
+    load_config,
+)
+from rollout_recovery.errors import ConfigError
+from rollout_recovery.policy import PolicyConfig
+from rollout_recovery.rollout import FaultsConfig
+
+# --------------------------------------------------------------------------------------
+# Helpers derived from the Structs themselves, so a new field is covered automatically.
+
+Leaf = tuple[str, str, mi.Type]  # (section, field, msgspec type info)
+
+
+def _leaves() -> Iterator[Leaf]:
+    run = mi.type_info(RunConfig)
+    assert isinstance(run, mi.StructType)
+    for section in run.fields:
+        assert isinstance(section.type, mi.StructType)
+        for field in section.type.fields:
+            kind = field.type
+            # A field marked operational carries its bounds inside a Metadata wrapper.
+            while isinstance(kind, mi.Metadata):
+                kind = kind.type
+            yield section.name, field.name, kind
+
+
+LEAVES = list(_leaves())
+
+
+def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
+    if isinstance(kind, mi.IntType):
+        low = int(kind.ge) if kind.ge is not None else -(2**63)
+        high = int(kind.le) if kind.le is not None else 2**63 - 1
+        return st.integers(min_value=low, max_value=high)
+    if isinstance(kind, mi.FloatType):
+        bottom = kind.gt if kind.gt is not None else kind.ge
+        top = kind.lt if kind.lt is not None else kind.le
+        return st.floats(
+            min_value=None if bottom is None else float(bottom),
+            max_value=None if top is None else float(top),
+            exclude_min=kind.gt is not None,
+            exclude_max=kind.lt is not None,
+            allow_nan=False,
+            allow_infinity=False,
+        )
+    if isinstance(kind, mi.LiteralType):
+        return st.sampled_from(kind.values)
+    if isinstance(kind, mi.EnumType):
+        return st.sampled_from([member.value for member in kind.cls])
+    if isinstance(kind, mi.StrType):
+        if kind.pattern is not None:  # a server url
+            return st.from_regex(r"\Ahttp://127\.0\.0\.1:[1-9][0-9]{0,4}\Z")
+        return st.text(min_size=max(1, kind.min_length or 0), max_size=20)
+    if isinstance(kind, mi.VarTupleType):
+        return st.lists(_value_strategy(kind.item_type), max_size=3).map(tuple)
+    raise AssertionError(f"no strategy for {kind!r}")
+
+
+@st.composite
+def valid_configs(draw: st.DrawFn) -> RunConfig:
+    data: dict[str, dict[str, object]] = {}
+    for section, field, kind in LEAVES:
+        data.setdefault(section, {})[field] = draw(_value_strategy(kind))
+    return config_from_builtins(data)
+
+
+def _out_of_range(kind: mi.Type) -> object | None:
+    """A value just outside the field's bounds, or None when it has no bound to break."""
+    if isinstance(kind, mi.IntType) and kind.ge is not None:
+        return kind.ge - 1
+    if isinstance(kind, mi.FloatType):
+        if kind.gt is not None:
+            return float(kind.gt)
+        if kind.ge is not None:
+            return float(kind.ge) - 0.5
+    return None
+
+
+def _another_valid(kind: mi.Type, value: object) -> object | None:
+    """A different valid value for the field, or None when there is none."""
+    if isinstance(kind, mi.IntType):
+        assert isinstance(value, int)
+        return value + 1
+    if isinstance(kind, mi.FloatType):
+        assert isinstance(value, float)
+        if kind.le is not None:
+            high = float(kind.le)
+            return (value + high) / 2 if value < high else value / 2
+        return value * 2 + 1.0
+    if isinstance(kind, mi.LiteralType):
+        others = [v for v in kind.values if v != value]
+        return others[0] if others else None
+    if isinstance(kind, mi.EnumType):
+        members = [m for m in kind.cls if m != value]
+        return members[0] if members else None
+    if isinstance(kind, mi.StrType):
+        assert isinstance(value, str)
+        return value + "x"
+    if isinstance(kind, mi.VarTupleType):
+        assert isinstance(value, tuple)
+        return (*value, "http://127.0.0.1:9")
+    raise AssertionError(kind)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _load_error(tmp_path: Path, text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        load_config(_write(tmp_path, text))
+    return caught.value
+
+
+# --------------------------------------------------------------------------------------
+# Defaults and the round trip
+
+
+def test_no_file_gives_the_documented_defaults() -> None:
+    config = load_config(None)
+    assert config == RunConfig()
+    assert config.job.steps == 100
+    assert config.job.prompts_per_step == 8
+    assert config.job.min_step_fraction == 0.5
+    assert config.task.prompt_group_every == 4
+    assert config.generation.backend == "simulated"
+    assert config.faults.hang_rate == 0.01
+    assert config.faults.worker_crash_rate == 0.002
+    assert config.checkpoint.format == "native"
+    assert config.liveness.step_timeout_s == 120.0
+
+
+def test_an_empty_file_and_a_partial_file_default_the_rest(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, "")) == RunConfig()
+    config = load_config(_write(tmp_path, "[faults]\nhang_rate = 0.25\n"))
+    assert config.faults == FaultsConfig(hang_rate=0.25)
+    assert config.job == JobConfig()
+
+
+def test_the_default_config_round_trips_and_every_field_is_written() -> None:
+    text = config_to_toml(RunConfig())
+    parsed = tomllib.loads(text)
+    assert sorted(parsed) == sorted(RunConfig.__struct_fields__)
+    assert sum(len(section) for section in parsed.values()) == len(LEAVES)
+    assert config_from_builtins(parsed) == RunConfig()
+
+
+@settings(max_examples=150, deadline=None)
+@given(valid_configs())
+def test_any_valid_config_round_trips_through_toml(config: RunConfig) -> None:
+    text = config_to_toml(config)
+    back = config_from_builtins(tomllib.loads(text))
+    assert back == config
+    assert config_differences(back, config) == []
+    assert config_fingerprint(back) == config_fingerprint(config)
+    # Floats stay floats (a float written as "3" would read back as an int).
+    for section, field, kind in LEAVES:
+        if isinstance(kind, mi.FloatType):
+            assert type(getattr(getattr(back, section), field)) is float
+
+
+def test_load_config_reads_what_config_to_toml_wrote(tmp_path: Path) -> None:
+    config = RunConfig(
+        job=JobConfig(steps=7, seed=3, min_step_fraction=1.0),
+        checkpoint=msgspec.structs.replace(RunConfig().checkpoint, format="pt"),
+        faults=FaultsConfig(hang_rate=1e-05, straggler_factor=1e16),
+    )
+    assert load_config(_write(tmp_path, config_to_toml(config))) == config
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_toml_strings_are_escaped_to_read_back_exactly(value: str) -> None:
+    assert tomllib.loads(f"v = {_toml_string(value)}")["v"] == value
+
+
+def test_an_int_is_accepted_for_a_float_field_and_read_as_a_float(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "[policy]\nlearning_rate = 1\n"))
+    assert config.policy.learning_rate == 1.0
+    assert type(config.policy.learning_rate) is float
+
+
+def test_configs_are_frozen() -> None:
+    config = RunConfig()
+    with pytest.raises(AttributeError):
+        config.job = JobConfig(steps=2)  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        config.job.steps = 2  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_an_unknown_key_names_its_section(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, "[faults]\nhang_rat = 0.1\n")
+    assert error.path == "$.faults"
+    assert str(error) == "$.faults: Object contains unknown field `hang_rat`"
+
+
+def test_an_unknown_section_names_the_root(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, "[falts]\nhang_rate = 0.1\n")
+    assert error.path == "$"
+    assert str(error) == "$: Object contains unknown field `falts`"
+
+
+def test_a_wrong_type_names_the_field(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, '[faults]\nhang_rate = "often"\n')
+    assert error.path == "$.faults.hang_rate"
+    assert str(error) == "$.faults.hang_rate: Expected `float`, got `str`"
+
+
+def test_a_bool_is_not_an_int(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, "[job]\nsteps = true\n")
+    assert str(error) == "$.job.steps: Expected `int`, got `bool`"
+
+
+def test_a_section_that_is_not_a_table_names_the_section(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, "job = 3\n")
+    assert str(error) == "$.job: Expected `object`, got `int`"
+
+
+def test_an_out_of_range_value_names_the_field(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, "[faults]\nhang_rate = -0.1\n")
+    assert error.path == "$.faults.hang_rate"
+    assert str(error) == "$.faults.hang_rate: Expected `float` >= 0.0"
+    error = _load_error(tmp_path, "[faults]\nhang_rate = 1.5\n")
+    assert str(error) == "$.faults.hang_rate: Expected `float` <= 1.0"
+    error = _load_error(tmp_path, "[job]\nmin_step_fraction = 0.0\n")
+    assert str(error) == "$.job.min_step_fraction: Expected `float` > 0.0"
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "kind"),
+    [leaf for leaf in LEAVES if _out_of_range(leaf[2]) is not None],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_every_bounded_field_refuses_a_value_past_its_bound(
+    tmp_path: Path, section: str, field: str, kind: mi.Type
+) -> None:
+    value = _out_of_range(kind)
+    error = _load_error(tmp_path, f"[{section}]\n{field} = {value!r}\n")
+    assert error.path == f"$.{section}.{field}"
+
+
+def test_an_unknown_literal_names_the_field(tmp_path: Path) -> None:
+    error = _load_error(tmp_path, '[checkpoint]\nformat = "zip"\n')
+    assert str(error) == "$.checkpoint.format: Invalid enum value 'zip'"
+    error = _load_error(tmp_path, '[generation]\nbackend = "vllm"\n')
+    assert error.path == "$.generation.backend"
+
+
+@pytest.mark.parametrize("literal", ["inf", "+inf", "nan"])
+def test_non_finite_floats_are_refused(tmp_path: Path, literal: str) -> None:
+    error = _load_error(tmp_path, f"[generation]\ncall_latency_s = {literal}\n")
+    assert error.path == "$.generation.call_latency_s"
+
+
+def test_a_toml_syntax_error_names_the_file_and_the_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[job]\nsteps = 3\nseed = = 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value)
+    assert "invalid TOML" in str(caught.value)
+    assert "line 3" in str(caught.value)
+
+
+def test_a_missing_or_unreadable_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(missing)
+    assert str(missing) in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)  # a directory
+    assert str(tmp_path) in str(caught.value)
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_bytes(b'[generation]\nbackend = "\xff"\n')
+    with pytest.raises(ConfigError, match="not UTF-8") as caught:
+        load_config(path)
+    assert str(path) in str(caught.value)
+
+
+def test_config_from_builtins_refuses_bad_data_with_its_path() -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_builtins({"job": {"steps": 0}})
+    assert caught.value.path == "$.job.steps"
+    with pytest.raises(ConfigError) as caught:
+        config_from_builtins([1, 2])
+    assert caught.value.path == "$"
+
+
+# --------------------------------------------------------------------------------------
+# --seed
+
+
+def test_seed_overrides_the_file_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[job]\nseed = 3\nsteps = 9\n")
+    assert load_config(path).job.seed == 3
+    config = load_config(path, seed=11)
+    assert config.job.seed == 11
+    assert config.job.steps == 9
+    assert load_config(None, seed=5).job == JobConfig(seed=5)
+
+
+def test_a_negative_seed_override_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, seed=-1)
+    assert str(caught.value) == "$.job.seed: Expected `int` >= 0"
+
+
+def test_a_seed_override_does_not_hide_a_bad_job_section(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(_write(tmp_path, "job = 3\n"), seed=1)
+    assert caught.value.path == "$.job"
+
+
+# --------------------------------------------------------------------------------------
+# Comparison, fingerprint, builtins
+
+
+def test_differences_list_each_changed_field_in_order() -> None:
+    base = RunConfig()
+    other = RunConfig(
+        job=JobConfig(seed=1),
+        faults=FaultsConfig(hang_rate=0.02),
+        checkpoint=msgspec.structs.replace(base.checkpoint, format="pt"),
+    )
+    assert config_differences(base, base) == []
+    assert config_differences(base, other) == [
+        "$.job.seed: 0 != 1",
+        "$.faults.hang_rate: 0.01 != 0.02",
+        "$.checkpoint.format: 'native' != 'pt'",
+    ]
+    assert config_differences(other, base)[0] == "$.job.seed: 1 != 0"
+
+
+def test_fingerprint_is_hex_sha256_and_ignores_int_versus_float() -> None:
+    fingerprint = config_fingerprint(RunConfig())
+    assert len(fingerprint) == 64
+    int(fingerprint, 16)
+    assert config_fingerprint(RunConfig()) == fingerprint
+    with_int = RunConfig(policy=PolicyConfig(learning_rate=1))
+    with_float = RunConfig(policy=PolicyConfig(learning_rate=1.0))
+    assert config_fingerprint(with_int) == config_fingerprint(with_float)
+
+
+def test_fingerprint_is_stable_across_processes() -> None:
+    code = (
+        "from rollout_recovery.control import RunConfig;"
+        "from rollout_recovery._settings import identity_fingerprint;"
+        "print(identity_fingerprint(RunConfig()))"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={"PYTHONHASHSEED": hash_seed},
+        ).stdout.strip()
+        for hash_seed in ("1", "2")
+    }
+    assert outputs == {config_fingerprint(RunConfig())}
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "kind"),
+    [
+        leaf
+        for leaf in LEAVES
+        if _another_valid(leaf[2], getattr(getattr(RunConfig(), leaf[0]), leaf[1])) is not None
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_fingerprint_and_differences_see_every_field(
+    section: str, field: str, kind: mi.Type
+) -> None:
+    base = RunConfig()
+    old = getattr(getattr(base, section), field)
+    new = _another_valid(kind, old)
+    changed_section = msgspec.structs.replace(getattr(base, section), **{field: new})
+    changed = msgspec.structs.replace(base, **{section: changed_section})
+    config_from_builtins(config_to_builtins(changed))  # still valid
+    difference = [f"$.{section}.{field}: {old!r} != {new!r}"]
+    assert config_differences(base, changed) == difference
+    if f"$.{section}.{field}" in operational_paths(RunConfig):
+        # An operational field may change on resume: the job's identity stays the same.
+        assert config_fingerprint(changed) == config_fingerprint(base)
+        assert config_differences(base, changed, which="operational") == difference
+        assert config_differences(base, changed, which="identity") == []
+    else:
+        assert config_fingerprint(changed) != config_fingerprint(base)
+        assert config_differences(base, changed, which="identity") == difference
+        assert config_differences(base, changed, which="operational") == []
+
+
+def test_builtins_round_trip_as_plain_data() -> None:
+    config = RunConfig(job=JobConfig(seed=9), faults=FaultsConfig(tamper_rate=0.5))
+    data = config_to_builtins(config)
+    assert data["job"]["seed"] == 9
+    assert data["faults"]["tamper_rate"] == 0.5
+    # Plain enough for a checkpoint: MessagePack round trips it unchanged.
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(data)) == data
+    assert config_from_builtins(data) == config

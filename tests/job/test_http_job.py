@@ -1,0 +1,175 @@
+"""The main job with ``--backend http`` against local ``rollout-recovery serve`` processes.
+
+Real subprocesses throughout: the job starts its servers in their own process groups; the
+test SIGKILLs one server's group mid-run and later starts it again on the same port. The
+run must finish without a restart, redispatch what was in flight on the dead server, take
+the server back once it holds the current weights, and pass the audit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_fixtures import backend_events
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+ReadJsonl = Callable[[Path], list[dict[str, Any]]]
+
+HTTP_JOB: dict[str, dict[str, Any]] = {
+    "job": {"steps": 40},
+    "generation": {"backend": "http", "call_latency_s": 0.03, "attempt_deadline_s": 10.0},
+    "http": {"launch_servers": 3, "probe_interval_s": 0.1, "dead_after_failures": 2},
+}
+KILL_AT_STEP = 5
+
+
+def _servers(out: Path) -> list[dict[str, Any]]:
+    servers: list[dict[str, Any]] = json.loads((out / "servers.json").read_text())["servers"]
+    return servers
+
+
+def _logged_dead(out: Path, url: str) -> bool:
+    """Whether a step's metrics already show ``url`` dead (read while the job appends)."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            state = json.loads(line)["backend"]["servers"][url]["state"]
+        except (ValueError, KeyError):
+            continue  # a line still being written
+        if state == "dead":
+            return True
+    return False
+
+
+def _step_of(line: str) -> int | None:
+    # Plain progress lines read "step N/M reward=...".
+    if line.startswith("step ") and "/" in line:
+        return int(line.split()[1].split("/")[0])
+    return None
+
+
+@pytest.fixture
+def restarted() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_costs_only_its_calls_and_rejoins_when_restarted(
+    tmp_path: Path,
+    write_config: Callable[..., Path],
+    run_cli_until: Cli,
+    read_jsonl: ReadJsonl,
+    restarted: list[subprocess.Popen[bytes]],
+) -> None:
+    out = tmp_path / "run"
+    config = write_config(HTTP_JOB, faults_off=True)
+    victim: dict[str, Any] = {}
+
+    def act(line: str, lines: list[str]) -> bool:
+        step = _step_of(line)
+        if step is None:
+            return False
+        if step >= KILL_AT_STEP and not victim:
+            victim.update(_servers(out)[0])
+            os.killpg(victim["pid"], signal.SIGKILL)
+        elif victim and not restarted and _logged_dead(out, victim["url"]):
+            # Restarted once a step has logged it dead (so the metrics show the death),
+            # as early as that: the rest of the run must leave time to rejoin.
+            (out / "servers" / "server-0.ready").unlink(missing_ok=True)
+            log = open(tmp_path / "restarted.log", "wb")  # noqa: SIM115 - closed with the test
+            restarted.append(
+                subprocess.Popen(
+                    victim["restart_command"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        return False  # never stop the job: it must finish on its own
+
+    result = run_cli_until(
+        ["--out", str(out), "--config", str(config), "--plain"], stop=act, timeout=180
+    )
+    assert result.returncode == 0, result.stdout
+    assert victim and restarted, result.stdout
+
+    audit = subprocess.run(
+        [sys.executable, "-m", "rollout_recovery", "audit", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+    url = victim["url"]
+    events = read_jsonl(out / "events.jsonl")
+    states = [
+        (e["from"], e["to"]) for e in backend_events(events, "server_state") if e["server"] == url
+    ]
+    assert ("suspect", "dead") in states or ("healthy", "dead") in states, states
+    assert ("recovering", "healthy") in states, states  # it rejoined
+    # What was in flight on it went elsewhere, and the run never restarted.
+    moved = [e for e in backend_events(events, "call_redispatched") if e["server"] == url]
+    assert moved, "no call was in flight on the killed server"
+    assert not any(e["event"] == "prompt_dropped" for e in events)
+    run_log = read_jsonl(out / "run_log.jsonl")
+    assert [e["event"] for e in run_log] == ["start"]
+
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert len(metrics) == HTTP_JOB["job"]["steps"]
+    stats = metrics[-1]["backend"]["servers"][url]
+    assert stats["deaths"] == 1 and stats["rejoins"] == 1 and stats["state"] == "healthy"
+    calls_when_dead = min(
+        m["backend"]["servers"][url]["calls"]
+        for m in metrics
+        if m["backend"]["servers"][url]["state"] == "dead"
+    )
+    assert stats["calls"] > calls_when_dead  # it took traffic again
+
+
+@pytest.mark.slow
+def test_no_server_outlives_a_sigkilled_job(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli
+) -> None:
+    out = tmp_path / "run"
+    config = write_config(HTTP_JOB, faults_off=True)
+    result = run_cli_until(
+        ["--out", str(out), "--config", str(config), "--plain"],
+        stop=lambda line, lines: (_step_of(line) or 0) >= 2,
+    )
+    assert result.returncode == -signal.SIGKILL
+    pids = [server["pid"] for server in _servers(out)]
+    # --parent-pid: each server notices the job is gone and exits on its own.
+    # Waiting on a process that is not our child can only be polled; the deadline bounds it.
+    for pid in pids:
+        assert _exits_within(pid, 10.0), f"server {pid} outlived the job"
+
+
+def _exits_within(pid: int, seconds: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False

@@ -1,0 +1,225 @@
+"""Zero loss between checkpoints: SIGKILL the real job, rerun it, and every seal it had
+journaled is still there; training after the checkpoint rolls back; weight versions stay
+unique; the reuse policy decides what a restore keeps; torn and altered journals.
+
+Each test runs the CLI in a child process group and SIGKILLs the group on an observed
+output line (never after a sleep). Checkpoints are rare (``every_steps`` large), so most
+of the work a kill interrupts lies after the newest checkpoint: exactly what the journal
+must keep.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_recovery.history import (
+    GroupSealed,
+    Restored,
+    RunStarted,
+    SiblingSealed,
+    StepTrained,
+    audit_run,
+    check_trail,
+    read_entries,
+)
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+#: Slow calls and rare checkpoints: a kill at step 6 leaves ~5 steps of seals, publishes
+#: and training after the bootstrap checkpoint.
+JOURNAL_JOB: dict[str, dict[str, Any]] = {
+    "job": {"steps": 12},
+    "generation": {"call_latency_s": 0.004},
+    "faults": {"straggler_rate": 0.2, "straggler_factor": 6.0},
+    "checkpoint": {"every_steps": 50},
+}
+
+
+def seals(path: Path) -> dict[str, list[int]]:
+    """Every journaled seal's rollout id -> its calls' weight versions."""
+    found: dict[str, list[int]] = {}
+    for entry in read_entries(path):
+        record = entry.record
+        if isinstance(record, SiblingSealed):
+            found[record.seal.rollout_id] = record.seal.weight_versions
+        elif isinstance(record, GroupSealed):
+            found.update({seal.rollout_id: seal.weight_versions for seal in record.seals})
+    return found
+
+
+def kill_at_step(
+    run_cli_until: Cli, out: Path, config: Path, step: int
+) -> subprocess.CompletedProcess[str]:
+    killed = run_cli_until(
+        ["--out", str(out), "--config", str(config), "--plain"],
+        stop=lambda line, lines: line.startswith(f"step {step}/"),
+    )
+    assert killed.returncode == -9, killed.stdout
+    return killed
+
+
+@pytest.mark.slow
+def test_a_sigkill_between_checkpoints_loses_no_seal(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    config = write_config(JOURNAL_JOB)
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 6)
+    at_kill = tmp_path / "events-at-kill.jsonl"
+    shutil.copy(out / "events.jsonl", at_kill)
+    sealed_at_kill = seals(at_kill)
+    trained_at_kill = {
+        row.rollout_id
+        for entry in read_entries(at_kill)
+        if isinstance(entry.record, StepTrained)
+        for row in entry.record.rows
+    }
+    assert len(trained_at_kill) >= 5 * 4 * 4, "the kill came before the work it must keep"
+
+    finished = run_cli(["--out", str(out), "--config", str(config), "--plain"])
+    assert finished.returncode == 0, finished.stdout
+
+    report = check_trail(out)
+    assert report.ok and report.complete, report.violations
+    trained = {row.rollout_id for _, row in report.rows}
+    # Every seal journaled before the kill was trained: reused, not regenerated.
+    lost = set(sealed_at_kill) - trained
+    assert not lost, f"{len(lost)} seals journaled before the kill were regenerated"
+    # The rows trained before the kill were trained again, from the same seals, once.
+    assert trained_at_kill <= trained
+    restored = [e.record for e in read_entries(out / "events.jsonl")]
+    (restore,) = [r for r in restored if isinstance(r, Restored)]
+    assert restore.checkpoint == "step_000000" and restore.seals_lost == 0
+    assert restore.rolled_back_steps == list(range(len(restore.rolled_back_steps)))
+    assert len(restore.rolled_back_steps) >= 5
+    assert audit_run(out).ok
+
+
+@pytest.mark.slow
+def test_weight_versions_continue_above_every_version_a_restore_lost(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    config = write_config(JOURNAL_JOB)
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 5)
+    before = [
+        e.record.weight_version
+        for e in read_entries(out / "events.jsonl")
+        if isinstance(e.record, StepTrained)
+    ]
+    assert run_cli(["--out", str(out), "--config", str(config), "--plain"]).returncode == 0
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    versions = [r.weight_version for r in records if isinstance(r, StepTrained)]
+    after = versions[len(before) :]
+    assert len(versions) == len(set(versions)), "one version names two sets of weights"
+    assert min(after) == max(before) + 1
+    # The policy the run resumed from is the snapshot's: versions 1.. were rolled back.
+    (restore,) = [r for r in records if isinstance(r, Restored)]
+    assert restore.rolled_back_steps == list(range(len(before)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reuse", ["all", "ancestors", "none"])
+def test_the_reuse_policy_decides_what_a_restore_keeps(
+    tmp_path: Path,
+    write_config: Callable[..., Path],
+    run_cli_until: Cli,
+    run_cli: Cli,
+    reuse: str,
+) -> None:
+    out = tmp_path / "run"
+    first = write_config(JOURNAL_JOB)
+    kill_at_step(run_cli_until, out, first, 6)
+    journaled = seals(out / "events.jsonl")
+    # The policy is operational: the rerun may choose it.
+    second = write_config({**JOURNAL_JOB, "recovery": {"reuse": reuse}})
+    finished = run_cli(["--out", str(out), "--config", str(second), "--plain"])
+    assert finished.returncode == 0, finished.stdout
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    (restore,) = [r for r in records if isinstance(r, Restored)]
+    assert restore.reuse == reuse
+    discarded = {seal.rollout_id for seal in restore.discarded}
+    assert restore.seals_lost == len(discarded)
+    assert restore.tokens_lost == sum(seal.tokens for seal in restore.discarded)
+    lineage = {0}  # the snapshot (the bootstrap checkpoint) is weight version 0
+    if reuse == "all":
+        assert discarded == set()
+    elif reuse == "none":
+        assert discarded == set(journaled) and discarded
+    else:
+        # Kept exactly the seals made only by versions the restored policy descends from.
+        expected = {rid for rid, versions in journaled.items() if not set(versions) <= lineage}
+        assert discarded == expected
+        assert discarded and set(journaled) - discarded
+    report = check_trail(out)
+    assert report.ok and report.complete, report.violations
+    trained = {row.rollout_id for _, row in report.rows}
+    assert not discarded & trained, "a discarded seal was trained"
+    assert set(journaled) - discarded <= trained
+    assert audit_run(out).ok
+
+
+@pytest.mark.slow
+def test_a_torn_journal_tail_is_cut_and_said(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    config = write_config(JOURNAL_JOB)
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 3)
+    with open(out / "events.jsonl", "ab") as handle:
+        handle.write(b'{"crc":12345,"event":"sibling_sea')  # a write a power cut tore
+    result = run_cli(["--out", str(out), "--config", str(config), "--plain"])
+    assert result.returncode == 0, result.stdout
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    (restore,) = [r for r in records if isinstance(r, Restored)]
+    assert restore.torn_tail_bytes == len(b'{"crc":12345,"event":"sibling_sea')
+    assert audit_run(out).ok
+
+
+@pytest.mark.slow
+def test_a_journal_altered_before_its_end_stops_the_run_saying_why(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    config = write_config(JOURNAL_JOB)
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 3)
+    entries = read_entries(out / "events.jsonl")
+    middle = entries[len(entries) // 2]
+    data = bytearray((out / "events.jsonl").read_bytes())
+    data[middle.offset + 25] ^= 0x01
+    (out / "events.jsonl").write_bytes(bytes(data))
+    before = (out / "events.jsonl").read_bytes()
+    result = run_cli(["--out", str(out), "--config", str(config), "--plain"])
+    assert result.returncode == 1, result.stdout
+    assert "this run cannot continue" in result.stdout
+    assert f"events.jsonl:{middle.line}" in result.stdout
+    assert "rerun the same command" not in result.stdout
+    assert (out / "events.jsonl").read_bytes() == before  # nothing was "repaired"
+
+
+@pytest.mark.slow
+def test_a_crash_inside_the_replay_is_resumed_by_the_next_start(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    config = write_config(JOURNAL_JOB)
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 4)
+    sealed = seals(out / "events.jsonl")
+    crashed = run_cli(
+        ["--out", str(out), "--config", str(config), "--plain"],
+        env={"ROLLOUT_RECOVERY_CRASH_AT": "replay.mid"},
+    )
+    assert crashed.returncode == -9 and "crash point replay.mid fired" in crashed.stdout
+    assert run_cli(["--out", str(out), "--config", str(config), "--plain"]).returncode == 0
+    report = check_trail(out)
+    assert report.ok and report.complete
+    assert set(sealed) <= {row.rollout_id for _, row in report.rows}
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    starts = [r for r in records if isinstance(r, RunStarted)]
+    assert len(starts) == 2  # the replay the crash cut wrote nothing
