@@ -63,6 +63,7 @@ def test_every_project_error_keeps_a_builtin_base() -> None:
         errors.DeadCutError,
         errors.FinalizationUnknownError,
         errors.StagingInventoryError,
+        errors.TrainingDivergedError,
     ],
 )
 def test_errors_that_stop_the_run_are_fatal(cls: type[errors.RolloutRecoveryError]) -> None:

@@ -57,6 +57,7 @@ __all__ = [
     "StagingInventoryError",
     "StepShortfallError",
     "StorageFullError",
+    "TrainingDivergedError",
     "UnknownGroupError",
     "UnknownMutationKindError",
     "format_keys",
@@ -555,3 +556,31 @@ class NoValidRowsError(RolloutRecoveryError, RuntimeError):
         self.steps = steps
         self.last_step = last_step
         self.reasons = reasons
+
+
+class TrainingDivergedError(RolloutRecoveryError, RuntimeError):
+    """Too many train steps in a row had a non-finite loss or gradient; fatal.
+
+    Each of those steps was skipped (parameters and optimizer state untouched), so the
+    weights are still those of the last applied update, but training is making no progress
+    and a resume replays the same steps. ``skipped_in_a_row`` counts the skipped steps,
+    this one included; ``weight_version`` is the trainer's version when it gave up;
+    ``reason`` says what was not finite in this step.
+    """
+
+    fatal = True
+    rerun_resumes = False
+
+    def __init__(self, *, skipped_in_a_row: int, weight_version: int, reason: str) -> None:
+        super().__init__(
+            f"training diverged: {skipped_in_a_row} train steps in a row (the last at weight "
+            f"version {weight_version}) were skipped because their update was not finite; "
+            f"this step: {reason}. The weights are those of the last applied update, and "
+            "resuming from the last checkpoint replays the same steps. Check the behaviour "
+            "logprobs the generation servers report (NaN or overflowing values) and the "
+            "advantages, lower policy.learning_rate, or allow more skipped steps in a row (the "
+            "trainer's diverged_after)"
+        )
+        self.skipped_in_a_row = skipped_in_a_row
+        self.weight_version = weight_version
+        self.reason = reason

@@ -195,6 +195,8 @@ def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ("version", _set("version", np.array([1], dtype=np.int64))),
         ("version", _set("version", np.array(1.5))),
         ("adam_step", _set("adam_step", np.array(-1, dtype=np.int64))),
+        ("skipped_in_a_row", _set("skipped_in_a_row", np.array(-2, dtype=np.int64))),
+        ("skipped_in_a_row", _set("skipped_in_a_row", np.array(0.5))),
         ("param.answer_logits", _set("param.answer_logits", np.full((10, 10), np.inf))),
         ("param.answer_logits", _set("param.answer_logits", [[0.0] * 10] * 10)),
         ("extra", _set("extra", np.zeros(1))),

@@ -4,7 +4,9 @@
 ``correct_answer(d)``); :class:`PolicySnapshot` is an immutable tabular softmax policy that
 samples tokens with exact logprobs and recomputes them from a canonical row;
 :class:`NumpyGRPOTrainer` implements the :class:`Trainer` protocol with the clipped
-importance-ratio GRPO objective and hand-derived gradients.
+importance-ratio GRPO objective and hand-derived gradients; it bounds the log-ratio
+(``MAX_LOG_RATIO``), never applies a non-finite update, and declares training diverged
+after ``DEFAULT_DIVERGED_AFTER`` skipped steps in a row.
 """
 
 from ._config import PolicyConfig, TaskConfig
@@ -39,13 +41,20 @@ from ._tasks import (
     prompt_digit,
     render,
 )
-from ._trainer import DEFAULT_CLIP_EPSILON, DEFAULT_LEARNING_RATE, NumpyGRPOTrainer
+from ._trainer import (
+    DEFAULT_CLIP_EPSILON,
+    DEFAULT_DIVERGED_AFTER,
+    DEFAULT_LEARNING_RATE,
+    MAX_LOG_RATIO,
+    NumpyGRPOTrainer,
+)
 
 __all__ = [
     "ANSWER",
     "ANSWER_TOKENS",
     "BOS",
     "DEFAULT_CLIP_EPSILON",
+    "DEFAULT_DIVERGED_AFTER",
     "DEFAULT_LEARNING_RATE",
     "DIGIT_BASE",
     "EOS",
@@ -54,6 +63,7 @@ __all__ = [
     "KIND_FIXED",
     "KIND_PROMPT",
     "KIND_THOUGHT",
+    "MAX_LOG_RATIO",
     "NUM_DIGITS",
     "NUM_FILLER",
     "NUM_THOUGHT",
