@@ -32,14 +32,19 @@ class Trainer(Protocol):
     """Learns from GRPO samples and hands its weights to generation.
 
     ``weight_version`` counts completed train steps; ``train_step`` advances it by one, even
-    for an empty batch, so versions and steps stay in lockstep. ``weights`` returns an
-    immutable snapshot a generation backend may keep while training goes on. ``state`` is
-    everything needed to resume bit-for-bit (plain numpy arrays, saved without pickle);
-    ``load_state`` restores it.
+    for an empty batch, so versions and steps stay in lockstep. ``vocab_size`` is the
+    trainer's vocabulary: it trains token ids in ``[0, vocab_size)`` only, and a generation
+    backend that receives ids from elsewhere (a server) refuses others before staging them.
+    ``weights`` returns an immutable snapshot a generation backend may keep while training
+    goes on. ``state`` is everything needed to resume bit-for-bit (plain numpy arrays,
+    saved without pickle); ``load_state`` restores it.
     """
 
     @property
     def weight_version(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def weights(self) -> object: ...
 

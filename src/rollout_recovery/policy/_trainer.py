@@ -28,6 +28,7 @@ from ._numpy_policy import (
     row_token_contexts,
 )
 from ._protocol import TrainSample
+from ._tasks import VOCAB_SIZE
 
 __all__ = ["DEFAULT_CLIP_EPSILON", "DEFAULT_LEARNING_RATE", "NumpyGRPOTrainer"]
 
@@ -120,6 +121,10 @@ class NumpyGRPOTrainer:
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
 
     def weights(self) -> PolicySnapshot:
         """The current weights; one snapshot per version, shared by every caller."""
