@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import HttpRig, make_rig
+from http_support import FakeFleet, HttpRig, make_rig
 from rollout_support import snapshot
 
 from rollout_recovery.errors import InvalidArgumentError
@@ -138,3 +138,35 @@ def test_bad_server_lists_are_refused(servers: list[str]) -> None:
             weight_sync=WEIGHT_SYNCS["none"],
             client=httpx.AsyncClient(),
         )
+
+
+def test_a_weight_push_reply_that_is_garbage_counts_as_a_failed_push() -> None:
+    """A push reply nested past any sane depth is no version, not an exception in the
+    sync task: the push fails, and the server never joins."""
+
+    def nested(fleet: FakeFleet) -> httpx.MockTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/update_weights" and request.url.host == "fake0":
+                # In a field no one reads (skipping it still recurses), and under the
+                # reply cap, so it is decoded.
+                nested = b"[" * 20_000 + b"]" * 20_000
+                return httpx.Response(200, content=b'{"x": ' + nested + b"}")
+            return fleet.handle(request)
+
+        return httpx.MockTransport(handle)
+
+    async def scenario(rig: HttpRig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: _states(rig)[rig.fleet[1].url] == "healthy")
+        await rig.events.wait(
+            lambda: any(
+                d.get("version") is None
+                for s, d in rig.events.of("weights_loaded")
+                if s == rig.fleet[0].url
+            )
+        )
+        await rig.backend.aclose()
+
+    rig = make_rig(2, transport=nested)
+    asyncio.run(scenario(rig))
+    assert _states(rig)[rig.fleet[0].url] != "healthy"
