@@ -478,3 +478,47 @@ def test_an_echoed_prompt_id_outside_the_vocabulary_is_a_data_failure() -> None:
 
     rig, result = _data_failure(_answer_only(change))
     _assert_sealed_failure(rig, result, "token_out_of_vocab")
+
+
+# ------------------------------------------------------------ total deadlines (item 17)
+
+
+def test_a_reply_dripped_byte_by_byte_is_cut_at_the_call_deadline_and_resent() -> None:
+    """Over real sockets: every read of the dripped reply succeeds, so only a deadline on
+    the whole call ends it; the call is an infra failure and is resent to the other
+    server, and the attempt trains."""
+
+    async def scenario() -> tuple[list[AttemptResult], HttpRig, LoopbackServer]:
+        drip, healthy = LoopbackServer(), LoopbackServer()
+        drip.behaviour["/v1/completions"] = "drip"
+        await drip.start()
+        await healthy.start()
+        rig = make_rig(
+            urls=[drip.url, healthy.url],
+            weight_sync="none",
+            dead_after=100,
+            probe_interval_s=0.05,
+            request_timeout_s=0.5,
+        )
+        try:
+            rig.backend.pool.start()
+            await rig.events.wait(
+                lambda: set(rig.backend.pool.states().values()) == {"healthy"}, GUARD_S
+            )
+            async with asyncio.timeout(GUARD_S):
+                results = [
+                    await rig.backend.run_attempt(rig.request(i), rig.writer) for i in range(3)
+                ]
+            return results, rig, drip
+        finally:
+            await rig.backend.aclose()
+            await drip.stop()
+            await healthy.stop()
+
+    results, rig, drip = run(scenario())
+    for result in results:
+        assert _verified(rig, result).token_ids.size > 0
+    assert drip.requests["/v1/completions"] >= 1
+    assert rig.backend.server_stats()[drip.url].infra_failures >= 1
+    errors = [str(detail["error"]) for _, detail in rig.events.of("call_redispatched")]
+    assert errors and all("no complete reply within 0.5 s" in error for error in errors)

@@ -7,11 +7,15 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import FakeFleet, HttpRig, make_rig
+from http_support import EventLog, FakeFleet, HttpRig, make_rig
+from loopback_support import LoopbackServer
 from rollout_support import snapshot
 
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import PoolSettings
+from rollout_recovery.rollout import WEIGHT_SYNCS, PoolSettings, ServerPool
+
+# How long a test waits for a state it expects: generous, for a loaded 2-core machine.
+GUARD_S = 30.0
 
 
 def _states(rig: HttpRig) -> dict[str, str]:
@@ -138,6 +142,89 @@ def test_bad_server_lists_are_refused(servers: list[str]) -> None:
             weight_sync=WEIGHT_SYNCS["none"],
             client=httpx.AsyncClient(),
         )
+
+
+# ------------------------------------------------- total deadlines, per-server probes
+
+
+async def _drip_and_restart(probe_timeout_s: float) -> tuple[dict[str, str], int]:
+    """Two loopback servers: one drips every /health reply, the other is stopped until
+    the pool has it dead, then started again on the same port. Returns the states once
+    the restarted one is healthy again, and its rejoin count."""
+    drip, restarted = LoopbackServer(), LoopbackServer()
+    drip.behaviour["/health"] = "drip"
+    await drip.start()
+    await restarted.start()
+    events = EventLog()
+    async with httpx.AsyncClient() as client:
+        pool = ServerPool(
+            [drip.url, restarted.url],
+            settings=PoolSettings(
+                probe_interval_s=0.05, probe_timeout_s=probe_timeout_s, dead_after_failures=2
+            ),
+            weight_sync=WEIGHT_SYNCS["none"],
+            client=client,
+            on_event=events,
+        )
+        try:
+            pool.start()
+            await events.wait(lambda: pool.states()[restarted.url] == "healthy", GUARD_S)
+            await restarted.stop()
+            await events.wait(lambda: pool.states()[restarted.url] == "dead", GUARD_S)
+            await restarted.restart()
+            await events.wait(lambda: pool.states()[restarted.url] == "healthy", GUARD_S)
+            if probe_timeout_s < GUARD_S:
+                await events.wait(lambda: pool.states()[drip.url] == "dead", GUARD_S)
+            return pool.states(), pool.stats()[restarted.url].rejoins
+        finally:
+            await pool.aclose()
+            await drip.stop()
+            await restarted.stop()
+
+
+def test_a_probe_has_a_total_deadline_so_a_dripping_server_is_marked_dead() -> None:
+    """Every read of a dripped /health reply succeeds: only a deadline on the whole probe
+    ends it, and the server is marked dead like one that does not answer."""
+    states, rejoins = asyncio.run(_drip_and_restart(probe_timeout_s=0.5))
+    assert list(states.values()) == ["dead", "healthy"] and rejoins == 1
+
+
+def test_a_slow_probe_never_delays_another_servers_probes_or_rejoin() -> None:
+    """Each server is probed by its own task: while one probe hangs (its deadline far
+    off), another server dies, comes back and rejoins."""
+    states, rejoins = asyncio.run(_drip_and_restart(probe_timeout_s=10 * GUARD_S))
+    assert list(states.values()) == ["joining", "healthy"] and rejoins == 1
+
+
+def test_a_weight_push_that_never_completes_is_cut_and_retried() -> None:
+    """A push whose reply drips is cut at sync_timeout_s in total; the next probe pushes
+    again, and the server joins once a push goes through."""
+
+    async def scenario() -> tuple[str, int | None, int]:
+        server = LoopbackServer()
+        server.script["/update_weights"] = ["drip"]
+        await server.start()
+        events = EventLog()
+        async with httpx.AsyncClient() as client:
+            pool = ServerPool(
+                [server.url],
+                settings=PoolSettings(probe_interval_s=0.05, sync_timeout_s=0.5),
+                weight_sync=WEIGHT_SYNCS["policy"],
+                client=client,
+                on_event=events,
+            )
+            pool.set_weights(0, snapshot(0))
+            try:
+                pool.start()
+                await events.wait(lambda: pool.states()[server.url] == "healthy", GUARD_S)
+                return pool.states()[server.url], server.version, server.requests["/update_weights"]
+            finally:
+                await pool.aclose()
+                await server.stop()
+
+    state, version, pushes = asyncio.run(scenario())
+    assert (state, version) == ("healthy", 0)
+    assert pushes == 2  # the dripped one, cut, then one that went through
 
 
 def test_a_weight_push_reply_that_is_garbage_counts_as_a_failed_push() -> None:

@@ -11,7 +11,9 @@ confirmed when the call was dispatched.
 
 Failures are classified:
 
-- *infra* (connection refused or reset, a timeout, HTTP 5xx, 408, 429): the server is
+- *infra* (connection refused or reset, HTTP 5xx, 408, 429, or no complete reply within
+  ``request_timeout_s``: a total deadline on the whole exchange, not httpx's per-read
+  timeout, so a server that drips one byte at a time cannot hold a call): the server is
   reported to the pool and the call is redispatched to another server after a backoff, up
   to ``call_redispatch_budget`` times; nothing of the call was acknowledged (a call is
   acknowledged only by its staged record), so resending it cannot double anything. When
@@ -89,6 +91,7 @@ class HttpBackendSettings:
     # [0, vocab_size) is a data failure at the wire, so no row the trainer would refuse
     # is ever staged or checkpointed.
     vocab_size: int
+    # A total deadline per call (connect, send, every byte of the reply).
     request_timeout_s: float = 30.0
     call_redispatch_budget: int = 3
     redispatch_backoff_s: float = 0.05
@@ -408,14 +411,19 @@ class HttpGenerationBackend:
         body = self._dialect.body(self._settings.model, call)
         timeout = self._settings.request_timeout_s
         try:
-            async with self._client.stream(
-                "POST", lease.url + self._dialect.path, json=body, timeout=timeout
-            ) as response:
-                status = response.status_code
-                if _is_infra_status(status):  # the body says nothing we act on
-                    raise _InfraFailure(f"{lease.url}: HTTP {status}")
-                # Streamed under a cap: leaving this block early drops the connection.
-                raw = await read_body(response, self._settings.reply_cap(call))
+            # The whole exchange under one deadline: httpx's timeout bounds each read
+            # only, and a server that drips a byte per read would hold the call for ever.
+            async with asyncio.timeout(timeout):
+                async with self._client.stream(
+                    "POST", lease.url + self._dialect.path, json=body, timeout=timeout
+                ) as response:
+                    status = response.status_code
+                    if _is_infra_status(status):  # the body says nothing we act on
+                        raise _InfraFailure(f"{lease.url}: HTTP {status}")
+                    # Streamed under a cap: leaving this block early drops the connection.
+                    raw = await read_body(response, self._settings.reply_cap(call))
+        except TimeoutError:
+            raise _InfraFailure(f"{lease.url}: no complete reply within {timeout} s") from None
         except httpx.HTTPError as error:  # refused, reset, timed out, protocol broken
             raise _InfraFailure(f"{lease.url}: {type(error).__name__}: {error}") from error
         if status != 200:

@@ -14,8 +14,10 @@ answer its liveness route. A server that comes back (or a new one) gets traffic 
 once it reports the trainer's current weight version: it never serves stale weights under
 a new stamp.
 
-The pool runs one background task: the probe loop (``probe_interval_s``, each probe with
-its own ``probe_timeout_s``), which also pushes weights to servers that lag behind.
+Every exchange has a total deadline, not only httpx's per-read timeout: a probe
+``probe_timeout_s``, a weight push ``sync_timeout_s``. Each server is probed by its own
+task (every ``probe_interval_s``), which also starts weight pushes to a server that lags
+behind, so one server that stalls its probes never delays another's probe or rejoin.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ import httpx
 
 from ..errors import GenerationError, InvalidArgumentError
 from ._weight_sync import WeightSync
+from ._wire import DataFailure, read_body
 
 __all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
+
+# What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
+# connection, never a server's idea of a large reply.
+_PROBE_BODY_CAP = 64 * 2**10
 
 
 class ServerHealth(enum.Enum):
@@ -126,7 +133,7 @@ class ServerPool:
         self._target: tuple[int, object] | None = None
         self._changed: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._probe_task: asyncio.Task[None] | None = None
+        self._probe_tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
     # -- introspection ---------------------------------------------------------------------
@@ -148,15 +155,18 @@ class ServerPool:
         return self._changed
 
     def start(self) -> None:
-        """Start the probe loop (idempotent; needs a running loop)."""
-        if self._probe_task is None and not self._closed:
-            self._probe_task = asyncio.get_running_loop().create_task(
-                self._probe_loop(), name="server-probes"
-            )
+        """Start one probe loop per server (idempotent; needs a running loop)."""
+        if self._probe_tasks or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._probe_tasks = [
+            loop.create_task(self._probe_loop(server), name=f"probe-{server.url}")
+            for server in self._servers.values()
+        ]
 
     async def aclose(self) -> None:
         self._closed = True
-        tasks = [*self._tasks, *([self._probe_task] if self._probe_task else [])]
+        tasks = [*self._tasks, *self._probe_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -214,10 +224,15 @@ class ServerPool:
         try:
             while self._target is not None and not self._is_current(server):
                 version, weights = self._target
+                timeout = self._settings.sync_timeout_s
                 try:
-                    reported = await self._sync.push(
-                        self._client, server.url, version, weights, self._settings.sync_timeout_s
-                    )
+                    async with asyncio.timeout(timeout):  # the whole push, not each read
+                        reported = await self._sync.push(
+                            self._client, server.url, version, weights, timeout
+                        )
+                except TimeoutError:
+                    await self._failed(server, f"weight push not done within {timeout} s")
+                    return
                 except httpx.HTTPError as error:
                     await self._failed(server, f"weight push failed: {error!r}")
                     return
@@ -239,18 +254,23 @@ class ServerPool:
 
     # -- probes ----------------------------------------------------------------------------
 
-    async def _probe_loop(self) -> None:
+    async def _probe_loop(self, server: _Server) -> None:
         while not self._closed:
-            await asyncio.gather(*(self._probe(s) for s in self._servers.values()))
+            await self._probe(server)
             await asyncio.sleep(self._settings.probe_interval_s)
 
     async def _probe(self, server: _Server) -> None:
+        timeout = self._settings.probe_timeout_s
         try:
-            response = await self._client.get(
-                f"{server.url}/health", timeout=self._settings.probe_timeout_s
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as error:
+            # One deadline for the whole exchange: a server that drips its reply a byte
+            # per read passes every per-read timeout.
+            async with asyncio.timeout(timeout):
+                async with self._client.stream(
+                    "GET", f"{server.url}/health", timeout=timeout
+                ) as response:
+                    response.raise_for_status()
+                    await read_body(response, _PROBE_BODY_CAP)
+        except (httpx.HTTPError, DataFailure, TimeoutError) as error:
             if server.state is not ServerHealth.DEAD:
                 await self._failed(server, f"probe failed: {type(error).__name__}")
             return

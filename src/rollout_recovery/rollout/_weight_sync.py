@@ -11,7 +11,7 @@
 
 A reply is read streamed under a small cap and decoded with msgspec; one that is too
 large, not JSON or of another shape reports no version (the pool then counts the push as
-failed), never an exception.
+failed), never an exception. The pool puts a total deadline around each push.
 """
 
 from __future__ import annotations
