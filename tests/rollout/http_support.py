@@ -186,6 +186,7 @@ def make_rig(
     sync_timeout_s: float = 10.0,
     request_timeout_s: float = 30.0,
     max_reply_bytes: int | None = None,
+    bad_data_quarantine_s: float = 30.0,
 ) -> HttpRig:
     """A backend over ``servers`` fake servers, or over real ``urls`` (the fleet is then
     empty and the client a real one)."""
@@ -216,6 +217,7 @@ def make_rig(
                 sync_timeout_s=sync_timeout_s,
                 dead_after_failures=dead_after,
                 no_server_wait_s=no_server_wait_s,
+                bad_data_quarantine_s=bad_data_quarantine_s,
             ),
             vocab_size=VOCAB_SIZE,
             request_timeout_s=request_timeout_s,

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-from http_support import EventLog, FakeFleet, HttpRig, make_rig
+from http_support import EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from loopback_support import LoopbackServer
 from rollout_support import snapshot
 
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import WEIGHT_SYNCS, PoolSettings, ServerPool
+from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings, ServerPool
 
 # How long a test waits for a state it expects: generous, for a loaded 2-core machine.
 GUARD_S = 30.0
@@ -119,6 +120,7 @@ def test_without_version_tracking_every_answering_server_is_current() -> None:
         ("dead_after_failures", 0),
         ("probe_interval_s", 0.0),
         ("probe_timeout_s", -1.0),
+        ("bad_data_quarantine_s", 0.0),
     ],
 )
 def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
@@ -257,3 +259,96 @@ def test_a_weight_push_reply_that_is_garbage_counts_as_a_failed_push() -> None:
     rig = make_rig(2, transport=nested)
     asyncio.run(scenario(rig))
     assert _states(rig)[rig.fleet[0].url] != "healthy"
+
+
+# ---------------------------------------------------- bad replies count against health
+
+
+def _html(server: FakeServer, body: dict[str, Any]) -> httpx.Response:
+    return httpx.Response(200, text="<html><body>It works!</body></html>")
+
+
+async def _attempts_until(rig: HttpRig, done: Callable[[], bool], limit: int = 50) -> None:
+    """Run attempts one by one until ``done()``; before each, wait until the garbage
+    server is no longer suspect (a probe revived it, or it is dead), so each attempt sees
+    a settled pool."""
+    bad = rig.fleet[0].url
+    for i in range(limit):
+        if done():
+            return
+        await rig.events.wait(lambda: _states(rig)[bad] not in ("suspect", "joining"), GUARD_S)
+        await rig.backend.run_attempt(rig.request(i % 20), rig.writer)
+    raise AssertionError(f"not done after {limit} attempts: {_states(rig)}")
+
+
+def test_a_server_answering_garbage_is_taken_out_of_rotation() -> None:
+    """A server that answers every call with 200 and an HTML page still answers its
+    probes: K bad replies in a row and it is dead, quarantined, and gets no more calls."""
+
+    async def scenario(rig: HttpRig) -> list[AttemptResult]:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: set(_states(rig).values()) == {"healthy"}, GUARD_S)
+        await _attempts_until(rig, lambda: _states(rig)[rig.fleet[0].url] == "dead")
+        after = [await rig.backend.run_attempt(rig.request(i), rig.writer) for i in range(8)]
+        await rig.backend.aclose()
+        return after
+
+    rig = make_rig(2, dead_after=3)
+    rig.fleet[0].hook = _html
+    after = asyncio.run(scenario(rig))
+    bad = rig.fleet[0].url
+    assert rig.fleet[0].calls == 3  # K calls, then none
+    assert all(not result.mask_sample for result in after)
+    [(server, event)] = rig.events.of("server_bad_data")
+    assert server == bad
+    assert event == {"reason": "malformed_reply", "in_a_row": 3, "quarantine_s": 30.0}
+    telemetry = rig.backend.telemetry()["servers"]
+    assert telemetry[bad]["state"] == "dead" and telemetry[bad]["data_failures"] == 3
+    assert telemetry[rig.fleet[1].url]["data_failures"] == 0
+
+
+def test_refused_requests_say_nothing_about_the_server() -> None:
+    """A 4xx is the request's fault (any server would refuse it): it trains as a masked
+    row, and never takes the server out of rotation."""
+
+    async def scenario(rig: HttpRig) -> None:
+        for i in range(8):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        await rig.backend.aclose()
+
+    rig = make_rig(1, dead_after=2)
+    rig.fleet[0].hook = lambda server, body: httpx.Response(
+        400, json={"error": {"message": "bad sampling params"}}
+    )
+    asyncio.run(scenario(rig))
+    assert rig.fleet[0].calls == 8
+    assert _states(rig)[rig.fleet[0].url] == "healthy"
+    assert rig.events.of("server_bad_data") == []
+    assert rig.backend.server_stats()[rig.fleet[0].url].data_failures == 8
+
+
+def test_a_quarantined_server_rejoins_on_probation() -> None:
+    """After its quarantine a garbage server rejoins like any dead one, but one more bad
+    reply takes it straight out again; a good reply clears its record."""
+
+    async def scenario(rig: HttpRig) -> None:
+        pool, bad = rig.backend.pool, rig.fleet[0]
+        pool.start()
+        await _attempts_until(rig, lambda: _states(rig)[bad.url] == "dead")
+        # The quarantine passes; it rejoins with the current weights, and gets the next
+        # call (it has had the fewest).
+        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 1, GUARD_S)
+        await rig.backend.run_attempt(rig.request(0), rig.writer)
+        assert bad.calls == 3 and pool.stats()[bad.url].deaths == 2
+        bad.hook = None  # fixed
+        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 2, GUARD_S)
+        for i in range(6):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        assert bad.calls > 3
+        await rig.backend.aclose()
+
+    rig = make_rig(2, dead_after=2, bad_data_quarantine_s=0.2)
+    rig.fleet[0].hook = _html
+    asyncio.run(scenario(rig))
+    assert [e["in_a_row"] for _, e in rig.events.of("server_bad_data")] == [2, 3]
+    assert _states(rig)[rig.fleet[0].url] == "healthy"

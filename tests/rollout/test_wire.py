@@ -304,6 +304,7 @@ def test_undecodable_replies_are_malformed_in_every_dialect(dialect: Dialect, ra
     with pytest.raises(DataFailure) as caught:
         dialect.parse(CALL, raw, vocab_size=WIDE)
     assert caught.value.reason == "malformed_reply"
+    assert caught.value.blames_server
 
 
 def _consistent(dialect: Dialect, tokens: list[int], prompt: list[int]) -> dict[str, Any]:

@@ -21,13 +21,17 @@ Failures are classified:
   it and retries the sibling under its own round budget.
 - *data*: the attempt ends as a *sealed failed attempt*: its receipt is poisoned with
   ``data_error:<reason>``, so the sibling trains as a masked placeholder that says why.
-  Resending would not help: the same request gets the same refusal. The request was
-  refused (another 4xx, a context overflow), or the reply is unusable: not JSON of the
-  dialect's shape, not UTF-8 or nested too deeply (``malformed_reply``), longer than the
-  byte cap (``reply_too_large``: the body is streamed and the connection dropped at the
-  cap, see ``max_reply_bytes``), a token id outside the trainer's vocabulary
-  (``token_out_of_vocab``), ids, logprobs, echo or spans that disagree
-  (``token_mismatch``, ``invalid_logprobs``, ``empty_generation``).
+  Resending would not help: the same request gets the same refusal. Two kinds:
+
+  - the request was refused (another 4xx, a context overflow): any server would refuse
+    it, so it says nothing about the server;
+  - the reply is unusable: not JSON of the dialect's shape, not UTF-8 or nested too deeply
+    (``malformed_reply``), longer than the byte cap (``reply_too_large``: the body is
+    streamed and the connection dropped at the cap, see ``max_reply_bytes``), a token id
+    outside the trainer's vocabulary (``token_out_of_vocab``), ids, logprobs, echo or
+    spans that disagree (``token_mismatch``, ``invalid_logprobs``, ``empty_generation``).
+    These count against the server: ``dead_after_failures`` in a row and the pool takes
+    it out of rotation (``server_bad_data``, see ``_server_pool.py``).
 """
 
 from __future__ import annotations
@@ -143,13 +147,14 @@ def _is_infra_status(status: int) -> bool:
 
 
 def classify_status(status: int, payload: object) -> DataFailure | None:
-    """None for an infra status (resend elsewhere), else the data failure it means."""
+    """None for an infra status (resend elsewhere), else the data failure it means: the
+    request's, not the server's (any server would refuse it)."""
     if _is_infra_status(status):
         return None
     message = error_message(payload)
     if any(marker in message.lower() for marker in _CONTEXT_OVERFLOW_MARKERS):
-        return DataFailure("context_overflow", message)
-    return DataFailure(f"http_{status}", message)
+        return DataFailure("context_overflow", message, blames_server=False)
+    return DataFailure(f"http_{status}", message, blames_server=False)
 
 
 class _InfraFailure(Exception):
@@ -367,7 +372,7 @@ class HttpGenerationBackend:
                 self.redispatches += 1
                 await asyncio.sleep(self._settings.redispatch_backoff_s * 2 ** (redispatch - 1))
             lease = await self._pool.acquire(avoid=tried)
-            outcome = "infra"
+            outcome, why = "infra", ""
             try:
                 reply = await self._send(lease, call)
                 outcome = "ok"
@@ -381,7 +386,7 @@ class HttpGenerationBackend:
                     {"rollout_id": request.rollout_id, "call": model_call_id, "error": last_error},
                 )
             except DataFailure as failure:
-                outcome = "data"
+                outcome, why = ("bad_data" if failure.blames_server else "data"), failure.reason
                 self._on_event(
                     "call_data_failed",
                     lease.url,
@@ -399,7 +404,7 @@ class HttpGenerationBackend:
                 outcome = "cancelled"
                 raise
             finally:
-                await self._pool.release(lease, outcome=outcome)
+                await self._pool.release(lease, outcome=outcome, reason=why)
         raise GenerationError(
             "server_unavailable",
             f"call {model_call_id} failed on {len(tried)} server(s) after {budget} "

@@ -3,7 +3,7 @@
 Each server moves through these states::
 
     joining --probe ok + current weights--> healthy
-    healthy --a failed call or probe--> suspect --probe ok--> healthy
+    healthy --a failed call or probe, or a bad reply--> suspect --probe ok--> healthy
     suspect --dead_after_failures in a row--> dead
     dead --probe ok--> recovering --reports the current version--> healthy ("rejoined")
 
@@ -13,6 +13,14 @@ Failures of real calls count as much as failed probes, because a wedged engine m
 answer its liveness route. A server that comes back (or a new one) gets traffic again only
 once it reports the trainer's current weight version: it never serves stale weights under
 a new stamp.
+
+Bad replies (a data failure the server is to blame for: garbage, an oversize body, ids
+outside the vocabulary, a reply that disagrees with itself) count on their own streak,
+which only a good reply resets, since a server that answers garbage still answers its
+probes. ``dead_after_failures`` in a row and the server is dead (``server_bad_data``)
+and quarantined: no probe revives it for ``bad_data_quarantine_s``; then it rejoins like
+any dead server, on probation (its streak stands, so one more bad reply and it is out
+again).
 
 Every exchange has a total deadline, not only httpx's per-read timeout: a probe
 ``probe_timeout_s``, a weight push ``sync_timeout_s``. Each server is probed by its own
@@ -61,6 +69,8 @@ class PoolSettings:
     sync_timeout_s: float = 10.0
     # How long a call waits for any healthy server before it fails the attempt.
     no_server_wait_s: float = 30.0
+    # How long a server taken out for bad replies is left alone before a probe may revive it.
+    bad_data_quarantine_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -69,7 +79,13 @@ class PoolSettings:
             raise InvalidArgumentError(
                 "dead_after_failures must be >= 1", path="$.dead_after_failures"
             )
-        for name in ("probe_interval_s", "probe_timeout_s", "sync_timeout_s", "no_server_wait_s"):
+        for name in (
+            "probe_interval_s",
+            "probe_timeout_s",
+            "sync_timeout_s",
+            "no_server_wait_s",
+            "bad_data_quarantine_s",
+        ):
             if not getattr(self, name) > 0:
                 raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
 
@@ -92,6 +108,8 @@ class _Server:
     state: ServerHealth = ServerHealth.JOINING
     in_flight: int = 0
     failures_in_a_row: int = 0
+    bad_replies_in_a_row: int = 0  # reset by a good reply only, never by a probe
+    quarantined_until: float = 0.0  # time.monotonic(); no revival before
     version: int | None = None  # what the server last reported holding
     syncing: bool = False
     stats: ServerStats = field(default_factory=ServerStats)
@@ -246,7 +264,11 @@ class ServerPool:
                         server, f"reports version {reported} after pushing {version}"
                     )
                     return
-            if server.state is not ServerHealth.HEALTHY and server.failures_in_a_row == 0:
+            if (
+                server.state is not ServerHealth.HEALTHY
+                and server.failures_in_a_row == 0
+                and not self._quarantined(server)
+            ):
                 self._move(server, ServerHealth.HEALTHY, version=server.version)
             await self._notify()
         finally:
@@ -259,7 +281,12 @@ class ServerPool:
             await self._probe(server)
             await asyncio.sleep(self._settings.probe_interval_s)
 
+    def _quarantined(self, server: _Server) -> bool:
+        return server.state is ServerHealth.DEAD and time.monotonic() < server.quarantined_until
+
     async def _probe(self, server: _Server) -> None:
+        if self._quarantined(server):
+            return  # its probes cannot vouch for its replies
         timeout = self._settings.probe_timeout_s
         try:
             # One deadline for the whole exchange: a server that drips its reply a byte
@@ -339,20 +366,41 @@ class ServerPool:
                 except TimeoutError:
                     continue
 
-    async def release(self, lease: Lease, *, outcome: str) -> None:
-        """End a call: ``ok``, ``data`` (the server answered badly), ``infra``, or
-        ``cancelled`` (the caller gave up: no verdict on the server)."""
+    async def release(self, lease: Lease, *, outcome: str, reason: str = "") -> None:
+        """End a call: ``ok``; ``data`` (the request was refused: no verdict on the
+        server); ``bad_data`` (the server's reply was unusable, ``reason`` says how);
+        ``infra``; or ``cancelled`` (the caller gave up: no verdict on the server)."""
         server = self._servers[lease.url]
         server.in_flight -= 1
         if outcome == "cancelled":
             pass
         elif outcome == "ok":
             server.failures_in_a_row = 0
+            server.bad_replies_in_a_row = 0
         elif outcome == "data":
             server.stats.data_failures += 1
             server.failures_in_a_row = 0
+        elif outcome == "bad_data":
+            server.stats.data_failures += 1
+            self._bad_reply(server, reason)
         else:
             server.stats.infra_failures += 1
             await self._failed(server, "call failed")
             return
         await self._notify()
+
+    def _bad_reply(self, server: _Server, reason: str) -> None:
+        server.bad_replies_in_a_row += 1
+        in_a_row = server.bad_replies_in_a_row
+        if in_a_row >= self._settings.dead_after_failures:
+            quarantine = self._settings.bad_data_quarantine_s
+            server.quarantined_until = time.monotonic() + quarantine
+            if server.state is not ServerHealth.DEAD:
+                self._on_event(
+                    "server_bad_data",
+                    server.url,
+                    {"reason": reason, "in_a_row": in_a_row, "quarantine_s": quarantine},
+                )
+                self._move(server, ServerHealth.DEAD, why=f"{in_a_row} bad replies: {reason}")
+        elif server.state is ServerHealth.HEALTHY:
+            self._move(server, ServerHealth.SUSPECT, why=f"bad reply: {reason}")

@@ -60,12 +60,16 @@ class DataFailure(Exception):
 
     ``reason`` is a short code (``token_mismatch``, ``context_overflow``, ``http_400``, ...)
     that ends up in the placeholder's reason; ``detail`` says what exactly disagreed.
+    ``blames_server`` is False where the request was refused (a 4xx, a context overflow:
+    any server would refuse it) and True where the reply itself is unusable, which counts
+    against the server's health.
     """
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, *, blames_server: bool = True) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.blames_server = blames_server
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
