@@ -179,6 +179,7 @@ def _http(urls: list[str], model: str, sync: str) -> Any:
             weight_sync=WEIGHT_SYNCS[sync],  # type: ignore[index]
             settings=HttpBackendSettings(
                 model=model,
+                vocab_size=trainer.vocab_size,
                 pool=PoolSettings(concurrency=64, probe_interval_s=1.0),
                 request_timeout_s=120.0,
                 stage_in_thread=threaded,

@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # conftest is not importable by name at run time (several exi
 pytestmark = pytest.mark.vllm
 
 TASKS = TaskSet(64, seed=11, prompt_group_every=4)
+# The tiny Llama's vocabulary: what its replies are checked against (no trainer here).
+TINY_VOCAB = 333
 TIMEOUT_S = 120.0
 
 
@@ -68,6 +70,7 @@ def _backend(
         weight_sync=WEIGHT_SYNCS[weight_sync],
         settings=HttpBackendSettings(
             model="tiny",
+            vocab_size=TINY_VOCAB,
             pool=PoolSettings(
                 concurrency=4, probe_interval_s=0.2, probe_timeout_s=2.0, dead_after_failures=2
             ),
@@ -155,7 +158,7 @@ def test_a_tampered_staged_row_is_rejected(servers: list[VllmServer]) -> None:
     key = result.receipt["manifest"][0]["staging_key"]
     (row,) = store.get(STAGING_PARTITION, [key])
     token_ids = row.token_ids.copy()
-    token_ids[-1] = (int(token_ids[-1]) + 1) % 333  # one generated id, metadata untouched
+    token_ids[-1] = (int(token_ids[-1]) + 1) % TINY_VOCAB  # one generated id, metadata untouched
     store.put(STAGING_PARTITION, {key: dataclasses.replace(row, token_ids=token_ids)})
     rejected = fetch_and_verify(result.receipt, store)
     assert isinstance(rejected, Rejection) and rejected.code == "digest_mismatch", rejected

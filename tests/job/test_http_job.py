@@ -21,6 +21,12 @@ from typing import Any
 import pytest
 from run_fixtures import backend_events
 
+from rollout_recovery.control import RunConfig
+from rollout_recovery.dataplane import MemoryDataPlane
+from rollout_recovery.job import default_components
+from rollout_recovery.policy import VOCAB_SIZE
+from rollout_recovery.rollout import HttpGenerationBackend
+
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 ReadJsonl = Callable[[Path], list[dict[str, Any]]]
 
@@ -173,3 +179,16 @@ def _exits_within(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_the_http_backend_checks_replies_against_the_trainers_vocabulary(
+    fast_config: Callable[..., RunConfig],
+) -> None:
+    """The job hands the trainer's vocabulary to the HTTP backend, whose wire checks
+    refuse ids outside it (issue 15, item 13)."""
+    config = fast_config(
+        {"generation": {"backend": "http"}, "http": {"servers": ["http://127.0.0.1:9"]}}
+    )
+    parts = default_components(config, MemoryDataPlane())
+    assert isinstance(parts.backend, HttpGenerationBackend)
+    assert parts.backend.settings.vocab_size == parts.trainer.vocab_size == VOCAB_SIZE

@@ -20,6 +20,7 @@ from rollout_recovery.policy import (
     PARAM_SHAPES,
     THINK,
     THOUGHT_BASE,
+    VOCAB_SIZE,
     NumpyGRPOTrainer,
     Trainer,
     TrainSample,
@@ -235,3 +236,20 @@ def test_stale_samples_are_clipped_after_updates() -> None:
     # After the first epoch's update the ratio of the rewarded token grew past 1 + eps, and
     # the objective stopped pushing it: a second call sees a clipped batch.
     assert trainer.train_step(batch)["clip_fraction"] > 0.0
+
+
+@pytest.mark.parametrize("outside", [VOCAB_SIZE, VOCAB_SIZE + 7, 2**31 - 1])
+def test_the_declared_vocabulary_is_what_the_trainer_refuses_beyond(outside: int) -> None:
+    """``vocab_size`` is the contract a generation backend checks replies against: a
+    generated id at or past it is refused by the trainer (so it must never be staged)."""
+    trainer: Trainer = NumpyGRPOTrainer(seed=0)
+    assert trainer.vocab_size == VOCAB_SIZE
+    good = _sample(3, [THOUGHT_BASE], 4, [-1.0, -1.0], 1.0)
+    bad_ids = good.token_ids.copy()
+    bad_ids[3] = outside  # the generated thought
+    bad = TrainSample(
+        token_ids=bad_ids, token_mask=good.token_mask, logprobs=good.logprobs, advantage=1.0
+    )
+    with pytest.raises(ValueError, match=f"generated token {outside} at position 3"):
+        trainer.train_step([bad])
+    assert trainer.weight_version == 0  # refused whole

@@ -23,6 +23,7 @@ from rollout_recovery.policy import (
     DIGIT_BASE,
     EOS,
     THOUGHT_BASE,
+    VOCAB_SIZE,
     TaskSet,
     correct_answer,
     prompt_digit,
@@ -179,17 +180,31 @@ def make_rig(
     dead_after: int = 2,
     no_server_wait_s: float = 5.0,
     transport: Callable[[FakeFleet], httpx.MockTransport] | None = None,
+    urls: list[str] | None = None,
+    probe_interval_s: float = 0.01,
+    probe_timeout_s: float = 1.0,
+    sync_timeout_s: float = 10.0,
+    request_timeout_s: float = 30.0,
+    max_reply_bytes: int | None = None,
+    bad_data_quarantine_s: float = 30.0,
 ) -> HttpRig:
+    """A backend over ``servers`` fake servers, or over real ``urls`` (the fleet is then
+    empty and the client a real one)."""
     from rollout_support import snapshot
 
-    fleet = FakeFleet(servers)
+    fleet = FakeFleet(0 if urls else servers)
     events = EventLog()
-    client = httpx.AsyncClient(
-        transport=transport(fleet) if transport else httpx.MockTransport(fleet.handle)
+    # Real urls: the backend makes (and closes) its own client.
+    client = (
+        None
+        if urls
+        else httpx.AsyncClient(
+            transport=transport(fleet) if transport else httpx.MockTransport(fleet.handle)
+        )
     )
     data_plane = MemoryDataPlane()
     backend = HttpGenerationBackend(
-        servers=list(fleet.servers),
+        servers=urls or list(fleet.servers),
         task_set=TASKS,
         dialect=DIALECTS[dialect],
         weight_sync=WEIGHT_SYNCS[weight_sync],
@@ -197,11 +212,16 @@ def make_rig(
             model="m",
             pool=PoolSettings(
                 concurrency=4,
-                probe_interval_s=0.01,
-                probe_timeout_s=1.0,
+                probe_interval_s=probe_interval_s,
+                probe_timeout_s=probe_timeout_s,
+                sync_timeout_s=sync_timeout_s,
                 dead_after_failures=dead_after,
                 no_server_wait_s=no_server_wait_s,
+                bad_data_quarantine_s=bad_data_quarantine_s,
             ),
+            vocab_size=VOCAB_SIZE,
+            request_timeout_s=request_timeout_s,
+            max_reply_bytes=max_reply_bytes,
             call_redispatch_budget=budget,
             redispatch_backoff_s=0.0,
         ),

@@ -16,6 +16,7 @@ from http_support import (
     generated_for,
     make_rig,
 )
+from loopback_support import LoopbackServer
 
 from rollout_recovery.capture import (
     STAGING_PARTITION,
@@ -24,8 +25,11 @@ from rollout_recovery.capture import (
     fetch_and_verify,
 )
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import ANSWER
-from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.policy import ANSWER, ANSWER_TOKENS, VOCAB_SIZE
+from rollout_recovery.rollout import AttemptResult, CallSpec
+
+# How long a test waits for what it expects: generous, for a loaded 2-core machine.
+GUARD_S = 30.0
 
 
 def run(coroutine: Any) -> Any:
@@ -249,10 +253,10 @@ def _answer_only(change: Any) -> Any:
             id="positive-logprob",
         ),
         pytest.param(
-            lambda p, t: completion(p, t, prompt_token_ids=None), "malformed_response", id="no-echo"
+            lambda p, t: completion(p, t, prompt_token_ids=None), "malformed_reply", id="no-echo"
         ),
         pytest.param(lambda p, t: completion(p, []), "empty_generation", id="empty"),
-        pytest.param(lambda p, t: {"choices": []}, "malformed_response", id="no-choice"),
+        pytest.param(lambda p, t: {"choices": []}, "malformed_reply", id="no-choice"),
         pytest.param(
             lambda p, t: completion(
                 p,
@@ -262,7 +266,7 @@ def _answer_only(change: Any) -> Any:
                     "token_logprobs": [-1.0] * len(t),
                 },
             ),
-            "malformed_response",
+            "token_out_of_vocab",
             id="token-id-beyond-int32",
         ),
         pytest.param(
@@ -285,7 +289,7 @@ def test_a_reply_that_disagrees_with_itself_is_a_data_failure(change: Any, reaso
 
 def test_a_non_json_200_is_a_data_failure() -> None:
     rig, result = _data_failure(_failing_with(httpx.Response(200, text="<html>")))
-    _assert_sealed_failure(rig, result, "malformed_response")
+    _assert_sealed_failure(rig, result, "malformed_reply")
 
 
 def test_a_call_the_controller_gives_up_on_is_no_verdict_on_its_server() -> None:
@@ -319,3 +323,202 @@ def test_a_call_the_controller_gives_up_on_is_no_verdict_on_its_server() -> None
     stats = rig.backend.server_stats()[rig.fleet[0].url]
     assert stats.infra_failures == 0 and stats.deaths == 0
     assert rig.backend.pool.states()[rig.fleet[0].url] == "healthy"
+
+
+# ------------------------------------------------------------- hostile replies (issue 15)
+
+
+def _reply_with(content: Any, status: int = 200) -> Any:
+    def hook(server: FakeServer, body: dict[str, Any]) -> httpx.Response | None:
+        return httpx.Response(status, content=content)
+
+    return hook
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-100k"),
+        pytest.param(b'{"choices": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", id="nested-5k"),
+        pytest.param(
+            b'{"usage": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001, id="nested-unread-field"
+        ),
+        pytest.param(b'{"choices": [{"token_ids": "\xff\xfe"}]}', id="invalid-utf8"),
+        pytest.param(b"<html><body>It works!</body></html>", id="html"),
+        pytest.param(b"", id="empty"),
+        pytest.param(b'{"choices": [{"token_ids": [1.5]}]}', id="float-id"),
+        pytest.param(b'{"choices": [{"token_ids": [true]}]}', id="bool-id"),
+        pytest.param(b'{"choices": {"0": {}}}', id="wrong-shape"),
+    ],
+)
+def test_any_undecodable_reply_is_a_malformed_reply(content: bytes) -> None:
+    rig, result = _data_failure(_reply_with(content))
+    _assert_sealed_failure(rig, result, "malformed_reply")
+
+
+def test_a_deeply_nested_error_body_is_still_a_classified_refusal() -> None:
+    _, result = _data_failure(_reply_with(b"[" * 100_000 + b"]" * 100_000, status=400))
+    assert result.receipt["failure_reason"] == "data_error:http_400"
+
+
+def _flood(pulled: list[int], total: int, chunk: int = 2**20) -> Any:
+    """A 200 whose body is ``total`` bytes, produced only as the client pulls them."""
+
+    async def body() -> Any:
+        sent = 0
+        while sent < total:
+            sent += chunk
+            pulled[0] = sent
+            yield b" " * chunk
+
+    def hook(server: FakeServer, request: dict[str, Any]) -> httpx.Response | None:
+        return httpx.Response(200, content=body())
+
+    return hook
+
+
+def test_an_oversize_reply_is_refused_at_the_cap_without_reading_the_rest() -> None:
+    pulled = [0]
+    rig, result = _data_failure(_flood(pulled, 100 * 2**20))
+    _assert_sealed_failure(rig, result, "reply_too_large")
+    # The default cap for a short call is a few MiB: at most one chunk past it was read.
+    cap = rig.backend.settings.reply_cap(CallSpec(prompt_token_ids=[0] * 16, max_tokens=4))
+    assert 2**20 < cap < 8 * 2**20
+    assert pulled[0] <= cap + 2**20
+
+
+def test_a_declared_oversize_reply_is_refused_before_its_body() -> None:
+    pulled = [0]
+
+    def hook(server: FakeServer, request: dict[str, Any]) -> httpx.Response | None:
+        response = _flood(pulled, 100 * 2**20)(server, request)
+        response.headers["content-length"] = str(100 * 2**20)
+        return response
+
+    rig = make_rig(1, max_reply_bytes=10_000)
+    rig.fleet[0].hook = hook
+    result = run(_attempt(rig))
+    _assert_sealed_failure(rig, result, "reply_too_large")
+    assert pulled[0] == 0
+
+
+def test_max_reply_bytes_bounds_every_reply() -> None:
+    # A normal reply is a few hundred bytes: a cap of 100 refuses it.
+    rig, result = _data_failure(None)
+    assert result.mask_sample is False
+    rig = make_rig(1, max_reply_bytes=100)
+    _assert_sealed_failure(rig, run(_attempt(rig)), "reply_too_large")
+
+
+def test_a_flooding_server_has_its_connection_dropped_at_the_cap() -> None:
+    """Over a real socket: the client hangs up after the cap, so the server cannot send
+    the rest of its 100 MiB."""
+
+    async def scenario() -> tuple[AttemptResult, LoopbackServer]:
+        server = LoopbackServer(flood_bytes=100 * 2**20)
+        server.behaviour["/v1/completions"] = "flood"
+        await server.start()
+        rig = make_rig(urls=[server.url], weight_sync="none", dead_after=100)
+        try:
+            result = await rig.backend.run_attempt(rig.request(0), rig.writer)
+            async with asyncio.timeout(GUARD_S):
+                await server.flood_cut.wait()
+            return result, server
+        finally:
+            await rig.backend.aclose()
+            await server.stop()
+
+    result, server = run(scenario())
+    assert result.receipt["failure_reason"] == "data_error:reply_too_large"
+    assert server.flooded[0] < 50 * 2**20
+
+
+# ------------------------------------------------------------ vocabulary (issue 15, item 13)
+
+
+@pytest.mark.parametrize(
+    ("bad_id", "position"),
+    [
+        pytest.param(VOCAB_SIZE, 0, id="vocab-size"),
+        pytest.param(10**6, ANSWER_TOKENS - 1, id="far-out"),
+        pytest.param(-1, 0, id="negative"),
+        pytest.param(2**31, 0, id="beyond-int32"),
+    ],
+)
+def test_a_generated_id_outside_the_trainers_vocabulary_is_a_data_failure(
+    bad_id: int, position: int
+) -> None:
+    def change(prompt: list[int], tokens: list[int]) -> dict[str, Any]:
+        bad = list(tokens)
+        bad[position] = bad_id
+        return completion(
+            prompt,
+            bad,
+            logprobs={
+                "tokens": [f"token_id:{x}" for x in bad],
+                "token_logprobs": [-1.0] * len(bad),
+            },
+        )
+
+    rig, result = _data_failure(_answer_only(change))
+    _assert_sealed_failure(rig, result, "token_out_of_vocab")
+    # Only the reasoning call staged; the refused ids never reached the data plane.
+    assert len(result.receipt["manifest"]) == 1
+    staged = rig.data_plane.get(STAGING_PARTITION, rig.data_plane.keys(STAGING_PARTITION))
+    assert all(int(row.token_ids.max()) < VOCAB_SIZE for row in staged)
+    # The event names the id and its position.
+    [(_, event)] = rig.events.of("call_data_failed")
+    assert event["reason"] == "token_out_of_vocab"
+    assert f"choices[0].token_ids[{position}] is {bad_id}," in str(event["detail"])
+
+
+def test_an_echoed_prompt_id_outside_the_vocabulary_is_a_data_failure() -> None:
+    def change(prompt: list[int], tokens: list[int]) -> dict[str, Any]:
+        return completion([*prompt[:-1], VOCAB_SIZE + 3], tokens)
+
+    rig, result = _data_failure(_answer_only(change))
+    _assert_sealed_failure(rig, result, "token_out_of_vocab")
+
+
+# ------------------------------------------------------------ total deadlines (item 17)
+
+
+def test_a_reply_dripped_byte_by_byte_is_cut_at_the_call_deadline_and_resent() -> None:
+    """Over real sockets: every read of the dripped reply succeeds, so only a deadline on
+    the whole call ends it; the call is an infra failure and is resent to the other
+    server, and the attempt trains."""
+
+    async def scenario() -> tuple[list[AttemptResult], HttpRig, LoopbackServer]:
+        drip, healthy = LoopbackServer(), LoopbackServer()
+        drip.behaviour["/v1/completions"] = "drip"
+        await drip.start()
+        await healthy.start()
+        rig = make_rig(
+            urls=[drip.url, healthy.url],
+            weight_sync="none",
+            dead_after=100,
+            probe_interval_s=0.05,
+            request_timeout_s=0.5,
+        )
+        try:
+            rig.backend.pool.start()
+            await rig.events.wait(
+                lambda: set(rig.backend.pool.states().values()) == {"healthy"}, GUARD_S
+            )
+            async with asyncio.timeout(GUARD_S):
+                results = [
+                    await rig.backend.run_attempt(rig.request(i), rig.writer) for i in range(3)
+                ]
+            return results, rig, drip
+        finally:
+            await rig.backend.aclose()
+            await drip.stop()
+            await healthy.stop()
+
+    results, rig, drip = run(scenario())
+    for result in results:
+        assert _verified(rig, result).token_ids.size > 0
+    assert drip.requests["/v1/completions"] >= 1
+    assert rig.backend.server_stats()[drip.url].infra_failures >= 1
+    errors = [str(detail["error"]) for _, detail in rig.events.of("call_redispatched")]
+    assert errors and all("no complete reply within 0.5 s" in error for error in errors)

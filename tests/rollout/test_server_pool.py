@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-from http_support import HttpRig, make_rig
+from http_support import EventLog, FakeFleet, FakeServer, HttpRig, make_rig
+from loopback_support import LoopbackServer
 from rollout_support import snapshot
 
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import PoolSettings
+from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings, ServerPool
+
+# How long a test waits for a state it expects: generous, for a loaded 2-core machine.
+GUARD_S = 30.0
 
 
 def _states(rig: HttpRig) -> dict[str, str]:
@@ -115,6 +120,7 @@ def test_without_version_tracking_every_answering_server_is_current() -> None:
         ("dead_after_failures", 0),
         ("probe_interval_s", 0.0),
         ("probe_timeout_s", -1.0),
+        ("bad_data_quarantine_s", 0.0),
     ],
 )
 def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
@@ -138,3 +144,211 @@ def test_bad_server_lists_are_refused(servers: list[str]) -> None:
             weight_sync=WEIGHT_SYNCS["none"],
             client=httpx.AsyncClient(),
         )
+
+
+# ------------------------------------------------- total deadlines, per-server probes
+
+
+async def _drip_and_restart(probe_timeout_s: float) -> tuple[dict[str, str], int]:
+    """Two loopback servers: one drips every /health reply, the other is stopped until
+    the pool has it dead, then started again on the same port. Returns the states once
+    the restarted one is healthy again, and its rejoin count."""
+    drip, restarted = LoopbackServer(), LoopbackServer()
+    drip.behaviour["/health"] = "drip"
+    await drip.start()
+    await restarted.start()
+    events = EventLog()
+    async with httpx.AsyncClient() as client:
+        pool = ServerPool(
+            [drip.url, restarted.url],
+            settings=PoolSettings(
+                probe_interval_s=0.05, probe_timeout_s=probe_timeout_s, dead_after_failures=2
+            ),
+            weight_sync=WEIGHT_SYNCS["none"],
+            client=client,
+            on_event=events,
+        )
+        try:
+            pool.start()
+            await events.wait(lambda: pool.states()[restarted.url] == "healthy", GUARD_S)
+            await restarted.stop()
+            await events.wait(lambda: pool.states()[restarted.url] == "dead", GUARD_S)
+            await restarted.restart()
+            await events.wait(lambda: pool.states()[restarted.url] == "healthy", GUARD_S)
+            if probe_timeout_s < GUARD_S:
+                await events.wait(lambda: pool.states()[drip.url] == "dead", GUARD_S)
+            return pool.states(), pool.stats()[restarted.url].rejoins
+        finally:
+            await pool.aclose()
+            await drip.stop()
+            await restarted.stop()
+
+
+def test_a_probe_has_a_total_deadline_so_a_dripping_server_is_marked_dead() -> None:
+    """Every read of a dripped /health reply succeeds: only a deadline on the whole probe
+    ends it, and the server is marked dead like one that does not answer."""
+    states, rejoins = asyncio.run(_drip_and_restart(probe_timeout_s=0.5))
+    assert list(states.values()) == ["dead", "healthy"] and rejoins == 1
+
+
+def test_a_slow_probe_never_delays_another_servers_probes_or_rejoin() -> None:
+    """Each server is probed by its own task: while one probe hangs (its deadline far
+    off), another server dies, comes back and rejoins."""
+    states, rejoins = asyncio.run(_drip_and_restart(probe_timeout_s=10 * GUARD_S))
+    assert list(states.values()) == ["joining", "healthy"] and rejoins == 1
+
+
+def test_a_weight_push_that_never_completes_is_cut_and_retried() -> None:
+    """A push whose reply drips is cut at sync_timeout_s in total; the next probe pushes
+    again, and the server joins once a push goes through."""
+
+    async def scenario() -> tuple[str, int | None, int]:
+        server = LoopbackServer()
+        server.script["/update_weights"] = ["drip"]
+        await server.start()
+        events = EventLog()
+        async with httpx.AsyncClient() as client:
+            pool = ServerPool(
+                [server.url],
+                settings=PoolSettings(probe_interval_s=0.05, sync_timeout_s=0.5),
+                weight_sync=WEIGHT_SYNCS["policy"],
+                client=client,
+                on_event=events,
+            )
+            pool.set_weights(0, snapshot(0))
+            try:
+                pool.start()
+                await events.wait(lambda: pool.states()[server.url] == "healthy", GUARD_S)
+                return pool.states()[server.url], server.version, server.requests["/update_weights"]
+            finally:
+                await pool.aclose()
+                await server.stop()
+
+    state, version, pushes = asyncio.run(scenario())
+    assert (state, version) == ("healthy", 0)
+    assert pushes == 2  # the dripped one, cut, then one that went through
+
+
+def test_a_weight_push_reply_that_is_garbage_counts_as_a_failed_push() -> None:
+    """A push reply nested past any sane depth is no version, not an exception in the
+    sync task: the push fails, and the server never joins."""
+
+    def nested(fleet: FakeFleet) -> httpx.MockTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/update_weights" and request.url.host == "fake0":
+                # In a field no one reads (skipping it still recurses), and under the
+                # reply cap, so it is decoded.
+                nested = b"[" * 20_000 + b"]" * 20_000
+                return httpx.Response(200, content=b'{"x": ' + nested + b"}")
+            return fleet.handle(request)
+
+        return httpx.MockTransport(handle)
+
+    async def scenario(rig: HttpRig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: _states(rig)[rig.fleet[1].url] == "healthy")
+        await rig.events.wait(
+            lambda: any(
+                d.get("version") is None
+                for s, d in rig.events.of("weights_loaded")
+                if s == rig.fleet[0].url
+            )
+        )
+        await rig.backend.aclose()
+
+    rig = make_rig(2, transport=nested)
+    asyncio.run(scenario(rig))
+    assert _states(rig)[rig.fleet[0].url] != "healthy"
+
+
+# ---------------------------------------------------- bad replies count against health
+
+
+def _html(server: FakeServer, body: dict[str, Any]) -> httpx.Response:
+    return httpx.Response(200, text="<html><body>It works!</body></html>")
+
+
+async def _attempts_until(rig: HttpRig, done: Callable[[], bool], limit: int = 50) -> None:
+    """Run attempts one by one until ``done()``; before each, wait until the garbage
+    server is no longer suspect (a probe revived it, or it is dead), so each attempt sees
+    a settled pool."""
+    bad = rig.fleet[0].url
+    for i in range(limit):
+        if done():
+            return
+        await rig.events.wait(lambda: _states(rig)[bad] not in ("suspect", "joining"), GUARD_S)
+        await rig.backend.run_attempt(rig.request(i % 20), rig.writer)
+    raise AssertionError(f"not done after {limit} attempts: {_states(rig)}")
+
+
+def test_a_server_answering_garbage_is_taken_out_of_rotation() -> None:
+    """A server that answers every call with 200 and an HTML page still answers its
+    probes: K bad replies in a row and it is dead, quarantined, and gets no more calls."""
+
+    async def scenario(rig: HttpRig) -> list[AttemptResult]:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: set(_states(rig).values()) == {"healthy"}, GUARD_S)
+        await _attempts_until(rig, lambda: _states(rig)[rig.fleet[0].url] == "dead")
+        after = [await rig.backend.run_attempt(rig.request(i), rig.writer) for i in range(8)]
+        await rig.backend.aclose()
+        return after
+
+    rig = make_rig(2, dead_after=3)
+    rig.fleet[0].hook = _html
+    after = asyncio.run(scenario(rig))
+    bad = rig.fleet[0].url
+    assert rig.fleet[0].calls == 3  # K calls, then none
+    assert all(not result.mask_sample for result in after)
+    [(server, event)] = rig.events.of("server_bad_data")
+    assert server == bad
+    assert event == {"reason": "malformed_reply", "in_a_row": 3, "quarantine_s": 30.0}
+    telemetry = rig.backend.telemetry()["servers"]
+    assert telemetry[bad]["state"] == "dead" and telemetry[bad]["data_failures"] == 3
+    assert telemetry[rig.fleet[1].url]["data_failures"] == 0
+
+
+def test_refused_requests_say_nothing_about_the_server() -> None:
+    """A 4xx is the request's fault (any server would refuse it): it trains as a masked
+    row, and never takes the server out of rotation."""
+
+    async def scenario(rig: HttpRig) -> None:
+        for i in range(8):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        await rig.backend.aclose()
+
+    rig = make_rig(1, dead_after=2)
+    rig.fleet[0].hook = lambda server, body: httpx.Response(
+        400, json={"error": {"message": "bad sampling params"}}
+    )
+    asyncio.run(scenario(rig))
+    assert rig.fleet[0].calls == 8
+    assert _states(rig)[rig.fleet[0].url] == "healthy"
+    assert rig.events.of("server_bad_data") == []
+    assert rig.backend.server_stats()[rig.fleet[0].url].data_failures == 8
+
+
+def test_a_quarantined_server_rejoins_on_probation() -> None:
+    """After its quarantine a garbage server rejoins like any dead one, but one more bad
+    reply takes it straight out again; a good reply clears its record."""
+
+    async def scenario(rig: HttpRig) -> None:
+        pool, bad = rig.backend.pool, rig.fleet[0]
+        pool.start()
+        await _attempts_until(rig, lambda: _states(rig)[bad.url] == "dead")
+        # The quarantine passes; it rejoins with the current weights, and gets the next
+        # call (it has had the fewest).
+        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 1, GUARD_S)
+        await rig.backend.run_attempt(rig.request(0), rig.writer)
+        assert bad.calls == 3 and pool.stats()[bad.url].deaths == 2
+        bad.hook = None  # fixed
+        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 2, GUARD_S)
+        for i in range(6):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        assert bad.calls > 3
+        await rig.backend.aclose()
+
+    rig = make_rig(2, dead_after=2, bad_data_quarantine_s=0.2)
+    rig.fleet[0].hook = _html
+    asyncio.run(scenario(rig))
+    assert [e["in_a_row"] for _, e in rig.events.of("server_bad_data")] == [2, 3]
+    assert _states(rig)[rig.fleet[0].url] == "healthy"

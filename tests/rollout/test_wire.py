@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from rollout_recovery.rollout import (
     CallSpec,
     DataFailure,
+    Dialect,
+    ServerReply,
     SglangGenerate,
     VllmCompletions,
     VllmGenerate,
@@ -21,11 +24,21 @@ from rollout_recovery.rollout import (
 )
 
 CALL = CallSpec(prompt_token_ids=[0, 5, 22, 1], max_tokens=4, seed=7)
+# Every id a row can store: these tests are about shapes, not a trainer's vocabulary.
+WIDE = 2**31
+# The recorded replies come from a tiny Llama with 333 tokens.
+RECORDED_VOCAB = 333
 
 
-def _failure(parse: Any, payload: object) -> DataFailure:
+def _parse(
+    dialect: Dialect, payload: object, call: CallSpec = CALL, vocab_size: int = WIDE
+) -> ServerReply:
+    return dialect.parse(call, json.dumps(payload).encode(), vocab_size=vocab_size)
+
+
+def _failure(dialect: Dialect, payload: object, vocab_size: int = WIDE) -> DataFailure:
     with pytest.raises(DataFailure) as caught:
-        parse(CALL, payload)
+        _parse(dialect, payload, vocab_size=vocab_size)
     return caught.value
 
 
@@ -50,19 +63,19 @@ def test_vllm_completions_accepts_a_consistent_reply_and_no_single_flipped_id(
     prompt = list(CALL.prompt_token_ids)
     payload = completion(prompt, tokens)
     payload["choices"][0]["logprobs"]["token_logprobs"] = [logprob] * len(tokens)
-    reply = VllmCompletions().parse(CALL, payload)
+    reply = _parse(VllmCompletions(), payload)
     assert reply.token_ids == tokens and reply.logprobs == [logprob] * len(tokens)
     flipped = list(tokens)
     flipped[flip % len(tokens)] = (flipped[flip % len(tokens)] + 1) % 2**31  # another valid id
     broken = completion(prompt, tokens, token_ids=flipped)
-    assert _failure(VllmCompletions().parse, broken).reason == "token_mismatch"
+    assert _failure(VllmCompletions(), broken).reason == "token_mismatch"
 
 
 def test_vllm_completions_reads_a_top_level_prompt_echo() -> None:
     payload = completion([0, 5, 22, 1], [9, 9])
     del payload["choices"][0]["prompt_token_ids"]
     payload["prompt_token_ids"] = [0, 5, 22, 1]
-    assert VllmCompletions().parse(CALL, payload).token_ids == [9, 9]
+    assert _parse(VllmCompletions(), payload).token_ids == [9, 9]
 
 
 # ------------------------------------------------------------------------ vLLM generate
@@ -88,7 +101,7 @@ def _generate_reply(tokens: list[int], spans: Any) -> dict[str, Any]:
 
 def test_vllm_generate_records_the_weight_version_spans() -> None:
     spans = [{"version": "7", "start": 0, "end": 1}, {"version": "8", "start": 1, "end": 3}]
-    reply = VllmGenerate().parse(CALL, _generate_reply([4, 5, 6], spans))
+    reply = _parse(VllmGenerate(), _generate_reply([4, 5, 6], spans))
     assert reply.weight_version_spans == spans
     assert reply.server_weight_version == "8"
     body = VllmGenerate().body("tiny", CALL)
@@ -100,10 +113,10 @@ def test_vllm_generate_cross_checks_the_logprob_ids_and_the_echo() -> None:
     spans = [{"version": "7", "start": 0, "end": 2}]
     reply = _generate_reply([4, 5], spans)
     reply["choices"][0]["logprobs"]["content"][1]["token_id"] = 6
-    assert _failure(VllmGenerate().parse, reply).reason == "token_mismatch"
+    assert _failure(VllmGenerate(), reply).reason == "token_mismatch"
     reply = _generate_reply([4, 5], spans)
     reply["prompt_token_ids"] = None  # sent without return_token_ids: nothing to check
-    assert _failure(VllmGenerate().parse, reply).reason == "malformed_response"
+    assert _failure(VllmGenerate(), reply).reason == "malformed_reply"
 
 
 @pytest.mark.parametrize(
@@ -118,9 +131,7 @@ def test_vllm_generate_cross_checks_the_logprob_ids_and_the_echo() -> None:
     ],
 )
 def test_vllm_generate_refuses_spans_that_do_not_tile_the_tokens(spans: Any) -> None:
-    assert _failure(VllmGenerate().parse, _generate_reply([4, 5, 6], spans)).reason == (
-        "token_mismatch"
-    )
+    assert _failure(VllmGenerate(), _generate_reply([4, 5, 6], spans)).reason == ("token_mismatch")
 
 
 # ------------------------------------------------------------------------------ SGLang
@@ -145,7 +156,7 @@ def test_sglang_body_and_reply_shape() -> None:
     body = SglangGenerate().body("ignored", CALL)
     assert body["input_ids"] == [0, 5, 22, 1] and body["return_logprob"] is True
     assert body["sampling_params"]["max_new_tokens"] == 4
-    reply = SglangGenerate().parse(CALL, _sglang_reply([8, 9]))
+    reply = _parse(SglangGenerate(), _sglang_reply([8, 9]))
     assert reply.token_ids == [8, 9] and reply.logprobs == [-0.5, -0.5]
     assert reply.server_weight_version == "12" and reply.finish_reason == "length"
 
@@ -159,16 +170,22 @@ def test_sglang_body_and_reply_shape() -> None:
             id="logprob-ids-differ",
         ),
         pytest.param(_sglang_reply([8, 9], prompt_tokens=3), "token_mismatch", id="prompt-len"),
-        pytest.param({"output_ids": [8]}, "malformed_response", id="no-meta"),
+        pytest.param({"output_ids": [8]}, "malformed_reply", id="no-meta"),
         pytest.param(
+            # NaN is not JSON: the reply is malformed before any logprob is read.
             _sglang_reply([8], output_token_logprobs=[[float("nan"), 8, None]]),
-            "invalid_logprobs",
+            "malformed_reply",
             id="nan-logprob",
+        ),
+        pytest.param(
+            _sglang_reply([8], output_token_logprobs=[[0.25, 8, None]]),
+            "invalid_logprobs",
+            id="positive-logprob",
         ),
     ],
 )
 def test_sglang_cross_checks(payload: Any, reason: str) -> None:
-    assert _failure(SglangGenerate().parse, payload).reason == reason
+    assert _failure(SglangGenerate(), payload).reason == reason
 
 
 # --------------------------------------------------------------------- status classes
@@ -217,7 +234,7 @@ def _call_of(request: dict[str, Any], prompt_key: str) -> CallSpec:
 def test_recorded_vllm_completions_parse_and_our_body_asks_the_same(name: str) -> None:
     recorded = _recorded(name)
     call = _call_of(recorded["request"], "prompt")
-    reply = VllmCompletions().parse(call, recorded["response"])
+    reply = _parse(VllmCompletions(), recorded["response"], call, RECORDED_VOCAB)
     choice = recorded["response"]["choices"][0]
     assert reply.token_ids == choice["token_ids"]
     assert reply.logprobs == choice["logprobs"]["token_logprobs"]
@@ -230,7 +247,7 @@ def test_recorded_vllm_completions_parse_and_our_body_asks_the_same(name: str) -
 def test_recorded_vllm_generate_parses_with_its_spans(name: str) -> None:
     recorded = _recorded(name)
     call = _call_of(recorded["request"], "token_ids")
-    reply = VllmGenerate().parse(call, recorded["response"])
+    reply = _parse(VllmGenerate(), recorded["response"], call, RECORDED_VOCAB)
     choice = recorded["response"]["choices"][0]
     assert reply.token_ids == choice["token_ids"]
     assert reply.weight_version_spans == choice["weight_versions"]
@@ -251,3 +268,83 @@ def test_recorded_vllm_context_refusals_are_context_overflows(case: str) -> None
     recorded = _recorded("error_context_overflow.json")[case]
     failure = classify_status(recorded["status"], recorded["response"])
     assert failure is not None and failure.reason == "context_overflow"
+
+
+# ------------------------------------------------------- untrusted bytes (issue 15)
+
+DIALECT_PARSERS = [VllmCompletions(), VllmGenerate(), SglangGenerate()]
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=30,
+)
+
+
+@pytest.mark.parametrize("dialect", DIALECT_PARSERS, ids=lambda d: d.name)
+@given(raw=st.binary(max_size=200) | _JSON.map(lambda v: json.dumps(v).encode()))
+def test_any_bytes_parse_or_fail_as_data(dialect: Dialect, raw: bytes) -> None:
+    """Whatever a server sends, a dialect returns a checked reply or a DataFailure."""
+    with contextlib.suppress(DataFailure):
+        dialect.parse(CALL, raw, vocab_size=WIDE)
+
+
+@pytest.mark.parametrize("dialect", DIALECT_PARSERS, ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-array"),
+        pytest.param(b'{"a":' * 50_000 + b"1" + b"}" * 50_000, id="nested-object"),
+        pytest.param(b'{"x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", id="nested-unread-field"),
+        pytest.param(b'{"text": "\xc3\x28"}', id="invalid-utf8"),
+        pytest.param(b"<!DOCTYPE html><html></html>", id="html"),
+        pytest.param(b'{"choices": NaN}', id="nan"),
+    ],
+)
+def test_undecodable_replies_are_malformed_in_every_dialect(dialect: Dialect, raw: bytes) -> None:
+    with pytest.raises(DataFailure) as caught:
+        dialect.parse(CALL, raw, vocab_size=WIDE)
+    assert caught.value.reason == "malformed_reply"
+    assert caught.value.blames_server
+
+
+def _consistent(dialect: Dialect, tokens: list[int], prompt: list[int]) -> dict[str, Any]:
+    if isinstance(dialect, VllmCompletions):
+        return completion(prompt, tokens)
+    if isinstance(dialect, VllmGenerate):
+        reply = _generate_reply(tokens, None)
+        reply["prompt_token_ids"] = prompt
+        return reply
+    reply = _sglang_reply(tokens)
+    return reply
+
+
+@pytest.mark.parametrize("dialect", DIALECT_PARSERS, ids=lambda d: d.name)
+@given(
+    vocab=st.integers(1, 64),
+    tokens=st.lists(st.integers(-(2**70), 2**70), min_size=1, max_size=4),
+)
+def test_generated_ids_outside_the_vocabulary_are_refused_naming_the_first(
+    dialect: Dialect, vocab: int, tokens: list[int]
+) -> None:
+    # The prompt [0, 5, 22, 1] must pass: a vocabulary of at least 23.
+    vocab += 22
+    raw = json.dumps(_consistent(dialect, tokens, list(CALL.prompt_token_ids))).encode()
+    outside = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab]
+    if not outside:
+        assert dialect.parse(CALL, raw, vocab_size=vocab).token_ids == tokens
+        return
+    with pytest.raises(DataFailure) as caught:
+        dialect.parse(CALL, raw, vocab_size=vocab)
+    position, token = outside[0]
+    assert caught.value.reason == "token_out_of_vocab"
+    assert f"[{position}] is {token}, outside the vocabulary [0, {vocab})" in caught.value.detail
+
+
+@pytest.mark.parametrize("dialect", DIALECT_PARSERS[:2], ids=lambda d: d.name)
+def test_an_echoed_prompt_id_outside_the_vocabulary_is_refused(dialect: Dialect) -> None:
+    call = CallSpec(prompt_token_ids=[0, 5, 40], max_tokens=4)
+    raw = json.dumps(_consistent(dialect, [7], [0, 5, 40])).encode()
+    with pytest.raises(DataFailure) as caught:
+        dialect.parse(call, raw, vocab_size=38)
+    assert caught.value.reason == "token_out_of_vocab"
+    assert caught.value.detail == "prompt_token_ids[2] is 40, outside the vocabulary [0, 38)"

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from ..capture import STAGING_PARTITION, CaptureWriter
 from ..errors import InvalidArgumentTypeError
-from ..policy import PolicySnapshot, TaskSet
+from ..policy import VOCAB_SIZE, PolicySnapshot, TaskSet
 from ..rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
@@ -95,7 +95,11 @@ class GenerationWorker:
                 weight_sync=WEIGHT_SYNCS[spec.http_weight_sync],
                 settings=spec.http_settings
                 or HttpBackendSettings(
-                    model=DEFAULT_MODEL_NAME, pool=PoolSettings(), stage_in_thread=True
+                    model=DEFAULT_MODEL_NAME,
+                    pool=PoolSettings(),
+                    # The worker's weights are the numpy policy's: its vocabulary.
+                    vocab_size=VOCAB_SIZE,
+                    stage_in_thread=True,
                 ),
                 initial_version=version,
                 initial_weights=snapshot,

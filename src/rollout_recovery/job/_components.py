@@ -91,10 +91,12 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 
 
-def _http_settings(http: HttpConfig) -> HttpBackendSettings:
-    """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker)."""
+def _http_settings(http: HttpConfig, vocab_size: int) -> HttpBackendSettings:
+    """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker);
+    ``vocab_size`` is the trainer's, which replies are checked against."""
     return HttpBackendSettings(
         model=http.model,
+        vocab_size=vocab_size,
         pool=PoolSettings(
             concurrency=http.per_server_concurrency,
             probe_interval_s=http.probe_interval_s,
@@ -119,7 +121,7 @@ def _http_backend(
         task_set=dataset,
         dialect=DIALECTS[http.dialect],
         weight_sync=WEIGHT_SYNCS[http.weight_sync],
-        settings=_http_settings(http),
+        settings=_http_settings(http, trainer.vocab_size),
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
     )
@@ -153,7 +155,7 @@ def _ray_backend(
         http_servers=http.servers,
         http_dialect=http.dialect,
         http_weight_sync=http.weight_sync,
-        http_settings=_http_settings(http),
+        http_settings=_http_settings(http, trainer.vocab_size),
     )
     settings = ActorPoolSettings(
         actors_per_node=ray_config.actors_per_node,

@@ -35,13 +35,19 @@ class Trainer(Protocol):
     an empty batch, and names the weights it produces ``version``: the controller chooses
     it, above every version the run ever produced (after a restore rolled training back,
     the next version still continues above the lost ones, so one number never names two
-    sets of weights). ``weights`` returns an immutable snapshot a generation backend may
-    keep while training goes on. ``state`` is everything needed to resume bit-for-bit
-    (plain numpy arrays, saved without pickle); ``load_state`` restores it.
+    sets of weights). ``vocab_size`` is the trainer's vocabulary: it trains token ids in
+    ``[0, vocab_size)`` only, and a generation backend that receives ids from elsewhere (a
+    server) refuses others before staging them. ``weights`` returns an immutable snapshot
+    a generation backend may keep while training goes on. ``state`` is everything needed
+    to resume bit-for-bit (plain numpy arrays, saved without pickle); ``load_state``
+    restores it.
     """
 
     @property
     def weight_version(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def weights(self) -> object: ...
 

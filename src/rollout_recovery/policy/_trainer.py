@@ -36,6 +36,7 @@ from ._numpy_policy import (
     row_token_contexts,
 )
 from ._protocol import TrainSample
+from ._tasks import VOCAB_SIZE
 
 __all__ = [
     "DEFAULT_CLIP_EPSILON",
@@ -224,6 +225,10 @@ class NumpyGRPOTrainer:
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
 
     def weights(self) -> PolicySnapshot:
         """The current weights; one snapshot per version, shared by every caller."""

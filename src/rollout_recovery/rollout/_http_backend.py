@@ -11,16 +11,27 @@ confirmed when the call was dispatched.
 
 Failures are classified:
 
-- *infra* (connection refused or reset, a timeout, HTTP 5xx, 408, 429): the server is
-  reported to the pool and the call is redispatched to another server after a backoff,
-  up to ``call_redispatch_budget`` times; nothing of the call was acknowledged (a call is
+- *infra* (connection refused or reset, HTTP 5xx, 408, 429, or no complete reply within
+  ``request_timeout_s``: a total deadline on the whole exchange, not httpx's per-read
+  timeout, so a server that drips one byte at a time cannot hold a call): the server is
+  reported to the pool and the call is redispatched to another server after a backoff, up
+  to ``call_redispatch_budget`` times; nothing of the call was acknowledged (a call is
   acknowledged only by its staged record), so resending it cannot double anything. When
   the budget is spent the attempt raises ``GenerationError`` and the controller abandons
   it and retries the sibling under its own round budget.
-- *data* (another 4xx, a context overflow, a reply whose ids, logprobs or echo disagree):
-  the attempt ends as a *sealed failed attempt*: its receipt is poisoned with
+- *data*: the attempt ends as a *sealed failed attempt*: its receipt is poisoned with
   ``data_error:<reason>``, so the sibling trains as a masked placeholder that says why.
-  Resending would not help: the same request gets the same refusal.
+  Resending would not help: the same request gets the same refusal. Two kinds:
+
+  - the request was refused (another 4xx, a context overflow): any server would refuse
+    it, so it says nothing about the server;
+  - the reply is unusable: not JSON of the dialect's shape, not UTF-8 or nested too deeply
+    (``malformed_reply``), longer than the byte cap (``reply_too_large``: the body is
+    streamed and the connection dropped at the cap, see ``max_reply_bytes``), a token id
+    outside the trainer's vocabulary (``token_out_of_vocab``), ids, logprobs, echo or
+    spans that disagree (``token_mismatch``, ``invalid_logprobs``, ``empty_generation``).
+    These count against the server: ``dead_after_failures`` in a row and the pool takes
+    it out of rotation (``server_bad_data``, see ``_server_pool.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from .._bounds import INT32_MAX
 from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt
 from ..errors import GenerationError, InvalidArgumentError
 from ..policy import ANSWER_TOKENS, TaskSet
@@ -42,7 +54,15 @@ from ._digit_task import answer_prompt, finished_attempt, task_prompt
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._weight_sync import WeightSync
-from ._wire import CallSpec, DataFailure, Dialect, ServerReply, error_message
+from ._wire import (
+    CallSpec,
+    DataFailure,
+    Dialect,
+    ServerReply,
+    error_message,
+    error_payload,
+    read_body,
+)
 
 __all__ = ["HttpBackendSettings", "HttpGenerationBackend", "classify_status"]
 
@@ -55,6 +75,14 @@ _CONTEXT_OVERFLOW_MARKERS = (
     "max_model_len",
     "max_tokens must be at least 1",
 )
+# How much of a data failure's detail (partly the server's words) an event keeps.
+_EVENT_DETAIL_CHARS = 300
+# The default reply cap: a generous multiple of what vLLM sends per token (about 150 bytes
+# per generated token with its logprob entry, under 10 per echoed prompt id), plus room
+# for the envelope.
+REPLY_BASE_BYTES = 4 * 2**20
+REPLY_BYTES_PER_MAX_TOKEN = 2**10
+REPLY_BYTES_PER_PROMPT_ID = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +91,11 @@ class HttpBackendSettings:
 
     model: str
     pool: PoolSettings
+    # The trainer's vocabulary (``Trainer.vocab_size``): a reply naming an id outside
+    # [0, vocab_size) is a data failure at the wire, so no row the trainer would refuse
+    # is ever staged or checkpointed.
+    vocab_size: int
+    # A total deadline per call (connect, send, every byte of the reply).
     request_timeout_s: float = 30.0
     call_redispatch_budget: int = 3
     redispatch_backoff_s: float = 0.05
@@ -72,6 +105,10 @@ class HttpBackendSettings:
     # and top-p); recorded with every call so a trainer can tell.
     logprob_mode: str = "raw_logprobs"
     stage_in_thread: bool = False
+    # The most bytes of one reply read before it is refused (``reply_too_large``); None:
+    # REPLY_BASE_BYTES + REPLY_BYTES_PER_MAX_TOKEN * max_tokens + REPLY_BYTES_PER_PROMPT_ID
+    # * prompt ids, per call.
+    max_reply_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.call_redispatch_budget < 0:
@@ -86,16 +123,38 @@ class HttpBackendSettings:
             )
         if self.reasoning_tokens < 1:
             raise InvalidArgumentError("reasoning_tokens must be >= 1", path="$.reasoning_tokens")
+        if not 1 <= self.vocab_size <= INT32_MAX + 1:  # rows store int32 ids
+            raise InvalidArgumentError(
+                f"vocab_size must be in [1, {INT32_MAX + 1}], got {self.vocab_size}",
+                path="$.vocab_size",
+            )
+        if self.max_reply_bytes is not None and self.max_reply_bytes < 1:
+            raise InvalidArgumentError("max_reply_bytes must be >= 1", path="$.max_reply_bytes")
+
+    def reply_cap(self, call: CallSpec) -> int:
+        """How many bytes of ``call``'s reply are read at most."""
+        if self.max_reply_bytes is not None:
+            return self.max_reply_bytes
+        return (
+            REPLY_BASE_BYTES
+            + REPLY_BYTES_PER_MAX_TOKEN * call.max_tokens
+            + REPLY_BYTES_PER_PROMPT_ID * len(call.prompt_token_ids)
+        )
+
+
+def _is_infra_status(status: int) -> bool:
+    return status >= 500 or status in _INFRA_STATUSES
 
 
 def classify_status(status: int, payload: object) -> DataFailure | None:
-    """None for an infra status (resend elsewhere), else the data failure it means."""
-    if status >= 500 or status in _INFRA_STATUSES:
+    """None for an infra status (resend elsewhere), else the data failure it means: the
+    request's, not the server's (any server would refuse it)."""
+    if _is_infra_status(status):
         return None
     message = error_message(payload)
     if any(marker in message.lower() for marker in _CONTEXT_OVERFLOW_MARKERS):
-        return DataFailure("context_overflow", message)
-    return DataFailure(f"http_{status}", message)
+        return DataFailure("context_overflow", message, blames_server=False)
+    return DataFailure(f"http_{status}", message, blames_server=False)
 
 
 class _InfraFailure(Exception):
@@ -113,7 +172,8 @@ class HttpGenerationBackend:
 
     ``client`` may be given (tests pass one over ``httpx.MockTransport``); otherwise the
     backend makes its own and closes it in :meth:`aclose`. ``on_event(kind, server,
-    detail)`` hears server state changes and redispatches, for the audit trail.
+    detail)`` hears server state changes, redispatches and data failures, for the audit
+    trail.
     """
 
     def __init__(
@@ -154,6 +214,10 @@ class HttpGenerationBackend:
     def pool(self) -> ServerPool:
         return self._pool
 
+    @property
+    def settings(self) -> HttpBackendSettings:
+        return self._settings
+
     def server_stats(self) -> dict[str, ServerStats]:
         return self._pool.stats()
 
@@ -165,7 +229,8 @@ class HttpGenerationBackend:
     # -- BackendTelemetry --------------------------------------------------------------------
 
     def drain_events(self) -> list[dict[str, Any]]:
-        """Server state changes, weight loads and redispatches since the last drain."""
+        """Server state changes, weight loads, redispatches and data failures since the
+        last drain."""
         events = list(self._events)
         self._events.clear()
         return events
@@ -307,7 +372,7 @@ class HttpGenerationBackend:
                 self.redispatches += 1
                 await asyncio.sleep(self._settings.redispatch_backoff_s * 2 ** (redispatch - 1))
             lease = await self._pool.acquire(avoid=tried)
-            outcome = "infra"
+            outcome, why = "infra", ""
             try:
                 reply = await self._send(lease, call)
                 outcome = "ok"
@@ -321,14 +386,25 @@ class HttpGenerationBackend:
                     {"rollout_id": request.rollout_id, "call": model_call_id, "error": last_error},
                 )
             except DataFailure as failure:
-                outcome = "data"
+                outcome, why = ("bad_data" if failure.blames_server else "data"), failure.reason
+                self._on_event(
+                    "call_data_failed",
+                    lease.url,
+                    {
+                        "rollout_id": request.rollout_id,
+                        "call": model_call_id,
+                        "reason": failure.reason,
+                        # A server writes the detail: bounded, as every event line is.
+                        "detail": failure.detail[:_EVENT_DETAIL_CHARS],
+                    },
+                )
                 raise _DataFailed(model_call_id, failure) from None
             except asyncio.CancelledError:
                 # The controller's deadline or a shutdown, not the server's failure.
                 outcome = "cancelled"
                 raise
             finally:
-                await self._pool.release(lease, outcome=outcome)
+                await self._pool.release(lease, outcome=outcome, reason=why)
         raise GenerationError(
             "server_unavailable",
             f"call {model_call_id} failed on {len(tried)} server(s) after {budget} "
@@ -338,24 +414,29 @@ class HttpGenerationBackend:
 
     async def _send(self, lease: Lease, call: CallSpec) -> ServerReply:
         body = self._dialect.body(self._settings.model, call)
+        timeout = self._settings.request_timeout_s
         try:
-            response = await self._client.post(
-                lease.url + self._dialect.path,
-                json=body,
-                timeout=self._settings.request_timeout_s,
-            )
+            # The whole exchange under one deadline: httpx's timeout bounds each read
+            # only, and a server that drips a byte per read would hold the call for ever.
+            async with asyncio.timeout(timeout):
+                async with self._client.stream(
+                    "POST", lease.url + self._dialect.path, json=body, timeout=timeout
+                ) as response:
+                    status = response.status_code
+                    if _is_infra_status(status):  # the body says nothing we act on
+                        raise _InfraFailure(f"{lease.url}: HTTP {status}")
+                    # Streamed under a cap: leaving this block early drops the connection.
+                    raw = await read_body(response, self._settings.reply_cap(call))
+        except TimeoutError:
+            raise _InfraFailure(f"{lease.url}: no complete reply within {timeout} s") from None
         except httpx.HTTPError as error:  # refused, reset, timed out, protocol broken
             raise _InfraFailure(f"{lease.url}: {type(error).__name__}: {error}") from error
-        try:
-            payload: object = response.json()
-        except ValueError:
-            payload = response.text
-        if response.status_code != 200:
-            failure = classify_status(response.status_code, payload)
+        if status != 200:
+            failure = classify_status(status, error_payload(raw))
             if failure is None:
-                raise _InfraFailure(f"{lease.url}: HTTP {response.status_code}")
+                raise _InfraFailure(f"{lease.url}: HTTP {status}")
             raise failure
-        return self._dialect.parse(call, payload)
+        return self._dialect.parse(call, raw, vocab_size=self._settings.vocab_size)
 
 
 class _DataFailed(Exception):

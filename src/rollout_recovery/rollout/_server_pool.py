@@ -3,7 +3,7 @@
 Each server moves through these states::
 
     joining --probe ok + current weights--> healthy
-    healthy --a failed call or probe--> suspect --probe ok--> healthy
+    healthy --a failed call or probe, or a bad reply--> suspect --probe ok--> healthy
     suspect --dead_after_failures in a row--> dead
     dead --probe ok--> recovering --reports the current version--> healthy ("rejoined")
 
@@ -14,8 +14,18 @@ answer its liveness route. A server that comes back (or a new one) gets traffic 
 once it reports the trainer's current weight version: it never serves stale weights under
 a new stamp.
 
-The pool runs one background task: the probe loop (``probe_interval_s``, each probe with
-its own ``probe_timeout_s``), which also pushes weights to servers that lag behind.
+Bad replies (a data failure the server is to blame for: garbage, an oversize body, ids
+outside the vocabulary, a reply that disagrees with itself) count on their own streak,
+which only a good reply resets, since a server that answers garbage still answers its
+probes. ``dead_after_failures`` in a row and the server is dead (``server_bad_data``)
+and quarantined: no probe revives it for ``bad_data_quarantine_s``; then it rejoins like
+any dead server, on probation (its streak stands, so one more bad reply and it is out
+again).
+
+Every exchange has a total deadline, not only httpx's per-read timeout: a probe
+``probe_timeout_s``, a weight push ``sync_timeout_s``. Each server is probed by its own
+task (every ``probe_interval_s``), which also starts weight pushes to a server that lags
+behind, so one server that stalls its probes never delays another's probe or rejoin.
 """
 
 from __future__ import annotations
@@ -31,8 +41,13 @@ import httpx
 
 from ..errors import GenerationError, InvalidArgumentError
 from ._weight_sync import WeightSync
+from ._wire import DataFailure, read_body
 
 __all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
+
+# What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
+# connection, never a server's idea of a large reply.
+_PROBE_BODY_CAP = 64 * 2**10
 
 
 class ServerHealth(enum.Enum):
@@ -54,6 +69,8 @@ class PoolSettings:
     sync_timeout_s: float = 10.0
     # How long a call waits for any healthy server before it fails the attempt.
     no_server_wait_s: float = 30.0
+    # How long a server taken out for bad replies is left alone before a probe may revive it.
+    bad_data_quarantine_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -62,7 +79,13 @@ class PoolSettings:
             raise InvalidArgumentError(
                 "dead_after_failures must be >= 1", path="$.dead_after_failures"
             )
-        for name in ("probe_interval_s", "probe_timeout_s", "sync_timeout_s", "no_server_wait_s"):
+        for name in (
+            "probe_interval_s",
+            "probe_timeout_s",
+            "sync_timeout_s",
+            "no_server_wait_s",
+            "bad_data_quarantine_s",
+        ):
             if not getattr(self, name) > 0:
                 raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
 
@@ -85,6 +108,8 @@ class _Server:
     state: ServerHealth = ServerHealth.JOINING
     in_flight: int = 0
     failures_in_a_row: int = 0
+    bad_replies_in_a_row: int = 0  # reset by a good reply only, never by a probe
+    quarantined_until: float = 0.0  # time.monotonic(); no revival before
     version: int | None = None  # what the server last reported holding
     syncing: bool = False
     stats: ServerStats = field(default_factory=ServerStats)
@@ -126,7 +151,7 @@ class ServerPool:
         self._target: tuple[int, object] | None = None
         self._changed: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._probe_task: asyncio.Task[None] | None = None
+        self._probe_tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
     # -- introspection ---------------------------------------------------------------------
@@ -148,15 +173,18 @@ class ServerPool:
         return self._changed
 
     def start(self) -> None:
-        """Start the probe loop (idempotent; needs a running loop)."""
-        if self._probe_task is None and not self._closed:
-            self._probe_task = asyncio.get_running_loop().create_task(
-                self._probe_loop(), name="server-probes"
-            )
+        """Start one probe loop per server (idempotent; needs a running loop)."""
+        if self._probe_tasks or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._probe_tasks = [
+            loop.create_task(self._probe_loop(server), name=f"probe-{server.url}")
+            for server in self._servers.values()
+        ]
 
     async def aclose(self) -> None:
         self._closed = True
-        tasks = [*self._tasks, *([self._probe_task] if self._probe_task else [])]
+        tasks = [*self._tasks, *self._probe_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -214,10 +242,15 @@ class ServerPool:
         try:
             while self._target is not None and not self._is_current(server):
                 version, weights = self._target
+                timeout = self._settings.sync_timeout_s
                 try:
-                    reported = await self._sync.push(
-                        self._client, server.url, version, weights, self._settings.sync_timeout_s
-                    )
+                    async with asyncio.timeout(timeout):  # the whole push, not each read
+                        reported = await self._sync.push(
+                            self._client, server.url, version, weights, timeout
+                        )
+                except TimeoutError:
+                    await self._failed(server, f"weight push not done within {timeout} s")
+                    return
                 except httpx.HTTPError as error:
                     await self._failed(server, f"weight push failed: {error!r}")
                     return
@@ -231,7 +264,11 @@ class ServerPool:
                         server, f"reports version {reported} after pushing {version}"
                     )
                     return
-            if server.state is not ServerHealth.HEALTHY and server.failures_in_a_row == 0:
+            if (
+                server.state is not ServerHealth.HEALTHY
+                and server.failures_in_a_row == 0
+                and not self._quarantined(server)
+            ):
                 self._move(server, ServerHealth.HEALTHY, version=server.version)
             await self._notify()
         finally:
@@ -239,18 +276,28 @@ class ServerPool:
 
     # -- probes ----------------------------------------------------------------------------
 
-    async def _probe_loop(self) -> None:
+    async def _probe_loop(self, server: _Server) -> None:
         while not self._closed:
-            await asyncio.gather(*(self._probe(s) for s in self._servers.values()))
+            await self._probe(server)
             await asyncio.sleep(self._settings.probe_interval_s)
 
+    def _quarantined(self, server: _Server) -> bool:
+        return server.state is ServerHealth.DEAD and time.monotonic() < server.quarantined_until
+
     async def _probe(self, server: _Server) -> None:
+        if self._quarantined(server):
+            return  # its probes cannot vouch for its replies
+        timeout = self._settings.probe_timeout_s
         try:
-            response = await self._client.get(
-                f"{server.url}/health", timeout=self._settings.probe_timeout_s
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as error:
+            # One deadline for the whole exchange: a server that drips its reply a byte
+            # per read passes every per-read timeout.
+            async with asyncio.timeout(timeout):
+                async with self._client.stream(
+                    "GET", f"{server.url}/health", timeout=timeout
+                ) as response:
+                    response.raise_for_status()
+                    await read_body(response, _PROBE_BODY_CAP)
+        except (httpx.HTTPError, DataFailure, TimeoutError) as error:
             if server.state is not ServerHealth.DEAD:
                 await self._failed(server, f"probe failed: {type(error).__name__}")
             return
@@ -319,20 +366,41 @@ class ServerPool:
                 except TimeoutError:
                     continue
 
-    async def release(self, lease: Lease, *, outcome: str) -> None:
-        """End a call: ``ok``, ``data`` (the server answered badly), ``infra``, or
-        ``cancelled`` (the caller gave up: no verdict on the server)."""
+    async def release(self, lease: Lease, *, outcome: str, reason: str = "") -> None:
+        """End a call: ``ok``; ``data`` (the request was refused: no verdict on the
+        server); ``bad_data`` (the server's reply was unusable, ``reason`` says how);
+        ``infra``; or ``cancelled`` (the caller gave up: no verdict on the server)."""
         server = self._servers[lease.url]
         server.in_flight -= 1
         if outcome == "cancelled":
             pass
         elif outcome == "ok":
             server.failures_in_a_row = 0
+            server.bad_replies_in_a_row = 0
         elif outcome == "data":
             server.stats.data_failures += 1
             server.failures_in_a_row = 0
+        elif outcome == "bad_data":
+            server.stats.data_failures += 1
+            self._bad_reply(server, reason)
         else:
             server.stats.infra_failures += 1
             await self._failed(server, "call failed")
             return
         await self._notify()
+
+    def _bad_reply(self, server: _Server, reason: str) -> None:
+        server.bad_replies_in_a_row += 1
+        in_a_row = server.bad_replies_in_a_row
+        if in_a_row >= self._settings.dead_after_failures:
+            quarantine = self._settings.bad_data_quarantine_s
+            server.quarantined_until = time.monotonic() + quarantine
+            if server.state is not ServerHealth.DEAD:
+                self._on_event(
+                    "server_bad_data",
+                    server.url,
+                    {"reason": reason, "in_a_row": in_a_row, "quarantine_s": quarantine},
+                )
+                self._move(server, ServerHealth.DEAD, why=f"{in_a_row} bad replies: {reason}")
+        elif server.state is ServerHealth.HEALTHY:
+            self._move(server, ServerHealth.SUSPECT, why=f"bad reply: {reason}")

@@ -8,6 +8,10 @@
   generate route reports per-token version spans.
 - :class:`NoWeightSync`: a server with fixed weights and no version routes. Every server then
   counts as current and calls are stamped with the dispatch version only.
+
+A reply is read streamed under a small cap and decoded with msgspec; one that is too
+large, not JSON or of another shape reports no version (the pool then counts the push as
+failed), never an exception. The pool puts a total deadline around each push.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol
 
 import httpx
+import msgspec
 
 from ..errors import InvalidArgumentTypeError
 from ..policy import PolicySnapshot
+from ._wire import DataFailure, read_body
 
 __all__ = [
     "WEIGHT_SYNCS",
@@ -30,6 +36,9 @@ __all__ = [
 ]
 
 WeightSyncName = Literal["policy", "version-tag", "none"]
+
+# What a version route's reply may weigh: it names one version.
+_REPLY_CAP = 64 * 2**10
 
 
 class WeightSync(Protocol):
@@ -59,12 +68,30 @@ def parse_version(value: object) -> int | None:
     return None
 
 
-def _reported(response: httpx.Response) -> int | None:
-    response.raise_for_status()
-    body: Any = response.json()
-    if isinstance(body, dict):
-        return parse_version(body.get("weight_version", body.get("version")))
-    return None
+class _VersionReply(msgspec.Struct):
+    weight_version: str | int | None = None
+    version: str | int | None = None
+
+
+def _reported(raw: bytes) -> int | None:
+    try:
+        body = msgspec.json.decode(raw, type=_VersionReply)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return parse_version(body.weight_version if body.weight_version is not None else body.version)
+
+
+async def _exchange(
+    client: httpx.AsyncClient, method: str, url: str, *, json: Any = None, timeout: float
+) -> bytes:
+    """The reply body of one request; raises ``httpx.HTTPStatusError`` for a refusal, and
+    gives ``b""`` for a body past the cap (the connection is dropped, the rest unread)."""
+    async with client.stream(method, url, json=json, timeout=timeout) as response:
+        response.raise_for_status()
+        try:
+            return await read_body(response, _REPLY_CAP)
+        except DataFailure:
+            return b""
 
 
 class PolicyWeightSync:
@@ -82,10 +109,14 @@ class PolicyWeightSync:
                 f"{type(weights).__name__}"
             )
         params = {name: array.tolist() for name, array in weights.params.items()}
-        response = await client.post(
-            f"{url}/update_weights", json={"version": version, "params": params}, timeout=timeout
+        reply = await _exchange(
+            client,
+            "POST",
+            f"{url}/update_weights",
+            json={"version": version, "params": params},
+            timeout=timeout,
         )
-        return _reported(response)
+        return _reported(reply)
 
 
 class VersionTagSync:
@@ -97,15 +128,15 @@ class VersionTagSync:
     async def push(
         self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
     ) -> int | None:
-        response = await client.post(
+        await _exchange(
+            client,
+            "POST",
             # vLLM takes the version as a string (an int is a 400).
             f"{url}/update_weight_version",
             json={"new_version": str(version)},
             timeout=timeout,
         )
-        response.raise_for_status()
-        info = await client.get(f"{url}/weight_info", timeout=timeout)
-        return _reported(info)
+        return _reported(await _exchange(client, "GET", f"{url}/weight_info", timeout=timeout))
 
 
 class NoWeightSync:

@@ -6,6 +6,14 @@ with itself or with the request is a *data* failure (:class:`DataFailure`), neve
 repaired, because a retokenized or misaligned call would train on tokens the policy did not
 sample.
 
+A reply is untrusted bytes. :func:`read_body` reads at most a byte cap of it and stops
+there (``reply_too_large``); a dialect decodes it with msgspec into its own typed structs,
+so a body that is not JSON, not UTF-8, nested past msgspec's recursion bound or of another
+shape is one failure, ``malformed_reply``, and the fields a dialect does not read are
+skipped, never built. Every token id, generated or echoed, must lie in the trainer's
+vocabulary ``[0, vocab_size)`` (``token_out_of_vocab``, naming the id and its position):
+a row the trainer would refuse never reaches staging, so no checkpoint can hold one.
+
 - :class:`VllmCompletions`: ``POST /v1/completions`` with a token-id prompt,
   ``return_token_ids`` and ``return_tokens_as_token_ids``; the echoed ``prompt_token_ids``,
   the ``token_ids`` and the ``token_id:N`` logprob tokens must agree.
@@ -18,13 +26,14 @@ sample.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
+import httpx
+import msgspec
 import numpy as np
-
-from .._bounds import INT32_MAX
 
 __all__ = [
     "DIALECTS",
@@ -37,9 +46,13 @@ __all__ = [
     "VllmCompletions",
     "VllmGenerate",
     "error_message",
+    "error_payload",
+    "read_body",
 ]
 
 DialectName = Literal["vllm-completions", "vllm-generate", "sglang"]
+
+_T = TypeVar("_T")
 
 
 class DataFailure(Exception):
@@ -47,12 +60,16 @@ class DataFailure(Exception):
 
     ``reason`` is a short code (``token_mismatch``, ``context_overflow``, ``http_400``, ...)
     that ends up in the placeholder's reason; ``detail`` says what exactly disagreed.
+    ``blames_server`` is False where the request was refused (a 4xx, a context overflow:
+    any server would refuse it) and True where the reply itself is unusable, which counts
+    against the server's health.
     """
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, *, blames_server: bool = True) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.blames_server = blames_server
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +109,55 @@ class Dialect(Protocol):
 
     def body(self, model: str, call: CallSpec) -> dict[str, Any]: ...
 
-    def parse(self, call: CallSpec, payload: object) -> ServerReply: ...
+    def parse(self, call: CallSpec, raw: bytes, *, vocab_size: int) -> ServerReply:
+        """The checked reply in ``raw`` (the body's bytes); raises :class:`DataFailure`."""
+        ...
+
+
+# ------------------------------------------------------------------ reading a reply
+
+
+async def read_body(response: httpx.Response, cap: int) -> bytes:
+    """The body of a streamed ``response``, refused past ``cap`` bytes (as decoded).
+
+    Raises ``DataFailure("reply_too_large")`` as soon as the declared length or the bytes
+    read pass the cap; the caller's closing of the stream then drops the connection
+    without reading the rest.
+    """
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
+        raise DataFailure(
+            "reply_too_large", f"the reply declares {declared[:24]} bytes, the cap is {cap}"
+        )
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > cap:
+            raise DataFailure("reply_too_large", f"the reply passed the cap of {cap} bytes")
+    return bytes(body)
+
+
+def _decode(raw: bytes, shape: type[_T]) -> _T:
+    try:
+        return msgspec.json.decode(raw, type=shape)
+    except msgspec.ValidationError as error:
+        raise DataFailure("malformed_reply", f"unexpected shape: {error}") from None
+    except msgspec.DecodeError as error:
+        raise DataFailure("malformed_reply", f"not JSON: {error}") from None
+    except RecursionError:
+        # msgspec's own depth bound (it raises before the stack is at risk).
+        raise DataFailure("malformed_reply", "nested too deeply") from None
+
+
+def error_payload(raw: bytes) -> object:
+    """An error reply's body as plain data for :func:`error_message`; where it is not
+    JSON (an HTML page, a proxy's text, something nested too deeply), its first 500
+    characters."""
+    try:
+        payload: object = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return raw[:500].decode("utf-8", errors="replace")
+    return payload
 
 
 def error_message(payload: object) -> str:
@@ -114,43 +179,32 @@ def error_message(payload: object) -> str:
 # ---------------------------------------------------------------- shared cross-checks
 
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise DataFailure("malformed_response", f"{where} is not an object")
-    return value
+def _in_vocab(token_ids: list[int], where: str, vocab_size: int) -> list[int]:
+    # The trainer's vocabulary, which also keeps every id inside the int32 rows store.
+    for position, token in enumerate(token_ids):
+        if not 0 <= token < vocab_size:
+            raise DataFailure(
+                "token_out_of_vocab",
+                f"{where}[{position}] is {token}, outside the vocabulary [0, {vocab_size})",
+            )
+    return token_ids
 
 
-def _token_list(value: object, where: str) -> list[int]:
-    # The writer's bounds (rows store int32): a reply outside them is the server's data
-    # failure here, not a refusal at staging that would stop the run.
-    if not isinstance(value, list) or not all(
-        type(item) is int and 0 <= item <= INT32_MAX for item in value
-    ):
-        raise DataFailure("malformed_response", f"{where} is not a list of token ids")
-    return list(value)
+def _checked_logprobs(values: list[float], where: str) -> list[float]:
+    # Rows store float32: a logprob must stay finite there, and be a log-probability.
+    array = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        bad = ~np.isfinite(array.astype(np.float32)) | (array > 0.0)
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise DataFailure("invalid_logprobs", f"{where}[{position}] is {values[position]!r}")
+    return values
 
 
-def _logprob_list(value: object, where: str) -> list[float]:
-    if not isinstance(value, list):
-        raise DataFailure("malformed_response", f"{where} is not a list")
-    out: list[float] = []
-    for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, int | float):
-            raise DataFailure("invalid_logprobs", f"{where}[{i}] is {item!r}, not a number")
-        number = float(item)
-        with np.errstate(over="ignore"):  # rows store float32: must stay finite there
-            finite = bool(np.isfinite(np.float32(number)))
-        if not finite or number > 0.0:
-            raise DataFailure("invalid_logprobs", f"{where}[{i}] is {item!r}")
-        out.append(number)
-    return out
-
-
-def _only_choice(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    choices = reply.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1:
-        raise DataFailure("malformed_response", "choices is not a one-element list")
-    return _mapping(choices[0], "choices[0]")
+def _only(choices: list[_T]) -> _T:
+    if len(choices) != 1:
+        raise DataFailure("malformed_reply", f"choices has {len(choices)} elements, not 1")
+    return choices[0]
 
 
 def _check_generated(call: CallSpec, token_ids: list[int], logprobs: list[float]) -> None:
@@ -167,48 +221,53 @@ def _check_generated(call: CallSpec, token_ids: list[int], logprobs: list[float]
         )
 
 
-def _check_prompt_echo(call: CallSpec, echoed: object, where: str) -> None:
+def _check_prompt_echo(
+    call: CallSpec, echoed: list[int] | None, where: str, vocab_size: int
+) -> None:
     if echoed is None:
-        raise DataFailure("malformed_response", f"{where} is missing")
-    if _token_list(echoed, where) != list(call.prompt_token_ids):
+        raise DataFailure("malformed_reply", f"{where} is missing")
+    if _in_vocab(echoed, where, vocab_size) != list(call.prompt_token_ids):
         raise DataFailure(
             "token_mismatch", f"{where} does not echo the {len(call.prompt_token_ids)} sent ids"
         )
 
 
-def _parse_token_id_tokens(tokens: object, where: str) -> list[int]:
+_TOKEN_ID = re.compile(r"token_id:(-?[0-9]{1,20})")
+
+
+def _parse_token_id_tokens(tokens: list[str], where: str) -> list[int]:
     """vLLM's ``return_tokens_as_token_ids`` logprob tokens, ``"token_id:N"``."""
-    if not isinstance(tokens, list):
-        raise DataFailure("malformed_response", f"{where} is not a list")
     ids: list[int] = []
     for i, token in enumerate(tokens):
-        if not isinstance(token, str) or not token.startswith("token_id:"):
-            raise DataFailure("token_mismatch", f"{where}[{i}] is {token!r}, not 'token_id:N'")
-        try:
-            ids.append(int(token.removeprefix("token_id:")))
-        except ValueError:
-            raise DataFailure("token_mismatch", f"{where}[{i}] is {token!r}") from None
+        match = _TOKEN_ID.fullmatch(token)
+        if match is None:
+            raise DataFailure("token_mismatch", f"{where}[{i}] is {token[:40]!r}, not 'token_id:N'")
+        ids.append(int(match.group(1)))
     return ids
 
 
-def _version_spans(value: object, generated: int) -> list[dict[str, Any]] | None:
+class _VersionSpan(msgspec.Struct, kw_only=True):
+    version: str | int | None = None
+    start: int
+    end: int
+
+
+def _version_spans(value: list[_VersionSpan] | None, generated: int) -> list[dict[str, Any]] | None:
     """vLLM's ``weight_versions``: contiguous ``{version, start, end}`` spans covering every
     generated token, in order."""
     if value is None:
         return None
-    if not isinstance(value, list) or not value:
-        raise DataFailure("malformed_response", "weight_versions is not a non-empty list")
+    if not value:
+        raise DataFailure("malformed_reply", "weight_versions is an empty list")
     spans: list[dict[str, Any]] = []
     position = 0
     for i, span in enumerate(value):
-        span = _mapping(span, f"weight_versions[{i}]")
-        start, end, version = span.get("start"), span.get("end"), span.get("version")
-        if type(start) is not int or type(end) is not int or start != position or end <= start:
+        if span.start != position or span.end <= span.start:
             raise DataFailure(
                 "token_mismatch", f"weight_versions[{i}] does not continue at token {position}"
             )
-        spans.append({"version": str(version), "start": start, "end": end})
-        position = end
+        spans.append({"version": str(span.version), "start": span.start, "end": span.end})
+        position = span.end
     if position != generated:
         raise DataFailure(
             "token_mismatch", f"weight_versions cover {position} of {generated} generated tokens"
@@ -217,6 +276,24 @@ def _version_spans(value: object, generated: int) -> list[dict[str, Any]] | None
 
 
 # ------------------------------------------------------------------------- dialects
+
+
+class _CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str]
+    token_logprobs: list[float]
+
+
+class _CompletionChoice(msgspec.Struct, kw_only=True):
+    token_ids: list[int]
+    logprobs: _CompletionLogprobs
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+
+
+class _Completion(msgspec.Struct, kw_only=True):
+    choices: list[_CompletionChoice]
+    # Where the chat endpoints put the echo.
+    prompt_token_ids: list[int] | None = None
 
 
 class VllmCompletions:
@@ -240,27 +317,44 @@ class VllmCompletions:
             body["seed"] = call.seed
         return body
 
-    def parse(self, call: CallSpec, payload: object) -> ServerReply:
-        reply = _mapping(payload, "the response")
-        choice = _only_choice(reply)
+    def parse(self, call: CallSpec, raw: bytes, *, vocab_size: int) -> ServerReply:
+        reply = _decode(raw, _Completion)
+        choice = _only(reply.choices)
         # vLLM puts the echo on the choice; accept the chat endpoints' top-level place too.
-        echoed = choice.get("prompt_token_ids", reply.get("prompt_token_ids"))
-        _check_prompt_echo(call, echoed, "prompt_token_ids")
-        token_ids = _token_list(choice.get("token_ids"), "choices[0].token_ids")
-        logprobs = _mapping(choice.get("logprobs"), "choices[0].logprobs")
-        logprob_ids = _parse_token_id_tokens(logprobs.get("tokens"), "logprobs.tokens")
+        echoed = choice.prompt_token_ids
+        if echoed is None:
+            echoed = reply.prompt_token_ids
+        _check_prompt_echo(call, echoed, "prompt_token_ids", vocab_size)
+        token_ids = _in_vocab(choice.token_ids, "choices[0].token_ids", vocab_size)
+        logprob_ids = _parse_token_id_tokens(choice.logprobs.tokens, "logprobs.tokens")
         if logprob_ids != token_ids:
             raise DataFailure(
                 "token_mismatch", "logprobs.tokens name other ids than choices[0].token_ids"
             )
-        values = _logprob_list(logprobs.get("token_logprobs"), "logprobs.token_logprobs")
+        values = _checked_logprobs(choice.logprobs.token_logprobs, "logprobs.token_logprobs")
         _check_generated(call, token_ids, values)
-        finish = choice.get("finish_reason")
-        return ServerReply(
-            token_ids=token_ids,
-            logprobs=values,
-            finish_reason=finish if isinstance(finish, str) else None,
-        )
+        return ServerReply(token_ids=token_ids, logprobs=values, finish_reason=choice.finish_reason)
+
+
+class _GenerateLogprob(msgspec.Struct, kw_only=True):
+    token_id: int
+    logprob: float
+
+
+class _GenerateLogprobs(msgspec.Struct, kw_only=True):
+    content: list[_GenerateLogprob]
+
+
+class _GenerateChoice(msgspec.Struct, kw_only=True):
+    token_ids: list[int]
+    logprobs: _GenerateLogprobs
+    weight_versions: list[_VersionSpan] | None = None
+    finish_reason: str | None = None
+
+
+class _Generate(msgspec.Struct, kw_only=True):
+    choices: list[_GenerateChoice]
+    prompt_token_ids: list[int] | None = None
 
 
 class VllmGenerate:
@@ -291,37 +385,50 @@ class VllmGenerate:
             "sampling_params": sampling,
         }
 
-    def parse(self, call: CallSpec, payload: object) -> ServerReply:
-        reply = _mapping(payload, "the response")
-        choice = _only_choice(reply)
-        _check_prompt_echo(call, reply.get("prompt_token_ids"), "prompt_token_ids")
-        token_ids = _token_list(choice.get("token_ids"), "choices[0].token_ids")
-        values = _generate_logprobs(choice.get("logprobs"), token_ids)
+    def parse(self, call: CallSpec, raw: bytes, *, vocab_size: int) -> ServerReply:
+        reply = _decode(raw, _Generate)
+        choice = _only(reply.choices)
+        _check_prompt_echo(call, reply.prompt_token_ids, "prompt_token_ids", vocab_size)
+        token_ids = _in_vocab(choice.token_ids, "choices[0].token_ids", vocab_size)
+        entries = choice.logprobs.content
+        if [entry.token_id for entry in entries] != token_ids:
+            raise DataFailure(
+                "token_mismatch", "logprobs.content names other ids than choices[0].token_ids"
+            )
+        values = _checked_logprobs(
+            [entry.logprob for entry in entries], "logprobs.content[].logprob"
+        )
         _check_generated(call, token_ids, values)
-        spans = _version_spans(choice.get("weight_versions"), len(token_ids))
-        finish = choice.get("finish_reason")
+        spans = _version_spans(choice.weight_versions, len(token_ids))
         return ServerReply(
             token_ids=token_ids,
             logprobs=values,
-            finish_reason=finish if isinstance(finish, str) else None,
+            finish_reason=choice.finish_reason,
             server_weight_version=None if spans is None else spans[-1]["version"],
             weight_version_spans=spans,
         )
 
 
-def _generate_logprobs(value: object, token_ids: list[int]) -> list[float]:
-    """The generate route's ``{"content": [{"token_id": N, "logprob": x}, ...]}``, one
-    entry per generated token, naming exactly the generated ids."""
-    logprobs = _mapping(value, "choices[0].logprobs")
-    entries = logprobs.get("content")
-    if not isinstance(entries, list):
-        raise DataFailure("malformed_response", "choices[0].logprobs.content is not a list")
-    ids = [_mapping(e, f"logprobs.content[{i}]").get("token_id") for i, e in enumerate(entries)]
-    if ids != token_ids:
-        raise DataFailure(
-            "token_mismatch", "logprobs.content names other ids than choices[0].token_ids"
-        )
-    return _logprob_list([e.get("logprob") for e in entries], "logprobs.content[].logprob")
+class _SglangToken(msgspec.Struct, array_like=True):
+    # [logprob, token_id, text or null]; the text (and anything after) is not read.
+    logprob: float
+    token_id: int
+
+
+class _SglangFinish(msgspec.Struct):
+    type: str | None = None
+
+
+class _SglangMeta(msgspec.Struct, kw_only=True):
+    output_token_logprobs: list[_SglangToken]
+    prompt_tokens: int | None = None
+    weight_version: str | int | None = None
+    finish_reason: _SglangFinish | str | None = None
+
+
+class _Sglang(msgspec.Struct, kw_only=True):
+    output_ids: list[int]
+    meta_info: _SglangMeta
 
 
 class SglangGenerate:
@@ -345,42 +452,31 @@ class SglangGenerate:
             "return_text_in_logprobs": False,
         }
 
-    def parse(self, call: CallSpec, payload: object) -> ServerReply:
-        reply = _mapping(payload, "the response")
-        token_ids = _token_list(reply.get("output_ids"), "output_ids")
-        meta = _mapping(reply.get("meta_info"), "meta_info")
-        prompt_tokens = meta.get("prompt_tokens")
-        if prompt_tokens is not None and prompt_tokens != len(call.prompt_token_ids):
+    def parse(self, call: CallSpec, raw: bytes, *, vocab_size: int) -> ServerReply:
+        reply = _decode(raw, _Sglang)
+        token_ids = _in_vocab(reply.output_ids, "output_ids", vocab_size)
+        meta = reply.meta_info
+        if meta.prompt_tokens is not None and meta.prompt_tokens != len(call.prompt_token_ids):
             raise DataFailure(
                 "token_mismatch",
-                f"meta_info.prompt_tokens is {prompt_tokens}, "
+                f"meta_info.prompt_tokens is {meta.prompt_tokens}, "
                 f"{len(call.prompt_token_ids)} ids were sent",
             )
-        triples = meta.get("output_token_logprobs")
-        if not isinstance(triples, list):
-            raise DataFailure("malformed_response", "meta_info.output_token_logprobs is missing")
-        ids: list[int] = []
-        values: list[object] = []
-        for i, triple in enumerate(triples):
-            if not isinstance(triple, list | tuple) or len(triple) < 2:
-                raise DataFailure(
-                    "malformed_response", f"meta_info.output_token_logprobs[{i}] is {triple!r}"
-                )
-            values.append(triple[0])
-            ids.append(triple[1])
-        if ids != token_ids:
+        if [token.token_id for token in meta.output_token_logprobs] != token_ids:
             raise DataFailure(
                 "token_mismatch", "meta_info.output_token_logprobs name other ids than output_ids"
             )
-        logprobs = _logprob_list(values, "meta_info.output_token_logprobs[].logprob")
+        logprobs = _checked_logprobs(
+            [token.logprob for token in meta.output_token_logprobs],
+            "meta_info.output_token_logprobs[].logprob",
+        )
         _check_generated(call, token_ids, logprobs)
-        version = meta.get("weight_version")
-        finish = meta.get("finish_reason")
-        finish_type = finish.get("type") if isinstance(finish, Mapping) else finish
+        finish = meta.finish_reason
+        version = meta.weight_version
         return ServerReply(
             token_ids=token_ids,
             logprobs=logprobs,
-            finish_reason=finish_type if isinstance(finish_type, str) else None,
+            finish_reason=finish.type if isinstance(finish, _SglangFinish) else finish,
             server_weight_version=None if version is None else str(version),
         )
 
