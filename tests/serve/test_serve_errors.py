@@ -146,7 +146,8 @@ def test_a_deeply_nested_body_is_400_without_a_transport() -> None:
         WeightStore(NumpyGRPOTrainer(seed=0).weights()),
         stopping=threading.Event(),
     )
-    response = app.handle("POST", "/update_weights", _deep(100_000).encode())
+    headers = [("Host", "127.0.0.1:8000"), ("Content-Type", "application/json")]
+    response = app.handle("POST", "/update_weights", _deep(100_000).encode(), headers)
     assert response.status == 400
     assert b"nested too deeply" in response.body
 
@@ -254,7 +255,8 @@ def test_expect_continue_over_the_cap_is_refused_before_the_body() -> None:
     with PolicyServer(ServeSettings(max_body_bytes=10)) as server:
         answer = _raw(
             server.url,
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+            b"Content-Type: application/json\r\n"
             b"Expect: 100-continue\r\n\r\n",
         )
     assert answer.startswith(b"HTTP/1.1 413 ")
@@ -264,7 +266,8 @@ def test_expect_continue_over_the_cap_is_refused_before_the_body() -> None:
 def test_a_chunked_body_is_411(server: PolicyServer) -> None:
     answer = _raw(
         server.url,
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n"
         b"2\r\n{}\r\n0\r\n\r\n",
     )
     head, _, body = answer.partition(b"\r\n\r\n")

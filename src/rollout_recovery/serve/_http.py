@@ -9,6 +9,7 @@ answered with vLLM's error body too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import socket
 import sys
@@ -186,12 +187,35 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return body
 
+    def _headers(self) -> list[tuple[str, str]]:
+        return self.headers.items()
+
+    def _body_announced(self) -> bool:
+        length = self.headers.get("Content-Length")
+        return bool(self.headers.get("Transfer-Encoding")) or (
+            length is not None and length.strip() != "0"
+        )
+
+    def _refusal(self, method: str) -> Response | None:
+        """The app's refusal from the headers alone (the body is then never read)."""
+        path = self.path.split("?", 1)[0]
+        refusal = self.server.app.refusal(method, path, self._headers())
+        if refusal is not None and self._body_announced():
+            # The unread body is still on the stream: nothing more can be read from it.
+            refusal = dataclasses.replace(refusal, close=True)
+        return refusal
+
     def handle_expect_100(self) -> bool:
-        # Refuse an oversized body before the client sends it.
-        try:
-            self._content_length()
-        except ApiError as error:
-            self._write(Response(error.status, error.body(), error.headers, close=True))
+        # Refuse before the client sends its body: a client that may not ask, or one whose
+        # body is over the cap.
+        refusal = self._refusal(self.command)
+        if refusal is None:
+            try:
+                self._content_length()
+            except ApiError as error:
+                refusal = Response(error.status, error.body(), error.headers, close=True)
+        if refusal is not None:
+            self._write(dataclasses.replace(refusal, close=True), head=self.command == "HEAD")
             return False
         return super().handle_expect_100()
 
@@ -205,17 +229,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
         try:
-            try:
-                body = self._read_body()
-            except ConnectionError:  # the client went away while sending
-                self.close_connection = True
-                return
-            if method == "HEAD":
-                response = self.server.app.handle("GET", path, body)
-                if response.status == HTTPStatus.METHOD_NOT_ALLOWED:
-                    response = self.server.app.handle("HEAD", path, body)
+            refusal = self._refusal(method)
+            if refusal is not None:
+                response = refusal
             else:
-                response = self.server.app.handle(method, path, body)
+                try:
+                    body = self._read_body()
+                except ConnectionError:  # the client went away while sending
+                    self.close_connection = True
+                    return
+                response = self.server.app.handle(method, path, body, self._headers())
         except ApiError as error:
             response = Response(error.status, error.body(), error.headers, error.close)
         except Exception:  # an answer must go out whatever broke

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from ..errors import InvalidArgumentError
 
@@ -21,6 +22,9 @@ DEFAULT_MAX_MODEL_LEN = 512
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
+_VISIBLE = re.compile(r"[\x21-\x7e]+")
+
+
 def _non_negative_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
@@ -34,6 +38,11 @@ class ServeSettings:
     ``NumpyGRPOTrainer(seed=seed)``, version 0) and the generator of requests that carry no
     ``seed``. ``call_latency_s`` is waited by every generation request between taking its
     weight snapshot and sampling, as a real server's decode time would be.
+
+    ``api_key``: when set, every request must carry ``Authorization: Bearer <api_key>``
+    (the key is never shown in the settings' repr). ``allowed_hosts``: names besides the
+    loopback ones that a request's ``Host`` may name (``"*"``: any), for a server bound to
+    another address.
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +53,8 @@ class ServeSettings:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     access_log: bool = False
+    api_key: str | None = field(default=None, repr=False)
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -72,3 +83,16 @@ class ServeSettings:
                 f"max_model_len must be at least 2, got {self.max_model_len!r}"
             )
         _non_negative_int("max_body_bytes", self.max_body_bytes)
+        # The key travels in a header: visible ASCII, no spaces. It is never quoted back.
+        key = self.api_key
+        if key is not None and (not isinstance(key, str) or not _VISIBLE.fullmatch(key)):
+            raise InvalidArgumentError(
+                "api_key must be a non-empty string of visible ASCII characters without spaces"
+            )
+        hosts = self.allowed_hosts
+        if not isinstance(hosts, tuple) or not all(
+            isinstance(host, str) and _VISIBLE.fullmatch(host) and "/" not in host for host in hosts
+        ):
+            raise InvalidArgumentError(
+                f"allowed_hosts must be a tuple of host names (or '*'), got {hosts!r}"
+            )
