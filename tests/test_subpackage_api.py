@@ -136,6 +136,7 @@ SURFACES: dict[str, set[str]] = {
         "PolicyServer",
         "ServeSettings",
         "ServerReady",
+        "TransportStats",
         "WEIGHT_VERSION_HEADER",
         "read_ready_file",
     },

@@ -18,6 +18,7 @@ from ..serve import DEFAULT_MODEL_NAME, PolicyServer, ServeSettings, read_ready_
 __all__ = ["serve"]
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_DEFAULTS = ServeSettings()
 # How often --exit-with-parent looks for its parent.
 _PARENT_POLL_S = 0.2
 
@@ -145,6 +146,50 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     "also noticed when it dies before this server starts, or when another process "
     "restarts the server.",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=0),
+    default=_DEFAULTS.max_body_bytes,
+    show_default=True,
+    help="Largest request body (413 past it, before it is read).",
+)
+@click.option(
+    "--max-inflight-body-bytes",
+    type=click.IntRange(min=0),
+    default=_DEFAULTS.max_inflight_body_bytes,
+    show_default=True,
+    help="Request bodies read or handled at once, all together: a request that would pass "
+    "it is answered 503 before its body is read. At least --max-body-bytes.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=_DEFAULTS.max_connections,
+    show_default=True,
+    help="Connections open at once (one thread each); more are answered 503 and closed.",
+)
+@click.option(
+    "--keep-alive-timeout-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=_DEFAULTS.keep_alive_timeout_s,
+    show_default=True,
+    help="Close a connection idle this long (no request started).",
+)
+@click.option(
+    "--read-timeout-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=_DEFAULTS.read_timeout_s,
+    show_default=True,
+    help="A whole request (line, headers, body) must arrive within this of its first byte, "
+    "however it drips.",
+)
+@click.option(
+    "--write-timeout-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=_DEFAULTS.write_timeout_s,
+    show_default=True,
+    help="A whole answer must be taken by the client within this.",
+)
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
 def serve(
     host: str,
@@ -158,6 +203,12 @@ def serve(
     max_model_len: int,
     exit_with_parent: bool,
     parent_pid: int | None,
+    max_body_bytes: int,
+    max_inflight_body_bytes: int,
+    max_connections: int,
+    keep_alive_timeout_s: float,
+    read_timeout_s: float,
+    write_timeout_s: float,
     access_log: bool,
 ) -> None:
     """Serve the numpy policy over vLLM's HTTP API, token in and token out.
@@ -177,6 +228,12 @@ def serve(
             seed=seed,
             call_latency_s=call_latency_s,
             max_model_len=max_model_len,
+            max_body_bytes=max_body_bytes,
+            max_inflight_body_bytes=max_inflight_body_bytes,
+            max_connections=max_connections,
+            keep_alive_timeout_s=keep_alive_timeout_s,
+            read_timeout_s=read_timeout_s,
+            write_timeout_s=write_timeout_s,
             access_log=access_log,
         )
     except InvalidArgumentError as error:
