@@ -171,6 +171,7 @@ SURFACES: dict[str, set[str]] = {
         "WeightSync",
         "WeightSyncName",
         "classify_status",
+        "server_url_problem",
     },
     "control": {
         "AuditReport",

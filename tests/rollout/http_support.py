@@ -179,6 +179,7 @@ def make_rig(
     dead_after: int = 2,
     no_server_wait_s: float = 5.0,
     transport: Callable[[FakeFleet], httpx.MockTransport] | None = None,
+    api_key: str | None = None,
 ) -> HttpRig:
     from rollout_support import snapshot
 
@@ -204,6 +205,7 @@ def make_rig(
             ),
             call_redispatch_budget=budget,
             redispatch_backoff_s=0.0,
+            api_key=api_key,
         ),
         initial_version=0,
         initial_weights=snapshot(0),

@@ -24,7 +24,7 @@ import msgspec
 from msgspec import Meta
 
 from rollout_recovery.errors import ConfigError, InvalidArgumentTypeError, split_validation_path
-from rollout_recovery.rollout import DialectName, WeightSyncName
+from rollout_recovery.rollout import DialectName, WeightSyncName, server_url_problem
 from rollout_recovery.serve import DEFAULT_MODEL_NAME
 
 __all__ = [
@@ -53,6 +53,7 @@ PositiveFloat = Annotated[float, Meta(gt=0)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Rate = Annotated[float, Meta(ge=0, le=1)]
 ServerUrl = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
+EnvVarName = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -109,7 +110,12 @@ class HttpConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
 
     #: Base URLs of running OpenAI-compatible servers. Empty: the job starts
     #: ``launch_servers`` local ``rollout-recovery serve`` processes itself and stops them.
+    #: No credentials in them (they are recorded with every call): see ``api_key_env``.
     servers: tuple[ServerUrl, ...] = ()
+    #: The name of an environment variable holding the servers' API key, sent as
+    #: ``Authorization: Bearer`` (never recorded); "" for none. Launched servers get a
+    #: random key of their own unless this names one.
+    api_key_env: EnvVarName = ""
     launch_servers: PositiveInt = 3
     dialect: DialectName = "vllm-completions"
     #: How servers get new weights: "policy" pushes the numpy policy (rollout-recovery
@@ -266,7 +272,23 @@ def config_from_builtins(data: object) -> RunConfig:
         message, field_path = split_validation_path(str(exc))
         raise ConfigError(message, path=field_path or "$") from exc
     _check_finite(config)
+    _check_server_urls(config)
     return config
+
+
+def _check_server_urls(config: RunConfig) -> None:
+    for index, url in enumerate(config.http.servers):
+        problem = server_url_problem(url)
+        if problem is not None:
+            # The URL is not quoted back: it may hold the secret.
+            raise ConfigError(
+                f"the server URL {problem}: URLs are recorded with every call (events, "
+                "metrics, every row), so a secret in one would be written out in clear "
+                "text. Give the URL without it, put the key in an environment variable "
+                "and name that variable in [http] api_key_env (sent as "
+                "Authorization: Bearer)",
+                path=f"$.http.servers[{index}]",
+            )
 
 
 def _check_finite(config: RunConfig) -> None:

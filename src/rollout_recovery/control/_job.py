@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import math
 import os
@@ -114,9 +115,35 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 
 
+# The key the HTTP backend presents, for the components built while run_job runs: the
+# launched servers' key, or the value of [http] api_key_env. A context variable, not a
+# config field: the config is written to job.toml and into every checkpoint, and the
+# components see only the config.
+_SERVER_API_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "server_api_key", default=None
+)
+
+
+def _configured_api_key(http: HttpConfig) -> str | None:
+    """The value of the variable ``[http] api_key_env`` names (None when it names none);
+    a ``ConfigError`` naming the variable, never its value, when it is unset or empty."""
+    if not http.api_key_env:
+        return None
+    key = os.environ.get(http.api_key_env, "")
+    if not key:
+        raise ConfigError(
+            f"the environment variable {http.api_key_env} is unset or empty: export the "
+            "servers' API key in it, or leave api_key_env empty",
+            path="$.http.api_key_env",
+        )
+    return key
+
+
 def _http_settings(http: HttpConfig) -> HttpBackendSettings:
     """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker)."""
+    key = _SERVER_API_KEY.get()
     return HttpBackendSettings(
+        api_key=key if key is not None else _configured_api_key(http),
         model=http.model,
         pool=PoolSettings(
             concurrency=http.per_server_concurrency,
@@ -235,23 +262,44 @@ def _generation_servers(out: Path, config: RunConfig) -> Iterator[RunConfig]:
     when the HTTP backend has no server list. The job's own config keeps the empty list,
     so a resume, which starts new servers on new ports, is still the same job."""
     http = config.http
-    wants_servers = config.generation.backend == "http" or (
-        config.generation.backend == "ray" and config.ray.worker == "http"
-    )
-    if not wants_servers or http.servers:
+    if not _wants_servers(config):
         yield config
         return
+    api_key = _configured_api_key(http)
+    if http.servers:
+        with _presenting(api_key):
+            yield config
+        return
+    # Launched servers get the configured key (so an operator can restart one by hand),
+    # else a random one of this job's.
     fleet = LocalServerFleet(
         out,
         http.launch_servers,
         seed=config.job.seed,
         call_latency_s=config.generation.call_latency_s,
         model=http.model,
+        api_key=api_key,
+        api_key_env=http.api_key_env or None,
     )
-    with fleet as urls:
+    with fleet as urls, _presenting(fleet.api_key):
         yield msgspec.structs.replace(
             config, http=msgspec.structs.replace(http, servers=tuple(urls))
         )
+
+
+def _wants_servers(config: RunConfig) -> bool:
+    return config.generation.backend == "http" or (
+        config.generation.backend == "ray" and config.ray.worker == "http"
+    )
+
+
+@contextlib.contextmanager
+def _presenting(api_key: str | None) -> Iterator[None]:
+    token = _SERVER_API_KEY.set(api_key)
+    try:
+        yield
+    finally:
+        _SERVER_API_KEY.reset(token)
 
 
 @dataclass(slots=True)
@@ -303,6 +351,8 @@ def run_job(
     """Start or resume the job in ``out`` and run it to the end."""
     started = time.monotonic()
     _require_ray(config)
+    if _wants_servers(config):
+        _configured_api_key(config.http)  # an unset variable is refused before any write
     claim_run_directory(out, config)
     if config.generation.backend == "http":
         log("backend http: [faults] is not injected; the servers' own failures are the faults")

@@ -19,6 +19,7 @@ from ._protocol import (
     GenerationBackend,
 )
 from ._server_pool import PoolSettings, ServerHealth, ServerPool, ServerStats
+from ._server_url import server_url_problem
 from ._simulated import CAPTURE_FAILURE_REASON, FaultSettings, SimulatedAgentBackend
 from ._weight_sync import (
     WEIGHT_SYNCS,
@@ -71,4 +72,5 @@ __all__ = [
     "WeightSync",
     "WeightSyncName",
     "classify_status",
+    "server_url_problem",
 ]
