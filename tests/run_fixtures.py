@@ -94,6 +94,8 @@ def _toml_value(value: object) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     raise TypeError(f"cannot write {value!r} to the test TOML")
 
 

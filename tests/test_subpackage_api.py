@@ -142,6 +142,7 @@ SURFACES: dict[str, set[str]] = {
         "PolicyServer",
         "ServeSettings",
         "ServerReady",
+        "TransportStats",
         "WEIGHT_VERSION_HEADER",
         "read_ready_file",
     },
@@ -180,7 +181,9 @@ SURFACES: dict[str, set[str]] = {
         "WEIGHT_SYNCS",
         "WeightSync",
         "WeightSyncName",
+        "check_server_urls",
         "classify_status",
+        "server_url_problem",
     },
     "history": {
         "AbandonedAttempt",

@@ -75,8 +75,10 @@ def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
     if isinstance(kind, mi.EnumType):
         return st.sampled_from([member.value for member in kind.cls])
     if isinstance(kind, mi.StrType):
-        if kind.pattern is not None:  # a server url
+        if kind.pattern is not None and kind.pattern.startswith("^https?"):  # a server url
             return st.from_regex(r"\Ahttp://127\.0\.0\.1:[1-9][0-9]{0,4}\Z")
+        if kind.pattern is not None:  # an environment variable's name, or ""
+            return st.from_regex(kind.pattern, fullmatch=True)
         return st.text(min_size=max(1, kind.min_length or 0), max_size=20)
     if isinstance(kind, mi.VarTupleType):
         return st.lists(_value_strategy(kind.item_type), max_size=3).map(tuple)
@@ -277,6 +279,45 @@ def test_an_unknown_literal_names_the_field(tmp_path: Path) -> None:
     assert str(error) == "$.checkpoint.format: Invalid enum value 'zip'"
     error = _load_error(tmp_path, '[generation]\nbackend = "vllm"\n')
     assert error.path == "$.generation.backend"
+
+
+SECRET = "s3cret-t0ken"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://user:{SECRET}@127.0.0.1:8000",
+        f"http://{SECRET}@127.0.0.1:8000",
+        f"https://user:{SECRET}@example.com/v1",
+        f"http://127.0.0.1:8000/?api_key={SECRET}",
+        f"http://127.0.0.1:8000/#{SECRET}",
+    ],
+    ids=["user-password", "user", "https", "query", "fragment"],
+)
+def test_a_server_url_with_a_secret_is_refused_without_quoting_it(tmp_path: Path, url: str) -> None:
+    text = f'[http]\nservers = ["http://127.0.0.1:9", "{url}"]\n'
+    error = _load_error(tmp_path, text)
+    assert error.path == "$.http.servers[1]"
+    assert "api_key_env" in str(error)  # what to do instead
+    assert SECRET not in str(error) and SECRET not in repr(error)
+    assert error.__cause__ is None or SECRET not in str(error.__cause__)
+
+
+def test_server_urls_without_secrets_and_an_api_key_env_are_taken(tmp_path: Path) -> None:
+    text = (
+        '[http]\nservers = ["http://127.0.0.1:9", "https://gpu-3.internal:8000/base"]\n'
+        'api_key_env = "RR_SERVER_KEY"\n'
+    )
+    config = load_config(_write(tmp_path, text))
+    assert config.http.api_key_env == "RR_SERVER_KEY"
+    assert load_config(None).http.api_key_env == ""
+
+
+@pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "$KEY", "KEY=x"])
+def test_an_api_key_env_that_is_no_variable_name_is_refused(tmp_path: Path, name: str) -> None:
+    error = _load_error(tmp_path, f'[http]\napi_key_env = "{name}"\n')
+    assert error.path == "$.http.api_key_env"
 
 
 @pytest.mark.parametrize("literal", ["inf", "+inf", "nan"])

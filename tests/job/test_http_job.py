@@ -36,6 +36,10 @@ HTTP_JOB: dict[str, dict[str, Any]] = {
     "http": {"launch_servers": 3, "probe_interval_s": 0.1, "dead_after_failures": 2},
 }
 KILL_AT_STEP = 5
+# A key the test knows (the job's own is random): the key is found nowhere it must not be.
+KEY_ENV = "RR_TEST_SERVER_KEY"
+KEY = "test-key_" + "k" * 32
+SERVE = [sys.executable, "-m", "rollout_recovery", "serve"]
 
 
 def _servers(out: Path) -> list[dict[str, Any]]:
@@ -85,7 +89,9 @@ def test_a_server_killed_mid_run_costs_only_its_calls_and_rejoins_when_restarted
     restarted: list[subprocess.Popen[bytes]],
 ) -> None:
     out = tmp_path / "run"
-    config = write_config(HTTP_JOB, faults_off=True)
+    # The job names its key, so the restart (whose command names the variable) can have it.
+    job = {**HTTP_JOB, "http": {**HTTP_JOB["http"], "api_key_env": KEY_ENV}}
+    config = write_config(job, faults_off=True)
     victim: dict[str, Any] = {}
 
     def act(line: str, lines: list[str]) -> bool:
@@ -106,12 +112,16 @@ def test_a_server_killed_mid_run_costs_only_its_calls_and_rejoins_when_restarted
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    env={**os.environ, KEY_ENV: KEY},
                 )
             )
         return False  # never stop the job: it must finish on its own
 
     result = run_cli_until(
-        ["--out", str(out), "--config", str(config), "--plain"], stop=act, timeout=180
+        ["--out", str(out), "--config", str(config), "--plain"],
+        stop=act,
+        timeout=180,
+        env={KEY_ENV: KEY},
     )
     assert result.returncode == 0, result.stdout
     assert victim and restarted, result.stdout
@@ -192,3 +202,116 @@ def test_the_http_backend_checks_replies_against_the_trainers_vocabulary(
     parts = default_components(config, MemoryDataPlane())
     assert isinstance(parts.backend, HttpGenerationBackend)
     assert parts.backend.settings.vocab_size == parts.trainer.vocab_size == VOCAB_SIZE
+
+
+# -- the servers' key (issue 15 items 18 and 19) -------------------------------------------
+
+
+def test_launched_servers_require_the_jobs_random_key_found_in_no_argv_and_no_file(
+    tmp_path: Path,
+) -> None:
+    import httpx
+    from rollout_recovery.job._server_fleet import LAUNCHED_API_KEY_ENV, LocalServerFleet
+
+    fleets = [
+        LocalServerFleet(tmp_path / f"run{i}", 1, seed=0, call_latency_s=0.0, model="m")
+        for i in range(2)
+    ]
+    assert fleets[0].api_key != fleets[1].api_key  # one per job
+    fleet = fleets[0]
+    (tmp_path / "run0").mkdir()
+    with fleet as (url,):
+        (server,) = fleet.servers
+        key = fleet.api_key.encode()
+        assert key not in Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert LAUNCHED_API_KEY_ENV.encode() + b"=" + key in environ
+        assert server.restart_command[-2:] == ["--api-key-env", LAUNCHED_API_KEY_ENV]
+        assert httpx.get(url + "/health", timeout=30).status_code == 401
+        authorized = {"authorization": f"Bearer {fleet.api_key}"}
+        assert httpx.get(url + "/health", headers=authorized, timeout=30).status_code == 200
+    for path in (tmp_path / "run0").rglob("*"):
+        if path.is_file():
+            assert key not in path.read_bytes(), path
+
+
+@contextlib.contextmanager
+def _keyed_server(tmp_path: Path) -> Iterator[str]:
+    """A ``rollout-recovery serve`` the user runs, requiring KEY; yields its URL."""
+    log = tmp_path / "user-server.log"
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(
+            [*SERVE, "--port", "0", "--api-key-env", KEY_ENV],
+            stdout=subprocess.PIPE,
+            stderr=handle,
+            text=True,
+            env={**os.environ, KEY_ENV: KEY},
+            start_new_session=True,
+        )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # "serving on URL", once it listens
+        assert line.startswith("serving on "), log.read_text()
+        yield line.split()[-1]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+        assert KEY.encode() not in log.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("servers", ["configured", "launched"])
+def test_the_key_is_in_no_file_of_the_run_and_not_in_the_output(
+    tmp_path: Path,
+    write_config: Callable[..., Path],
+    run_cli: Cli,
+    read_jsonl: ReadJsonl,
+    servers: str,
+) -> None:
+    out = tmp_path / "run"
+    http: dict[str, Any] = {"api_key_env": KEY_ENV, "probe_interval_s": 0.1}
+    with contextlib.ExitStack() as stack:
+        if servers == "configured":
+            http["servers"] = [stack.enter_context(_keyed_server(tmp_path))]
+        else:
+            http["launch_servers"] = 2
+        job = {
+            "job": {"steps": 3},
+            "generation": {"backend": "http", "call_latency_s": 0.0, "attempt_deadline_s": 10.0},
+            "http": http,
+        }
+        result = run_cli(
+            ["--out", str(out), "--config", str(write_config(job, faults_off=True)), "--plain"],
+            env={KEY_ENV: KEY},
+        )
+    assert result.returncode == 0, result.stdout
+    assert KEY not in result.stdout
+    # The calls went through with the key: every row trained valid.
+    backend = read_jsonl(out / "metrics.jsonl")[-1]["backend"]
+    assert backend["data_failures"] == {}
+    assert sum(stats["calls"] for stats in backend["servers"].values()) > 0
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert {"events.jsonl", "metrics.jsonl", "dataplane.sqlite"} <= {p.name for p in files}
+    for path in files:
+        assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_an_unset_api_key_env_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout_recovery.job import run_job
+    from rollout_recovery.control._config import config_from_builtins
+    from rollout_recovery.errors import ConfigError
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    config = config_from_builtins(
+        {"generation": {"backend": "http"}, "http": {"api_key_env": KEY_ENV}}
+    )
+    with pytest.raises(ConfigError) as caught:
+        run_job(tmp_path / "run", config)
+    assert caught.value.path == "$.http.api_key_env"
+    assert KEY_ENV in str(caught.value)
+    assert not (tmp_path / "run").exists()

@@ -187,6 +187,7 @@ def make_rig(
     request_timeout_s: float = 30.0,
     max_reply_bytes: int | None = None,
     bad_data_quarantine_s: float = 30.0,
+    api_key: str | None = None,
 ) -> HttpRig:
     """A backend over ``servers`` fake servers, or over real ``urls`` (the fleet is then
     empty and the client a real one)."""
@@ -224,6 +225,7 @@ def make_rig(
             max_reply_bytes=max_reply_bytes,
             call_redispatch_budget=budget,
             redispatch_backoff_s=0.0,
+            api_key=api_key,
         ),
         initial_version=0,
         initial_weights=snapshot(0),

@@ -150,6 +150,14 @@ def test_a_ready_file_that_is_not_one_is_refused(tmp_path: Path) -> None:
         {"call_latency_s": float("nan")},
         {"max_model_len": 1},
         {"max_body_bytes": -5},
+        {"max_body_bytes": 10, "max_inflight_body_bytes": 9},
+        {"max_connections": 0},
+        {"keep_alive_timeout_s": 0.0},
+        {"read_timeout_s": -1.0},
+        {"write_timeout_s": float("inf")},
+        {"api_key": ""},
+        {"allowed_hosts": ["localhost"]},
+        {"allowed_hosts": ("a/b",)},
     ],
 )
 def test_bad_settings_are_refused(fields: dict[str, object]) -> None:

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import threading
 from typing import Any
 
 import httpx
 import pytest
 from serve_support import peaked_params
 
-from rollout_recovery.policy import ANSWER, BOS, FILLER_BASE, THINK, VOCAB_SIZE, digit_token
+from rollout_recovery.policy import (
+    ANSWER,
+    BOS,
+    FILLER_BASE,
+    THINK,
+    VOCAB_SIZE,
+    NumpyGRPOTrainer,
+    digit_token,
+)
 from rollout_recovery.serve import PolicyServer, ServeSettings
+from rollout_recovery.serve._app import ServeApp
+from rollout_recovery.serve._weights import WeightStore
 
 PROMPT = [BOS, FILLER_BASE, digit_token(4), FILLER_BASE + 3, THINK]
 
@@ -100,6 +112,100 @@ def test_malformed_json_is_400(client: httpx.Client, body: bytes) -> None:
     assert "JSON" in error["message"]
 
 
+def _deep(depth: int, inner: str = "") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", _deep(100_000)),
+        ("/v1/completions", '{"a":' * 100_000 + "1" + "}" * 100_000),
+        ("/v1/completions", '{"prompt": ' + _deep(100_000) + "}"),
+        ("/update_weights", '{"version": 1, "params": {"x": ' + _deep(50_000) + "}}"),
+        ("/inference/v1/generate", '{"sampling_params": ' + _deep(5_000) + "}"),
+    ],
+    ids=["array", "object", "in-field", "in-params", "in-generate"],
+)
+def test_a_deeply_nested_body_is_400_without_a_traceback(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture, path: str, body: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rollout_recovery.serve")
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    error = _error(response, 400)
+    assert error["type"] == "Bad Request"
+    assert "nested too deeply" in error["message"]
+    assert not caplog.records, [record.getMessage() for record in caplog.records]
+    # The server goes on answering on the same connection.
+    assert client.get("/health").status_code == 200
+
+
+def test_a_deeply_nested_body_is_400_without_a_transport() -> None:
+    app = ServeApp(
+        ServeSettings(),
+        WeightStore(NumpyGRPOTrainer(seed=0).weights()),
+        stopping=threading.Event(),
+    )
+    headers = [("Host", "127.0.0.1:8000"), ("Content-Type", "application/json")]
+    response = app.handle("POST", "/update_weights", _deep(100_000).encode(), headers)
+    assert response.status == 400
+    assert b"nested too deeply" in response.body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": [1, 2], "model": "\xff"}',  # invalid UTF-8 in a string
+        b'{"prompt": [1, 2], "model": "\\ud800"}',  # a lone surrogate
+        b'{"prompt": [1' + b"0" * 5000 + b"]}",  # an integer past 64 bits
+        b'{"prompt": [1, 2], "max_tokens": 1e999}',  # a float past a double
+        b'{"prompt": [1, 2], "seed": -1' + b"0" * 5000 + b"}",
+    ],
+    ids=["utf8", "surrogate", "huge-int", "huge-float", "huge-negative"],
+)
+def test_every_decode_failure_is_400(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture, body: bytes
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rollout_recovery.serve")
+    response = client.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert "JSON decode error" in _error(response, 400)["message"]
+    assert not caplog.records
+
+
+def test_a_duplicate_key_keeps_its_last_value_as_vllm_does(client: httpx.Client) -> None:
+    # vLLM reads bodies with Python's json, where the last of two equal keys wins.
+    assert json.loads('{"a": 1, "a": 2}') == {"a": 2}
+    body = (
+        '{"prompt": '
+        + json.dumps(PROMPT)
+        + ', "return_token_ids": true, "max_tokens": 9, "max_tokens": 1}'
+    )
+    response = client.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"][0]["token_ids"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/update_weights", {"version": "x" * 100_000, "params": {}}),
+        ("/update_weights", {"version": 1, "params": {"y" * 100_000: 1}}),
+        ("/update_weight_version", {"new_version": "9" * 100_000}),
+        ("/update_weight_version", {"new_version": [[[[[[[[[[1]]]]]]]]]] * 1000}),
+    ],
+    ids=["version", "param-name", "label", "label-list"],
+)
+def test_a_refused_value_is_quoted_short(
+    client: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    error = _error(client.post(path, json=body), 400)
+    assert len(error["message"]) < 400, error["message"]
+
+
 @pytest.mark.parametrize("body", [[1, 2], "prompt", 3, None])
 def test_a_body_that_is_not_an_object_is_400(client: httpx.Client, body: object) -> None:
     response = client.post(
@@ -149,7 +255,8 @@ def test_expect_continue_over_the_cap_is_refused_before_the_body() -> None:
     with PolicyServer(ServeSettings(max_body_bytes=10)) as server:
         answer = _raw(
             server.url,
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+            b"Content-Type: application/json\r\n"
             b"Expect: 100-continue\r\n\r\n",
         )
     assert answer.startswith(b"HTTP/1.1 413 ")
@@ -159,7 +266,8 @@ def test_expect_continue_over_the_cap_is_refused_before_the_body() -> None:
 def test_a_chunked_body_is_411(server: PolicyServer) -> None:
     answer = _raw(
         server.url,
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n"
         b"2\r\n{}\r\n0\r\n\r\n",
     )
     head, _, body = answer.partition(b"\r\n\r\n")

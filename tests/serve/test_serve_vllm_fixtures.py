@@ -164,6 +164,12 @@ def test_the_weight_version_routes_follow_the_captured_steps(tiny: httpx.Client)
             step = {**step, "request": {"new_version": ours_for[request["new_version"]]}}
         response = _send(tiny, step)
         replayed += 1
+        if step["method"] == "POST" and request is None:
+            # No body, so no Content-Type: this server refuses every POST that does not
+            # declare JSON (415) before it looks at a field; vLLM says the field is
+            # missing (400). Both refuse, and nothing changes.
+            assert response.status_code == 415, response.text
+            continue
         assert response.status_code == step["status"], (step, response.text)
         ours, theirs = response.json(), step["response"]
         assert shape(ours) == shape(theirs), step["path"]

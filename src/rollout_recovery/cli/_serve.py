@@ -12,14 +12,35 @@ from types import FrameType
 
 import click
 
-from ..errors import InvalidStateError
+from ..errors import InvalidArgumentError, InvalidStateError
 from ..serve import DEFAULT_MODEL_NAME, PolicyServer, ServeSettings, read_ready_file
 
 __all__ = ["serve"]
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_DEFAULTS = ServeSettings()
 # How often --exit-with-parent looks for its parent.
 _PARENT_POLL_S = 0.2
+
+
+def _api_key(name: str | None) -> str | None:
+    """The API key held by the environment variable ``name`` (never echoed back)."""
+    if name is None:
+        return None
+    key = os.environ.get(name, "")
+    if not key:
+        raise click.BadParameter(
+            f"the environment variable {name} is unset or empty: export the API key in it",
+            param_hint="'--api-key-env'",
+        )
+    try:
+        ServeSettings(api_key=key)
+    except InvalidArgumentError:
+        raise click.BadParameter(
+            f"the API key in {name} must be visible ASCII characters without spaces",
+            param_hint="'--api-key-env'",
+        ) from None
+    return key
 
 
 def _remove_own_ready_file(path: Path) -> None:
@@ -58,8 +79,24 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to bind. WARNING: the server has no authentication: anyone who can reach "
-    "it can generate and replace the weights. Bind another address on a trusted network only.",
+    help="Address to bind. WARNING: without --api-key-env anyone who can reach the server "
+    "can generate and replace the weights. Bind another address on a trusted network only.",
+)
+@click.option(
+    "--api-key-env",
+    metavar="NAME",
+    help="Require 'Authorization: Bearer KEY' on every request, /health included, where KEY "
+    "is the value of the environment variable NAME (an environment variable, not an "
+    "argument: arguments are visible to every user in ps). Refused to start if NAME is unset.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    metavar="HOST",
+    multiple=True,
+    help="Also answer requests whose Host header names HOST (repeatable; '*': any). By "
+    "default only 127.0.0.1, ::1 and localhost are answered (421 otherwise), which stops DNS "
+    "rebinding; a server bound to another address needs the names clients reach it by.",
 )
 @click.option(
     "--port",
@@ -109,9 +146,55 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     "also noticed when it dies before this server starts, or when another process "
     "restarts the server.",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=0),
+    default=_DEFAULTS.max_body_bytes,
+    show_default=True,
+    help="Largest request body (413 past it, before it is read).",
+)
+@click.option(
+    "--max-inflight-body-bytes",
+    type=click.IntRange(min=0),
+    default=_DEFAULTS.max_inflight_body_bytes,
+    show_default=True,
+    help="Request bodies read or handled at once, all together: a request that would pass "
+    "it is answered 503 before its body is read. At least --max-body-bytes.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=_DEFAULTS.max_connections,
+    show_default=True,
+    help="Connections open at once (one thread each); more are answered 503 and closed.",
+)
+@click.option(
+    "--keep-alive-timeout-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=_DEFAULTS.keep_alive_timeout_s,
+    show_default=True,
+    help="Close a connection idle this long (no request started).",
+)
+@click.option(
+    "--read-timeout-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=_DEFAULTS.read_timeout_s,
+    show_default=True,
+    help="A whole request (line, headers, body) must arrive within this of its first byte, "
+    "however it drips.",
+)
+@click.option(
+    "--write-timeout-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=_DEFAULTS.write_timeout_s,
+    show_default=True,
+    help="A whole answer must be taken by the client within this.",
+)
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
 def serve(
     host: str,
+    api_key_env: str | None,
+    allow_hosts: tuple[str, ...],
     port: int,
     ready_file: Path | None,
     seed: int,
@@ -120,6 +203,12 @@ def serve(
     max_model_len: int,
     exit_with_parent: bool,
     parent_pid: int | None,
+    max_body_bytes: int,
+    max_inflight_body_bytes: int,
+    max_connections: int,
+    keep_alive_timeout_s: float,
+    read_timeout_s: float,
+    write_timeout_s: float,
     access_log: bool,
 ) -> None:
     """Serve the numpy policy over vLLM's HTTP API, token in and token out.
@@ -127,16 +216,28 @@ def serve(
     Routes: /v1/completions, /v1/models, /inference/v1/generate, /health, /weight_info,
     /update_weight_version and /update_weights (load new weights; never an older version).
     Prints "serving on URL" once listening; SIGTERM or SIGINT stops it (exit 0).
+    POST bodies must be declared JSON (415), cross-origin requests are refused (403).
     """
-    settings = ServeSettings(
-        host=host,
-        port=port,
-        model_name=model_name,
-        seed=seed,
-        call_latency_s=call_latency_s,
-        max_model_len=max_model_len,
-        access_log=access_log,
-    )
+    try:
+        settings = ServeSettings(
+            api_key=_api_key(api_key_env),
+            allowed_hosts=allow_hosts,
+            host=host,
+            port=port,
+            model_name=model_name,
+            seed=seed,
+            call_latency_s=call_latency_s,
+            max_model_len=max_model_len,
+            max_body_bytes=max_body_bytes,
+            max_inflight_body_bytes=max_inflight_body_bytes,
+            max_connections=max_connections,
+            keep_alive_timeout_s=keep_alive_timeout_s,
+            read_timeout_s=read_timeout_s,
+            write_timeout_s=write_timeout_s,
+            access_log=access_log,
+        )
+    except InvalidArgumentError as error:
+        raise click.UsageError(str(error)) from None
     try:
         server = PolicyServer(settings)
     except OSError as error:
@@ -160,10 +261,16 @@ def serve(
                 raise click.ClickException(
                     f"cannot write the ready file {str(ready_file)!r}: {error.strerror or error}"
                 ) from None
-        if host not in _LOOPBACK:
+        if host not in _LOOPBACK and api_key_env is None:
             click.echo(
-                f"warning: serving on {host} without authentication: anyone who can reach "
-                "it can generate and replace the weights",
+                f"warning: serving on {host} without authentication (--api-key-env): anyone "
+                "who can reach it can generate and replace the weights",
+                err=True,
+            )
+        if host not in _LOOPBACK and not allow_hosts:
+            click.echo(
+                f"note: serving on {host}, answering only requests for 127.0.0.1, ::1 or "
+                "localhost; name the hosts clients reach it by with --allow-host",
                 err=True,
             )
         click.echo(f"serving on {server.url}")

@@ -32,7 +32,7 @@ from .._settings import config_from_builtins as _from_builtins
 from ..cluster import RayConfig
 from ..history import ReusePolicy
 from ..policy import PolicyConfig, TaskConfig
-from ..rollout import FaultsConfig, GenerationConfig, HttpConfig
+from ..rollout import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
 
 __all__ = [
     "CheckpointConfig",
@@ -139,7 +139,9 @@ def load_config(
 
 def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
-    return _from_builtins(data, RunConfig)
+    config = _from_builtins(data, RunConfig)
+    check_server_urls(config.http)
+    return config
 
 
 def config_differences(a: RunConfig, b: RunConfig, *, which: str = "all") -> list[str]:

@@ -11,6 +11,7 @@ has no server list. A user plugs their own dataset, backend and trainer in throu
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import time
 from collections.abc import Iterator
@@ -38,10 +39,12 @@ from ._server_fleet import LocalServerFleet
 
 __all__ = [
     "JobComponents",
+    "configured_api_key",
     "default_components",
     "generation_servers",
     "job_data_plane",
     "require_ray",
+    "wants_servers",
 ]
 
 
@@ -91,10 +94,52 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 
 
+# The key the HTTP backend presents, for the components built while run_job runs: the
+# launched servers' key, or the value of [http] api_key_env. A context variable, not a
+# config field: the config is written to job.toml and into every checkpoint, and the
+# components see only the config.
+_SERVER_API_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "server_api_key", default=None
+)
+
+
+def configured_api_key(http: HttpConfig) -> str | None:
+    """The value of the variable ``[http] api_key_env`` names (None when it names none);
+    a ``ConfigError`` naming the variable, never its value, when it is unset or empty."""
+    if not http.api_key_env:
+        return None
+    key = os.environ.get(http.api_key_env, "")
+    if not key:
+        raise ConfigError(
+            f"the environment variable {http.api_key_env} is unset or empty: export the "
+            "servers' API key in it, or leave api_key_env empty",
+            path="$.http.api_key_env",
+        )
+    return key
+
+
+def wants_servers(config: RunConfig) -> bool:
+    """Whether the job generates through HTTP servers (directly or from Ray actors)."""
+    return config.generation.backend == "http" or (
+        config.generation.backend == "ray" and config.ray.worker == "http"
+    )
+
+
+@contextlib.contextmanager
+def _presenting(api_key: str | None) -> Iterator[None]:
+    token = _SERVER_API_KEY.set(api_key)
+    try:
+        yield
+    finally:
+        _SERVER_API_KEY.reset(token)
+
+
 def _http_settings(http: HttpConfig, vocab_size: int) -> HttpBackendSettings:
     """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker);
     ``vocab_size`` is the trainer's, which replies are checked against."""
+    key = _SERVER_API_KEY.get()
     return HttpBackendSettings(
+        api_key=key if key is not None else configured_api_key(http),
         model=http.model,
         vocab_size=vocab_size,
         pool=PoolSettings(
@@ -214,20 +259,26 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
     when the HTTP backend has no server list. The job's own config keeps the empty list,
     so a resume, which starts new servers on new ports, is still the same job."""
     http = config.http
-    wants_servers = config.generation.backend == "http" or (
-        config.generation.backend == "ray" and config.ray.worker == "http"
-    )
-    if not wants_servers or http.servers:
+    if not wants_servers(config):
         yield config
         return
+    api_key = configured_api_key(http)
+    if http.servers:
+        with _presenting(api_key):
+            yield config
+        return
+    # Launched servers get the configured key (so an operator can restart one by hand),
+    # else a random one of this job's.
     fleet = LocalServerFleet(
         run.root,
         http.launch_servers,
         seed=config.job.seed,
         call_latency_s=config.generation.call_latency_s,
         model=http.model,
+        api_key=api_key,
+        api_key_env=http.api_key_env or None,
     )
-    with fleet as urls:
+    with fleet as urls, _presenting(fleet.api_key):
         yield msgspec.structs.replace(
             config, http=msgspec.structs.replace(http, servers=tuple(urls))
         )

@@ -64,10 +64,12 @@ from ..rundir import (
 )
 from ._components import (
     JobComponents,
+    configured_api_key,
     default_components,
     generation_servers,
     job_data_plane,
     require_ray,
+    wants_servers,
 )
 from ._plot import write_reward_plot
 from ._report import RunSummary
@@ -138,6 +140,8 @@ def run_job(
     started = time.monotonic()
     run = RunDirectory(out)  # type: ignore[arg-type]
     require_ray(config)
+    if wants_servers(config):
+        configured_api_key(config.http)  # an unset variable is refused before any write
     _refuse_foreign_path(run)
     if run.job_file.exists():
         # Another job's directory is refused before even the lock file is touched.

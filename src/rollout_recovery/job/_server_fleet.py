@@ -6,6 +6,15 @@ job that started it dies (``--parent-pid``: a SIGKILLed job leaves no server beh
 ``servers.json`` in the run directory lists them (url, pid, log file, and the command that
 restarts one on the same port), so an operator or a test can kill or restart a single
 server while the job runs.
+
+Every server requires the fleet's API key (``Authorization: Bearer``), so nothing else on
+the machine (another user, a web page) can generate from them or replace their weights.
+The key is random per job unless the job names one (``[http] api_key_env``); it reaches
+each server in an environment variable, never in argv (which every user sees in ``ps``)
+nor in ``servers.json``. A restart command names the variable (``--api-key-env``), so a
+server restarted by hand needs the key in it: the job's own key when the job names one,
+else the key in a live server's environment (``/proc/PID/environ``, readable by its user
+only).
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,7 +36,10 @@ from ..errors import GenerationError
 from ..rundir import RunDirectory
 from ..serve import read_ready_file
 
-__all__ = ["LocalServer", "LocalServerFleet"]
+__all__ = ["LAUNCHED_API_KEY_ENV", "LocalServer", "LocalServerFleet"]
+
+#: The variable a launched server reads its random key from.
+LAUNCHED_API_KEY_ENV = "ROLLOUT_RECOVERY_SERVE_API_KEY"
 
 _READY_TIMEOUT_S = 60.0
 _STOP_GRACE_S = 5.0
@@ -51,6 +64,8 @@ class LocalServerFleet:
         seed: int,
         call_latency_s: float,
         model: str,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
         python: str = sys.executable,
     ) -> None:
         run = RunDirectory(run_dir)
@@ -61,6 +76,9 @@ class LocalServerFleet:
         self._latency = call_latency_s
         self._model = model
         self._python = python
+        #: What every server requires (``api_key`` if given, else a random one).
+        self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
+        self._key_env = api_key_env or LAUNCHED_API_KEY_ENV
         self._processes: list[subprocess.Popen[bytes]] = []
         self.servers: list[LocalServer] = []
 
@@ -84,6 +102,9 @@ class LocalServerFleet:
             # would watch the wrong one.
             "--parent-pid",
             str(os.getpid()),
+            # The key's name only: its value is in the environment (see _spawn).
+            "--api-key-env",
+            self._key_env,
         ]
 
     def __enter__(self) -> list[str]:
@@ -125,6 +146,7 @@ class LocalServerFleet:
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, self._key_env: self.api_key},
             )
         self._processes.append(process)
         return index, ready, log, process

@@ -10,7 +10,7 @@ attempt's ``CaptureWriter`` and injects the faults of :class:`FaultSettings`.
 :class:`WeightSync` pushes the trainer's weights to them.
 """
 
-from ._config import FaultsConfig, GenerationConfig, HttpConfig
+from ._config import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
 from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
 from ._outcomes import AttemptFailure, FailureReason
 from ._protocol import (
@@ -21,6 +21,7 @@ from ._protocol import (
     GenerationBackend,
 )
 from ._server_pool import PoolSettings, ServerHealth, ServerPool, ServerStats
+from ._server_url import server_url_problem
 from ._simulated import CAPTURE_FAILURE_REASON, FaultSettings, SimulatedAgentBackend
 from ._weight_sync import (
     WEIGHT_SYNCS,
@@ -77,5 +78,7 @@ __all__ = [
     "VllmGenerate",
     "WeightSync",
     "WeightSyncName",
+    "check_server_urls",
     "classify_status",
+    "server_url_problem",
 ]

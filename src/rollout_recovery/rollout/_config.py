@@ -20,13 +20,16 @@ from .._settings import (
     Rate,
     Section,
 )
+from ..errors import ConfigError
 from ..serve import DEFAULT_MODEL_NAME
+from ._server_url import server_url_problem
 from ._weight_sync import WeightSyncName
 from ._wire import DialectName
 
-__all__ = ["FaultsConfig", "GenerationConfig", "HttpConfig"]
+__all__ = ["FaultsConfig", "GenerationConfig", "HttpConfig", "check_server_urls"]
 
 ServerUrl = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
+EnvVarName = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
 
 
 class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -63,7 +66,12 @@ class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
 
     #: Base URLs of running OpenAI-compatible servers. Empty: the job starts
     #: ``launch_servers`` local ``rollout-recovery serve`` processes itself and stops them.
+    #: No credentials in them (they are recorded with every call): see ``api_key_env``.
     servers: Annotated[tuple[ServerUrl, ...], OPERATIONAL] = ()
+    #: The name of an environment variable holding the servers' API key, sent as
+    #: ``Authorization: Bearer`` (never recorded); "" for none. Launched servers get a
+    #: random key of their own unless this names one.
+    api_key_env: Annotated[EnvVarName, OPERATIONAL] = ""
     launch_servers: Annotated[PositiveInt, OPERATIONAL] = 3
     dialect: Annotated[DialectName, OPERATIONAL] = "vllm-completions"
     #: How servers get new weights: "policy" pushes the numpy policy (rollout-recovery
@@ -82,3 +90,19 @@ class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: How long a call waits for any healthy server before its attempt fails.
     no_server_wait_s: Annotated[PositiveFloat, OPERATIONAL] = 30.0
     logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
+
+
+def check_server_urls(http: HttpConfig) -> None:
+    """Refuse a server URL that carries a secret (userinfo, a query, a fragment)."""
+    for index, url in enumerate(http.servers):
+        problem = server_url_problem(url)
+        if problem is not None:
+            # The URL is not quoted back: it may hold the secret.
+            raise ConfigError(
+                f"the server URL {problem}: URLs are recorded with every call (events, "
+                "metrics, every row), so a secret in one would be written out in clear "
+                "text. Give the URL without it, put the key in an environment variable "
+                "and name that variable in [http] api_key_env (sent as "
+                "Authorization: Bearer)",
+                path=f"$.http.servers[{index}]",
+            )

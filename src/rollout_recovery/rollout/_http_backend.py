@@ -18,7 +18,8 @@ Failures are classified:
   to ``call_redispatch_budget`` times; nothing of the call was acknowledged (a call is
   acknowledged only by its staged record), so resending it cannot double anything. When
   the budget is spent the attempt raises ``GenerationError`` and the controller abandons
-  it and retries the sibling under its own round budget.
+  it and retries the sibling under its own round budget. 401, 403 and 421 are infra too:
+  a server that refuses this client (its key, its host name) refuses every call alike.
 - *data*: the attempt ends as a *sealed failed attempt*: its receipt is poisoned with
   ``data_error:<reason>``, so the sibling trains as a masked placeholder that says why.
   Resending would not help: the same request gets the same refusal. Two kinds:
@@ -41,7 +42,7 @@ import collections
 import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -53,6 +54,7 @@ from ..policy import ANSWER_TOKENS, TaskSet
 from ._digit_task import answer_prompt, finished_attempt, task_prompt
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
+from ._server_url import bearer_headers
 from ._weight_sync import WeightSync
 from ._wire import (
     CallSpec,
@@ -67,7 +69,10 @@ from ._wire import (
 __all__ = ["HttpBackendSettings", "HttpGenerationBackend", "classify_status"]
 
 # Statuses that say "this server, now" rather than "this request": resend elsewhere.
-_INFRA_STATUSES = frozenset({408, 429})
+# 401, 403 and 421 are a server that refuses this client (another key, another host
+# name): every request would be refused alike, so they are the server's failure, never
+# rows masked as bad data.
+_INFRA_STATUSES = frozenset({401, 403, 408, 421, 429})
 # vLLM 0.32's refusals of a prompt that leaves no room (tests/fixtures/vllm/error_*.json).
 _CONTEXT_OVERFLOW_MARKERS = (
     "maximum context length",
@@ -87,7 +92,11 @@ REPLY_BYTES_PER_PROMPT_ID = 64
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HttpBackendSettings:
-    """The backend's knobs; ``pool`` holds the per-server ones."""
+    """The backend's knobs; ``pool`` holds the per-server ones.
+
+    ``api_key`` is sent as ``Authorization: Bearer`` with every request (calls, probes,
+    weight pushes); it is never in the settings' repr.
+    """
 
     model: str
     pool: PoolSettings
@@ -109,6 +118,7 @@ class HttpBackendSettings:
     # REPLY_BASE_BYTES + REPLY_BYTES_PER_MAX_TOKEN * max_tokens + REPLY_BYTES_PER_PROMPT_ID
     # * prompt ids, per call.
     max_reply_bytes: int | None = None
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.call_redispatch_budget < 0:
@@ -171,9 +181,10 @@ class HttpGenerationBackend:
     """Implements :class:`~rollout_recovery.rollout.GenerationBackend` over HTTP servers.
 
     ``client`` may be given (tests pass one over ``httpx.MockTransport``); otherwise the
-    backend makes its own and closes it in :meth:`aclose`. ``on_event(kind, server,
-    detail)`` hears server state changes, redispatches and data failures, for the audit
-    trail.
+    backend makes its own and closes it in :meth:`aclose`. Either way the client carries
+    ``settings.api_key`` as a default header, so every request it sends presents it.
+    ``on_event(kind, server, detail)`` hears server state changes, redispatches and data
+    failures, for the audit trail.
     """
 
     def __init__(
@@ -194,6 +205,7 @@ class HttpGenerationBackend:
         self._settings = settings
         self._own_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()
+        self._client.headers.update(bearer_headers(settings.api_key))
         # Bounded: a caller that never drains must not grow memory without end.
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
         self._listener = on_event

@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from ..errors import GenerationError, InvalidArgumentError
+from ._server_url import server_url_problem
 from ._weight_sync import WeightSync
 from ._wire import DataFailure, read_body
 
@@ -137,6 +138,13 @@ class ServerPool:
     ) -> None:
         if not urls:
             raise InvalidArgumentError("at least one server url is needed", path="$.servers")
+        for index, url in enumerate(urls):
+            problem = server_url_problem(url)
+            if problem is not None:  # never quoted: it may hold a secret
+                raise InvalidArgumentError(
+                    f"server url {index} {problem}; send a key with api_key instead",
+                    path=f"$.servers[{index}]",
+                )
         cleaned = [url.rstrip("/") for url in urls]
         if len(set(cleaned)) != len(cleaned):
             raise InvalidArgumentError("server urls must be distinct", path="$.servers")

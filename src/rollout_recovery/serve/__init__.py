@@ -10,6 +10,7 @@ through a ready file (:func:`read_ready_file`).
 """
 
 from ._app import WEIGHT_VERSION_HEADER
+from ._http import TransportStats
 from ._ready import ServerReady, read_ready_file
 from ._server import PolicyServer
 from ._settings import DEFAULT_MODEL_NAME, ServeSettings
@@ -20,5 +21,6 @@ __all__ = [
     "PolicyServer",
     "ServeSettings",
     "ServerReady",
+    "TransportStats",
     "read_ready_file",
 ]

@@ -9,13 +9,28 @@ status phrase (``Bad Request``) and ``param`` the field as ``body.<path>``.
 
 from __future__ import annotations
 
+import reprlib
 from http import HTTPStatus
 
 import msgspec
 
 from ..errors import RolloutRecoveryError
 
-__all__ = ["ApiError", "bad_request", "error_body", "error_type", "schema_error"]
+__all__ = ["ApiError", "bad_request", "error_body", "error_type", "schema_error", "shown"]
+
+# A request's value quoted in an error message: bounded in depth and length, so a refused
+# 60 MiB string or a list nested 900 deep makes a short message (and no deep recursion).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 3
+_SHOWN.maxstring = 60
+_SHOWN.maxother = 60
+_SHOWN.maxlong = 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = 6
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, shortened for an error message (``'xxxx...xxxx'``, ``[[[...]]]``)."""
+    return _SHOWN.repr(value)
 
 
 def error_type(status: int) -> str:

@@ -1,8 +1,10 @@
 """The API: routes and what each answers, free of any transport.
 
-:meth:`ServeApp.handle` maps ``(method, path, body bytes)`` to a :class:`Response`; the HTTP
-layer only reads requests and writes answers, so every route can be exercised without a
-socket and the transport can change without touching the API.
+:meth:`ServeApp.handle` maps ``(method, path, body bytes, headers)`` to a :class:`Response`;
+the HTTP layer only reads requests and writes answers, so every route can be exercised
+without a socket and the transport can change without touching the API. What can be judged
+from the method, path and headers alone (who may ask, which route, a JSON body) is
+:meth:`ServeApp.refusal`, which the transport asks before it reads a body.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -21,6 +23,7 @@ import numpy as np
 from .. import __version__
 from ..policy import PolicySnapshot
 from ._api_error import ApiError
+from ._guard import RequestGuard
 from ._requests import (
     SamplingRequest,
     decode_json_object,
@@ -80,6 +83,7 @@ class ServeApp:
         self._weights = weights
         self._stopping = stopping
         self._on_admitted = on_admitted
+        self._guard = RequestGuard(api_key=settings.api_key, allowed_hosts=settings.allowed_hosts)
         self._created = int(time.time())
         # Requests without a seed draw from one seed sequence per server.
         self._seeds = np.random.SeedSequence(settings.seed)
@@ -87,21 +91,46 @@ class ServeApp:
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, body: bytes) -> Response:
+    def _admit(self, method: str, path: str, headers: Sequence[tuple[str, str]]) -> _Handler:
+        """The route's handler, or the :class:`ApiError` that refuses the request.
+
+        ``HEAD`` of a ``GET`` route is that route (the transport drops the body).
+        """
+        self._guard.check_headers(headers)
+        methods = _ROUTES.get(path)
+        if methods is None:
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no route {path}")
+        handler = methods.get("GET" if method == "HEAD" and "GET" in methods else method)
+        if handler is None:
+            allow = ", ".join(sorted(methods))
+            raise ApiError(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                f"{method} is not allowed on {path} (allowed: {allow})",
+                headers=(("Allow", allow),),
+            )
+        if method == "POST":
+            self._guard.check_content_type(headers)
+        return handler
+
+    def refusal(
+        self, method: str, path: str, headers: Sequence[tuple[str, str]]
+    ) -> Response | None:
+        """The answer that refuses this request before its body is read, or None.
+
+        ``headers`` are (name, value) pairs as received (names in any case, repeats kept).
+        """
+        try:
+            self._admit(method, path, headers)
+        except ApiError as error:
+            return Response(error.status, error.body(), error.headers, error.close)
+        return None
+
+    def handle(
+        self, method: str, path: str, body: bytes, headers: Sequence[tuple[str, str]]
+    ) -> Response:
         """Answer one request; every refusal is vLLM's error body with its status."""
         try:
-            methods = _ROUTES.get(path)
-            if methods is None:
-                raise ApiError(HTTPStatus.NOT_FOUND, f"no route {path}")
-            handler = methods.get(method)
-            if handler is None:
-                allow = ", ".join(sorted(methods))
-                raise ApiError(
-                    HTTPStatus.METHOD_NOT_ALLOWED,
-                    f"{method} is not allowed on {path} (allowed: {allow})",
-                    headers=(("Allow", allow),),
-                )
-            return handler(self, body)
+            return self._admit(method, path, headers)(self, body)
         except ApiError as error:
             return Response(error.status, error.body(), error.headers, error.close)
 

@@ -4,29 +4,68 @@ One thread per connection; connections are kept alive (every answer has a
 ``Content-Length``). Bodies are read whole, up to the size cap, before the app sees them.
 Anything the stdlib itself refuses (a malformed request line, oversized headers) is
 answered with vLLM's error body too.
+
+What a client can make the server hold is bounded (``ServeSettings``):
+
+- connections: at most ``max_connections`` open (so at most that many threads); one more
+  is answered 503 from the accept loop and closed, without a thread;
+- body bytes: a body is admitted only once the app has looked at the headers (so a
+  refused client never sends one) and only if the bodies being read or handled at once
+  stay within ``max_inflight_body_bytes``; otherwise a 503, before any of it is read;
+- time: every read of a connection runs against a deadline, not a per-read timeout, so a
+  client that drips one byte at a time gains nothing: ``keep_alive_timeout_s`` for the
+  first byte of a request, then ``read_timeout_s`` for the whole request; an answer must
+  be taken within ``write_timeout_s``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
 import logging
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ._api_error import ApiError, error_body
 from ._app import Response, ServeApp
+from ._settings import ServeSettings
 
-__all__ = ["PolicyHTTPServer", "make_http_server"]
+__all__ = ["PolicyHTTPServer", "TransportStats", "make_http_server"]
 
 _log = logging.getLogger("rollout_recovery.serve")
 
-# An idle keep-alive connection is closed after this many seconds (uvicorn's default is 5;
-# a generation backend reuses its connections far more often than that).
-KEEP_ALIVE_TIMEOUT_S = 60.0
+# How much of a turned-away connection's request is read (without waiting) before it is
+# closed: unread data makes the close a reset, which can destroy the 503 in flight.
+_TURN_AWAY_DRAIN_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TransportStats:
+    """What the transport holds now, its peaks, and what it refused, since it started."""
+
+    connections: int = 0
+    peak_connections: int = 0
+    refused_connections: int = 0
+    body_bytes: int = 0
+    peak_body_bytes: int = 0
+    refused_bodies: int = 0
+
+
+def _busy_answer(message: str) -> bytes:
+    body = error_body(HTTPStatus.SERVICE_UNAVAILABLE, message)
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
 
 
 class PolicyHTTPServer(ThreadingHTTPServer):
@@ -37,35 +76,77 @@ class PolicyHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # The listen backlog (the stdlib's is 5): a burst of connects past it has its SYNs
+    # dropped and retried a second later, though the accept loop takes them at once.
+    request_queue_size = 128
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        app: ServeApp,
-        *,
-        max_body_bytes: int,
-        access_log: bool,
-    ) -> None:
+    def __init__(self, address: tuple[str, int], app: ServeApp, settings: ServeSettings) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.access_log = access_log
+        self.settings = settings
+        self.max_body_bytes = settings.max_body_bytes
+        self.access_log = settings.access_log
         self.stopping = False
         self._lock = threading.Condition()
         self._connections: set[socket.socket] = set()
         self._in_flight = 0
+        self._stats = TransportStats()
+        self._full_answer = _busy_answer(
+            f"this server has {settings.max_connections} connections open, its limit; retry later"
+        )
         super().__init__(address, _Handler)
+
+    def _count(self, **changes: int) -> None:
+        """Apply counter changes (under the lock) and wake whoever waits on them."""
+        stats = self._stats
+        values = {name: getattr(stats, name) + delta for name, delta in changes.items()}
+        updated = dataclasses.replace(stats, **values)
+        self._stats = dataclasses.replace(
+            updated,
+            peak_connections=max(updated.peak_connections, updated.connections),
+            peak_body_bytes=max(updated.peak_body_bytes, updated.body_bytes),
+        )
+        self._lock.notify_all()
+
+    def stats(self) -> TransportStats:
+        with self._lock:
+            return self._stats
+
+    def wait_for(self, predicate: Callable[[TransportStats], bool], timeout: float) -> bool:
+        """Wait until ``predicate(stats)`` holds (``timeout`` at most); whether it does."""
+        with self._lock:
+            return self._lock.wait_for(lambda: predicate(self._stats), timeout)
 
     # Connections are tracked so that shutdown can end idle keep-alive ones: their threads
     # would otherwise go on answering on a server that has stopped.
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
+            admitted = len(self._connections) < self.settings.max_connections
+            if admitted:
+                self._connections.add(request)
+                self._count(connections=1)
+        if admitted:
+            super().process_request(request, client_address)
+            return
+        self._turn_away(request)
+        with self._lock:
+            self._count(refused_connections=1)
+
+    def _turn_away(self, request: socket.socket) -> None:
+        """Answer 503 and close, in the accept loop: a connection over the limit gets no
+        thread, and nothing here can block (a fresh socket's send buffer takes the answer)."""
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            request.send(self._full_answer)
+            with contextlib.suppress(BlockingIOError):
+                request.recv(_TURN_AWAY_DRAIN_BYTES)
+        self.shutdown_request(request)
 
     def shutdown_request(self, request: Any) -> None:
         with self._lock:
-            self._connections.discard(request)
+            if request in self._connections:
+                self._connections.discard(request)
+                self._count(connections=-1)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -73,6 +154,19 @@ class PolicyHTTPServer(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
             return
         _log.exception("error on the connection from %s", client_address)
+
+    def reserve_body(self, length: int) -> bool:
+        """Count ``length`` bytes against the in-flight budget; False when they do not fit."""
+        with self._lock:
+            if self._stats.body_bytes + length > self.settings.max_inflight_body_bytes:
+                self._count(refused_bodies=1)
+                return False
+            self._count(body_bytes=length)
+            return True
+
+    def release_body(self, length: int) -> None:
+        with self._lock:
+            self._count(body_bytes=-length)
 
     def request_started(self) -> None:
         with self._lock:
@@ -103,19 +197,71 @@ class _PolicyHTTPServer6(PolicyHTTPServer):
     address_family = socket.AF_INET6
 
 
-def make_http_server(
-    host: str, port: int, app: ServeApp, *, max_body_bytes: int, access_log: bool
-) -> PolicyHTTPServer:
-    """Bind ``host:port`` (port 0: a free one), IPv6 when ``host`` is an IPv6 address."""
-    kind = _PolicyHTTPServer6 if ":" in host else PolicyHTTPServer
-    return kind((host, port), app, max_body_bytes=max_body_bytes, access_log=access_log)
+def make_http_server(settings: ServeSettings, app: ServeApp) -> PolicyHTTPServer:
+    """Bind ``settings.host:port`` (port 0: a free one), IPv6 for an IPv6 address."""
+    kind = _PolicyHTTPServer6 if ":" in settings.host else PolicyHTTPServer
+    return kind((settings.host, settings.port), app, settings)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads, each bounded by what is left until one deadline.
+
+    A per-read timeout restarts with every byte; this one does not. ``on_data`` is called
+    once, at the first data after it is set (a request's first byte ends the idle wait).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        self.deadline = 0.0
+        self.on_data: Callable[[], None] | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the connection's read deadline passed")
+        self._sock.settimeout(remaining)
+        count = self._sock.recv_into(buffer)
+        if count and self.on_data is not None:
+            started, self.on_data = self.on_data, None
+            started()
+        return count
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rollout-recovery"
-    timeout = KEEP_ALIVE_TIMEOUT_S
     server: PolicyHTTPServer
+    _reader: _DeadlineReader
+    _reserved = 0  # body bytes of the current request counted against the budget
+
+    # -- the connection ---------------------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the stdlib's reader: ours reads against deadlines
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        settings = self.server.settings
+        reader = self._reader
+        reader.deadline = time.monotonic() + settings.keep_alive_timeout_s
+
+        def started() -> None:
+            reader.deadline = time.monotonic() + settings.read_timeout_s
+
+        reader.on_data = started
+        try:
+            super().handle_one_request()
+        finally:
+            reader.on_data = None
+            if self._reserved:
+                self.server.release_body(self._reserved)
+                self._reserved = 0
 
     # -- methods ----------------------------------------------------------------------------
 
@@ -168,14 +314,31 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return length
 
-    def _read_body(self) -> bytes:
+    def _admit_body(self) -> int:
+        """The body's length, its bytes counted against the server's in-flight budget."""
         length = self._content_length()
+        if length and not self._reserved:
+            if not self.server.reserve_body(length):
+                budget = self.server.settings.max_inflight_body_bytes
+                raise ApiError(
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    f"this server is already taking in request bodies up to its limit of "
+                    f"{budget} bytes at once; retry later",
+                    headers=(("Retry-After", "1"),),
+                    close=True,
+                )
+            self._reserved = length
+        return length
+
+    def _read_body(self) -> bytes:
+        length = self._admit_body()
         try:
             body = self.rfile.read(length) if length else b""
         except TimeoutError:
             raise ApiError(
                 HTTPStatus.REQUEST_TIMEOUT,
-                f"the request body did not arrive within {self.timeout:g} s",
+                "the request did not arrive within "
+                f"{self.server.settings.read_timeout_s:g} s of its first byte",
                 close=True,
             ) from None
         if len(body) != length:
@@ -186,12 +349,35 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return body
 
+    def _headers(self) -> list[tuple[str, str]]:
+        return self.headers.items()
+
+    def _body_announced(self) -> bool:
+        length = self.headers.get("Content-Length")
+        return bool(self.headers.get("Transfer-Encoding")) or (
+            length is not None and length.strip() != "0"
+        )
+
+    def _refusal(self, method: str) -> Response | None:
+        """The app's refusal from the headers alone (the body is then never read)."""
+        path = self.path.split("?", 1)[0]
+        refusal = self.server.app.refusal(method, path, self._headers())
+        if refusal is not None and self._body_announced():
+            # The unread body is still on the stream: nothing more can be read from it.
+            refusal = dataclasses.replace(refusal, close=True)
+        return refusal
+
     def handle_expect_100(self) -> bool:
-        # Refuse an oversized body before the client sends it.
-        try:
-            self._content_length()
-        except ApiError as error:
-            self._write(Response(error.status, error.body(), error.headers, close=True))
+        # Refuse before the client sends its body: a client that may not ask, or one whose
+        # body is over the cap.
+        refusal = self._refusal(self.command)
+        if refusal is None:
+            try:
+                self._admit_body()
+            except ApiError as error:
+                refusal = Response(error.status, error.body(), error.headers, close=True)
+        if refusal is not None:
+            self._write(dataclasses.replace(refusal, close=True), head=self.command == "HEAD")
             return False
         return super().handle_expect_100()
 
@@ -205,17 +391,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
         try:
-            try:
-                body = self._read_body()
-            except ConnectionError:  # the client went away while sending
-                self.close_connection = True
-                return
-            if method == "HEAD":
-                response = self.server.app.handle("GET", path, body)
-                if response.status == HTTPStatus.METHOD_NOT_ALLOWED:
-                    response = self.server.app.handle("HEAD", path, body)
+            refusal = self._refusal(method)
+            if refusal is not None:
+                response = refusal
             else:
-                response = self.server.app.handle(method, path, body)
+                try:
+                    body = self._read_body()
+                except ConnectionError:  # the client went away while sending
+                    self.close_connection = True
+                    return
+                response = self.server.app.handle(method, path, body, self._headers())
         except ApiError as error:
             response = Response(error.status, error.body(), error.headers, error.close)
         except Exception:  # an answer must go out whatever broke
@@ -232,6 +417,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- the answer -------------------------------------------------------------------------
 
     def _write(self, response: Response, *, head: bool = False) -> None:
+        # sendall's timeout bounds the whole answer: a client that stops reading is cut off.
+        self.connection.settimeout(self.server.settings.write_timeout_s)
         close = response.close or self.close_connection or self.server.stopping
         self.send_response(response.status)
         if response.content_type is not None:

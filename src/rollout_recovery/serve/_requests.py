@@ -100,7 +100,13 @@ def field_of(path: str | None) -> str | None:
 
 
 def decode_json_object(body: bytes) -> dict[str, Any]:
-    """The request's JSON object (no body: an empty one); a 400 for anything else."""
+    """The request's JSON object (no body: an empty one); a 400 for anything else.
+
+    Every way a body can fail to decode is a 400: invalid JSON or UTF-8, a number out of
+    range (msgspec refuses integers past 64 bits and floats past a double), and arrays or
+    objects nested deeper than the interpreter's recursion limit lets msgspec build.
+    A duplicate key keeps its last value, as vLLM's Python ``json`` does.
+    """
     if not body:
         # As FastAPI reads a missing body: each required field is then reported missing.
         return {}
@@ -108,6 +114,12 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
         value = msgspec.json.decode(body)
     except msgspec.DecodeError as error:
         raise schema_error(f"JSON decode error: {error}", field=None) from None
+    except RecursionError:
+        # msgspec checks the recursion limit as it descends, so nothing half-built is
+        # left behind; no request of this API nests more than a few levels.
+        raise schema_error(
+            "JSON decode error: arrays or objects are nested too deeply", field=None
+        ) from None
     if not isinstance(value, dict):
         raise schema_error(
             f"the request body must be a JSON object, got {type(value).__name__}", field=None

@@ -10,7 +10,7 @@ from types import TracebackType
 from ..errors import InvalidOperationError
 from ..policy import NumpyGRPOTrainer, PolicySnapshot
 from ._app import ServeApp
-from ._http import make_http_server
+from ._http import TransportStats, make_http_server
 from ._ready import write_ready_file
 from ._settings import ServeSettings
 from ._weights import WeightStore
@@ -65,13 +65,7 @@ class PolicyServer:
         app = ServeApp(
             self._settings, self._weights, stopping=self._stopping, on_admitted=on_admitted
         )
-        self._http = make_http_server(
-            self._settings.host,
-            self._settings.port,
-            app,
-            max_body_bytes=self._settings.max_body_bytes,
-            access_log=self._settings.access_log,
-        )
+        self._http = make_http_server(self._settings, app)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -96,6 +90,17 @@ class PolicyServer:
     def weights(self) -> PolicySnapshot:
         """The snapshot the next generation request will use."""
         return self._weights.current()
+
+    def transport_stats(self) -> TransportStats:
+        """Connections and body bytes held now, their peaks, and what was refused."""
+        return self._http.stats()
+
+    def wait_for_transport(
+        self, predicate: Callable[[TransportStats], bool], timeout: float
+    ) -> bool:
+        """Wait until ``predicate(transport_stats())`` holds, ``timeout`` at most (a test
+        seam: a test waits on what the server counted, never on the clock)."""
+        return self._http.wait_for(predicate, timeout)
 
     def write_ready_file(self, path: str | os.PathLike[str]) -> None:
         """Atomically write ``{"url", "pid"}`` to ``path`` (see :func:`read_ready_file`)."""

@@ -18,7 +18,7 @@ import numpy as np
 from .._bounds import INT64_MAX
 from ..errors import InvalidArgumentError
 from ..policy import PARAM_SHAPES, PolicySnapshot
-from ._api_error import ApiError, bad_request, schema_error
+from ._api_error import ApiError, bad_request, schema_error, shown
 
 __all__ = ["WeightStore", "parse_version_label", "parse_weight_update"]
 
@@ -78,7 +78,9 @@ class WeightStore:
 
 def _version(value: object, *, param: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
-        raise bad_request(f"{param} must be an int in [0, {INT64_MAX}], got {value!r}", param=param)
+        raise bad_request(
+            f"{param} must be an int in [0, {INT64_MAX}], got {shown(value)}", param=param
+        )
     return value
 
 
@@ -91,7 +93,7 @@ def _check_nested(value: object, shape: tuple[int, ...], path: str, param: str) 
             or not math.isfinite(value)
         ):
             raise bad_request(
-                f"param {param!r} must hold finite numbers; {path} is {value!r}",
+                f"param {param!r} must hold finite numbers; {path} is {shown(value)}",
                 param=f"params.{param}",
             )
         return
@@ -118,7 +120,7 @@ def parse_weight_update(body: Mapping[str, Any]) -> PolicySnapshot:
     for name in params:
         if name not in PARAM_SHAPES:
             raise bad_request(
-                f"param {name!r} is not a param of the policy (it has {sorted(PARAM_SHAPES)})",
+                f"param {shown(name)} is not a param of the policy (it has {sorted(PARAM_SHAPES)})",
                 param=f"params.{name}",
             )
     arrays = {}
@@ -143,13 +145,13 @@ def parse_version_label(value: object) -> int:
         raise schema_error("Field required", field="new_version")
     if not isinstance(value, str):
         raise schema_error(
-            f"Input should be a valid string, got {type(value).__name__} {value!r}",
+            f"Input should be a valid string, got {type(value).__name__} {shown(value)}",
             field="new_version",
         )
     if not value.isascii() or not value.isdigit() or len(value) > len(str(INT64_MAX)):
         raise bad_request(
             f"new_version must be a decimal version number for this server (its weights "
-            f"are numbered 0, 1, ...), got {value!r}",
+            f"are numbered 0, 1, ...), got {shown(value)}",
             param="new_version",
         )
     return _version(int(value), param="new_version")
