@@ -1,0 +1,160 @@
+"""What a metric key, a step, a value and a marker may be; one grammar for every sink.
+
+A key is ``/``-separated segments of letters, digits, ``_ - .`` and spaces, at most 250
+characters: what MLflow accepts as a metric name (the strictest of the tools) and what
+W&B and TensorBoard group into sections by the text before the first ``/``. A segment of
+dots alone is refused: MLflow's file store would resolve it as a path. For the same
+store no key of a call may also be a section of another (``a`` beside ``a/b``): it keeps
+``a/b`` as file ``b`` in directory ``a``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._protocol import MarkerField, Scalar
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "check_fields",
+    "check_key",
+    "check_kind",
+    "check_step",
+    "check_values",
+    "flatten_scalars",
+    "key_segment",
+]
+
+MAX_KEY_LENGTH: Final = 250
+_SEGMENT = r"(?!\.+(?:/|$))[A-Za-z0-9_\-. ]+"
+_KEY = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*\Z")
+_ONE_SEGMENT = re.compile(rf"{_SEGMENT}\Z")
+_OUTSIDE_SEGMENT = re.compile(r"[^A-Za-z0-9_\-. ]")
+_MAX_STEP: Final = 2**63 - 1
+
+
+def check_step(step: object, *, name: str = "step") -> int:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise InvalidArgumentTypeError(f"{name} must be an int, got {type(step).__name__}")
+    if not 0 <= step <= _MAX_STEP:
+        raise InvalidArgumentError(f"{name} must be in [0, 2**63 - 1], got {step}")
+    return step
+
+
+def check_key(key: object, *, where: str) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgumentTypeError(
+            f"a metric key must be a str, got {type(key).__name__}", path=where
+        )
+    if len(key) > MAX_KEY_LENGTH or not _KEY.match(key):
+        raise InvalidArgumentError(
+            f"metric key {key!r} is not '/'-separated segments of letters, digits, "
+            f"'_', '-', '.' and spaces (at most {MAX_KEY_LENGTH} characters)",
+            path=where,
+        )
+    return key
+
+
+def check_values(values: object) -> dict[str, Scalar]:
+    """A plain copy of one step's values, or the first bad key or value named."""
+    if not isinstance(values, Mapping):
+        raise InvalidArgumentTypeError(f"values must be a mapping, got {type(values).__name__}")
+    checked: dict[str, Scalar] = {}
+    for key, value in values.items():
+        where = f"$[{key!r}]"
+        check_key(key, where=where)
+        if key == "step":
+            raise InvalidArgumentError(
+                "values must not hold 'step': the step is log_step's argument", path=where
+            )
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise InvalidArgumentTypeError(
+                f"a metric value must be an int, a float or None, got {type(value).__name__}",
+                path=where,
+            )
+        checked[key] = value
+    for key in checked:
+        section = key.rpartition("/")[0]
+        while section:
+            if section in checked:
+                raise InvalidArgumentError(
+                    f"metric key {section!r} is also a section of {key!r}", path=f"$[{key!r}]"
+                )
+            section = section.rpartition("/")[0]
+    return checked
+
+
+def check_kind(kind: object) -> str:
+    if not isinstance(kind, str):
+        raise InvalidArgumentTypeError(f"a marker kind must be a str, got {type(kind).__name__}")
+    if not _ONE_SEGMENT.match(kind) or len(kind) > 64:
+        raise InvalidArgumentError(
+            f"marker kind {kind!r} must be one key segment of at most 64 characters"
+        )
+    return kind
+
+
+def check_fields(fields: object) -> dict[str, MarkerField]:
+    if not isinstance(fields, Mapping):
+        raise InvalidArgumentTypeError(f"fields must be a mapping, got {type(fields).__name__}")
+    checked: dict[str, MarkerField] = {}
+    for key, value in fields.items():
+        where = f"$[{key!r}]"
+        if not isinstance(key, str) or not _ONE_SEGMENT.match(key) or len(key) > 64:
+            raise InvalidArgumentError(
+                f"marker field name {key!r} must be one key segment of at most 64 characters",
+                path=where,
+            )
+        if value is not None and not isinstance(value, str | int | float):
+            raise InvalidArgumentTypeError(
+                f"a marker field must be a str, int, float, bool or None, got "
+                f"{type(value).__name__}",
+                path=where,
+            )
+        checked[key] = value
+    return checked
+
+
+def key_segment(name: str) -> str:
+    """``name`` as one valid key segment: other characters become ``_`` (a URL, a path)."""
+    segment = _OUTSIDE_SEGMENT.sub("_", name) or "_"
+    return "_" if set(segment) == {"."} else segment
+
+
+def _plain(value: object) -> Scalar | str:
+    # numpy scalars (a reward, a count) become their Python value; str is "not a number".
+    item = getattr(value, "item", None)
+    if callable(item) and not isinstance(value, str | bytes):
+        value = item()
+    if isinstance(value, bool):
+        return int(value)
+    if value is None or isinstance(value, int | float):
+        return value
+    return ""
+
+
+def flatten_scalars(record: Mapping[str, object], *, prefix: str = "") -> dict[str, Scalar]:
+    """The numbers of a nested record as flat ``a/b/c`` keys, for ``log_step``.
+
+    Nested mappings (per-server telemetry keyed by URL) become one key per leaf, each name
+    made a valid segment (``http://127.0.0.1:8000`` -> ``http___127.0.0.1_8000``); bools
+    become 0 and 1, numpy scalars their value, ``None`` stays ``None``; strings, lists and
+    anything else are left out: they are not points on a chart. ``step`` at the top is left
+    out too (it is ``log_step``'s argument). Keys past 250 characters are left out.
+    """
+    flat: dict[str, Scalar] = {}
+    for name, value in record.items():
+        if not prefix and name == "step":
+            continue
+        key = f"{prefix}{key_segment(str(name))}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_scalars(value, prefix=f"{key}/"))
+            continue
+        plain = _plain(value)
+        if isinstance(plain, str) or len(key) > MAX_KEY_LENGTH:
+            continue
+        flat[key] = plain
+    return flat
