@@ -16,6 +16,7 @@ PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
 LAYERS = [
     "cli",
     "control",
+    "metrics",
     "cluster",
     "rollout",
     "serve",
@@ -34,6 +35,7 @@ LAYERS = [
     "_closing",
 ]
 SUBPACKAGES = {"cli", "control", "cluster", "rollout", "serve", "policy", "finalize", "capture"} | {
+    "metrics",
     "dataplane",
     "checkpoint",
     "ledger",

@@ -200,6 +200,17 @@ SURFACES: dict[str, set[str]] = {
         "cli",
         "main",
     },
+    "metrics": {
+        "SINK_NAMES",
+        "MarkerField",
+        "MetricsConfig",
+        "MetricsFanout",
+        "MetricsSink",
+        "Scalar",
+        "SinkName",
+        "flatten_scalars",
+        "open_metrics",
+    },
     "cluster": {
         "FENCE_PARTITION",
         "ActorPoolSettings",

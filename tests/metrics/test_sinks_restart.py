@@ -1,4 +1,4 @@
-"""Each sink read back with its tool's own reader, across a restart (``conftest.py``).
+"""Each sink read back with its tool's own reader, across a restart (``metrics_support.py``).
 
 Every step 0-12 is there exactly once. JSONL and TensorBoard show the re-trained values of
 steps 6-9 (the file is cut back; TensorBoard's loader purges them); W&B and MLflow keep the
@@ -9,17 +9,14 @@ without showing it twice).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from metrics_support import RESTORED, RESUME, restart
 
 from rollout_recovery.metrics import MetricsConfig, MetricsFanout
 
-from conftest import RESTORED, RESUME
-
-Restart = Callable[[MetricsConfig, Path, Callable[[MetricsFanout], None]], None]
 RETRAINED = {step: (100.0 + step if step >= RESUME else float(step)) for step in range(13)}
 FIRST_WINS = {step: (100.0 + step if step >= 10 else float(step)) for step in range(13)}
 
@@ -28,7 +25,7 @@ def _abandon(metrics: MetricsFanout) -> None:
     """A crash: nothing is closed (the sinks' files stay as they are)."""
 
 
-def test_jsonl_is_cut_back_and_continues(tmp_path: Path, restart: Restart) -> None:
+def test_jsonl_is_cut_back_and_continues(tmp_path: Path) -> None:
     restart(MetricsConfig(sinks=("jsonl",)), tmp_path, _abandon)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()]
     assert [line["step"] for line in lines] == list(range(13))
@@ -36,7 +33,7 @@ def test_jsonl_is_cut_back_and_continues(tmp_path: Path, restart: Restart) -> No
     assert all(line["skipped"] is None and line["rows"] == 16 for line in lines)
 
 
-def test_tensorboard_purges_the_superseded_steps(tmp_path: Path, restart: Restart) -> None:
+def test_tensorboard_purges_the_superseded_steps(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -78,7 +75,7 @@ def _finish_wandb_run(metrics: MetricsFanout) -> None:
     background.sink._run.finish()
 
 
-def test_wandb_offline_never_logs_a_step_twice(tmp_path: Path, restart: Restart) -> None:
+def test_wandb_offline_never_logs_a_step_twice(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     from rollout_recovery.metrics._wandb_files import offline_run_files, read_records
 
@@ -112,7 +109,7 @@ def test_wandb_offline_never_logs_a_step_twice(tmp_path: Path, restart: Restart)
     assert [alert["title"] for alert in alerts] == ["rollout-recovery restored at step 6"]
 
 
-def test_mlflow_file_store_keeps_one_point_per_step(tmp_path: Path, restart: Restart) -> None:
+def test_mlflow_file_store_keeps_one_point_per_step(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 

@@ -7,6 +7,8 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from ..errors import ConfigError
+
 __all__ = ["SINK_NAMES", "MetricsConfig", "SinkName"]
 
 SinkName = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
@@ -40,7 +42,7 @@ class MetricsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     flush_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 60.0
 
     def __post_init__(self) -> None:
-        # msgspec turns this ValueError into a ValidationError with the section's path.
+        # msgspec turns this (a ValueError) into a ValidationError with the section's path.
         repeated = sorted({name for name in self.sinks if self.sinks.count(name) > 1})
         if repeated:
-            raise ValueError(f"`sinks` names {', '.join(map(repr, repeated))} more than once")
+            raise ConfigError(f"`sinks` names {', '.join(map(repr, repeated))} more than once")

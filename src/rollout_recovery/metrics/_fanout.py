@@ -75,11 +75,13 @@ class MetricsFanout(Closing):
                 "move forward (a restart opens the sinks again at its resume step)"
             )
 
-    def _each(self, call: str, *args: object) -> None:
+    def _each(self, call: str, *args: object, given_up_too: bool = False) -> None:
         # The sinks are called outside the lock: a flush waiting on W&B in a worker thread
         # must not hold up the loop's next log call.
         with self._lock:
-            live = [(n, s) for n, s in self._sinks.items() if n not in self._failures]
+            live = [
+                (n, s) for n, s in self._sinks.items() if given_up_too or n not in self._failures
+            ]
         for name, sink in live:
             try:
                 getattr(sink, call)(*args)
@@ -122,4 +124,5 @@ class MetricsFanout(Closing):
             if self._closed:
                 return
             self._closed = True
-        self._each("close")
+        # A given-up sink is closed too, to release its tool (a W&B run, a writer thread).
+        self._each("close", given_up_too=True)

@@ -136,25 +136,36 @@ def _plain(value: object) -> Scalar | str:
     return ""
 
 
-def flatten_scalars(record: Mapping[str, object], *, prefix: str = "") -> dict[str, Scalar]:
+def flatten_scalars(record: Mapping[str, object]) -> dict[str, Scalar]:
     """The numbers of a nested record as flat ``a/b/c`` keys, for ``log_step``.
 
     Nested mappings (per-server telemetry keyed by URL) become one key per leaf, each name
     made a valid segment (``http://127.0.0.1:8000`` -> ``http___127.0.0.1_8000``); bools
     become 0 and 1, numpy scalars their value, ``None`` stays ``None``; strings, lists and
     anything else are left out: they are not points on a chart. ``step`` at the top is left
-    out too (it is ``log_step``'s argument). Keys past 250 characters are left out.
+    out too (it is ``log_step``'s argument), and so are keys past 250 characters and a
+    name that, made a segment, collides with an earlier key or section (the first wins).
     """
     flat: dict[str, Scalar] = {}
+    sections: set[str] = set()
+    _flatten_into(flat, sections, record, "")
+    return flat
+
+
+def _flatten_into(
+    flat: dict[str, Scalar], sections: set[str], record: Mapping[str, object], prefix: str
+) -> None:
     for name, value in record.items():
         if not prefix and name == "step":
             continue
         key = f"{prefix}{key_segment(str(name))}"
+        if key in flat or len(key) > MAX_KEY_LENGTH:
+            continue
         if isinstance(value, Mapping):
-            flat.update(flatten_scalars(value, prefix=f"{key}/"))
+            sections.add(key)
+            _flatten_into(flat, sections, value, f"{key}/")
             continue
         plain = _plain(value)
-        if isinstance(plain, str) or len(key) > MAX_KEY_LENGTH:
+        if isinstance(plain, str) or key in sections:
             continue
         flat[key] = plain
-    return flat

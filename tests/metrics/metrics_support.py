@@ -1,4 +1,4 @@
-"""The restart every sink test replays, as the controller would drive it.
+"""The restart every sink test replays, as the controller would drive it (``restart``).
 
 Session 1 opens at step 0, logs steps 0-9 (``loss`` = step) with a checkpoint marker at
 step 5 and a flush there, and "crashes" after step 9: it is never closed. What it logged
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from rollout_recovery.metrics import MetricsConfig, MetricsFanout, open_metrics
 
@@ -41,16 +39,9 @@ def second_session(config: MetricsConfig, run_dir: Path) -> None:
     assert not metrics.failures, metrics.failures
 
 
-@pytest.fixture
-def restart() -> Callable[[MetricsConfig, Path, Callable[[MetricsFanout], None]], None]:
-    """``restart(config, run_dir, crash)``: both sessions; ``crash`` ends the first one."""
-
-    def run(
-        config: MetricsConfig, run_dir: Path, crash: Callable[[MetricsFanout], None]
-    ) -> None:
-        first = first_session(config, run_dir)
-        assert not first.failures, first.failures
-        crash(first)
-        second_session(config, run_dir)
-
-    return run
+def restart(config: MetricsConfig, run_dir: Path, crash: Callable[[MetricsFanout], None]) -> None:
+    """Both sessions; ``crash`` ends the first one."""
+    first = first_session(config, run_dir)
+    assert not first.failures, first.failures
+    crash(first)
+    second_session(config, run_dir)
