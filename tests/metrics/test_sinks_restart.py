@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from metrics_support import RESTORED, RESUME, restart
 
-from rollout_recovery.metrics import MetricsConfig, MetricsFanout
+from rollout_recovery.metrics import MetricsConfig, MetricsFanout, open_metrics
 
 RETRAINED = {step: (100.0 + step if step >= RESUME else float(step)) for step in range(13)}
 FIRST_WINS = {step: (100.0 + step if step >= 10 else float(step)) for step in range(13)}
@@ -129,3 +129,65 @@ def test_mlflow_file_store_keeps_one_point_per_step(tmp_path: Path) -> None:
     assert run.data.tags["rollout_recovery.restarts"] == "1"
     assert run.data.tags["rollout_recovery.restart.1"].startswith("restored at step 6: ")
     assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+_KILLED_SESSION = """
+import sys
+from pathlib import Path
+from rollout_recovery.metrics import MetricsConfig, open_metrics
+metrics = open_metrics(MetricsConfig(sinks=("wandb",)), Path(sys.argv[1]), resume_step=0)
+for step in range(10):
+    metrics.log_step(step, {"loss": float(step)})
+metrics.flush()
+print("logged", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_wandb_after_a_real_sigkill_logs_what_wandb_lost_once(tmp_path: Path) -> None:
+    """A SIGKILL of the job's process group loses what wandb had not yet written (its
+    .wandb file is written every 0.25 s at best): the next session learns from the file
+    what W&B really holds, so a step is never twice and nothing it lost past the resume
+    step is missing."""
+    pytest.importorskip("wandb")
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rollout_recovery.metrics._wandb_files import history_steps, offline_run_files
+
+    # Its own wandb-core, as a job has: not this process's, which an earlier test started
+    # and advertises in WANDB_SERVICE (it would outlive the kill and keep the run in use).
+    env = {name: value for name, value in os.environ.items() if name != "WANDB_SERVICE"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SESSION, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"logged\n"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    [killed] = offline_run_files(tmp_path, _wandb_run_id(tmp_path))
+    held = history_steps(killed)
+    assert held == list(range(len(held)))  # a prefix of 0-9, maybe empty
+
+    metrics = open_metrics(MetricsConfig(sinks=("wandb",)), tmp_path, resume_step=RESUME)
+    for step in range(RESUME, 13):
+        metrics.log_step(step, {"loss": 100.0 + step})
+    metrics.close()
+    assert not metrics.failures, metrics.failures
+    first, second = offline_run_files(tmp_path, _wandb_run_id(tmp_path))
+    assert first == killed
+    assert history_steps(second) == list(range(max(RESUME, len(held)), 13))
+
+
+def _wandb_run_id(run_dir: Path) -> str:
+    state = json.loads((run_dir / "wandb" / "rollout-recovery-sink.json").read_bytes())
+    return str(state["run_id"])
