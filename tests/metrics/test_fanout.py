@@ -67,8 +67,8 @@ def test_calls_reach_every_sink_in_order() -> None:
     [
         (lambda m: m.log_step(5, {}), InvalidArgumentError),  # before the resume step
         (lambda m: m.log_step(7, {}), InvalidArgumentError),  # logged already
-        (lambda m: m.log_step(6, {}), InvalidArgumentError),  # a marker reached 8
-        (lambda m: m.log_marker(7, "prompt_dropped", {}), InvalidArgumentError),
+        (lambda m: m.log_step(6, {}), InvalidArgumentError),
+        (lambda m: m.log_marker(5, "prompt_dropped", {}), InvalidArgumentError),
         (lambda m: m.log_step(True, {}), InvalidArgumentTypeError),
         (lambda m: m.log_step(9, {"a": "1"}), InvalidArgumentTypeError),
         (lambda m: m.log_marker(9, "a/b", {}), InvalidArgumentError),
@@ -80,13 +80,14 @@ def test_a_refused_call_reaches_no_sink_and_changes_nothing(call, error) -> None
     sink = Recorder()
     metrics = MetricsFanout([("a", sink)], resume_step=6)
     metrics.log_step(7, {"x": 1})
-    metrics.log_marker(8, "checkpoint_committed", {})
+    metrics.log_marker(9, "prompt_dropped", {"target_step": 9})
+    metrics.log_marker(6, "checkpoint_committed", {})
     before = list(sink.calls)
     with pytest.raises(error):
         call(metrics)
     assert sink.calls == before
-    metrics.log_step(9, {"x": 2})  # time had not moved: 9 is still next
-    assert sink.calls[-1] == ("step", 9, {"x": 2})
+    metrics.log_step(8, {"x": 2})  # nothing moved: 8 is still next (the marker moves nothing)
+    assert sink.calls[-1] == ("step", 8, {"x": 2})
 
 
 def test_a_failing_sink_is_given_up_and_the_others_go_on(

@@ -1,9 +1,10 @@
 """The one sink the controller holds: checks every call once, then hands it to each sink.
 
 Arguments are checked before any sink sees them (a refused call changes nothing): flat
-keys of the one grammar (``_keys``), numbers or None, and time that only moves forward
-(``log_step`` steps strictly increase; no step below the resume step or the newest step
-already named).
+keys of the one grammar (``_keys``), numbers or None, ``log_step`` steps strictly
+increasing from the resume step, marker steps not below it. A marker may name any later
+step (a drop's target step): it moves nothing, so it can never make the next
+``log_step`` a refused call.
 
 Metrics must never stop training: a sink that raises (disk full, a W&B error, a queue
 that stayed full past its timeout) is given up for the rest of the session, with a
@@ -32,7 +33,7 @@ _log = logging.getLogger("rollout_recovery.metrics")
 class MetricsFanout(Closing):
     """``MetricsSink`` over several named sinks; see the module docstring."""
 
-    __slots__ = ("_closed", "_failures", "_floor", "_last_step", "_lock", "_sinks")
+    __slots__ = ("_closed", "_failures", "_last_step", "_lock", "_resume_step", "_sinks")
 
     def __init__(
         self,
@@ -43,7 +44,7 @@ class MetricsFanout(Closing):
     ) -> None:
         self._sinks = dict(sinks)
         self._failures: dict[str, str] = dict(failures or {})
-        self._floor = check_step(resume_step, name="resume_step")
+        self._resume_step = check_step(resume_step, name="resume_step")
         self._last_step: int | None = None
         self._closed = False
         # flush() may run in a worker thread (asyncio.to_thread) while the loop logs.
@@ -68,11 +69,10 @@ class MetricsFanout(Closing):
         if self._closed:
             raise ClosedResourceError("metrics sinks are closed")
 
-    def _check_not_past(self, step: int) -> None:
-        if step < self._floor:
+    def _check_not_before_resume(self, step: int) -> None:
+        if step < self._resume_step:
             raise InvalidArgumentError(
-                f"step {step} is before step {self._floor}, already reached: metrics only "
-                "move forward (a restart opens the sinks again at its resume step)"
+                f"step {step} is before this session's resume step {self._resume_step}"
             )
 
     def _each(self, call: str, *args: object, given_up_too: bool = False) -> None:
@@ -95,13 +95,13 @@ class MetricsFanout(Closing):
         checked = check_values(values)
         with self._lock:
             self._check_open()
-            self._check_not_past(step)
+            self._check_not_before_resume(step)
             if self._last_step is not None and step <= self._last_step:
                 raise InvalidArgumentError(
                     f"step {step} was logged after step {self._last_step}: one call per "
                     "step, in increasing order"
                 )
-            self._last_step = self._floor = step
+            self._last_step = step
         self._each("log_step", step, checked)
 
     def log_marker(self, step: int, kind: str, fields: Mapping[str, MarkerField]) -> None:
@@ -110,8 +110,7 @@ class MetricsFanout(Closing):
         checked = check_fields(fields)
         with self._lock:
             self._check_open()
-            self._check_not_past(step)
-            self._floor = step
+            self._check_not_before_resume(step)
         self._each("log_marker", step, kind, checked)
 
     def flush(self) -> None:

@@ -5,8 +5,9 @@ will train. A restart rolls training back to a checkpoint, so every point an ear
 session wrote for a step >= S is superseded; each sink makes sure a reader never sees a
 step twice (how depends on what the tool can do: see each sink's docstring).
 
-Within a session time only moves forward: ``log_step`` steps strictly increase, and no
-call names a step below the newest one already logged or below S.
+Within a session ``log_step`` steps strictly increase from S, one call per trained step;
+a marker names any step from S on (the controller's current step; a drop's target step
+belongs in its fields).
 """
 
 from __future__ import annotations
