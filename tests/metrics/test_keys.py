@@ -19,6 +19,7 @@ def test_flatten_scalars_on_the_http_backends_telemetry() -> None:
         "step": 3,
         "mean_reward": np.float64(0.5),
         "groups": 8,
+        "train/loss": 0.25,
         "backend": {
             "servers": {
                 "http://127.0.0.1:8000": {"state": "healthy", "calls": 12, "dead": False},
@@ -32,6 +33,7 @@ def test_flatten_scalars_on_the_http_backends_telemetry() -> None:
     assert flatten_scalars(record) == {
         "mean_reward": 0.5,
         "groups": 8,
+        "train/loss": 0.25,
         "backend/servers/http___127.0.0.1_8000/calls": 12,
         "backend/servers/http___127.0.0.1_8000/dead": 0,
         "backend/redispatches": 2,
@@ -66,14 +68,15 @@ def test_a_good_record_passes_unchanged() -> None:
     assert check_values(values) == values
 
 
+_names = st.one_of(st.text(max_size=12), st.sampled_from(["a", "a/b", "a/b/c", "b", "a b"]))
 _nested = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=3)),
-    lambda children: st.dictionaries(st.text(max_size=12), children, max_size=4),
+    lambda children: st.dictionaries(_names, children, max_size=4),
     max_leaves=20,
 )
 
 
-@given(st.dictionaries(st.text(max_size=12), _nested, max_size=6))
+@given(st.dictionaries(_names, _nested, max_size=6))
 def test_whatever_flatten_scalars_makes_log_step_takes(record: dict[str, object]) -> None:
     check_values(flatten_scalars(record))
 

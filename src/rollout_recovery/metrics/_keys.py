@@ -139,17 +139,23 @@ def _plain(value: object) -> Scalar | str:
 def flatten_scalars(record: Mapping[str, object]) -> dict[str, Scalar]:
     """The numbers of a nested record as flat ``a/b/c`` keys, for ``log_step``.
 
-    Nested mappings (per-server telemetry keyed by URL) become one key per leaf, each name
-    made a valid segment (``http://127.0.0.1:8000`` -> ``http___127.0.0.1_8000``); bools
-    become 0 and 1, numpy scalars their value, ``None`` stays ``None``; strings, lists and
-    anything else are left out: they are not points on a chart. ``step`` at the top is left
-    out too (it is ``log_step``'s argument), and so are keys past 250 characters and a
-    name that, made a segment, collides with an earlier key or section (the first wins).
+    Nested mappings become one key per leaf. A name that is a valid key already is kept
+    (``train/loss``); any other is made one segment (a server's URL,
+    ``http://127.0.0.1:8000``, becomes ``http___127.0.0.1_8000``). Bools become 0 and 1,
+    numpy scalars their value, ``None`` stays ``None``; strings, lists and anything else
+    are left out: they are not points on a chart. ``step`` at the top is left out too
+    (it is ``log_step``'s argument), and so are keys past 250 characters and a key that
+    collides with an earlier key or section (the first wins).
     """
     flat: dict[str, Scalar] = {}
     sections: set[str] = set()
     _flatten_into(flat, sections, record, "")
     return flat
+
+
+def _sections_of(key: str) -> list[str]:
+    parts = key.split("/")
+    return ["/".join(parts[:end]) for end in range(1, len(parts))]
 
 
 def _flatten_into(
@@ -158,14 +164,19 @@ def _flatten_into(
     for name, value in record.items():
         if not prefix and name == "step":
             continue
-        key = f"{prefix}{key_segment(str(name))}"
-        if key in flat or len(key) > MAX_KEY_LENGTH:
+        text = str(name)
+        part = text if _KEY.match(text) else key_segment(text)
+        key = f"{prefix}{part}"
+        above = _sections_of(key)
+        if key in flat or len(key) > MAX_KEY_LENGTH or any(s in flat for s in above):
             continue
         if isinstance(value, Mapping):
+            sections.update(above)
             sections.add(key)
             _flatten_into(flat, sections, value, f"{key}/")
             continue
         plain = _plain(value)
         if isinstance(plain, str) or key in sections:
             continue
+        sections.update(above)
         flat[key] = plain
