@@ -19,6 +19,7 @@ LAYERS = [
     "job",
     "control",
     "history",
+    "metrics",
     "cluster",
     "rollout",
     "serve",
@@ -39,7 +40,8 @@ LAYERS = [
     "_durable",
     "_closing",
 ]
-SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "cluster", "rollout", "serve"} | {
+SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "rollout"} | {
+    "serve",
     "policy",
     "finalize",
     "rundir",

@@ -274,6 +274,18 @@ SURFACES: dict[str, set[str]] = {
         "cli",
         "main",
     },
+    "metrics": {
+        "SINK_NAMES",
+        "MarkerField",
+        "MetricsConfig",
+        "MetricsFanout",
+        "MetricsSink",
+        "Scalar",
+        "SinkName",
+        "check_sinks_installed",
+        "flatten_scalars",
+        "open_metrics",
+    },
     "cluster": {
         "ActorPoolSettings",
         "ActorStats",

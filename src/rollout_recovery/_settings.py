@@ -113,19 +113,22 @@ def _leaves(tree: Section, prefix: str = "$") -> Iterator[tuple[str, object]]:
             yield f"{prefix}.{name}", value
 
 
-def _operational_paths(tree: type[Section], prefix: str = "$") -> set[str]:
+def _operational_paths(tree: type[Section], prefix: str = "$", inherited: bool = False) -> set[str]:
+    """Leaf paths marked operational; a section marked operational marks all its leaves."""
     found: set[str] = set()
     info = msgspec.inspect.type_info(tree)
     assert isinstance(info, msgspec.inspect.StructType)
     for field in info.fields:
         kind = field.type
         path = f"{prefix}.{field.name}"
+        operational = inherited
         if isinstance(kind, msgspec.inspect.Metadata):
-            if (kind.extra or {}).get("operational"):
-                found.add(path)
+            operational = operational or bool((kind.extra or {}).get("operational"))
             kind = kind.type
         if isinstance(kind, msgspec.inspect.StructType) and issubclass(kind.cls, Section):
-            found |= _operational_paths(kind.cls, path)
+            found |= _operational_paths(kind.cls, path, operational)
+        elif operational:
+            found.add(path)
     return found
 
 

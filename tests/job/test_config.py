@@ -42,8 +42,11 @@ def _leaves() -> Iterator[Leaf]:
     run = mi.type_info(RunConfig)
     assert isinstance(run, mi.StructType)
     for section in run.fields:
-        assert isinstance(section.type, mi.StructType)
-        for field in section.type.fields:
+        section_type = section.type
+        while isinstance(section_type, mi.Metadata):  # a section marked operational
+            section_type = section_type.type
+        assert isinstance(section_type, mi.StructType)
+        for field in section_type.fields:
             kind = field.type
             # A field marked operational carries its bounds inside a Metadata wrapper.
             while isinstance(kind, mi.Metadata):
@@ -81,7 +84,8 @@ def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
             return st.from_regex(kind.pattern, fullmatch=True)
         return st.text(min_size=max(1, kind.min_length or 0), max_size=20)
     if isinstance(kind, mi.VarTupleType):
-        return st.lists(_value_strategy(kind.item_type), max_size=3).map(tuple)
+        # Unique: a list of sinks names each at most once (the rule is the config's own).
+        return st.lists(_value_strategy(kind.item_type), max_size=3, unique=True).map(tuple)
     raise AssertionError(f"no strategy for {kind!r}")
 
 
@@ -127,6 +131,10 @@ def _another_valid(kind: mi.Type, value: object) -> object | None:
         return value + "x"
     if isinstance(kind, mi.VarTupleType):
         assert isinstance(value, tuple)
+        item = kind.item_type
+        if isinstance(item, mi.LiteralType):  # a tuple of choices: one more distinct choice
+            others = [v for v in item.values if v not in value]
+            return (*value, others[0]) if others else None
         return (*value, "http://127.0.0.1:9")
     raise AssertionError(kind)
 

@@ -211,6 +211,7 @@ def test_launched_servers_require_the_jobs_random_key_found_in_no_argv_and_no_fi
     tmp_path: Path,
 ) -> None:
     import httpx
+
     from rollout_recovery.job._server_fleet import LAUNCHED_API_KEY_ENV, LocalServerFleet
 
     fleets = [
@@ -302,9 +303,9 @@ def test_the_key_is_in_no_file_of_the_run_and_not_in_the_output(
 def test_an_unset_api_key_env_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rollout_recovery.job import run_job
     from rollout_recovery.control._config import config_from_builtins
     from rollout_recovery.errors import ConfigError
+    from rollout_recovery.job import run_job
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     config = config_from_builtins(

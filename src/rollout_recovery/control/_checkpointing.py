@@ -182,6 +182,11 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
             stall_us=int(stall * 1e6),
         )
     )
+    if controller.metrics is not None:
+        controller.metrics.log_marker(
+            snapshot.step, "checkpoint_committed", {"name": saved.name, "hold_us": int(hold * 1e6)}
+        )
+        await asyncio.to_thread(controller.metrics.flush)
     return CheckpointTiming(
         step=snapshot.step,
         hold_s=hold,

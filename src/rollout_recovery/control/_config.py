@@ -31,6 +31,7 @@ from .._settings import config_differences as _differences
 from .._settings import config_from_builtins as _from_builtins
 from ..cluster import RayConfig
 from ..history import ReusePolicy
+from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig
 from ..rollout import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
 
@@ -114,6 +115,9 @@ class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     liveness: LivenessConfig = msgspec.field(default_factory=LivenessConfig)
     recovery: RecoveryConfig = msgspec.field(default_factory=RecoveryConfig)
+    #: Where per-step metrics go besides metrics.jsonl; all operational (a resume may add
+    #: or drop a sink).
+    metrics: Annotated[MetricsConfig, OPERATIONAL] = msgspec.field(default_factory=MetricsConfig)
 
 
 def load_config(

@@ -79,6 +79,7 @@ from ..ledger import (
     RolloutRecoveryLedger,
     SiblingSealResult,
 )
+from ..metrics import MetricsSink, flatten_scalars
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
 from ..rollout import (
@@ -180,6 +181,9 @@ class Controller:
         self.state = ControllerState.initial(trainer.weight_version)
         #: Follows the journal to build checkpoint snapshots outside the hold.
         self.snapshots: SnapshotBuilder | None = None
+        #: Where each step's metrics and the run's markers go besides metrics.jsonl
+        #: (TensorBoard, W&B, MLflow); opened by the job once it knows the resume step.
+        self.metrics: MetricsSink | None = None
         # Runtime only.
         self.in_flight = 0
         self.last_mean_reward: float | None = None
@@ -540,6 +544,12 @@ class Controller:
                     detail=detail,
                 )
             )
+        if self.metrics is not None:
+            self.metrics.log_marker(
+                self.step,
+                "prompt_dropped",
+                {"target_step": target, "prompt_idx": int(record.prompt_id), "reason": reason},
+            )
         await self._signals.notify()
 
     async def _publish(self, group_id: str) -> None:
@@ -685,21 +695,22 @@ class Controller:
                     kind = str(event.pop("event", "unknown"))
                     self.record(BackendEvent(kind=kind, detail=event))
                 backend_metrics["backend"] = self.backend.telemetry()
-            self.history.metrics(
-                {
-                    "step": step,
-                    "mean_reward": mean_reward,
-                    "groups": len(groups),
-                    "rows": len(trained),
-                    "valid_rows": len(samples),
-                    "valid_row_fraction": len(samples) / len(trained) if trained else None,
-                    "placeholder_reasons": placeholder_reasons,
-                    "weight_version": state.weight_version,
-                    "train_seconds": train_seconds,
-                    **{f"train/{k}": v for k, v in metrics.items()},
-                    **backend_metrics,
-                }
-            )
+            step_metrics = {
+                "step": step,
+                "mean_reward": mean_reward,
+                "groups": len(groups),
+                "rows": len(trained),
+                "valid_rows": len(samples),
+                "valid_row_fraction": len(samples) / len(trained) if trained else None,
+                "placeholder_reasons": placeholder_reasons,
+                "weight_version": state.weight_version,
+                "train_seconds": train_seconds,
+                **{f"train/{k}": v for k, v in metrics.items()},
+                **backend_metrics,
+            }
+            self.history.metrics(step_metrics)
+        if self.metrics is not None:
+            self.metrics.log_step(step, flatten_scalars(step_metrics))
         self.last_mean_reward = mean_reward
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
         self._check_valid_rows(step, placeholder_reasons)

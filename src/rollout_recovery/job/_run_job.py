@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from .._durable import atomic_write_bytes
 from .._settings import config_to_toml
 from ..capture import STAGING_PARTITION
@@ -54,6 +56,7 @@ from ..history import (
     read_json_lines,
     read_records,
 )
+from ..metrics import MetricsConfig, check_sinks_installed, open_metrics
 from ..rundir import (
     CheckpointStore,
     RunDirectory,
@@ -142,6 +145,7 @@ def run_job(
     require_ray(config)
     if wants_servers(config):
         configured_api_key(config.http)  # an unset variable is refused before any write
+    check_sinks_installed(config.metrics)
     _refuse_foreign_path(run)
     if run.job_file.exists():
         # Another job's directory is refused before even the lock file is touched.
@@ -263,6 +267,22 @@ async def _run(
         )
         # From here the snapshot builder follows the journal on its own.
         follow_journal(controller)
+        controller.metrics = open_metrics(
+            _tool_sinks(config), run.root, resume_step=controller.step
+        )
+        if restored is not None:
+            controller.metrics.log_marker(
+                restored.step,
+                "restored",
+                {
+                    "checkpoint": restored.checkpoint,
+                    "replayed_records": restored.replayed_records,
+                    "seals_lost": restored.seals_discarded,
+                    "tokens_lost": restored.tokens_discarded + restored.tokens_in_flight_lost,
+                    "tokens_reused": restored.tokens_reused,
+                    "rolled_back_steps": len(restored.rolled_back_steps),
+                },
+            )
 
         async def checkpoint() -> None:
             timing = await take_checkpoint(controller, store)
@@ -274,6 +294,8 @@ async def _run(
         await controller.run()
     finally:
         await controller.backend.aclose()
+        if controller.metrics is not None:
+            await asyncio.to_thread(controller.metrics.close)
     return JobResult(
         summary=_empty_summary(), restored=restored, skipped=skipped, checkpoints=timings
     )
@@ -289,6 +311,13 @@ async def _restore(controller: Controller, verified: VerifiedCheckpoint) -> Rest
             remedy="Restore the run directory from a backup, or start a new run in another "
             "directory.",
         ) from error
+
+
+def _tool_sinks(config: RunConfig) -> MetricsConfig:
+    """The ``[metrics]`` sinks beyond ``metrics.jsonl``, which the trail always writes."""
+    return msgspec.structs.replace(
+        config.metrics, sinks=tuple(s for s in config.metrics.sinks if s != "jsonl")
+    )
 
 
 def _refuse_lost_checkpoints(run: RunDirectory, controller: Controller) -> None:

@@ -1,0 +1,29 @@
+"""Metrics where RL users look: JSONL, TensorBoard, Weights & Biases (offline), MLflow.
+
+``open_metrics(config, run_dir, resume_step=S)`` opens the sinks ``[metrics] sinks``
+names (:class:`MetricsConfig`) as one :class:`MetricsFanout`, a :class:`MetricsSink`:
+``log_step(step, values)`` once per trained step with flat scalar values
+(:func:`flatten_scalars` makes them from a nested record), ``log_marker(step, kind,
+fields)`` for restores, checkpoints and drops, ``flush()`` at checkpoints, ``close()``.
+A restart opens them again at the restored step; no sink shows a step twice. The tool
+packages are optional extras, imported only when their sink is opened.
+"""
+
+from ._config import SINK_NAMES, MetricsConfig, SinkName
+from ._fanout import MetricsFanout
+from ._keys import flatten_scalars
+from ._open import check_sinks_installed, open_metrics
+from ._protocol import MarkerField, MetricsSink, Scalar
+
+__all__ = [
+    "SINK_NAMES",
+    "MarkerField",
+    "MetricsConfig",
+    "MetricsFanout",
+    "MetricsSink",
+    "Scalar",
+    "SinkName",
+    "check_sinks_installed",
+    "flatten_scalars",
+    "open_metrics",
+]

@@ -1,0 +1,89 @@
+"""``open_metrics``: the ``[metrics]`` config made into the sinks a session writes to."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import ConfigError
+from ._background import BackgroundSink
+from ._config import MetricsConfig, SinkName
+from ._extras import EXTRAS, require
+from ._fanout import MetricsFanout
+from ._keys import check_step
+from ._mlflow import MlflowSink
+from ._protocol import MetricsSink
+from ._tensorboard import TensorBoardSink
+from ._wandb import WandbSink
+
+__all__ = ["check_sinks_installed", "open_metrics"]
+
+_log = logging.getLogger("rollout_recovery.metrics")
+
+_Opener = Callable[[Path, int, MetricsConfig, str], MetricsSink]
+
+# "jsonl" is DIR/metrics.jsonl, which the run's trail always writes (one line per step,
+# cut back with the rest of a checkpoint's files on a restore): nothing to open here.
+_OPENERS: dict[SinkName, _Opener] = {
+    "tensorboard": lambda run_dir, resume, config, name: TensorBoardSink(
+        run_dir, resume_step=resume, max_queue=config.queue_size
+    ),
+    "wandb": lambda run_dir, resume, config, name: WandbSink(
+        run_dir, resume_step=resume, project=config.wandb_project, run_name=name
+    ),
+    "mlflow": lambda run_dir, resume, config, name: MlflowSink(
+        run_dir, resume_step=resume, experiment=config.mlflow_experiment, run_name=name
+    ),
+}
+# A few ms a step: their calls run on a worker thread, off the train loop.
+_SLOW: frozenset[SinkName] = frozenset({"wandb", "mlflow"})
+
+
+def check_sinks_installed(config: MetricsConfig) -> None:
+    """Refuse, with the extra to install, a configured sink whose tool is missing (a
+    job calls this before it writes anything)."""
+    for sink_name in config.sinks:
+        if sink_name in EXTRAS:
+            require(sink_name)
+
+
+def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> MetricsFanout:
+    """Open every sink of ``config`` for ``run_dir``, training (re)starting at ``resume_step``.
+
+    ``resume_step`` is the first step this session trains: 0 for a new run, the restored
+    checkpoint's step after a restart. A sink whose extra is not installed is a
+    :class:`~rollout_recovery.errors.ConfigError` (at ``$.metrics.sinks``, naming the extra)
+    before any file is written. A tool sink that fails to open (a wandb start-up error, an
+    unreadable store) is left out, named in ``failures``, and the run goes on.
+    """
+    check_step(resume_step, name="resume_step")
+    check_sinks_installed(config)
+    run_name = config.run_name or run_dir.resolve().name
+    opened: list[tuple[str, MetricsSink]] = []
+    failures: dict[str, str] = {}
+    try:
+        for sink_name in config.sinks:
+            if sink_name not in _OPENERS:
+                continue  # jsonl: the trail's own metrics.jsonl
+            try:
+                sink = _OPENERS[sink_name](run_dir, resume_step, config, run_name)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                failures[sink_name] = f"{type(exc).__name__}: {exc}"
+                _log.warning("metrics sink %r could not be opened: %r", sink_name, exc)
+                continue
+            if sink_name in _SLOW:
+                sink = BackgroundSink(
+                    sink,
+                    name=sink_name,
+                    queue_size=config.queue_size,
+                    timeout_s=config.flush_timeout_s,
+                )
+            opened.append((sink_name, sink))
+    except BaseException:
+        for _, sink in opened:
+            sink.close()
+        raise
+    return MetricsFanout(opened, resume_step=resume_step, failures=failures)
