@@ -192,7 +192,7 @@ def reframe(record: HistoryRecord, width: int) -> bytes:
     body = encode_record(record)
     for pad in range(width):
         padded = body[:-1] + b" " * pad + b"}"
-        line = b'{"crc":%d,' % zlib.crc32(padded) + padded[1:]
+        line = b'{"crc":"%08x",' % zlib.crc32(padded) + padded[1:]
         if len(line) == width:
             return line
         if len(line) > width:

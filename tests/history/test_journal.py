@@ -56,7 +56,7 @@ def test_a_line_is_plain_json_with_a_checksum_of_the_rest() -> None:
     value = json.loads(line)
     assert value["event"] == "prompt_taken" and value["prompt_idx"] == 3
     body = b"{" + line[line.index(b",") + 1 : -1]
-    assert value["crc"] == zlib.crc32(body)
+    assert value["crc"] == f"{zlib.crc32(body):08x}"  # fixed width: eight hex digits
     assert unframe_line(line[:-1]) == taken(3)
 
 

@@ -94,7 +94,7 @@ def test_a_history_without_a_run_started_record_is_not_a_run(tmp_path: Path) -> 
 def framed(value: dict[str, object]) -> bytes:
     """A journal line with a valid checksum around any JSON object."""
     body = msgspec.json.encode(value)
-    return b'{"crc":%d,%s\n' % (zlib.crc32(body), body[1:])
+    return b'{"crc":"%08x",%s\n' % (zlib.crc32(body), body[1:])
 
 
 def test_a_line_that_is_not_a_record_is_the_one_violation(tmp_path: Path) -> None:

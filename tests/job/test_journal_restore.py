@@ -20,6 +20,7 @@ import pytest
 
 from rollout_recovery.history import (
     GroupSealed,
+    PromptDropped,
     Restored,
     RunStarted,
     SiblingSealed,
@@ -51,6 +52,14 @@ def seals(path: Path) -> dict[str, list[int]]:
         elif isinstance(record, GroupSealed):
             found.update({seal.rollout_id: seal.weight_versions for seal in record.seals})
     return found
+
+
+def dropped_groups(out: Path) -> set[str]:
+    return {
+        e.record.group_id
+        for e in read_entries(out / "events.jsonl")
+        if isinstance(e.record, PromptDropped)
+    }
 
 
 def kill_at_step(
@@ -153,8 +162,11 @@ def test_the_reuse_policy_decides_what_a_restore_keeps(
     elif reuse == "none":
         assert discarded == set(journaled) and discarded
     else:
-        # Kept exactly the seals made only by versions the restored policy descends from.
-        expected = {rid for rid, versions in journaled.items() if not set(versions) <= lineage}
+        # A group keeps its seals only if every one was made by versions the restored
+        # policy descends from (GRPO trains a group together); dropped groups are moot.
+        lost = {rid for rid, versions in journaled.items() if not set(versions) <= lineage}
+        groups = {rid.split("_g")[0] for rid in lost} - dropped_groups(out)
+        expected = {rid for rid in journaled if rid.split("_g")[0] in groups}
         assert discarded == expected
         assert discarded and set(journaled) - discarded
     report = check_trail(out)
@@ -173,12 +185,12 @@ def test_a_torn_journal_tail_is_cut_and_said(
     out = tmp_path / "run"
     kill_at_step(run_cli_until, out, config, 3)
     with open(out / "events.jsonl", "ab") as handle:
-        handle.write(b'{"crc":12345,"event":"sibling_sea')  # a write a power cut tore
+        handle.write(b'{"crc":"0000abcd","event":"sibling_sea')  # a write a power cut tore
     result = run_cli(["--out", str(out), "--config", str(config), "--plain"])
     assert result.returncode == 0, result.stdout
     records = [e.record for e in read_entries(out / "events.jsonl")]
     (restore,) = [r for r in records if isinstance(r, Restored)]
-    assert restore.torn_tail_bytes == len(b'{"crc":12345,"event":"sibling_sea')
+    assert restore.torn_tail_bytes == len(b'{"crc":"0000abcd","event":"sibling_sea')
     assert audit_run(out).ok
 
 

@@ -4,7 +4,7 @@
 Each line is one :data:`HistoryRecord` as a JSON object whose first field is a CRC32 of
 the rest of the line::
 
-    {"crc":2874301121,"event":"sibling_sealed","group_id":"g0000003",...}
+    {"crc":"ab52c2c1","event":"sibling_sealed","group_id":"g0000003",...}
 
 The checksum covers the record's JSON exactly as written (``{"event":...}``), so any
 flipped or lost byte is caught; the line stays plain JSON for ``jq`` and friends.
@@ -52,7 +52,9 @@ __all__ = [
     "unframe_line",
 ]
 
-_PREFIX = re.compile(rb'\A\{"crc":([0-9]{1,10}),')
+# Fixed width (eight hex digits in a string), so a record edited in place keeps the length
+# of its line whatever its new checksum.
+_PREFIX = re.compile(rb'\A\{"crc":"([0-9a-f]{8})",')
 
 # One name for the append syscall, so a test can make the disk "fill up" mid-line.
 _write = os.write
@@ -75,7 +77,7 @@ class JournalCorruptError(InvalidStateError):
 def frame_record(record: HistoryRecord) -> bytes:
     """One journal line (with its newline) for ``record``."""
     body = encode_record(record)
-    return b'{"crc":%d,%s\n' % (zlib.crc32(body), body[1:])
+    return b'{"crc":"%08x",%s\n' % (zlib.crc32(body), body[1:])
 
 
 class _Damaged(ValueError):
@@ -88,7 +90,7 @@ def unframe_line(line: bytes) -> HistoryRecord:
     if match is None:
         raise _Damaged("no checksum field where a journal line starts")
     body = b"{" + line[match.end() :]
-    if zlib.crc32(body) != int(match.group(1)):
+    if zlib.crc32(body) != int(match.group(1), 16):
         raise _Damaged("checksum mismatch (the line was altered or torn)")
     try:
         return decode_record(body)
