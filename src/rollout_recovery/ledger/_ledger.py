@@ -710,6 +710,17 @@ class RolloutRecoveryLedger:
         the ledger's own: encode them at once; never keep or change them.
         """
         refuse_bare_string(exclude, what="exclude", operation="checkpoint_groups")
+        groups = [group for group in self.writable_groups() if group.group_id not in exclude]
+        check_admission_batches(groups)
+        return groups
+
+    def writable_groups(self) -> list[GroupState]:
+        """Every group's live storage after the seed's ``state_dict`` checks, in its order.
+
+        Checkpoint safety, then each group's runtime prompt. Not the cross-group admission
+        rule: :meth:`checkpoint_groups` adds it, and ``checkpoint_parts`` runs it after the
+        controller fields, where it cannot pre-empt an error the seed would raise.
+        """
         self.assert_checkpoint_safe()
         for group_id, group in self._groups.items():
             payload = self._payloads.get(group_id)
@@ -718,11 +729,7 @@ class RolloutRecoveryLedger:
                     f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
                 )
             validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
-        groups = [group for group_id, group in self._groups.items() if group_id not in exclude]
-        # The one rule that may break between cuts: a controller admits the groups of one
-        # batch a call at a time. The loader runs the same check on what is written.
-        check_admission_batches(groups)
-        return groups
+        return list(self._groups.values())
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:
