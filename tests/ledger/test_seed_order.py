@@ -8,18 +8,104 @@ with the seed's builtin exception type, and a refused call changes nothing.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ledger_support import reserve
+from ledger_support import CUT, payload, reserve, snapshot
 
 from rollout_recovery import (
     FinalizedReward,
+    RecoveryGranularity,
     RolloutRecoveryLedger,
     build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
-from rollout_recovery.errors import BareStringError
+from rollout_recovery.errors import BareStringError, RolloutRecoveryError
+
+
+def _reserve_call(ledger: RolloutRecoveryLedger, **overrides: Any) -> None:
+    arguments: dict[str, Any] = {
+        "prompt_id": "7",
+        "prompt_payload": payload(7),
+        "expected_generations": 2,
+        "target_step": 0,
+        "start_weight_version": 0,
+        "group_id": "g",
+    }
+    arguments.update(overrides)
+    ledger.reserve_group(CUT, **arguments)
+
+
+def _refused(error_type: type[BaseException], ledger: RolloutRecoveryLedger, call: Any) -> Any:
+    before = snapshot(ledger)
+    with pytest.raises(error_type) as raised:
+        call()
+    assert snapshot(ledger) == before
+    return raised.value
+
+
+# ------------------------------------------------------------------------ reserve_group
+
+
+def test_a_payloads_task_name_type_comes_before_the_count() -> None:
+    ledger = RolloutRecoveryLedger()
+    error = _refused(
+        TypeError,
+        ledger,
+        lambda: _reserve_call(ledger, prompt_payload=payload(7, 5), expected_generations=0),
+    )
+    assert str(error).startswith("prompt task_name must be a string or None")
+
+
+def test_the_duplicate_id_comes_before_ours_stricter_checks() -> None:
+    ledger = RolloutRecoveryLedger()
+    reserve(ledger, group_id="g")
+    for stricter in (
+        {"target_step": "3"},
+        {"start_weight_version": -1},
+        {"recovery_granularity": "sibling"},
+        {"task_source": 5},
+        {"admission_id": 5},
+        {"prompt_id": 7, "prompt_payload": payload(7)},
+        {"expected_generations": True},
+    ):
+        error = _refused(ValueError, ledger, lambda s=stricter: _reserve_call(ledger, **s))
+        assert str(error).startswith("duplicate recovery group_id='g'"), stricter
+
+
+def test_a_prompt_ref_that_only_reads_like_one_is_refused_after_the_seeds_checks() -> None:
+    ledger = RolloutRecoveryLedger()
+    duck = SimpleNamespace(sample_id="7", task_name=None)
+    _refused(
+        TypeError, ledger, lambda: _reserve_call(ledger, prompt_ref=duck, expected_generations="2")
+    )
+    error = _refused(ValueError, ledger, lambda: _reserve_call(ledger, prompt_ref=duck))
+    assert str(error).startswith("prompt_ref must be a PromptRef")
+
+
+def test_a_float_count_is_the_type_error_the_seeds_range_raises() -> None:
+    ledger = RolloutRecoveryLedger()
+    reserve(ledger, group_id="g")
+    _refused(ValueError, ledger, lambda: _reserve_call(ledger, expected_generations=2.0))
+    error = _refused(
+        TypeError,
+        ledger,
+        lambda: _reserve_call(ledger, expected_generations=2.0, group_id=5),
+    )
+    assert str(error).startswith("expected_generations must be an int")
+
+
+def test_a_granularity_that_is_not_a_member_is_refused() -> None:
+    # The seed stores the raw value, then treats it as neither granularity; ours refuses it.
+    ledger = RolloutRecoveryLedger()
+    for value in ("prompt_group", "sibling", None):
+        error = _refused(
+            TypeError, ledger, lambda v=value: _reserve_call(ledger, recovery_granularity=v)
+        )
+        assert isinstance(error, RolloutRecoveryError)
+    _reserve_call(ledger, recovery_granularity=RecoveryGranularity.PROMPT_GROUP)
+
 
 # ------------------------------------------------------------------------------ sidecars
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Collection, Iterable
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from .._bounds import INT64_MAX
 from .._cut import MutationCut
@@ -148,6 +148,30 @@ def _check_text(name: str, value: object, *, optional: bool, non_empty: bool) ->
         )
 
 
+def _check_generation_count(expected_generations: object) -> None:
+    """The seed's one test of the count, ``expected_generations < 1``, with its error types.
+
+    A value ``<`` cannot compare is the ``TypeError`` the seed's comparison raises.
+    """
+    try:
+        too_few = expected_generations < 1  # type: ignore[operator]
+    except TypeError:
+        raise InvalidArgumentTypeError(
+            f"expected_generations must be an int, got {type(expected_generations).__name__} "
+            f"{expected_generations!r}"
+        ) from None
+    if too_few:
+        raise InvalidTransitionError(
+            f"expected_generations must be at least one, got {expected_generations!r}"
+        )
+
+
+def _refuse_prompt_ref(prompt_ref: object) -> NoReturn:
+    raise InvalidTransitionError(
+        f"prompt_ref must be a PromptRef or None, got {type(prompt_ref).__name__}"
+    )
+
+
 def _check_reservation(
     *,
     prompt_id: object,
@@ -155,23 +179,35 @@ def _check_reservation(
     group_id: object,
     admission_id: object,
     task_source: object,
+    prompt_ref: object,
+    recovery_granularity: object,
 ) -> None:
-    """The identity fields of ``reserve_group``, as strictly as the loader reads them."""
-    if not prompt_id:  # the seed's message first, for an empty id of any type
-        raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
+    """Stricter than the seed, and run after all of its checks: the fields of
+    ``reserve_group`` as strictly as the checkpoint loader reads them."""
     _check_text("prompt_id", prompt_id, optional=False, non_empty=True)
     # An empty group_id or admission_id asks for a generated one, as in the seed.
     _check_text("group_id", group_id or None, optional=True, non_empty=True)
     _check_text("admission_id", admission_id or None, optional=True, non_empty=True)
     _check_text("task_source", task_source, optional=True, non_empty=False)
+    # A bool passes the seed's checks as 0 or 1 (a float does not: see reserve_group).
     if type(expected_generations) is not int:
         raise InvalidTransitionError(
             f"expected_generations must be an int (not a bool), got "
             f"{type(expected_generations).__name__} {expected_generations!r}"
         )
-    if not 1 <= expected_generations <= _INT64_MAX:
+    if expected_generations > _INT64_MAX:
         raise InvalidTransitionError(
-            f"expected_generations must be at least one, got {expected_generations!r}"
+            f"expected_generations must fit in 64 bits, got {expected_generations!r}"
+        )
+    if not isinstance(prompt_ref, PromptRef):
+        _refuse_prompt_ref(prompt_ref)
+    _check_text("prompt_ref.task_name", prompt_ref.task_name, optional=True, non_empty=False)
+    # The seed stores any value and compares it by identity, so a plain string would act as
+    # neither granularity and fail at the next checkpoint.
+    if not isinstance(recovery_granularity, RecoveryGranularity):
+        raise InvalidArgumentTypeError(
+            "recovery_granularity must be a RecoveryGranularity, got "
+            f"{type(recovery_granularity).__name__} {recovery_granularity!r}"
         )
 
 
@@ -293,41 +329,52 @@ class RolloutRecoveryLedger:
         admission_id: str | None = None,
         prompt_ref: PromptRef | None = None,
     ) -> PromptGroupRecoveryRecord:
-        """Create one logical group and a fresh RESERVED attempt for each sibling."""
+        """Create one logical group and a fresh RESERVED attempt for each sibling.
+
+        The seed's checks come first, in its order (the arguments, then the duplicate id);
+        ours, stricter, follow, so a call the seed refuses is refused with the seed's error.
+        """
         cut.require_live()
-        _check_reservation(
-            prompt_id=prompt_id,
-            expected_generations=expected_generations,
-            group_id=group_id,
-            admission_id=admission_id,
-            task_source=task_source,
-        )
+        if not prompt_id:
+            raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
         if prompt_ref is None:
             prompt_ref = PromptRef(sample_id=prompt_id, task_name=_task_name_of(prompt_payload))
-        if not isinstance(prompt_ref, PromptRef):
-            raise InvalidTransitionError(
-                f"prompt_ref must be a PromptRef or None, got {type(prompt_ref).__name__}"
-            )
+        if not hasattr(prompt_ref, "sample_id"):  # where the seed fails to read it
+            _refuse_prompt_ref(prompt_ref)
         if prompt_ref.sample_id != prompt_id:
             raise InvalidTransitionError(
                 "dataset prompt reference must match prompt_id: "
                 f"{prompt_ref.sample_id!r} != {prompt_id!r}"
             )
-        _check_text("prompt_ref.task_name", prompt_ref.task_name, optional=True, non_empty=False)
-        _check_scheduling(target_step, start_weight_version)
+        _check_generation_count(expected_generations)
         group_id = group_id or str(uuid.uuid4())
         if group_id in self._groups:
             raise InvalidTransitionError(
                 f"duplicate recovery group_id={group_id!r}", group_id=group_id
             )
         admission_id = admission_id or group_id
+        if not isinstance(expected_generations, int):  # where the seed's range() refuses it
+            raise InvalidArgumentTypeError(
+                "expected_generations must be an int, got "
+                f"{type(expected_generations).__name__} {expected_generations!r}"
+            )
+        _check_reservation(
+            prompt_id=prompt_id,
+            expected_generations=expected_generations,
+            group_id=group_id,
+            admission_id=admission_id,
+            task_source=task_source,
+            prompt_ref=prompt_ref,
+            recovery_granularity=recovery_granularity,
+        )
+        _check_scheduling(target_step, start_weight_version)
         group = GroupState(
             group_id=group_id,
             admission_id=admission_id,
             prompt_id=prompt_id,
             prompt_ref=prompt_ref_state(prompt_ref),
             task_source=task_source,
-            recovery_granularity=RecoveryGranularity(recovery_granularity),
+            recovery_granularity=recovery_granularity,
             expected_generations=expected_generations,
             target_step=target_step,
             start_weight_version=start_weight_version,
