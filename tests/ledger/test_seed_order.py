@@ -8,16 +8,18 @@ with the seed's builtin exception type, and a refused call changes nothing.
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ledger_support import CUT, payload, reserve, snapshot
+from ledger_support import CUT, gate_id, make_receipt, payload, reserve, snapshot
 
 from rollout_recovery import (
     FinalizedReward,
     RecoveryGranularity,
     RolloutRecoveryLedger,
+    SiblingSealResult,
     build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
@@ -105,6 +107,85 @@ def test_a_granularity_that_is_not_a_member_is_refused() -> None:
         )
         assert isinstance(error, RolloutRecoveryError)
     _reserve_call(ledger, recovery_granularity=RecoveryGranularity.PROMPT_GROUP)
+
+
+# --------------------------------------------------------------------------------- seals
+
+
+def _dispatched(granularity: RecoveryGranularity = RecoveryGranularity.SIBLING) -> Any:
+    ledger = RolloutRecoveryLedger()
+    reserve(ledger, group_id="g", granularity=granularity)
+    ledger.mark_group_dispatched(CUT, "g")
+    return ledger
+
+
+def _seal(ledger: RolloutRecoveryLedger, index: int = 0, **overrides: Any) -> None:
+    gate = gate_id(ledger, "g", index)
+    arguments: dict[str, Any] = {
+        "generation_index": index,
+        "gate_rollout_id": gate,
+        "receipt": make_receipt(gate),
+        "reward": 1.0,
+        "mask_sample": False,
+    }
+    arguments.update(overrides)
+    ledger.mark_sibling_sealed(CUT, "g", **arguments)
+
+
+def test_a_seals_reward_is_converted_after_the_status_check() -> None:
+    ledger = RolloutRecoveryLedger()
+    reserve(ledger, group_id="g")  # RESERVED, not dispatched
+    error = _refused(ValueError, ledger, lambda: _seal(ledger, reward=None))
+    assert "from status 'reserved'" in str(error)
+    ledger.mark_group_dispatched(CUT, "g")
+    _refused(TypeError, ledger, lambda: _seal(ledger, reward=None))
+    _refused(ValueError, ledger, lambda: _seal(ledger, reward="x"))
+
+
+def test_a_seals_stricter_checks_come_after_the_status_check() -> None:
+    ledger = RolloutRecoveryLedger()
+    reserve(ledger, group_id="g")
+    for stricter in (
+        {"reward_checks": {"low_effort": True}},
+        {"reward_log_context": "agent"},
+        {"reward": "1.5"},
+    ):
+        error = _refused(ValueError, ledger, lambda s=stricter: _seal(ledger, **s))
+        assert "from status 'reserved'" in str(error), stricter
+
+
+def test_a_duplicate_seal_converts_its_reward_only_when_its_receipt_matches() -> None:
+    ledger = _dispatched()
+    gate = gate_id(ledger, "g", 0)
+    _seal(ledger)
+    _seal(ledger)  # an exact redelivery is a no-op
+    _refused(TypeError, ledger, lambda: _seal(ledger, reward=None))
+    error = _refused(
+        ValueError, ledger, lambda: _seal(ledger, reward=None, receipt=make_receipt(gate, 2))
+    )
+    assert str(error).startswith("conflicting duplicate seal")
+
+
+def test_a_redelivered_receipt_with_a_tuple_is_a_duplicate() -> None:
+    # Ours stores the tuple as a list; the redelivery still equals it, as in the seed.
+    ledger = _dispatched()
+    receipt = {**make_receipt(gate_id(ledger, "g", 0)), "pair": (1, "x")}
+    _seal(ledger, receipt=receipt)
+    _seal(ledger, receipt=copy.deepcopy(receipt))
+    assert ledger.get_group("g").siblings[0].current_attempt.receipt["pair"] == [1, "x"]
+
+
+def test_a_group_seal_converts_rewards_after_validating_every_sibling() -> None:
+    ledger = _dispatched(RecoveryGranularity.PROMPT_GROUP)
+    gates = ledger.get_group("g").gate_rollout_ids
+    results = {
+        0: SiblingSealResult(gates[0], make_receipt(gates[0]), None, False),  # type: ignore[arg-type]
+        1: SiblingSealResult("bogus", None, 1.0, False),
+    }
+    error = _refused(ValueError, ledger, lambda: ledger.mark_group_sealed(CUT, "g", results))
+    assert str(error).startswith("streamed rollout identity mismatch")
+    results[1] = SiblingSealResult(gates[1], None, 1.0, False, reward_checks={"x": 1})  # type: ignore[arg-type]
+    _refused(TypeError, ledger, lambda: ledger.mark_group_sealed(CUT, "g", results))
 
 
 # ------------------------------------------------------------------------------ sidecars

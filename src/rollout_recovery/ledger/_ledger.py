@@ -72,6 +72,14 @@ def _reward_states(
     return checks_state(checks), context_state(context)
 
 
+def _public_checks(checks: RewardChecksState | None) -> RewardChecks | None:
+    return None if checks is None else checks.to_public()
+
+
+def _public_context(context: RewardLogContextState | None) -> RewardLogContext | None:
+    return None if context is None else context.to_public()
+
+
 def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
     """A private deep copy of a caller's receipt; refuses what a sidecar cannot hold."""
     try:
@@ -89,20 +97,48 @@ _INT64_MAX = INT64_MAX
 
 
 def _reward_value(reward: object, logical_id: str) -> float:
-    """The reward as the ledger stores it; converted before any state changes.
+    """``float(reward)``, where the seed converts it, with the builtin type ``float`` raises.
 
-    A number (bools pass, as in the seed's loader); a string is refused, not parsed.
+    The seed converts after every other check of a seal; so does the caller. Ours is
+    stricter afterwards (:func:`_check_reward_number`).
     """
-    if not isinstance(reward, int | float):
+    try:
+        return float(reward)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentTypeError(
+            f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
+        ) from None
+    except ValueError:
         raise InvalidTransitionError(
             f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
-        )
-    try:
-        return float(reward)
+        ) from None
     except OverflowError:
         raise InvalidTransitionError(
             f"reward for {logical_id!r} must be a number a float can hold, got {reward!r}"
         ) from None
+
+
+def _check_reward_number(reward: object, logical_id: str) -> None:
+    """Stricter than the seed: a number (bools pass, as in the seed's loader); a string that
+    ``float`` would parse is refused, not parsed."""
+    if not isinstance(reward, int | float):
+        raise InvalidTransitionError(
+            f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
+        )
+
+
+def _same_receipt(stored: dict[str, Any] | None, receipt: object) -> bool:
+    """The seed's duplicate test of a receipt, against the plain copy ours stored.
+
+    A receipt that is not plain data never equals a stored one; a tuple equals the list
+    it was stored as, as it equals the tuple the seed stored.
+    """
+    if receipt is None or stored is None:
+        return receipt is None and stored is None
+    try:
+        return bool(stored == validated_plain_copy(receipt))
+    except InvalidStateError:
+        return False
 
 
 def _same_reward(stored: float | None, incoming: float) -> bool:
@@ -488,35 +524,37 @@ class RolloutRecoveryLedger:
                 group_id=group_id,
             )
         attempt = self._require_sibling(group, generation_index).attempts[-1]
-        # The seed's check order: manifest, mask type, then identities.
+        logical_id = group.logical_id(generation_index)
+        # The seed's check order: manifest, mask type, identities, a duplicate (its receipt,
+        # then its reward, then the rest), the status, then the reward's conversion.
         staging_keys = receipt_staging_keys(receipt)
         self._check_mask(group, generation_index, mask_sample)
         self._check_identity(
             group, generation_index, gate_rollout_id=gate_rollout_id, receipt=receipt
         )
-        owned_receipt = None if receipt is None else _own_receipt(receipt)
-        checks, context = _reward_states(reward_checks, reward_log_context)
-        reward_value = _reward_value(reward, group.logical_id(generation_index))
         if attempt.status is _SEALED:
             if (
-                attempt.receipt == owned_receipt
-                and _same_reward(attempt.reward, reward_value)
+                _same_receipt(attempt.receipt, receipt)
+                and _same_reward(attempt.reward, _reward_value(reward, logical_id))
                 and attempt.mask_sample is mask_sample
-                and attempt.reward_checks == checks
-                and attempt.reward_log_context == context
+                and _public_checks(attempt.reward_checks) == reward_checks
+                and _public_context(attempt.reward_log_context) == reward_log_context
                 and attempt.staging_keys == staging_keys
             ):
                 return
             raise InvalidTransitionError(
-                f"conflicting duplicate seal for {group.logical_id(generation_index)!r}",
-                group_id=group_id,
+                f"conflicting duplicate seal for {logical_id!r}", group_id=group_id
             )
         if attempt.status is not _DISPATCHED:
             raise InvalidTransitionError(
-                f"cannot seal logical rollout {group.logical_id(generation_index)!r} "
-                f"from status {attempt.status.value!r}",
+                f"cannot seal logical rollout {logical_id!r} from status {attempt.status.value!r}",
                 group_id=group_id,
             )
+        reward_value = _reward_value(reward, logical_id)
+        # Stricter than the seed, after all of its checks.
+        _check_reward_number(reward, logical_id)
+        owned_receipt = None if receipt is None else _own_receipt(receipt)
+        checks, context = _reward_states(reward_checks, reward_log_context)
         attempt.seal(
             receipt=owned_receipt,
             reward=reward_value,
@@ -556,8 +594,10 @@ class RolloutRecoveryLedger:
                 group_id=group_id,
             )
         # Validate the whole cohort before touching any sibling, so a checkpoint observes
-        # either no sealed sibling or the complete group.
-        validated: list[tuple[AttemptState, SiblingSealResult, list[str], _SealStates, float]] = []
+        # either no sealed sibling or the complete group. The seed's order: each sibling's
+        # status, identities, mask and manifest; then every reward's conversion (the seed
+        # converts while it commits, and so stores part of the cohort before it fails).
+        validated: list[tuple[AttemptState, SiblingSealResult, list[str]]] = []
         for index in range(group.expected_generations):
             result = results[index]
             attempt = group.current(index)
@@ -571,12 +611,20 @@ class RolloutRecoveryLedger:
                 group, index, gate_rollout_id=result.gate_rollout_id, receipt=result.receipt
             )
             self._check_mask(group, index, result.mask_sample)
-            keys = receipt_staging_keys(result.receipt)
+            validated.append((attempt, result, receipt_staging_keys(result.receipt)))
+        rewards = [
+            _reward_value(result.reward, group.logical_id(index))
+            for index, (_, result, _) in enumerate(validated)
+        ]
+        # Stricter than the seed, after all of its checks.
+        states: list[_SealStates] = []
+        for index, (_, result, _) in enumerate(validated):
+            _check_reward_number(result.reward, group.logical_id(index))
             owned = None if result.receipt is None else _own_receipt(result.receipt)
-            states = (owned, *_reward_states(result.reward_checks, result.reward_log_context))
-            reward = _reward_value(result.reward, group.logical_id(index))
-            validated.append((attempt, result, keys, states, reward))
-        for attempt, result, keys, (owned, checks, context), reward in validated:
+            states.append((owned, *_reward_states(result.reward_checks, result.reward_log_context)))
+        for (attempt, result, keys), reward, (owned, checks, context) in zip(
+            validated, rewards, states, strict=True
+        ):
             attempt.seal(
                 receipt=owned,
                 reward=reward,
