@@ -188,6 +188,12 @@ def test_a_group_seal_converts_rewards_after_validating_every_sibling() -> None:
     _refused(TypeError, ledger, lambda: ledger.mark_group_sealed(CUT, "g", results))
 
 
+def test_discarding_a_non_collection_is_a_project_type_error() -> None:
+    ledger = RolloutRecoveryLedger()
+    error = _refused(TypeError, ledger, lambda: ledger.discard_canonical_groups(CUT, None))  # type: ignore[arg-type]
+    assert isinstance(error, RolloutRecoveryError)
+
+
 # ------------------------------------------------------------------------------ sidecars
 
 
@@ -260,3 +266,21 @@ def test_a_lone_surrogate_in_a_finalized_reward_is_refused_after_the_seeds_check
     bad = {"g0": [{**rows["g0"][0], "reward": "1"}]}
     with pytest.raises(ValueError, match="finalized reward must be numeric"):
         parse_rollout_recovery_state(_sidecar(finalizer_rewards_by_group=bad, batch_shortfall=None))
+
+
+# ------------------------------------------------------------------------------ restores
+
+
+def test_an_equal_non_int_generation_index_restores_as_its_position() -> None:
+    ledger = RolloutRecoveryLedger()
+    reserve(ledger, group_id="g", n=2)
+    state = ledger.state_dict()
+    hostile = copy.deepcopy(state)
+    hostile["groups"][0]["siblings"][0]["generation_index"] = False
+    hostile["groups"][0]["siblings"][1]["generation_index"] = 1.0
+    restored = RolloutRecoveryLedger.from_state_dict(hostile)
+    record = restored.get_group("g")
+    assert [type(s.generation_index) for s in record.siblings] == [int, int]
+    assert record.gate_rollout_ids == ledger.get_group("g").gate_rollout_ids
+    restored.bind_runtime_prompt(CUT, "g", payload(7))
+    assert restored.state_dict() == state

@@ -413,6 +413,9 @@ def _check_group(
                     f"{sibling.generation_index!r}",
                     ".generation_index",
                 )
+            if type(sibling.generation_index) is not int:
+                # An equal False or 0.0 passes, as in the seed, which keeps the position.
+                sibling.generation_index = index
             if not sibling.attempts:
                 raise _Fault(
                     f"logical rollout '{group.group_id}_g{index}' has no attempts", ".attempts"

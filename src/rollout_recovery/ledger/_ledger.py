@@ -779,7 +779,14 @@ class RolloutRecoveryLedger:
         """Drop groups the replay index already owns; ids the ledger lacks are ignored."""
         cut.require_live()
         refuse_bare_string(group_ids, what="group_ids", operation="discard_canonical_groups")
-        owned = [group_id for group_id in set(group_ids) if group_id in self._groups]
+        try:
+            wanted = set(group_ids)
+        except TypeError:
+            raise InvalidArgumentTypeError(
+                "discard_canonical_groups: group_ids must be a collection of hashable ids, got "
+                f"{type(group_ids).__name__}"
+            ) from None
+        owned = [group_id for group_id in wanted if group_id in self._groups]
         for group_id in owned:
             del self._groups[group_id]
             self._payloads.pop(group_id, None)
