@@ -204,7 +204,6 @@ def _reserve_with(**overrides: Any) -> RolloutRecoveryLedger:
         ("task_source", "\ud800"),
         ("prompt_id", 7),
         ("expected_generations", True),
-        ("expected_generations", 2.0),
     ],
 )
 def test_reserve_refuses_a_value_the_loader_would_refuse(field: str, value: Any) -> None:

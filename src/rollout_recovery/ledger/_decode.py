@@ -351,10 +351,11 @@ def _check_values(groups: list[GroupState], *, own_receipts: bool) -> dict[str, 
 def check_admission_batches(groups: Sequence[GroupState]) -> None:
     """Groups of one admission batch must agree on phase and target step.
 
-    The one cross-group rule, shared by the loader and every checkpoint encoder (through
-    ``RolloutRecoveryLedger.checkpoint_groups``): a controller admits a batch one call at a
-    time inside one cut, so the rule may break between calls, but a checkpoint that breaks
-    it could never be restored. The error names both groups; ``path`` is the later one's.
+    The one cross-group rule, shared by the loader and every checkpoint writer
+    (``RolloutRecoveryLedger.checkpoint_groups`` and ``checkpoint_parts``, which run it
+    after every check the seed makes): a controller admits a batch one call at a time
+    inside one cut, so the rule may break between calls, but a checkpoint that breaks it
+    could never be restored. The error names both groups; ``path`` is the later one's.
     """
     admissions: dict[str, int] = {}
     for position, group in enumerate(groups):
@@ -412,6 +413,9 @@ def _check_group(
                     f"{sibling.generation_index!r}",
                     ".generation_index",
                 )
+            if type(sibling.generation_index) is not int:
+                # An equal False or 0.0 passes, as in the seed, which keeps the position.
+                sibling.generation_index = index
             if not sibling.attempts:
                 raise _Fault(
                     f"logical rollout '{group.group_id}_g{index}' has no attempts", ".attempts"

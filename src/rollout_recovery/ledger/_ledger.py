@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from .._bounds import INT64_MAX
 from .._cut import MutationCut
@@ -72,6 +72,14 @@ def _reward_states(
     return checks_state(checks), context_state(context)
 
 
+def _public_checks(checks: RewardChecksState | None) -> RewardChecks | None:
+    return None if checks is None else checks.to_public()
+
+
+def _public_context(context: RewardLogContextState | None) -> RewardLogContext | None:
+    return None if context is None else context.to_public()
+
+
 def _own_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
     """A private deep copy of a caller's receipt; refuses what a sidecar cannot hold."""
     try:
@@ -89,20 +97,48 @@ _INT64_MAX = INT64_MAX
 
 
 def _reward_value(reward: object, logical_id: str) -> float:
-    """The reward as the ledger stores it; converted before any state changes.
+    """``float(reward)``, where the seed converts it, with the builtin type ``float`` raises.
 
-    A number (bools pass, as in the seed's loader); a string is refused, not parsed.
+    The seed converts after every other check of a seal; so does the caller. Ours is
+    stricter afterwards (:func:`_check_reward_number`).
     """
-    if not isinstance(reward, int | float):
+    try:
+        return float(reward)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentTypeError(
+            f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
+        ) from None
+    except ValueError:
         raise InvalidTransitionError(
             f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
-        )
-    try:
-        return float(reward)
+        ) from None
     except OverflowError:
         raise InvalidTransitionError(
             f"reward for {logical_id!r} must be a number a float can hold, got {reward!r}"
         ) from None
+
+
+def _check_reward_number(reward: object, logical_id: str) -> None:
+    """Stricter than the seed: a number (bools pass, as in the seed's loader); a string that
+    ``float`` would parse is refused, not parsed."""
+    if not isinstance(reward, int | float):
+        raise InvalidTransitionError(
+            f"reward for {logical_id!r} must be a number, got {type(reward).__name__} {reward!r}"
+        )
+
+
+def _same_receipt(stored: dict[str, Any] | None, receipt: object) -> bool:
+    """The seed's duplicate test of a receipt, against the plain copy ours stored.
+
+    A receipt that is not plain data never equals a stored one; a tuple equals the list
+    it was stored as, as it equals the tuple the seed stored.
+    """
+    if receipt is None or stored is None:
+        return receipt is None and stored is None
+    try:
+        return bool(stored == validated_plain_copy(receipt))
+    except InvalidStateError:
+        return False
 
 
 def _same_reward(stored: float | None, incoming: float) -> bool:
@@ -148,6 +184,30 @@ def _check_text(name: str, value: object, *, optional: bool, non_empty: bool) ->
         )
 
 
+def _check_generation_count(expected_generations: object) -> None:
+    """The seed's one test of the count, ``expected_generations < 1``, with its error types.
+
+    A value ``<`` cannot compare is the ``TypeError`` the seed's comparison raises.
+    """
+    try:
+        too_few = expected_generations < 1  # type: ignore[operator]
+    except TypeError:
+        raise InvalidArgumentTypeError(
+            f"expected_generations must be an int, got {type(expected_generations).__name__} "
+            f"{expected_generations!r}"
+        ) from None
+    if too_few:
+        raise InvalidTransitionError(
+            f"expected_generations must be at least one, got {expected_generations!r}"
+        )
+
+
+def _refuse_prompt_ref(prompt_ref: object) -> NoReturn:
+    raise InvalidTransitionError(
+        f"prompt_ref must be a PromptRef or None, got {type(prompt_ref).__name__}"
+    )
+
+
 def _check_reservation(
     *,
     prompt_id: object,
@@ -155,23 +215,35 @@ def _check_reservation(
     group_id: object,
     admission_id: object,
     task_source: object,
+    prompt_ref: object,
+    recovery_granularity: object,
 ) -> None:
-    """The identity fields of ``reserve_group``, as strictly as the loader reads them."""
-    if not prompt_id:  # the seed's message first, for an empty id of any type
-        raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
+    """Stricter than the seed, and run after all of its checks: the fields of
+    ``reserve_group`` as strictly as the checkpoint loader reads them."""
     _check_text("prompt_id", prompt_id, optional=False, non_empty=True)
     # An empty group_id or admission_id asks for a generated one, as in the seed.
     _check_text("group_id", group_id or None, optional=True, non_empty=True)
     _check_text("admission_id", admission_id or None, optional=True, non_empty=True)
     _check_text("task_source", task_source, optional=True, non_empty=False)
+    # A bool passes the seed's checks as 0 or 1 (a float does not: see reserve_group).
     if type(expected_generations) is not int:
         raise InvalidTransitionError(
             f"expected_generations must be an int (not a bool), got "
             f"{type(expected_generations).__name__} {expected_generations!r}"
         )
-    if not 1 <= expected_generations <= _INT64_MAX:
+    if expected_generations > _INT64_MAX:
         raise InvalidTransitionError(
-            f"expected_generations must be at least one, got {expected_generations!r}"
+            f"expected_generations must fit in 64 bits, got {expected_generations!r}"
+        )
+    if not isinstance(prompt_ref, PromptRef):
+        _refuse_prompt_ref(prompt_ref)
+    _check_text("prompt_ref.task_name", prompt_ref.task_name, optional=True, non_empty=False)
+    # The seed stores any value and compares it by identity, so a plain string would act as
+    # neither granularity and fail at the next checkpoint.
+    if not isinstance(recovery_granularity, RecoveryGranularity):
+        raise InvalidArgumentTypeError(
+            "recovery_granularity must be a RecoveryGranularity, got "
+            f"{type(recovery_granularity).__name__} {recovery_granularity!r}"
         )
 
 
@@ -296,48 +368,57 @@ class RolloutRecoveryLedger:
     ) -> PromptGroupRecoveryRecord:
         """Create one logical group and a fresh RESERVED attempt for each sibling.
 
+        The seed's checks come first, in its order (the arguments, then the duplicate id);
+        ours, stricter, follow, so a call the seed refuses is refused with the seed's error.
         ``attempt_uuids`` (one per sibling) names the attempts instead of minting new ids:
         a journal replay re-creates exactly the attempts it recorded.
         """
         cut.require_live()
-        _check_reservation(
-            prompt_id=prompt_id,
-            expected_generations=expected_generations,
-            group_id=group_id,
-            admission_id=admission_id,
-            task_source=task_source,
-        )
+        if not prompt_id:
+            raise InvalidTransitionError(f"prompt_id must not be empty, got {prompt_id!r}")
         if prompt_ref is None:
             prompt_ref = PromptRef(sample_id=prompt_id, task_name=_task_name_of(prompt_payload))
-        if not isinstance(prompt_ref, PromptRef):
-            raise InvalidTransitionError(
-                f"prompt_ref must be a PromptRef or None, got {type(prompt_ref).__name__}"
-            )
+        if not hasattr(prompt_ref, "sample_id"):  # where the seed fails to read it
+            _refuse_prompt_ref(prompt_ref)
         if prompt_ref.sample_id != prompt_id:
             raise InvalidTransitionError(
                 "dataset prompt reference must match prompt_id: "
                 f"{prompt_ref.sample_id!r} != {prompt_id!r}"
             )
-        _check_text("prompt_ref.task_name", prompt_ref.task_name, optional=True, non_empty=False)
-        _check_scheduling(target_step, start_weight_version)
-        if attempt_uuids is not None and len(attempt_uuids) != expected_generations:
-            raise InvalidTransitionError(
-                f"attempt_uuids names {len(attempt_uuids)} attempts for "
-                f"{expected_generations} siblings"
-            )
+        _check_generation_count(expected_generations)
         group_id = group_id or str(uuid.uuid4())
         if group_id in self._groups:
             raise InvalidTransitionError(
                 f"duplicate recovery group_id={group_id!r}", group_id=group_id
             )
         admission_id = admission_id or group_id
+        if not isinstance(expected_generations, int):  # where the seed's range() refuses it
+            raise InvalidArgumentTypeError(
+                "expected_generations must be an int, got "
+                f"{type(expected_generations).__name__} {expected_generations!r}"
+            )
+        _check_reservation(
+            prompt_id=prompt_id,
+            expected_generations=expected_generations,
+            group_id=group_id,
+            admission_id=admission_id,
+            task_source=task_source,
+            prompt_ref=prompt_ref,
+            recovery_granularity=recovery_granularity,
+        )
+        _check_scheduling(target_step, start_weight_version)
+        if attempt_uuids is not None and len(attempt_uuids) != expected_generations:
+            raise InvalidTransitionError(
+                f"attempt_uuids names {len(attempt_uuids)} attempts for "
+                f"{expected_generations} siblings"
+            )
         group = GroupState(
             group_id=group_id,
             admission_id=admission_id,
             prompt_id=prompt_id,
             prompt_ref=prompt_ref_state(prompt_ref),
             task_source=task_source,
-            recovery_granularity=RecoveryGranularity(recovery_granularity),
+            recovery_granularity=recovery_granularity,
             expected_generations=expected_generations,
             target_step=target_step,
             start_weight_version=start_weight_version,
@@ -456,35 +537,37 @@ class RolloutRecoveryLedger:
                 group_id=group_id,
             )
         attempt = self._require_sibling(group, generation_index).attempts[-1]
-        # The seed's check order: manifest, mask type, then identities.
+        logical_id = group.logical_id(generation_index)
+        # The seed's check order: manifest, mask type, identities, a duplicate (its receipt,
+        # then its reward, then the rest), the status, then the reward's conversion.
         staging_keys = receipt_staging_keys(receipt)
         self._check_mask(group, generation_index, mask_sample)
         self._check_identity(
             group, generation_index, gate_rollout_id=gate_rollout_id, receipt=receipt
         )
-        owned_receipt = None if receipt is None else _own_receipt(receipt)
-        checks, context = _reward_states(reward_checks, reward_log_context)
-        reward_value = _reward_value(reward, group.logical_id(generation_index))
         if attempt.status is _SEALED:
             if (
-                attempt.receipt == owned_receipt
-                and _same_reward(attempt.reward, reward_value)
+                _same_receipt(attempt.receipt, receipt)
+                and _same_reward(attempt.reward, _reward_value(reward, logical_id))
                 and attempt.mask_sample is mask_sample
-                and attempt.reward_checks == checks
-                and attempt.reward_log_context == context
+                and _public_checks(attempt.reward_checks) == reward_checks
+                and _public_context(attempt.reward_log_context) == reward_log_context
                 and attempt.staging_keys == staging_keys
             ):
                 return
             raise InvalidTransitionError(
-                f"conflicting duplicate seal for {group.logical_id(generation_index)!r}",
-                group_id=group_id,
+                f"conflicting duplicate seal for {logical_id!r}", group_id=group_id
             )
         if attempt.status is not _DISPATCHED:
             raise InvalidTransitionError(
-                f"cannot seal logical rollout {group.logical_id(generation_index)!r} "
-                f"from status {attempt.status.value!r}",
+                f"cannot seal logical rollout {logical_id!r} from status {attempt.status.value!r}",
                 group_id=group_id,
             )
+        reward_value = _reward_value(reward, logical_id)
+        # Stricter than the seed, after all of its checks.
+        _check_reward_number(reward, logical_id)
+        owned_receipt = None if receipt is None else _own_receipt(receipt)
+        checks, context = _reward_states(reward_checks, reward_log_context)
         attempt.seal(
             receipt=owned_receipt,
             reward=reward_value,
@@ -524,8 +607,10 @@ class RolloutRecoveryLedger:
                 group_id=group_id,
             )
         # Validate the whole cohort before touching any sibling, so a checkpoint observes
-        # either no sealed sibling or the complete group.
-        validated: list[tuple[AttemptState, SiblingSealResult, list[str], _SealStates, float]] = []
+        # either no sealed sibling or the complete group. The seed's order: each sibling's
+        # status, identities, mask and manifest; then every reward's conversion (the seed
+        # converts while it commits, and so stores part of the cohort before it fails).
+        validated: list[tuple[AttemptState, SiblingSealResult, list[str]]] = []
         for index in range(group.expected_generations):
             result = results[index]
             attempt = group.current(index)
@@ -539,12 +624,20 @@ class RolloutRecoveryLedger:
                 group, index, gate_rollout_id=result.gate_rollout_id, receipt=result.receipt
             )
             self._check_mask(group, index, result.mask_sample)
-            keys = receipt_staging_keys(result.receipt)
+            validated.append((attempt, result, receipt_staging_keys(result.receipt)))
+        rewards = [
+            _reward_value(result.reward, group.logical_id(index))
+            for index, (_, result, _) in enumerate(validated)
+        ]
+        # Stricter than the seed, after all of its checks.
+        states: list[_SealStates] = []
+        for index, (_, result, _) in enumerate(validated):
+            _check_reward_number(result.reward, group.logical_id(index))
             owned = None if result.receipt is None else _own_receipt(result.receipt)
-            states = (owned, *_reward_states(result.reward_checks, result.reward_log_context))
-            reward = _reward_value(result.reward, group.logical_id(index))
-            validated.append((attempt, result, keys, states, reward))
-        for attempt, result, keys, (owned, checks, context), reward in validated:
+            states.append((owned, *_reward_states(result.reward_checks, result.reward_log_context)))
+        for (attempt, result, keys), reward, (owned, checks, context) in zip(
+            validated, rewards, states, strict=True
+        ):
             attempt.seal(
                 receipt=owned,
                 reward=reward,
@@ -712,7 +805,14 @@ class RolloutRecoveryLedger:
         """Drop groups the replay index already owns; ids the ledger lacks are ignored."""
         cut.require_live()
         refuse_bare_string(group_ids, what="group_ids", operation="discard_canonical_groups")
-        owned = [group_id for group_id in set(group_ids) if group_id in self._groups]
+        try:
+            wanted = set(group_ids)
+        except TypeError:
+            raise InvalidArgumentTypeError(
+                "discard_canonical_groups: group_ids must be a collection of hashable ids, got "
+                f"{type(group_ids).__name__}"
+            ) from None
+        owned = [group_id for group_id in wanted if group_id in self._groups]
         for group_id in owned:
             del self._groups[group_id]
             self._payloads.pop(group_id, None)
@@ -738,6 +838,17 @@ class RolloutRecoveryLedger:
         the ledger's own: encode them at once; never keep or change them.
         """
         refuse_bare_string(exclude, what="exclude", operation="checkpoint_groups")
+        groups = [group for group in self.writable_groups() if group.group_id not in exclude]
+        check_admission_batches(groups)
+        return groups
+
+    def writable_groups(self) -> list[GroupState]:
+        """Every group's live storage after the seed's ``state_dict`` checks, in its order.
+
+        Checkpoint safety, then each group's runtime prompt. Not the cross-group admission
+        rule: :meth:`checkpoint_groups` adds it, and ``checkpoint_parts`` runs it after the
+        controller fields, where it cannot pre-empt an error the seed would raise.
+        """
         self.assert_checkpoint_safe()
         for group_id, group in self._groups.items():
             payload = self._payloads.get(group_id)
@@ -746,11 +857,7 @@ class RolloutRecoveryLedger:
                     f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
                 )
             validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
-        groups = [group for group_id, group in self._groups.items() if group_id not in exclude]
-        # The one rule that may break between cuts: a controller admits the groups of one
-        # batch a call at a time. The loader runs the same check on what is written.
-        check_admission_batches(groups)
-        return groups
+        return list(self._groups.values())
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:

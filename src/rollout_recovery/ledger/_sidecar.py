@@ -16,6 +16,7 @@ from ..errors import (
     InvalidArgumentTypeError,
     InvalidStateError,
     InvalidStateTypeError,
+    is_utf8_text,
     join_path,
     refuse_bare_string,
 )
@@ -25,7 +26,7 @@ from ._constants import (
     SIDECAR_STATE_FIELDS,
     RolloutRecoveryState,
 )
-from ._decode import check_envelope
+from ._decode import check_admission_batches, check_envelope
 from ._ledger import RolloutRecoveryLedger
 from ._storage import GroupState, groups_to_builtins
 
@@ -56,7 +57,7 @@ _INT64_MAX = INT64_MAX
 
 
 def _validate_batch_shortfall(value: object) -> dict[int, int]:
-    """Copy the per-target-step count of groups that will never arrive."""
+    """Copy the per-target-step count of groups that will never arrive (the seed's checks)."""
     if not isinstance(value, dict):
         raise InvalidStateTypeError(
             f"rollout recovery batch_shortfall must be a dictionary, got {type(value).__name__}",
@@ -64,12 +65,7 @@ def _validate_batch_shortfall(value: object) -> dict[int, int]:
         )
     shortfall: dict[int, int] = {}
     for step, count in value.items():
-        if (
-            type(step) is not int
-            or not 0 <= step <= _INT64_MAX
-            or type(count) is not int
-            or not 0 <= count <= _INT64_MAX
-        ):
+        if type(step) is not int or step < 0 or type(count) is not int or count < 0:
             raise InvalidStateError(
                 "rollout recovery batch_shortfall entries must contain non-negative integer "
                 f"steps and counts, got {step!r}: {count!r}",
@@ -77,6 +73,17 @@ def _validate_batch_shortfall(value: object) -> dict[int, int]:
             )
         shortfall[step] = count
     return shortfall
+
+
+def _check_shortfall_bounds(shortfall: dict[int, int]) -> None:
+    """Stricter than the seed, and checked after it: both sidecar formats hold 64 bits."""
+    for step, count in shortfall.items():
+        if step > _INT64_MAX or count > _INT64_MAX:
+            raise InvalidStateError(
+                "rollout recovery batch_shortfall entries must fit in 64 bits, got "
+                f"{step!r}: {count!r}",
+                path=f"$.batch_shortfall[{step!r}]",
+            )
 
 
 def _validate_finalizer_metrics(value: object) -> dict[str, dict[str, float]]:
@@ -113,8 +120,15 @@ def _validate_finalizer_metrics(value: object) -> dict[str, dict[str, float]]:
     return result
 
 
-def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward]]:
-    """Parse per-group final-reward observations, keeping no alias of the input."""
+def _validate_finalizer_rewards(
+    value: object, deferred: list[InvalidStateError]
+) -> dict[str, list[FinalizedReward]]:
+    """Parse per-group final-reward observations, keeping no alias of the input.
+
+    A row that fails only because a string holds a lone surrogate (the seed takes any
+    ``str``; no sidecar can write one) adds its error to ``deferred``, for the caller to
+    raise after every check the seed makes.
+    """
     if not isinstance(value, dict):
         raise InvalidStateError(
             f"finalizer_rewards_by_group must be a mapping, got {type(value).__name__}",
@@ -130,18 +144,49 @@ def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward
             )
         observations: list[FinalizedReward] = []
         for position, row in enumerate(rows):
+            where = f"{path}[{position}]"
             try:
-                observations.append(FinalizedReward.from_state_dict(row))
+                observations.append(_finalized_reward(row, where, deferred))
             except InvalidStateError as error:
-                raise InvalidStateError(
-                    error.message, path=join_path(f"{path}[{position}]", error.path)
-                ) from error
+                raise InvalidStateError(error.message, path=join_path(where, error.path)) from error
         if len({row.sample_id for row in observations}) != len(observations):
             raise InvalidStateError(
                 f"duplicate finalized reward sample in group {group_id!r}", path=path
             )
         result[group_id] = observations
     return result
+
+
+def _finalized_reward(
+    row: object, where: str, deferred: list[InvalidStateError]
+) -> FinalizedReward:
+    """One observation; a lone surrogate in it is refused after the seed's checks."""
+    if not _holds_lone_surrogate(row):
+        return FinalizedReward.from_state_dict(row)
+    # The seed's checks run on a copy whose surrogates are escaped (same emptiness, same
+    # JSON validity); the real row gives the error the caller raises last.
+    observation = FinalizedReward.from_state_dict(_escape_surrogates(row))
+    try:
+        FinalizedReward.from_state_dict(row)
+    except InvalidStateError as error:
+        deferred.append(InvalidStateError(error.message, path=join_path(where, error.path)))
+    return observation
+
+
+def _holds_lone_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return not is_utf8_text(value)
+    if isinstance(value, dict):
+        return any(_holds_lone_surrogate(item) for item in value.values())
+    return False
+
+
+def _escape_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _escape_surrogates(item) for key, item in value.items()}
+    return value
 
 
 def _reward_row_state(group_id: str, row: object) -> dict[str, Any]:
@@ -220,7 +265,8 @@ def checkpoint_parts(
     Every encoder goes through here (:func:`build_rollout_recovery_state` and the native
     encoder that works from ledger storage), so the same bad input raises the same error
     in the seed's order: the flag's type, then the ledger's checks, then the controller
-    fields, which pass the reader's own validation seam.
+    fields, which pass the reader's own validation seam. Ours, stricter, come last, so
+    whenever the seed refuses a sidecar it is refused with the seed's error type.
     """
     unexpected = sorted(set(fields) - SidecarFields.__annotations__.keys())
     missing = sorted(SidecarFields.__required_keys__ - set(fields))
@@ -235,11 +281,13 @@ def checkpoint_parts(
     finalizer_rewards_by_group = fields.get("finalizer_rewards_by_group")
     reward_settings = fields.get("reward_settings")
     canonical_group_ids = fields.get("canonical_group_ids")
+    # The seed's order: the flag, the ledger's state_dict checks, each controller field,
+    # the canonical filter, then the reader's validation seam.
     check_sampler_stamps_flag(sampler_stamps_target_steps)
-    refuse_bare_string(canonical_group_ids, what="canonical_group_ids", operation=operation)
-    groups = ledger.checkpoint_groups(exclude=canonical_group_ids or ())
+    groups = ledger.writable_groups()
+    shortfall = _validate_batch_shortfall(batch_shortfall)
     controller: dict[str, Any] = {
-        "batch_shortfall": _validate_batch_shortfall(batch_shortfall),
+        "batch_shortfall": shortfall,
         "sampler_stamps_target_steps": sampler_stamps_target_steps,
         "finalizer_metrics_by_group": _validate_finalizer_metrics(finalizer_metrics_by_group or {}),
         "reward_settings": reward_settings.state_dict() if reward_settings is not None else None,
@@ -249,15 +297,28 @@ def checkpoint_parts(
         },
     }
     if canonical_group_ids is not None:
-        for key in ("finalizer_metrics_by_group", "finalizer_rewards_by_group"):
-            controller[key] = {
-                group_id: value
-                for group_id, value in controller[key].items()
-                if group_id in canonical_group_ids
-            }
+        try:
+            groups = [group for group in groups if group.group_id not in canonical_group_ids]
+            for key in ("finalizer_metrics_by_group", "finalizer_rewards_by_group"):
+                controller[key] = {
+                    group_id: value
+                    for group_id, value in controller[key].items()
+                    if group_id in canonical_group_ids
+                }
+        except TypeError as error:  # where the seed's ``in`` raises it
+            refuse_bare_string(canonical_group_ids, what="canonical_group_ids", operation=operation)
+            raise InvalidArgumentTypeError(
+                f"{operation}: canonical_group_ids must be a collection of group ids, got "
+                f"{type(canonical_group_ids).__name__} ({error})"
+            ) from None
     parse_rollout_recovery_state(
         {"schema_version": ROLLOUT_RECOVERY_SCHEMA_VERSION, "groups": [], **controller}
     )
+    # Stricter than the seed, after all of its checks: no bare string of ids, and a sidecar
+    # its own restore would refuse (two groups of one admission batch that disagree) is
+    # never written.
+    refuse_bare_string(canonical_group_ids, what="canonical_group_ids", operation=operation)
+    check_admission_batches(groups)
     return groups, controller
 
 
@@ -295,7 +356,8 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
         CaptureRewardSettings.from_state_dict(raw_settings) if raw_settings is not None else None
     )
     metrics = _validate_finalizer_metrics(state["finalizer_metrics_by_group"])
-    rewards = _validate_finalizer_rewards(state["finalizer_rewards_by_group"])
+    deferred: list[InvalidStateError] = []
+    rewards = _validate_finalizer_rewards(state["finalizer_rewards_by_group"], deferred)
     orphans = sorted(set(rewards) - set(metrics))
     if orphans:
         raise InvalidStateError(
@@ -303,9 +365,14 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
             f"{orphans[:10]!r}",
             path="$.finalizer_rewards_by_group",
         )
+    shortfall = _validate_batch_shortfall(state.get("batch_shortfall", {}))
+    # Stricter than the seed, after all of its checks.
+    if deferred:
+        raise deferred[0]
+    _check_shortfall_bounds(shortfall)
     return ParsedRolloutRecoveryState(
         ledger_state={"schema_version": version, "groups": groups},
-        batch_shortfall=_validate_batch_shortfall(state.get("batch_shortfall", {})),
+        batch_shortfall=shortfall,
         sampler_stamps_target_steps=stamps,
         finalizer_metrics_by_group=metrics,
         finalizer_rewards_by_group=rewards,
