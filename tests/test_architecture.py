@@ -17,6 +17,7 @@ LAYERS = [
     "cli",
     "control",
     "cluster",
+    "llm",
     "rollout",
     "serve",
     "policy",
@@ -33,7 +34,8 @@ LAYERS = [
     "_durable",
     "_closing",
 ]
-SUBPACKAGES = {"cli", "control", "cluster", "rollout", "serve", "policy", "finalize", "capture"} | {
+SUBPACKAGES = {"cli", "control", "cluster", "llm", "rollout", "serve", "policy", "finalize"} | {
+    "capture",
     "dataplane",
     "checkpoint",
     "ledger",
@@ -152,5 +154,20 @@ def test_the_default_install_never_imports_ray() -> None:
         "import sys, rollout_recovery, rollout_recovery.control, rollout_recovery.cli, "
         "rollout_recovery.rollout, rollout_recovery.serve; "
         "assert 'ray' not in sys.modules, 'ray was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_default_install_never_imports_torch() -> None:
+    """torch and transformers are the [llm] extra: only rollout_recovery.llm imports them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rollout_recovery, rollout_recovery.control, rollout_recovery.cli, "
+        "rollout_recovery.rollout, rollout_recovery.serve, rollout_recovery.policy, "
+        "rollout_recovery.checkpoint; "
+        "loaded = [m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules]; "
+        "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

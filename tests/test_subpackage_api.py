@@ -200,6 +200,12 @@ SURFACES: dict[str, set[str]] = {
         "cli",
         "main",
     },
+    "llm": {
+        "TinyLlamaSpec",
+        "build_tiny_llama",
+        "load_causal_lm",
+        "write_model_dir",
+    },
     "cluster": {
         "FENCE_PARTITION",
         "ActorPoolSettings",
@@ -221,6 +227,8 @@ SURFACES: dict[str, set[str]] = {
 def test_subpackage_surface_is_pinned(package: str) -> None:
     if package == "cluster":
         pytest.importorskip("ray")  # the [ray] extra
+    if package == "llm":
+        pytest.importorskip("transformers")  # the [llm] extra
     module = importlib.import_module(f"rollout_recovery.{package}")
     assert set(module.__all__) == SURFACES[package]
     assert len(module.__all__) == len(set(module.__all__))
