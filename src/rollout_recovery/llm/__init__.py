@@ -1,17 +1,43 @@
 """Real language models with torch and transformers (``pip install 'rollout-recovery[llm]'``).
 
-:func:`build_tiny_llama` makes a tiny random Llama from a seed with no model hub;
-:func:`load_causal_lm` reads a Hugging Face model directory (config and safetensors) and
-:func:`write_model_dir` writes one. Importing this package needs torch and transformers;
-the rest of the library never imports it unless a job asks for it.
+:class:`TorchGRPOTrainer` implements the :class:`~rollout_recovery.policy.Trainer` protocol
+for a Hugging Face causal LM on CPU (clipped importance-ratio GRPO against the captured
+logprobs, fp32 master weights, AdamW, gradient accumulation; state as safetensors and JSON)
+and hands out :class:`TorchWeights` snapshots. :func:`generate` samples from the same
+model in process for the :class:`EmitTokenTask`. :func:`build_tiny_llama` makes a tiny
+random Llama from a seed with no model hub. Importing this package needs torch and
+transformers; the rest of the library never imports it unless a job asks for it.
 """
 
+from ._emit_task import EMIT_TOKEN_TASK, EmitTokenTask
+from ._generate import Completion, generate, seed_for
 from ._model_files import load_causal_lm, write_model_dir
+from ._skeleton import ModelSkeleton
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama
+from ._trainer import (
+    DEFAULT_MAX_LOG_RATIO,
+    MODEL_STATE_FILE,
+    OPTIMIZER_STATE_FILE,
+    TRAINER_STATE_FILE,
+    TorchGRPOTrainer,
+)
+from ._weights import TorchWeights
 
 __all__ = [
+    "DEFAULT_MAX_LOG_RATIO",
+    "EMIT_TOKEN_TASK",
+    "MODEL_STATE_FILE",
+    "OPTIMIZER_STATE_FILE",
+    "TRAINER_STATE_FILE",
+    "Completion",
+    "EmitTokenTask",
+    "ModelSkeleton",
     "TinyLlamaSpec",
+    "TorchGRPOTrainer",
+    "TorchWeights",
     "build_tiny_llama",
+    "generate",
     "load_causal_lm",
+    "seed_for",
     "write_model_dir",
 ]
