@@ -212,6 +212,7 @@ SURFACES: dict[str, set[str]] = {
         "TinyLlamaSpec",
         "TorchGRPOTrainer",
         "TorchWeights",
+        "TransformersBackend",
         "build_tiny_llama",
         "generate",
         "load_causal_lm",

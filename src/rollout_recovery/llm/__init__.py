@@ -3,12 +3,14 @@
 :class:`TorchGRPOTrainer` implements the :class:`~rollout_recovery.policy.Trainer` protocol
 for a Hugging Face causal LM on CPU (clipped importance-ratio GRPO against the captured
 logprobs, fp32 master weights, AdamW, gradient accumulation; state as safetensors and JSON)
-and hands out :class:`TorchWeights` snapshots. :func:`generate` samples from the same
-model in process for the :class:`EmitTokenTask`. :func:`build_tiny_llama` makes a tiny
-random Llama from a seed with no model hub. Importing this package needs torch and
-transformers; the rest of the library never imports it unless a job asks for it.
+and hands out :class:`TorchWeights` snapshots. :class:`TransformersBackend` generates with
+the same model in process (:func:`generate` is its model call) for the
+:class:`EmitTokenTask`. :func:`build_tiny_llama` makes a tiny random Llama from a seed with
+no model hub. Importing this package needs torch and transformers; the rest of the library
+never imports it unless a job asks for it.
 """
 
+from ._backend import TransformersBackend
 from ._emit_task import EMIT_TOKEN_TASK, EmitTokenTask
 from ._generate import Completion, generate, seed_for
 from ._model_files import load_causal_lm, write_model_dir
@@ -35,6 +37,7 @@ __all__ = [
     "TinyLlamaSpec",
     "TorchGRPOTrainer",
     "TorchWeights",
+    "TransformersBackend",
     "build_tiny_llama",
     "generate",
     "load_causal_lm",
