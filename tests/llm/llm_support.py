@@ -11,7 +11,7 @@ from rollout_recovery.finalize import grpo_advantages
 from rollout_recovery.llm import EmitTokenTask, TorchGRPOTrainer, generate, seed_for
 from rollout_recovery.policy import TrainSample
 
-#: A token the tiny model (seed 1234) learns to emit in about 20 steps at lr 1e-2.
+#: The tiny model's (seed 1234) most likely token at the start (p about 0.004).
 TARGET = 313
 
 

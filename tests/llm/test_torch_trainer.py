@@ -367,11 +367,12 @@ def test_a_bad_numpy_state_is_refused(tiny_model_dir: Path) -> None:
 
 
 def test_grpo_learns_to_emit_the_target(tiny_model_dir: Path) -> None:
-    """The measured curve without the controller: about 0.0 to 1.0 in 20 steps."""
-    trainer = _trainer(tiny_model_dir)
+    """The measured curve without the controller: about 0.0 to 1.0 in 20 steps (the job's
+    settings, tests/llm/llm_job.py)."""
+    trainer = _trainer(tiny_model_dir, learning_rate=5e-3, epochs=2)
     task = _task(trainer)
     curve = []
-    for step in range(24):
+    for step in range(30):
         samples, reward = on_policy_batch(
             trainer, task, step=step, prompts=8, group=4, max_tokens=8
         )
@@ -402,3 +403,20 @@ def test_samples_are_train_samples() -> None:
     assert isinstance(row, TrainSample)
     assert row.token_mask.tolist() == [0.0, 0.0, 1.0, 1.0]
     assert row.logprobs.tolist() == [0.0, 0.0, -1.0, -2.0]
+
+
+def test_a_batch_without_signal_changes_nothing_not_even_by_momentum(
+    tiny_model_dir: Path,
+) -> None:
+    """All advantages zero: the gradient is zero, and AdamW's momentum from the last
+    rewarded step must not keep moving the parameters (that drift collapsed runs)."""
+    trainer = _trainer(tiny_model_dir)
+    trainer.train_step(fixed_batch())
+    before = trainer.state_files()
+    flat = [dataclasses.replace(s, advantage=0.0) for s in fixed_batch(seed=9)]
+    metrics = trainer.train_step(flat)
+    assert metrics["no_signal"] == 1.0 and metrics["grad_norm"] == 0.0
+    after = trainer.state_files()
+    assert after[MODEL_STATE_FILE] == before[MODEL_STATE_FILE]
+    assert after[OPTIMIZER_STATE_FILE] == before[OPTIMIZER_STATE_FILE]
+    assert trainer.weight_version == 2

@@ -17,6 +17,9 @@ Bounding the log-ratio keeps one stale or corrupt captured logprob from producin
 infinite ratio; a token whose log-ratio hits the bound gets no gradient. A step whose loss
 or gradient norm is not finite changes no parameter and no optimizer state; the version
 still advances (versions and steps stay in lockstep) and the metrics say ``skipped = 1``.
+A step whose gradient is exactly zero (no advantage, or every token clipped) changes
+nothing either (``no_signal = 1``): AdamW would otherwise keep moving every parameter by
+its momentum, with nothing to learn from.
 
 State for checkpoints (:meth:`state_files`): ``model.safetensors`` (parameters),
 ``optimizer.safetensors`` (AdamW moments and step counts per parameter) and
@@ -304,6 +307,7 @@ class TorchGRPOTrainer:
             "tokens": float(batch.tokens),
             "samples": float(batch.samples),
             "skipped": 0.0,
+            "no_signal": 0.0,
         }
         if batch.tokens:
             with torch.random.fork_rng(devices=[]):
@@ -317,6 +321,13 @@ class TorchGRPOTrainer:
                         self._optimizer.zero_grad(set_to_none=True)
                         metrics["skipped"] = 1.0
                         self._skipped += 1
+                        break
+                    if norm == 0.0:
+                        # No signal (every advantage zero, or every token clipped): an
+                        # AdamW step would still move each parameter by its momentum, and
+                        # that drift collapsed the tiny model onto tokens it was moving
+                        # towards when the last reward came (1 seed in 8 stalled at 0).
+                        metrics["no_signal"] = 1.0
                         break
                     self._optimizer.step()
                     self._optimizer.zero_grad(set_to_none=True)
