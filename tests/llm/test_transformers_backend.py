@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,7 @@ def test_an_attempt_stages_one_verified_call(trainer: TorchGRPOTrainer) -> None:
     assert result.reward == pytest.approx(float(np.mean(generated == TARGET)))
     # Exactly what the core function samples for this rollout id: the backend is a wrapper.
     model = trainer.skeleton.build(trainer.weights())
-    expected = generate(
-        model, prompt, max_tokens=6, temperature=1.0, seed=seed_for(SEED, "g3_g0_a1")
-    )
+    expected = generate(model, prompt, max_tokens=6, temperature=1.0, seed=seed_for(SEED, "g3/0"))
     assert generated.tolist() == expected.token_ids.tolist()
     np.testing.assert_array_equal(linearized.logprobs[len(prompt) :], expected.logprobs)
 
@@ -200,3 +199,22 @@ def test_configuration_errors(trainer: TorchGRPOTrainer) -> None:
     for bad in ({"seed": -1}, {"max_tokens": 0}, {"temperature": 0.0}):
         with pytest.raises(InvalidArgumentError):
             _backend(trainer, **bad)
+
+
+def test_draws_depend_on_the_sibling_not_the_attempt(trainer: TorchGRPOTrainer) -> None:
+    """A retry (new rollout id) on the same weights redraws the same tokens; another
+    sibling of the group draws others."""
+    backend = _backend(trainer)
+    store = MemoryDataPlane()
+    writer = CaptureWriter(store)
+
+    def tokens(rollout_id: str, index: int) -> list[int]:
+        request = dataclasses.replace(_request(backend, 7, rollout_id), generation_index=index)
+        result = asyncio.run(backend.run_attempt(request, writer))
+        row = fetch_and_verify(result.receipt, store)
+        assert isinstance(row, LinearizedRollout)
+        return row.token_ids.tolist()
+
+    first = tokens("g7_g0_a1", 0)
+    assert tokens("g7_g0_a2", 0) == first
+    assert tokens("g7_g1_a1", 1) != first

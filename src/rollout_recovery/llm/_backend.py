@@ -54,9 +54,11 @@ class TransformersBackend:
     ``skeleton`` is the model's config and buffers (``trainer.skeleton``, or
     :meth:`ModelSkeleton.from_dir`); ``initial_weights`` the trainer's current snapshot.
     ``temperature`` must be the trainer's (its ratio's denominator is this sampler's
-    logprob). Every random draw of an attempt comes from a generator seeded by
-    ``(seed, rollout_id)``. ``stage_in_thread`` stages from a worker thread too (a durable
-    store fsyncs every put).
+    logprob). The draws of an attempt come from a generator seeded by ``(seed, group_id,
+    generation_index)``, not by the rollout id (which holds a random attempt uuid): one
+    job config gives one run when attempts see the same weights (staleness 0), and a
+    sibling retried on the same weights redraws the tokens it lost. ``stage_in_thread``
+    stages from a worker thread too (a durable store fsyncs every put).
     """
 
     def __init__(
@@ -125,7 +127,7 @@ class TransformersBackend:
         prompt_ids = self._task.prompt_ids(request.prompt)
         rollout_id = request.rollout_id
         call_id = _call_id(rollout_id)
-        seed = seed_for(self._seed, rollout_id)
+        seed = seed_for(self._seed, f"{request.group_id}/{request.generation_index}")
         version, completion = await self._in_thread(lambda: self.sample(prompt_ids, seed))
         call: dict[str, Any] = {
             "rollout_id": rollout_id,
