@@ -21,6 +21,7 @@ LAYERS = [
     "history",
     "metrics",
     "cluster",
+    "llm",
     "rollout",
     "serve",
     "policy",
@@ -40,7 +41,8 @@ LAYERS = [
     "_durable",
     "_closing",
 ]
-SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "rollout"} | {
+SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "llm"} | {
+    "rollout",
     "serve",
     "policy",
     "finalize",
@@ -178,3 +180,19 @@ def test_no_package_holds_more_than_15_percent_of_the_code() -> None:
     total = sum(len(p.read_text().splitlines()) for p in PACKAGE_ROOT.rglob("*.py"))
     too_big = {name: round(100 * n / total, 1) for name, n in sizes.items() if n > 0.15 * total}
     assert not too_big, too_big
+
+
+def test_the_default_install_never_imports_torch() -> None:
+    """torch and transformers are the [llm] extra: only rollout_recovery.llm imports them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rollout_recovery, rollout_recovery.control, rollout_recovery.cli, "
+        "rollout_recovery.rollout, rollout_recovery.serve, rollout_recovery.policy, "
+        "rollout_recovery.checkpoint, rollout_recovery.job, rollout_recovery.history, "
+        "rollout_recovery.llm; "
+        "loaded = [m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

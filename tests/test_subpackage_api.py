@@ -286,6 +286,28 @@ SURFACES: dict[str, set[str]] = {
         "flatten_scalars",
         "open_metrics",
     },
+    "llm": {
+        "DEFAULT_MAX_LOG_RATIO",
+        "EMIT_TOKEN_TASK",
+        "MODEL_STATE_FILE",
+        "OPTIMIZER_STATE_FILE",
+        "SMOLLM2_GGUF",
+        "TRAINER_STATE_FILE",
+        "Completion",
+        "EmitTokenTask",
+        "ModelSkeleton",
+        "TinyLlamaSpec",
+        "TorchGRPOTrainer",
+        "TorchWeights",
+        "TransformersBackend",
+        "build_tiny_llama",
+        "convert_smollm2",
+        "find_smollm2_gguf",
+        "generate",
+        "load_causal_lm",
+        "seed_for",
+        "write_model_dir",
+    },
     "cluster": {
         "ActorPoolSettings",
         "ActorStats",
@@ -308,6 +330,8 @@ SURFACES: dict[str, set[str]] = {
 def test_subpackage_surface_is_pinned(package: str) -> None:
     if package == "cluster":
         pytest.importorskip("ray")  # the [ray] extra
+    if package == "llm":
+        pytest.importorskip("transformers")  # the [llm] extra
     module = importlib.import_module(f"rollout_recovery.{package}")
     assert set(module.__all__) == SURFACES[package]
     assert len(module.__all__) == len(set(module.__all__))

@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 
 from rollout_recovery.history import (
+    BatchAdmitted,
     GroupSealed,
     PromptDropped,
     Restored,
+    RoundStarted,
     RunStarted,
     SiblingSealed,
     StepTrained,
@@ -235,3 +237,34 @@ def test_a_crash_inside_the_replay_is_resumed_by_the_next_start(
     records = [e.record for e in read_entries(out / "events.jsonl")]
     starts = [r for r in records if isinstance(r, RunStarted)]
     assert len(starts) == 2  # the replay the crash cut wrote nothing
+
+
+@pytest.mark.slow
+def test_a_restore_that_rolls_training_back_keeps_generation_inside_the_window(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    """Groups admitted before the kill for a step the rolled-back trainer is again too far
+    from wait for the staleness window, as a fresh admission would: on staleness 0 no
+    round after the restore starts for a step other than the one being trained."""
+    config = write_config({**JOURNAL_JOB, "job": {"steps": 12, "staleness_window": 0}})
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 6)
+    assert run_cli(["--out", str(out), "--config", str(config), "--plain"]).returncode == 0
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    (restore_at,) = [i for i, r in enumerate(records) if isinstance(r, Restored)]
+    restore = records[restore_at]
+    assert isinstance(restore, Restored) and restore.rolled_back_steps
+    target = {
+        group_id: r.target_step
+        for r in records
+        if isinstance(r, BatchAdmitted)
+        for group_id in r.group_ids
+    }
+    step, early = restore.step, []
+    for record in records[restore_at:]:
+        if isinstance(record, StepTrained):
+            step = record.step + 1
+        elif isinstance(record, RoundStarted) and target[record.group_id] > step:
+            early.append((record.group_id, target[record.group_id], step))
+    assert not early, f"rounds started outside the window (group, target, step): {early[:5]}"
+    assert check_trail(out).ok

@@ -262,10 +262,24 @@ class Controller:
     async def _rollout_pump(self) -> None:
         # Restored work first: admitted groups may be the only ones that can advance the
         # trainer and open the admission gate; then reserved batches, once per admission.
+        # A restore that rolled training back can leave groups admitted for a step beyond
+        # the window again (admitted when the trainer was further along): they wait for
+        # the window like a fresh admission, or they would sample from weights older than
+        # the window allows (and a staleness-0 run would stop being deterministic).
         restored = self.ledger.groups()
+        waiting: dict[int, list[str]] = {}
+        window = self.config.job.staleness_window
         for group in restored:
             if group.phase is PromptGroupPhase.ADMITTED:
-                self._launch(group.group_id)
+                target = group.target_step
+                if target is None or target <= self.state.step + window:
+                    self._launch(group.group_id)
+                else:
+                    waiting.setdefault(target, []).append(group.group_id)
+        for target, group_ids in sorted(waiting.items()):
+            await self._wait_for_window(target)
+            for group_id in group_ids:
+                self._launch(group_id)
         reserved: dict[str, list[str]] = {}
         for group in restored:
             if group.phase is PromptGroupPhase.RESERVED:
@@ -322,8 +336,8 @@ class Controller:
             self.record_all(taken)
         return [record.group_id for record in taken if isinstance(record, PromptTaken)]
 
-    async def _admit(self, batch: int, group_ids: Sequence[str]) -> None:
-        """Admit one batch (target step = batch) once it is inside the staleness window."""
+    async def _wait_for_window(self, batch: int) -> None:
+        """Until generation for ``batch`` (its target step) is inside the staleness window."""
         assert self._signals is not None
         window = self.config.job.staleness_window
         await self._signals.wait_for(
@@ -332,6 +346,10 @@ class Controller:
             timeout=self._wait_budget * (window + 2),
             what=f"the staleness window to admit batch {batch} (trainer at step {self.step})",
         )
+
+    async def _admit(self, batch: int, group_ids: Sequence[str]) -> None:
+        """Admit one batch (target step = batch) once it is inside the staleness window."""
+        await self._wait_for_window(batch)
         async with self.barrier.mutation("prompt_reservations") as cut:
             version = self.state.weight_version
             for group_id in group_ids:

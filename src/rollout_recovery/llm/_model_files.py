@@ -1,0 +1,170 @@
+"""A Hugging Face causal LM directory (``config.json`` + safetensors) in and out, no hub.
+
+Everything goes through local files: :func:`load_causal_lm` reads a directory that holds
+``config.json`` and either ``model.safetensors`` or sharded ``model-*.safetensors`` with
+their ``model.safetensors.index.json``; :func:`write_model_dir` writes one (used where
+``save_pretrained`` refuses, e.g. a model dequantized from GGUF). Weights are read with
+safetensors, never with pickle.
+
+:func:`instantiate` builds a second model around tensors it is given without copying
+them (``load_state_dict(assign=True)`` on a model made on the meta device): what lets the
+in-process generation backend hold one model per weight version at the cost of the
+snapshot alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from .._durable import publish_directory
+from ..errors import InvalidArgumentError, InvalidStateError
+
+__all__ = [
+    "buffers_of",
+    "instantiate",
+    "load_causal_lm",
+    "model_from_config",
+    "read_config",
+    "read_weight_files",
+    "tied_parameter_names",
+    "vocab_size_of",
+    "write_model_dir",
+]
+
+_SINGLE = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+
+
+def model_from_config(config: PretrainedConfig, *, dtype: torch.dtype) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_config``, typed (transformers leaves it unannotated)."""
+    factory: Callable[..., PreTrainedModel] = AutoModelForCausalLM.from_config
+    return factory(config, dtype=dtype)
+
+
+def vocab_size_of(model: PreTrainedModel) -> int:
+    """The rows of the input embedding: the ids the model can read and the trainer scores."""
+    embedding = model.get_input_embeddings()
+    if isinstance(embedding, torch.nn.Embedding):
+        return int(embedding.num_embeddings)
+    return int(model.config.vocab_size)
+
+
+def read_config(model_dir: Path) -> PretrainedConfig:
+    """The model's config from ``model_dir/config.json`` (a local path: no hub lookup)."""
+    if not (model_dir / "config.json").is_file():
+        raise InvalidArgumentError(f"{model_dir} has no config.json: not a model directory")
+    config: PretrainedConfig = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    return config
+
+
+def read_weight_files(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the model's safetensors file(s), by checkpoint name, as stored."""
+    single = model_dir / _SINGLE
+    if single.is_file():
+        return dict(load_file(str(single)))
+    index = model_dir / _INDEX
+    if not index.is_file():
+        raise InvalidArgumentError(f"{model_dir} has neither {_SINGLE} nor {_INDEX}")
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise InvalidStateError(f"unreadable {_INDEX}: {error}", file=str(index)) from None
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors.update(load_file(str(model_dir / shard)))
+    return tensors
+
+
+def tied_parameter_names(model: PreTrainedModel) -> set[str]:
+    """Names a checkpoint may leave out because they are tied to another parameter."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return set()
+    return set(tied)
+
+
+def _load_into(
+    model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], *, assign: bool, where: str
+) -> None:
+    result = model.load_state_dict(dict(tensors), strict=False, assign=assign)
+    missing = set(result.missing_keys) - tied_parameter_names(model)
+    if missing or result.unexpected_keys:
+        raise InvalidStateError(
+            f"{where}: weights do not fit the model (missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:5]})"
+        )
+    if tied_parameter_names(model):
+        model.tie_weights()
+
+
+def load_causal_lm(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The model in ``model_dir`` with every parameter in ``dtype`` (fp32: master weights)."""
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    tensors = {name: t.to(dtype) for name, t in read_weight_files(model_dir).items()}
+    model = model_from_config(config, dtype=dtype)
+    _load_into(model, tensors, assign=False, where=str(model_dir))
+    return model
+
+
+def buffers_of(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The model's buffers (rotary frequencies and the like): what :func:`instantiate` needs
+    besides the parameters, since a model made on the meta device has none of their data."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def instantiate(
+    config: PretrainedConfig,
+    parameters: Mapping[str, torch.Tensor],
+    buffers: Mapping[str, torch.Tensor],
+) -> PreTrainedModel:
+    """An eval-mode model whose parameters ARE ``parameters`` (no copy), buffers copied.
+
+    The caller must not change ``parameters`` while the model is in use: the snapshot a
+    backend samples from is immutable by contract (:class:`TorchWeights`).
+    """
+    with torch.device("meta"):
+        model = model_from_config(config, dtype=torch.float32)
+    _load_into(model, parameters, assign=True, where="weights snapshot")
+    for name, buffer in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        persistent = leaf not in module._non_persistent_buffers_set
+        module.register_buffer(leaf, buffer.clone(), persistent=persistent)
+    on_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if on_meta:
+        raise InvalidStateError(f"weights snapshot left tensors without data: {on_meta[:5]}")
+    model.train(False)
+    model.requires_grad_(False)
+    return model
+
+
+def write_model_dir(
+    out: Path,
+    config: PretrainedConfig,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> None:
+    """Publish ``out`` whole: ``config.json``, ``model.safetensors`` and ``extra_files``.
+
+    Written to a temporary sibling, fsynced and renamed (a crash leaves no half model).
+    Tensors are made contiguous; tied duplicates must already be left out.
+    """
+    contiguous = {name: t.detach().contiguous() for name, t in tensors.items()}
+    metadata: dict[str, Any] = {"format": "pt"}
+
+    def fill(directory: Path) -> None:
+        (directory / "config.json").write_text(config.to_json_string(use_diff=False))
+        save_file(contiguous, str(directory / _SINGLE), metadata=metadata)
+        for name, data in (extra_files or {}).items():
+            (directory / name).write_bytes(data)
+
+    publish_directory(Path(out), fill)

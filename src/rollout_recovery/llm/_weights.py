@@ -1,0 +1,91 @@
+"""An immutable, versioned CPU snapshot of a model's parameters: what generation samples from.
+
+The trainer hands one :class:`TorchWeights` per weight version to the generation side. It
+holds its own copies of the parameters (training goes on in place on the trainer's), by
+their checkpoint names (``model.layers.0.self_attn.q_proj.weight``; a tied
+``lm_head.weight`` is left out, as in a Hugging Face checkpoint). Nothing may change its
+tensors: an in-process backend builds its model around them without copying, and a server
+loads :meth:`safetensors_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStateError
+
+__all__ = ["TorchWeights"]
+
+_VERSION_KEY = "weight_version"
+
+
+class TorchWeights:
+    """Parameters of one weight version, by name; immutable by contract."""
+
+    __slots__ = ("_tensors", "_version")
+
+    def __init__(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Takes ownership of ``tensors`` (use :meth:`capture` to copy a live model's)."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InvalidArgumentError(f"version must be a non-negative int, got {version!r}")
+        for name, tensor in tensors.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise InvalidArgumentTypeError(
+                    f"weights {name!r} must be a torch.Tensor, got {type(tensor).__name__}"
+                )
+            if tensor.device.type != "cpu" or tensor.requires_grad:
+                raise InvalidArgumentError(f"weights {name!r} must be a detached CPU tensor")
+        self._version = version
+        self._tensors: Mapping[str, torch.Tensor] = MappingProxyType(dict(tensors))
+
+    @classmethod
+    def capture(cls, version: int, parameters: Iterable[tuple[str, torch.Tensor]]) -> TorchWeights:
+        """A snapshot of live parameters (e.g. ``model.named_parameters()``): copies them."""
+        with torch.no_grad():
+            copied = {name: p.detach().to("cpu", copy=True) for name, p in parameters}
+        return cls(version, copied)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """Read-only mapping; the tensors themselves must not be changed either."""
+        return self._tensors
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(t.numel() for t in self._tensors.values())
+
+    def __repr__(self) -> str:
+        return f"TorchWeights(version={self._version}, tensors={len(self._tensors)})"
+
+    def safetensors_bytes(self, dtype: torch.dtype | None = None) -> bytes:
+        """The snapshot as a safetensors file (in ``dtype`` if given, e.g. ``bfloat16`` for a
+        bf16 server); the version is in the file's metadata."""
+        tensors = {
+            name: (t if dtype is None else t.to(dtype)).contiguous()
+            for name, t in self._tensors.items()
+        }
+        return bytes(save_safetensors(tensors, metadata={_VERSION_KEY: str(self._version)}))
+
+    @classmethod
+    def from_safetensors_bytes(cls, data: bytes) -> TorchWeights:
+        """Read back :meth:`safetensors_bytes` (the version from its metadata)."""
+        try:
+            (header_len,) = struct.unpack("<Q", data[:8])
+            metadata = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+            version = int(metadata[_VERSION_KEY])
+            tensors = load_safetensors(data)
+        except (ValueError, KeyError, TypeError, struct.error, SafetensorError) as error:
+            raise InvalidStateError(f"not a TorchWeights safetensors file: {error}") from None
+        return cls(version, tensors)
