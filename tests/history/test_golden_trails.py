@@ -1,0 +1,48 @@
+"""Golden trails: a real run's journal the checker passes, and one hand-broken copy per
+invariant it must reject (``tests/fixtures/history/make_golden.py`` made them).
+
+They pin the history format as users' run directories hold it: a change to a record that
+makes an old trail unreadable, or an invariant the checker stops enforcing, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout_recovery.history import Restored, StepTrained, check_trail, read_records
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "history"
+GOOD = FIXTURES / "good" / "events.jsonl"
+EXPECTED: dict[str, str] = json.loads((FIXTURES / "broken" / "EXPECTED.json").read_text())
+
+
+def test_the_good_trail_passes_complete() -> None:
+    report = check_trail(GOOD)
+    assert report.ok, report.violations
+    assert report.complete
+    assert report.counts["rows_trained"] == 4 * 2 * 2
+
+
+def test_the_good_trail_holds_a_restore_that_rolled_training_back() -> None:
+    records = [record for _, record in read_records(GOOD)]
+    (restore,) = [r for r in records if isinstance(r, Restored)]
+    assert restore.rolled_back_steps, "the golden trail must exercise a rollback"
+    steps = [r.step for r in records if isinstance(r, StepTrained)]
+    assert len(steps) > len(set(steps)), "a rolled-back step is trained again"
+
+
+def test_every_invariant_has_a_broken_trail() -> None:
+    on_disk = {p.name for p in (FIXTURES / "broken").glob("*.jsonl")}
+    assert on_disk == set(EXPECTED)
+    assert len(EXPECTED) >= 10
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_broken_trail_is_rejected_naming_what_broke(name: str) -> None:
+    report = check_trail(FIXTURES / "broken" / name)
+    matching = [v for v in report.violations if EXPECTED[name] in v]
+    assert matching, report.violations
+    assert any(name in v for v in matching), f"the violation must cite {name}: {matching}"
