@@ -415,7 +415,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
-        in_flight_tokens = _unsealed_tokens(ledger, store.inner)
+        in_flight_tokens = _interrupted_tokens(interrupted, store.inner)
         # Against the inner store: deletions at restore are immediate, nothing needs them.
         cleared = reconcile_staging(
             ledger, store.inner, cut, partition=STAGING_PARTITION, clear_unreferenced=True
@@ -505,10 +505,17 @@ def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
-def _unsealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
-    """Generated tokens of staged calls no seal names: attempts the crash interrupted."""
-    orphans = sorted(set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys())
-    rows = store.get(STAGING_PARTITION, orphans) if orphans else []
+def _interrupted_tokens(interrupted: Mapping[str, list[tuple[int, str]]], store: Any) -> int:
+    """Generated tokens staged by the attempts the crash interrupted.
+
+    Only theirs: the store also holds rows no seal names that the crash did not cost
+    (attempts abandoned before it, published groups' rows awaiting deferred deletion).
+    """
+    rollout_ids = {rollout_id for entries in interrupted.values() for _, rollout_id in entries}
+    keys = sorted(
+        key for key in store.keys(STAGING_PARTITION) if key.split("/", 1)[0] in rollout_ids
+    )
+    rows = store.get(STAGING_PARTITION, keys) if keys else []
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
