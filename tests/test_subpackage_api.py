@@ -238,6 +238,7 @@ SURFACES: dict[str, set[str]] = {
         "lock_holder",
         "read_run_log",
         "run_directory_lock",
+        "wait_unlocked",
     },
     "control": {
         "CheckpointTiming",
