@@ -243,6 +243,7 @@ SURFACES: dict[str, set[str]] = {
     "control": {
         "CheckpointTiming",
         "Controller",
+        "DrainReport",
         "PromptDataset",
         "RestoreReport",
         "RunConfig",

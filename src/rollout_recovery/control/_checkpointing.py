@@ -96,6 +96,8 @@ class CheckpointTiming:
     write_s: float
     #: The journal position the checkpoint snapshots.
     position: int = 0
+    #: Its directory's name (``step_NNNNNN``).
+    name: str = ""
 
 
 class _AnyCut:
@@ -121,8 +123,16 @@ def follow_journal(controller: Controller) -> None:
     )
 
 
-async def take_checkpoint(controller: Controller, store: CheckpointStore) -> CheckpointTiming:
-    """Snapshot the journal at its current position and publish it as ``step_NNNNNN``."""
+async def take_checkpoint(
+    controller: Controller, store: CheckpointStore, *, delete_deferred: bool = True
+) -> CheckpointTiming:
+    """Snapshot the journal at its current position and publish it as ``step_NNNNNN``.
+
+    ``delete_deferred=False`` (a drain's last checkpoint) deletes no rows on commit: the
+    deferred deletions count checkpoints, and this one may replace a checkpoint of the
+    same step, leaving one more older checkpoint retained than counted. The process ends
+    after it; the next restore deletes what the newest checkpoint does not own.
+    """
     config = controller.config
     builder = controller.snapshots
     if builder is None:
@@ -172,7 +182,8 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
     }
     await asyncio.to_thread(controller.history.sync)
     saved = await asyncio.to_thread(store.save, snapshot.step, files, marks=marks)
-    controller.data_plane.checkpoint_committed(number)
+    if delete_deferred:
+        controller.data_plane.checkpoint_committed(number)
     controller.record(
         CheckpointCommitted(
             step=snapshot.step,
@@ -193,6 +204,7 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
         stall_s=stall,
         write_s=time.monotonic() - released,
         position=position,
+        name=saved.name,
     )
 
 
