@@ -42,6 +42,9 @@ def _register() -> None:
     from ._serve import serve
 
     cli.add_command(serve)
+    from ._stop import stop
+
+    cli.add_command(stop)
 
 
 _register()

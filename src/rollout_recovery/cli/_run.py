@@ -60,6 +60,10 @@ def run(
     episodes with injected faults, and a numpy policy that learns, in about two minutes
     on two CPU cores. The run directory gets an audit trail (trained_rows.jsonl,
     events.jsonl), metrics.jsonl, reward.png and its checkpoints.
+
+    SIGTERM, Ctrl-C, `rollout-recovery stop DIR` or the drain file ([job] drain_file)
+    drain it: admission stops, attempts in flight get [job] drain_grace_s to finish, a
+    checkpoint is taken and it exits 0; a second Ctrl-C stops it at once (exit 130).
     """
     # Without --config, a run directory's own job.toml is the config: rerunning with only
     # --out resumes the job the directory holds.
@@ -78,6 +82,13 @@ def run(
     with RunReporter(console, force_plain=plain) as reporter:
         try:
             result = run_job(out, config, progress=reporter, log=reporter.log)
+        except KeyboardInterrupt:
+            # A second Ctrl-C during a drain, or one before the job could drain.
+            reporter.log(
+                "stopped without draining; rerun the same command to resume from the last "
+                "checkpoint and the journal"
+            )
+            sys.exit(130)
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
@@ -98,5 +109,11 @@ def run(
     try:
         render_summary(result.summary, console)
         click.echo(f"audit trail, metrics and reward.png are in {out}")
+        if result.drained is not None:
+            click.echo(
+                f"drained at step {result.drained.step} of {config.job.steps} (checkpoint "
+                f"{result.drain_checkpoint}); rerun the same command to resume: "
+                f"rollout-recovery run --out {out}"
+            )
     except (BrokenPipeError, ValueError):
         silence_closed_stdout()  # the reader went away; the run itself is done

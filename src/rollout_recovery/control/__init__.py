@@ -16,11 +16,12 @@ from ._checkpointing import (
     verify_checkpoint,
 )
 from ._config import RunConfig, config_differences, config_from_builtins, load_config
-from ._controller import Controller, PromptDataset, RunProgress
+from ._controller import Controller, DrainReport, PromptDataset, RunProgress
 
 __all__ = [
     "CheckpointTiming",
     "Controller",
+    "DrainReport",
     "PromptDataset",
     "RestoreReport",
     "RunConfig",

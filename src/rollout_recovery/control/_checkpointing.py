@@ -96,6 +96,8 @@ class CheckpointTiming:
     write_s: float
     #: The journal position the checkpoint snapshots.
     position: int = 0
+    #: Its directory's name (``step_NNNNNN``).
+    name: str = ""
 
 
 class _AnyCut:
@@ -121,8 +123,16 @@ def follow_journal(controller: Controller) -> None:
     )
 
 
-async def take_checkpoint(controller: Controller, store: CheckpointStore) -> CheckpointTiming:
-    """Snapshot the journal at its current position and publish it as ``step_NNNNNN``."""
+async def take_checkpoint(
+    controller: Controller, store: CheckpointStore, *, delete_deferred: bool = True
+) -> CheckpointTiming:
+    """Snapshot the journal at its current position and publish it as ``step_NNNNNN``.
+
+    ``delete_deferred=False`` (a drain's last checkpoint) deletes no rows on commit: the
+    deferred deletions count checkpoints, and this one may replace a checkpoint of the
+    same step, leaving one more older checkpoint retained than counted. The process ends
+    after it; the next restore deletes what the newest checkpoint does not own.
+    """
     config = controller.config
     builder = controller.snapshots
     if builder is None:
@@ -172,7 +182,8 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
     }
     await asyncio.to_thread(controller.history.sync)
     saved = await asyncio.to_thread(store.save, snapshot.step, files, marks=marks)
-    controller.data_plane.checkpoint_committed(number)
+    if delete_deferred:
+        controller.data_plane.checkpoint_committed(number)
     controller.record(
         CheckpointCommitted(
             step=snapshot.step,
@@ -193,6 +204,7 @@ async def take_checkpoint(controller: Controller, store: CheckpointStore) -> Che
         stall_s=stall,
         write_s=time.monotonic() - released,
         position=position,
+        name=saved.name,
     )
 
 
@@ -415,7 +427,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
-        in_flight_tokens = _unsealed_tokens(ledger, store.inner)
+        in_flight_tokens = _interrupted_tokens(interrupted, store.inner)
         # Against the inner store: deletions at restore are immediate, nothing needs them.
         cleared = reconcile_staging(
             ledger, store.inner, cut, partition=STAGING_PARTITION, clear_unreferenced=True
@@ -505,10 +517,17 @@ def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
-def _unsealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
-    """Generated tokens of staged calls no seal names: attempts the crash interrupted."""
-    orphans = sorted(set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys())
-    rows = store.get(STAGING_PARTITION, orphans) if orphans else []
+def _interrupted_tokens(interrupted: Mapping[str, list[tuple[int, str]]], store: Any) -> int:
+    """Generated tokens staged by the attempts the crash interrupted.
+
+    Only theirs: the store also holds rows no seal names that the crash did not cost
+    (attempts abandoned before it, published groups' rows awaiting deferred deletion).
+    """
+    rollout_ids = {rollout_id for entries in interrupted.values() for _, rollout_id in entries}
+    keys = sorted(
+        key for key in store.keys(STAGING_PARTITION) if key.split("/", 1)[0] in rollout_ids
+    )
+    rows = store.get(STAGING_PARTITION, keys) if keys else []
     return sum(int(row.token_mask.sum()) for row in rows)
 
 

@@ -64,6 +64,13 @@ class JobConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: A run that trains this many steps in a row without one valid row (every row a
     #: masked placeholder: a broken server, a poisoned environment) stops and says so.
     max_steps_without_valid_rows: Annotated[PositiveInt, OPERATIONAL] = 5
+    #: A file whose appearance drains the run (as SIGTERM does): relative to the run
+    #: directory, or absolute. ``rollout-recovery stop DIR`` writes it; the job removes it
+    #: when it acts on it (and, as stale, one present when the job starts).
+    drain_file: Annotated[str, Meta(pattern=r"^[^\x00]{1,4096}$"), OPERATIONAL] = "DRAIN"
+    #: How long a drain lets attempts in flight finish before abandoning them (reason
+    #: ``drain``). Keep it below the scheduler's kill delay minus a checkpoint's time.
+    drain_grace_s: Annotated[float, Meta(ge=0, le=3600), OPERATIONAL] = 20.0
 
 
 class RetryConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -17,7 +17,11 @@ It follows the walk of one prompt (docs/ARCHITECTURE.md, "control"):
    one exclusive cut and writes them after releasing it (see ``_checkpointing.py``).
 
 Any error that is not a retryable generation failure stops the run: the next start
-resumes from the newest committed checkpoint.
+resumes from the newest committed checkpoint. A drain (:meth:`Controller.request_drain`:
+SIGTERM, Ctrl-C, a drain file) stops it on purpose: no new reservations, admissions or
+rounds; attempts already dispatched get ``[job] drain_grace_s`` to finish and seal (those
+queued behind the in-flight limit do not start), the rest are abandoned with reason
+``drain``; ``run`` then returns and the caller takes the checkpoint.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ from ._state import ControllerState
 
 T = TypeVar("T")
 
-__all__ = ["Controller", "PromptDataset", "RunProgress"]
+__all__ = ["Controller", "DrainReport", "PromptDataset", "RunProgress"]
 
 
 class PromptDataset(Protocol):
@@ -147,6 +151,35 @@ class _Signals:
             raise LivenessError(what, timeout) from None
 
 
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What a drain did; ``Controller.drain_report`` once ``run`` returned after one."""
+
+    #: What asked for it (``"SIGTERM"``, ``"drain file DIR/DRAIN"``, ...).
+    reason: str
+    #: The step a rerun resumes at.
+    step: int
+    grace_s: float
+    #: Attempts running when the drain began.
+    in_flight: int
+    #: Attempts still running when the grace ran out (cancelled, then abandoned).
+    cut_short: int
+    #: Attempts abandoned with reason ``drain``: cut short, or still queued behind
+    #: ``generation.max_inflight_attempts`` (never started).
+    abandoned: int
+    #: On the event loop's clock, from the request to the end of the wait for attempts.
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _DrainRequest:
+    reason: str
+    #: The event loop's time of the request (None: asked before the loop ran).
+    asked_at: float | None
+    #: Attempts running at the request.
+    in_flight: int
+
+
 class Controller:
     """Owns the barrier, the ledger, the replay index and the pumps of one run."""
 
@@ -191,6 +224,14 @@ class Controller:
         self._inflight_slots: asyncio.Semaphore | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._checkpointer: Callable[[], Any] | None = None
+        # Drain: the request, the event ``run`` waits on, the group tasks it waits for,
+        # and the rollout ids it abandoned.
+        self._drain: _DrainRequest | None = None
+        self._drain_asked: asyncio.Event | None = None
+        self._group_tasks: set[asyncio.Task[None]] = set()
+        self._drain_abandoned: set[str] = set()
+        #: Set when ``run`` returned because of a drain.
+        self.drain_report: DrainReport | None = None
 
     # ------------------------------------------------------------------ history
 
@@ -231,17 +272,32 @@ class Controller:
         self._checkpointer = checkpoint
 
     async def run(self) -> None:
-        """Run until every step is trained; redispatches restored work first."""
+        """Run until every step is trained, or until a drain ends the run early
+        (``drain_report`` then says what it did; the caller takes the checkpoint).
+        Redispatches restored work first."""
         self._signals = _Signals()
         self._inflight_slots = asyncio.Semaphore(self.config.generation.max_inflight_attempts)
+        self._drain_asked = asyncio.Event()
+        if self._drain is not None:
+            # Asked before the run began (during a restore): nothing is in flight.
+            self._report_drain(cut_short=0, waited_s=0.0)
+            return
         if isinstance(self.backend, BackendStartup):
             # Before the first dispatch, outside every attempt deadline (see the protocol).
             await self.backend.start()
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
-                tasks.create_task(self._rollout_pump(), name="rollout-pump")
-                tasks.create_task(self._train_pump(), name="train-pump")
+                rollout = tasks.create_task(self._rollout_pump(), name="rollout-pump")
+                train = tasks.create_task(self._train_pump(), name="train-pump")
+                asked = asyncio.ensure_future(self._drain_asked.wait())
+                try:
+                    await asyncio.wait({train, asked}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    asked.cancel()
+                # The train pump may have seen the drain first and returned already.
+                if self._drain is not None and self.state.step < self.total_steps:
+                    await self._drain_run(rollout, train)
         except BaseExceptionGroup as group:
             # The first failure is the cause; the rest are its consequences (cancelled
             # siblings). Callers branch on the error's class, not on a group.
@@ -251,7 +307,10 @@ class Controller:
 
     def _launch(self, group_id: str) -> None:
         assert self._tasks is not None
-        self._tasks.create_task(self._run_group(group_id), name=f"group-{group_id}")
+        task = self._tasks.create_task(self._run_group(group_id), name=f"group-{group_id}")
+        # A drain waits for these (their rounds in flight), then cancels what is left.
+        self._group_tasks.add(task)
+        task.add_done_callback(self._group_tasks.discard)
 
     @property
     def _wait_budget(self) -> float:
@@ -371,6 +430,8 @@ class Controller:
 
     async def _run_group(self, group_id: str) -> None:
         while self.ledger.get_group(group_id).status is not PromptGroupStatus.READY_TO_FINALIZE:
+            if self._drain is not None:
+                return  # no new round while draining: the resumed run starts it
             if not await self._run_round(group_id):
                 return
         await self._publish(group_id)
@@ -447,7 +508,17 @@ class Controller:
 
     async def _attempt(self, request: AttemptRequest) -> AttemptResult | AttemptFailure:
         assert self._inflight_slots is not None
+        queued = self._inflight_slots.locked()
         async with self._inflight_slots:
+            if queued and self._drain is not None:
+                # It waited behind the in-flight limit into a drain: it never starts.
+                self._drain_abandoned.add(request.rollout_id)
+                return AttemptFailure(
+                    rollout_id=request.rollout_id,
+                    generation_index=request.generation_index,
+                    reason=FailureReason.DRAIN,
+                    detail="queued behind the in-flight limit when the run drained",
+                )
             self.in_flight += 1
             try:
                 async with asyncio.timeout(self.config.generation.attempt_deadline_s):
@@ -602,16 +673,19 @@ class Controller:
 
     async def _train_pump(self) -> None:
         assert self._signals is not None
-        while self.state.step < self.total_steps:
+        while self.state.step < self.total_steps and self._drain is None:
             step = self.state.step
             await self._signals.wait_for(
                 lambda: (
-                    len(self.replay.ready_groups(self.state.step))
+                    self._drain is not None
+                    or len(self.replay.ready_groups(self.state.step))
                     >= self._expected_groups(self.state.step)
                 ),
                 timeout=self._wait_budget,
                 what=f"the {self._expected_groups(step)} groups of step {step}",
             )
+            if self._drain is not None:
+                return  # a step in progress finishes; none starts while draining
             if self._expected_groups(step) < self._min_groups_per_step:
                 raise StepShortfallError(
                     step=step,
@@ -755,6 +829,95 @@ class Controller:
                 last_step=step,
                 reasons=dict(placeholder_reasons),
             )
+
+    # ------------------------------------------------------------------ drain
+
+    @property
+    def draining(self) -> bool:
+        """Whether a drain was asked for (the run is draining or drained)."""
+        return self._drain is not None
+
+    def request_drain(self, reason: str) -> bool:
+        """Ask the run to drain; False (and nothing changes) if one was already asked.
+
+        Call it on the event loop's thread (a handler added with
+        ``loop.add_signal_handler``, a task) or before ``run``. Admission stops at once;
+        attempts in flight get ``[job] drain_grace_s`` from now, measured on the loop's
+        clock.
+        """
+        if self._drain is not None:
+            return False
+        try:
+            asked_at: float | None = asyncio.get_running_loop().time()
+        except RuntimeError:
+            asked_at = None
+        self._drain = _DrainRequest(reason=reason, asked_at=asked_at, in_flight=self.in_flight)
+        if self._drain_asked is not None:
+            self._drain_asked.set()
+        return True
+
+    async def _drain_run(self, rollout: asyncio.Task[None], train: asyncio.Task[None]) -> None:
+        """Stop admitting, let the attempts in flight finish within the grace, abandon the
+        rest (reason ``drain``), and make every record durable."""
+        assert self._drain is not None and self._signals is not None
+        loop = asyncio.get_running_loop()
+        asked_at = self._drain.asked_at if self._drain.asked_at is not None else loop.time()
+        # The rollout pump only ever waits outside a cut (the barrier's entry, the
+        # staleness window), so cancelling it leaves every reservation and admission
+        # whole; the groups it did not launch wait in the ledger for the resumed run.
+        rollout.cancel()
+        await self._signals.notify()  # the train pump stops at its next wait
+        running = {task for task in self._group_tasks if not task.done()}
+        if running:
+            remaining = asked_at + self.config.job.drain_grace_s - loop.time()
+            await asyncio.wait(running, timeout=max(0.0, remaining))
+        waited = loop.time() - asked_at
+        cut_short = self.in_flight
+        late = {task for task in self._group_tasks if not task.done()}
+        for task in late:
+            # A group task waits only at barrier entries, flushes, attempts and backoff;
+            # every cut it holds is synchronous, so cancelling it leaves the ledger whole.
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        await self._abandon_cut_short()
+        await asyncio.wait({train})  # a step in progress (and its checkpoint) finishes
+        await self.history.flush()  # every seal of the grace is acknowledged
+        self._report_drain(cut_short=cut_short, waited_s=waited)
+
+    async def _abandon_cut_short(self) -> None:
+        """Abandon (reason ``drain``) every attempt a drain left dispatched."""
+        for group in self.ledger.groups():
+            dispatched = [
+                sibling.generation_index
+                for sibling in group.siblings
+                if sibling.current_attempt.status is RolloutAttemptStatus.DISPATCHED
+            ]
+            if not dispatched:
+                continue
+            failures = [
+                AttemptFailure(
+                    rollout_id=group.gate_rollout_id(index),
+                    generation_index=index,
+                    reason=FailureReason.DRAIN,
+                    detail="still running when the drain's grace ran out",
+                )
+                for index in dispatched
+            ]
+            self._drain_abandoned.update(failure.rollout_id for failure in failures)
+            await self._abandon(group.group_id, failures)
+
+    def _report_drain(self, *, cut_short: int, waited_s: float) -> None:
+        assert self._drain is not None
+        self.drain_report = DrainReport(
+            reason=self._drain.reason,
+            step=self.state.step,
+            grace_s=self.config.job.drain_grace_s,
+            in_flight=self._drain.in_flight,
+            cut_short=cut_short,
+            abandoned=len(self._drain_abandoned),
+            waited_s=waited_s,
+        )
 
 
 def _train(trainer: Trainer, samples: Sequence[TrainSample], version: int) -> dict[str, float]:

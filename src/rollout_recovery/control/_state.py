@@ -40,6 +40,9 @@ __all__ = [
 
 CONTROLLER_STATE_VERSION = 3
 
+#: Abandon reasons that say nothing about the work (the process stopped under it).
+_NOT_RETRIES = frozenset({FailureReason.RESTART, FailureReason.DRAIN})
+
 
 class RunCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Totals over the whole run (across restarts), for the summary."""
@@ -129,7 +132,8 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         elif isinstance(record, GroupSealed):
             counters.tokens_generated += sum(seal.tokens for seal in record.seals)
         elif isinstance(record, AttemptsAbandoned):
-            if any(a.reason is not FailureReason.RESTART for a in record.attempts):
+            # A restart's or a drain's abandons are not failures of the work: no retry.
+            if any(a.reason not in _NOT_RETRIES for a in record.attempts):
                 counters.retries += 1
         elif isinstance(record, PromptDropped):
             self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1

@@ -6,6 +6,7 @@ and trainer through ``components=``.
 """
 
 from ._components import JobComponents, default_components
+from ._drain import StopRequest, request_stop
 from ._report import RunReporter, RunSummary, render_summary, silence_closed_stdout
 from ._run_job import JobResult, run_job
 
@@ -14,8 +15,10 @@ __all__ = [
     "JobResult",
     "RunReporter",
     "RunSummary",
+    "StopRequest",
     "default_components",
     "render_summary",
+    "request_stop",
     "run_job",
     "silence_closed_stdout",
 ]

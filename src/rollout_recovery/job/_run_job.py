@@ -10,7 +10,8 @@ The order is what makes a rerun safe:
 4. resume from the newest checkpoint that verifies, or start fresh only when the directory
    holds no trace of an earlier run (a run that lost its checkpoints is refused, nothing
    deleted);
-5. run to the end; write the summary and the reward plot.
+5. run to the end, or until a drain (SIGTERM, Ctrl-C, the drain file: ``_drain.py``)
+   stops it with a checkpoint; write the summary and the reward plot.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -31,6 +33,7 @@ from ..capture import STAGING_PARTITION
 from ..control import (
     CheckpointTiming,
     Controller,
+    DrainReport,
     RestoreReport,
     RunConfig,
     RunProgress,
@@ -74,6 +77,7 @@ from ._components import (
     require_ray,
     wants_servers,
 )
+from ._drain import DrainTriggers, drain_file_of, remove_stale_drain_request
 from ._plot import write_reward_plot
 from ._report import RunSummary
 
@@ -88,6 +92,10 @@ class JobResult:
     checkpoints: list[CheckpointTiming] = field(default_factory=list)
     #: Operational settings this start changed against the directory's ``job.toml``.
     config_changes: list[str] = field(default_factory=list)
+    #: Set when a drain stopped the run before its last step (rerun to resume).
+    drained: DrainReport | None = None
+    #: The checkpoint the drain committed.
+    drain_checkpoint: str | None = None
 
 
 def _refuse_foreign_path(run: RunDirectory) -> None:
@@ -138,8 +146,17 @@ def run_job(
     progress: RunProgress | None = None,
     components: Callable[[RunConfig, DataPlane], JobComponents] = default_components,
     log: Callable[[str], None] = lambda message: None,
+    drain_on_signals: bool = True,
 ) -> JobResult:
-    """Start or resume the job in ``out`` and run it to the end."""
+    """Start or resume the job in ``out`` and run it to the end, or until it drains.
+
+    While it runs (from before the restore to the last checkpoint), SIGTERM, SIGINT and
+    the drain file ``[job] drain_file`` drain it: ``JobResult.drained`` then says what
+    the drain did, and the same call resumes. A second SIGINT during a drain raises
+    ``KeyboardInterrupt`` at once (the run stays resumable). ``drain_on_signals=False``
+    leaves the process's signal handlers alone (the drain file still works); signals are
+    only handled when called from the main thread.
+    """
     started = time.monotonic()
     run = RunDirectory(out)  # type: ignore[arg-type]
     require_ray(config)
@@ -152,6 +169,10 @@ def run_job(
         _identity_changes(run, config)
     with run_directory_lock(run):
         changes = claim_run_directory(run, config)
+        drain_file = drain_file_of(run, config)
+        if remove_stale_drain_request(drain_file):
+            # Written after the previous job had stopped reading it (or with none running).
+            log(f"removed a stale drain request ({drain_file}) from before this job started")
         if config.generation.backend == "http":
             log("backend http: [faults] is not injected; the servers' own failures are the faults")
         with generation_servers(run, config) as resolved:
@@ -159,8 +180,9 @@ def run_job(
                 count = len(resolved.http.servers)
                 log(f"started {count} local generation servers (listed in {run.servers_file.name})")
             with job_data_plane(run, config) as inner:
+                wiring = _DrainWiring(drain_file, log, drain_on_signals)
                 result, controller = _run_with(
-                    run, config, resolved, progress, components, log, inner, changes
+                    run, config, resolved, progress, components, inner, changes, wiring
                 )
     result.summary = _summary(run, controller, time.monotonic() - started)
     _plot(run, config)
@@ -173,9 +195,9 @@ def _run_with(
     resolved: RunConfig,
     progress: RunProgress | None,
     components: Callable[[RunConfig, DataPlane], JobComponents],
-    log: Callable[[str], None],
     inner: DataPlane,
     changes: list[str],
+    wiring: _DrainWiring,
 ) -> tuple[JobResult, Controller]:
     history = AuditTrail(run)
     try:
@@ -191,7 +213,12 @@ def _run_with(
         )
         store = CheckpointStore(run.root, keep=config.checkpoint.keep)
         store.remove_stale()  # what a save killed mid-way left behind
-        result = asyncio.run(_run(run, controller, store, log, changes))
+        try:
+            result = asyncio.run(_run(run, controller, store, wiring, changes))
+        except asyncio.CancelledError:
+            if wiring.interrupted:  # a second SIGINT cancelled the job's main task
+                raise KeyboardInterrupt from None
+            raise
         result.config_changes = changes
     finally:
         history.close()
@@ -199,6 +226,21 @@ def _run_with(
 
 
 async def _run(
+    run: RunDirectory,
+    controller: Controller,
+    store: CheckpointStore,
+    wiring: _DrainWiring,
+    changes: list[str],
+) -> JobResult:
+    triggers = wiring.wire(controller)
+    triggers.install()
+    try:
+        return await _run_installed(run, controller, store, wiring.log, changes)
+    finally:
+        triggers.uninstall()
+
+
+async def _run_installed(
     run: RunDirectory,
     controller: Controller,
     store: CheckpointStore,
@@ -292,13 +334,64 @@ async def _run(
             await checkpoint()  # the bootstrap anchor: every later start can resume
         controller.set_checkpointer(checkpoint)
         await controller.run()
+        drained = controller.drain_report
+        drain_checkpoint: str | None = None
+        if drained is not None:
+            drain_checkpoint = await _checkpoint_drain(run, controller, store, timings, log)
     finally:
         await controller.backend.aclose()
         if controller.metrics is not None:
             await asyncio.to_thread(controller.metrics.close)
     return JobResult(
-        summary=_empty_summary(), restored=restored, skipped=skipped, checkpoints=timings
+        summary=_empty_summary(),
+        restored=restored,
+        skipped=skipped,
+        checkpoints=timings,
+        drained=drained,
+        drain_checkpoint=drain_checkpoint,
     )
+
+
+async def _checkpoint_drain(
+    run: RunDirectory,
+    controller: Controller,
+    store: CheckpointStore,
+    timings: list[CheckpointTiming],
+    log: Callable[[str], None],
+) -> str:
+    """The drain's checkpoint: the journal up to the drain, the trainer idle."""
+    drained = controller.drain_report
+    assert drained is not None
+    timing = await take_checkpoint(controller, store, delete_deferred=False)
+    timings.append(timing)
+    append_run_log(run, "drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
+    log(
+        f"drained ({drained.reason}) at step {drained.step}: waited {drained.waited_s:.2f} s "
+        f"of the {drained.grace_s:g} s grace for {drained.in_flight} attempts in flight, "
+        f"{drained.cut_short} still running at its end; {drained.abandoned} abandoned "
+        f"(reason drain); checkpoint {timing.name} committed"
+    )
+    return timing.name
+
+
+@dataclass(slots=True)
+class _DrainWiring:
+    """What the job needs to wire drain triggers once its controller exists."""
+
+    drain_file: Path
+    log: Callable[[str], None]
+    signals: bool
+    triggers: DrainTriggers | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.triggers is not None and self.triggers.interrupted
+
+    def wire(self, controller: Controller) -> DrainTriggers:
+        self.triggers = DrainTriggers(
+            controller, drain_file=self.drain_file, log=self.log, signals=self.signals
+        )
+        return self.triggers
 
 
 async def _restore(controller: Controller, verified: VerifiedCheckpoint) -> RestoreReport:

@@ -8,7 +8,7 @@ damaged ones). :func:`run_directory_lock` keeps a second job out of a live run.
 
 from ._checkpoint_store import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ._layout import CHECKPOINT_FILES, PRIVATE_FILE_MODE, RunDirectory
-from ._lock import is_locked, lock_holder, run_directory_lock
+from ._lock import is_locked, lock_holder, run_directory_lock, wait_unlocked
 from ._run_log import RunLogEntry, append_run_log, read_run_log
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "lock_holder",
     "read_run_log",
     "run_directory_lock",
+    "wait_unlocked",
 ]

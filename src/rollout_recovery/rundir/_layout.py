@@ -12,6 +12,7 @@
     DIR/metrics.jsonl         one line per trained step
     DIR/reward.png            mean reward per step, restarts and checkpoints marked
     DIR/servers.json, servers/   local generation servers a job started
+    DIR/DRAIN                 a drain request (``[job] drain_file``, the default name)
 
 Files of a run hold prompts, rewards and server names: they are created readable by their
 owner only (``PRIVATE_FILE_MODE``).
@@ -105,6 +106,11 @@ class RunDirectory:
     @property
     def servers_dir(self) -> Path:
         return self.root / "servers"
+
+    def resolve(self, configured: str | Path) -> Path:
+        """A path from the job's configuration: absolute as given, else inside the run
+        directory (``[job] drain_file``)."""
+        return self.root / configured  # an absolute right-hand side replaces the root
 
     def trail_files(self) -> dict[str, Path]:
         """The audit trail's files by name, as checkpoints record their lengths."""

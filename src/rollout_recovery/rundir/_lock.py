@@ -14,13 +14,14 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import RunDirectoryLockedError
 from ._layout import PRIVATE_FILE_MODE, RunDirectory
 
-__all__ = ["is_locked", "lock_holder", "run_directory_lock"]
+__all__ = ["is_locked", "lock_holder", "run_directory_lock", "wait_unlocked"]
 
 
 def lock_holder(run: RunDirectory) -> int | None:
@@ -81,3 +82,29 @@ def is_locked(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def wait_unlocked(path: Path, *, timeout: float | None = None, poll_s: float = 0.1) -> bool:
+    """Wait until no live job holds the run directory lock at ``path``; False if
+    ``timeout`` seconds passed first (``None``: wait as long as it takes).
+
+    Without a timeout it blocks in ``flock`` itself (a shared lock is granted the moment
+    the job's exclusive one is released, however the job ends); with one it probes.
+    """
+    if timeout is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        return True
+    deadline = time.monotonic() + timeout
+    while is_locked(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True

@@ -1,4 +1,4 @@
-"""``run_log.jsonl``: one line per start, resume or operational config change; never cut.
+"""``run_log.jsonl``: one line per start, resume or drain; never cut.
 
 The history (``events.jsonl``) is cut back to a checkpoint on resume; this log is not, so
 it keeps every process that ever ran the job, which is what "the run was restarted K
@@ -21,24 +21,27 @@ __all__ = ["RunLogEntry", "append_run_log", "read_run_log"]
 
 
 class RunLogEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    event: Literal["start", "resume"]
+    event: Literal["start", "resume", "drain"]
     time: float
     pid: int
-    #: The step the process started training at.
+    #: The step the process started training at (a drain: the step a rerun resumes at).
     step: int
-    #: The checkpoint a resume restored.
+    #: The checkpoint a resume restored (a drain: the one it committed).
     checkpoint: str | None = None
     #: Operational settings this start changed (``"$.http.servers: [...] != [...]"``).
     config_changes: list[str] = []
+    #: What asked for a drain (``"SIGTERM"``, the drain file, ...).
+    reason: str | None = None
 
 
 def append_run_log(
     run: RunDirectory,
-    event: Literal["start", "resume"],
+    event: Literal["start", "resume", "drain"],
     *,
     step: int,
     checkpoint: str | None = None,
     config_changes: list[str] | None = None,
+    reason: str | None = None,
 ) -> None:
     entry = RunLogEntry(
         event=event,
@@ -47,6 +50,7 @@ def append_run_log(
         step=step,
         checkpoint=checkpoint,
         config_changes=config_changes or [],
+        reason=reason,
     )
     fd = os.open(
         run.run_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE
