@@ -110,6 +110,7 @@ SURFACES: dict[str, set[str]] = {
         "DIGIT_BASE",
         "EOS",
         "FILLER_BASE",
+        "FileStateTrainer",
         "KIND_ANSWER",
         "KIND_FIXED",
         "KIND_PROMPT",

@@ -63,7 +63,7 @@ __all__ = [
 
 MODEL_STATE_FILE = "model.safetensors"
 OPTIMIZER_STATE_FILE = "optimizer.safetensors"
-TRAINER_STATE_FILE = "trainer.json"
+TRAINER_STATE_FILE = "state.json"
 #: exp(20) is about 5e8: far outside any clip range, finite in fp32.
 DEFAULT_MAX_LOG_RATIO = 20.0
 
