@@ -12,6 +12,7 @@ import subprocess
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from run_fixtures import merge_sections, sections_to_toml
 from rollout_recovery.control import load_config
 from rollout_recovery.errors import JobMismatchError
 from rollout_recovery.history import Restored, audit_run, read_records
-from rollout_recovery.job import run_job
+from rollout_recovery.job import JobResult, run_job
 from rollout_recovery.llm import model_digest
 from rollout_recovery.rundir import CheckpointStore
 
@@ -46,21 +47,37 @@ def example_config(
     return path
 
 
-def test_the_tiny_example_learns_to_emit_the_target(tmp_path: Path, model_cache: Path) -> None:
+@dataclass(frozen=True)
+class CleanRun:
+    config_path: Path
+    out: Path
+    result: JobResult
+    cpu_s: float
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> CleanRun:
+    """The tiny example run once, uninterrupted, in process (every checkpoint kept): what
+    the learning test checks and what the kill test compares a killed run with."""
+    directory = tmp_path_factory.mktemp("clean")
+    config_path = example_config(TINY_EXAMPLE, directory, model_cache, {"checkpoint": {"keep": 10}})
+    started = time.process_time()
+    result = run_job(directory / "run", load_config(config_path))
+    return CleanRun(config_path, directory / "run", result, time.process_time() - started)
+
+
+def test_the_tiny_example_learns_to_emit_the_target(clean_run: CleanRun, model_cache: Path) -> None:
     """30 steps of 8 prompts x 4 samples: mean reward from about 0 in the first tenth of
     the steps to 1.0 in the last (measured: 0.004 -> 0.999, reward 0.5 near step 12)."""
-    config = load_config(example_config(TINY_EXAMPLE, tmp_path, model_cache))
+    config = load_config(clean_run.config_path)
     assert config.trainer.kind == "torch" and config.generation.backend == "transformers"
-    started = time.process_time()
-    result = run_job(tmp_path / "run", config)
-    cpu = time.process_time() - started
-    summary = result.summary
+    summary = clean_run.result.summary
     assert summary.steps == 30 and summary.prompts_trained == 240
     first, last = summary.first_tenth_reward, summary.last_tenth_reward
     assert first is not None and last is not None
     assert first < 0.1 and last > 0.6, (first, last)
-    assert cpu < 90.0, cpu
-    run = tmp_path / "run"
+    assert clean_run.cpu_s < 90.0, clean_run.cpu_s
+    run = clean_run.out
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(30))
     assert all(m["train/skipped"] == 0.0 for m in metrics)
@@ -69,7 +86,9 @@ def test_the_tiny_example_learns_to_emit_the_target(tmp_path: Path, model_cache:
     recorded = tomllib.loads((run / "job.toml").read_text())["model"]["digest"]
     assert recorded == model_digest(Path(model_cache) / _only_model(model_cache))
     # The trainer's state as safetensors + JSON in every checkpoint, no numpy archive.
-    for checkpoint in CheckpointStore(run, keep=1).committed():
+    checkpoints = CheckpointStore(run, keep=1).committed()
+    assert [c.step for c in checkpoints] == [30, 25, 20, 15, 10, 5, 0]
+    for checkpoint in checkpoints:
         names = {p.name for p in checkpoint.directory.iterdir()}
         assert set(TRAINER_FILES) <= names and "policy.npz" not in names, names
 
@@ -91,14 +110,14 @@ def _same_but_version(mine: bytes, theirs: bytes, offset: int) -> None:
 
 @pytest.mark.slow
 def test_sigkill_of_the_cli_mid_run_costs_nothing(
-    tmp_path: Path, model_cache: Path, run_cli: Cli, run_cli_until: Cli
+    tmp_path: Path, clean_run: CleanRun, run_cli: Cli, run_cli_until: Cli
 ) -> None:
     """SIGKILL ``rollout-recovery run --config examples/tiny-llama-emit-token.toml`` after
     its second checkpoint, rerun the same command: the audit passes and, on policy
     (staleness 0; the backend seeds draws per sibling), the run ends with the very
     weights, AdamW moments and per-step rewards of an uninterrupted run. Any trainer state
     restored inexactly would show as different final weights."""
-    config_path = example_config(TINY_EXAMPLE, tmp_path, model_cache, {"checkpoint": {"keep": 10}})
+    config_path = clean_run.config_path
     out = tmp_path / "killed"
     args = ["--config", str(config_path), "--out", str(out), "--plain"]
 
@@ -119,8 +138,7 @@ def test_sigkill_of_the_cli_mid_run_costs_nothing(
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(30))
 
-    clean = tmp_path / "clean"
-    run_job(clean, load_config(config_path))
+    clean = clean_run.out
     clean_metrics = [
         json.loads(line) for line in (clean / "metrics.jsonl").read_text().splitlines()
     ]
