@@ -64,7 +64,8 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
     local ones). With ``[trainer] kind = "torch"``: the LLM job (``_llm_parts``)."""
     if config.trainer.kind == "torch":
-        # Imported here: the LLM parts import torch, which a default install lacks.
+        # Imported here: _llm_parts imports JobComponents from this module (and imports
+        # torch only when it builds, so a default install never loads it).
         from ._llm_parts import llm_components
 
         return llm_components(config, data_plane)
