@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -89,11 +90,20 @@ def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
     raise AssertionError(f"no strategy for {kind!r}")
 
 
+#: Fields a generation backend constrains together (``check_combination``): the trainer
+#: and the task a backend serves.
+COMBINED = {("generation", "backend"), ("trainer", "kind"), ("task", "kind")}
+
+
 @st.composite
 def valid_configs(draw: st.DrawFn) -> RunConfig:
     data: dict[str, dict[str, object]] = {}
     for section, field, kind in LEAVES:
         data.setdefault(section, {})[field] = draw(_value_strategy(kind))
+    # The trainer and task the drawn backend serves.
+    llm = data["generation"]["backend"] == "transformers"
+    data["trainer"]["kind"] = "torch" if llm else "numpy"
+    data["task"]["kind"] = "emit_token" if llm else "digits"
     return config_from_builtins(data)
 
 
@@ -116,8 +126,9 @@ def _another_valid(kind: mi.Type, value: object) -> object | None:
         return value + 1
     if isinstance(kind, mi.FloatType):
         assert isinstance(value, float)
-        if kind.le is not None:
-            high = float(kind.le)
+        top = kind.le if kind.le is not None else kind.lt
+        if top is not None:
+            high = float(top)
             return (value + high) / 2 if value < high else value / 2
         return value * 2 + 1.0
     if isinstance(kind, mi.LiteralType):
@@ -128,6 +139,9 @@ def _another_valid(kind: mi.Type, value: object) -> object | None:
         return members[0] if members else None
     if isinstance(kind, mi.StrType):
         assert isinstance(value, str)
+        if kind.pattern is not None and not re.fullmatch(kind.pattern, value + "x"):
+            # A pattern-bound string (a digest): another value it accepts, if one is known.
+            return "0" * 64 if re.fullmatch(kind.pattern, "0" * 64) and value != "0" * 64 else None
         return value + "x"
     if isinstance(kind, mi.VarTupleType):
         assert isinstance(value, tuple)
@@ -461,7 +475,8 @@ def test_fingerprint_and_differences_see_every_field(
     new = _another_valid(kind, old)
     changed_section = msgspec.structs.replace(getattr(base, section), **{field: new})
     changed = msgspec.structs.replace(base, **{section: changed_section})
-    config_from_builtins(config_to_builtins(changed))  # still valid
+    if (section, field) not in COMBINED:  # alone, those break the backend's combination
+        config_from_builtins(config_to_builtins(changed))  # still valid
     difference = [f"$.{section}.{field}: {old!r} != {new!r}"]
     assert config_differences(base, changed) == difference
     if f"$.{section}.{field}" in operational_paths(RunConfig):
@@ -483,3 +498,100 @@ def test_builtins_round_trip_as_plain_data() -> None:
     # Plain enough for a checkpoint: MessagePack round trips it unchanged.
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(data)) == data
     assert config_from_builtins(data) == config
+
+
+# --------------------------------------------------------------------------------------
+# The LLM sections: [trainer], [model], [task] kind, [generation] backend = "transformers"
+
+
+LLM_JOB = {
+    "generation": {"backend": "transformers"},
+    "trainer": {"kind": "torch"},
+    "task": {"kind": "emit_token"},
+}
+
+
+@pytest.mark.parametrize(
+    ("sections", "path", "message"),
+    [
+        (
+            {"generation": {"backend": "transformers"}},
+            "$.trainer.kind",
+            "generation backend 'transformers' needs [trainer] kind = 'torch'",
+        ),
+        (
+            {"generation": {"backend": "transformers"}, "trainer": {"kind": "torch"}},
+            "$.task.kind",
+            "needs [task] kind = 'emit_token'; task kind 'digits' works with [generation] "
+            "backend = 'simulated' or 'ray' or 'http'",
+        ),
+        (
+            {"trainer": {"kind": "torch"}},
+            "$.trainer.kind",
+            "trainer kind 'torch' works with [generation] backend = 'transformers'",
+        ),
+        (
+            {"task": {"kind": "emit_token"}, "generation": {"backend": "http"}},
+            "$.task.kind",
+            "generation backend 'http' needs [task] kind = 'digits'",
+        ),
+        (
+            {**LLM_JOB, "generation": {"backend": "ray"}},
+            "$.trainer.kind",
+            "generation backend 'ray' needs [trainer] kind = 'numpy'",
+        ),
+    ],
+)
+def test_a_backend_refuses_a_trainer_or_task_it_cannot_serve(
+    sections: dict[str, dict[str, object]], path: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins(sections)
+    assert refused.value.path == path
+    assert message in str(refused.value)
+
+
+def test_the_llm_job_is_a_valid_combination() -> None:
+    config = config_from_builtins(LLM_JOB)
+    assert (config.trainer.kind, config.task.kind) == ("torch", "emit_token")
+    assert config.model.source == "tiny-llama" and config.model.digest == ""
+
+
+def test_the_model_is_identified_by_its_digest_not_its_place() -> None:
+    """Where the model is and how the batch is cut may change on resume; what is trained
+    (the model files' digest, the update rule, the task) may not."""
+    operational = operational_paths(RunConfig)
+    assert {
+        "$.model.source",
+        "$.model.cache_dir",
+        "$.trainer.micro_batch",
+        "$.trainer.threads",
+    } <= operational
+    assert (
+        not {
+            "$.model.digest",
+            "$.trainer.kind",
+            "$.trainer.learning_rate",
+            "$.trainer.epochs",
+            "$.task.kind",
+            "$.task.target_token",
+            "$.task.max_tokens",
+        }
+        & operational
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ('[model]\ndigest = "abc"\n', "$.model.digest"),
+        ('[model]\ndigest = "' + "A" * 64 + '"\n', "$.model.digest"),
+        ('[model]\nsource = ""\n', "$.model.source"),
+        ('[trainer]\ndtype = "bfloat16"\n', "$.trainer.dtype"),
+        ("[trainer]\nclip_epsilon = 1.0\n", "$.trainer.clip_epsilon"),
+        ("[trainer]\nepochs = 0\n", "$.trainer.epochs"),
+        ("[task]\nmax_tokens = 0\n", "$.task.max_tokens"),
+    ],
+)
+def test_llm_fields_refuse_bad_values_naming_them(tmp_path: Path, text: str, path: str) -> None:
+    assert _load_error(tmp_path, text).path == path

@@ -19,13 +19,25 @@ pytest.importorskip("safetensors")
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default tiny Llama (vocab 333, 2 layers, seed 1234), weights stored in fp32."""
-    from rollout_recovery.llm import TinyLlamaSpec, build_tiny_llama
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``[model] cache_dir`` for the session, holding the built tiny Llama (never the
+    user's ~/.cache)."""
+    from rollout_recovery.llm import ModelConfig, prepare_model
 
-    out = tmp_path_factory.mktemp("tiny-llama") / "model"
-    build_tiny_llama(out, TinyLlamaSpec(dtype="float32"))
-    return out
+    cache = tmp_path_factory.mktemp("models")
+    prepare_model(ModelConfig(source="tiny-llama", cache_dir=str(cache)))
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(model_cache: Path) -> Path:
+    """The default tiny Llama (vocab 333, 2 layers, seed 1234), weights stored in fp32:
+    what ``[model] source = "tiny-llama"`` trains."""
+    from rollout_recovery.llm import ModelConfig, TinyLlamaSpec, model_directory
+    from rollout_recovery.llm._model_source import TINY_LLAMA_SPEC
+
+    assert TinyLlamaSpec(dtype="float32") == TINY_LLAMA_SPEC
+    return model_directory(ModelConfig(source="tiny-llama", cache_dir=str(model_cache)))
 
 
 @pytest.fixture(scope="session")

@@ -287,7 +287,8 @@ def test_rng_state_matters_with_dropout(dropout_model_dir: Path) -> None:
 
 
 def test_numpy_state_resumes_bit_for_bit_through_npz(tiny_model_dir: Path) -> None:
-    """state() is what today's checkpoint saves (policy.npz, no pickle)."""
+    """state() as a checkpoint of a trainer without state files saves it (policy.npz, no
+    pickle)."""
     original = _trainer(tiny_model_dir)
     _train(original, range(2))
     buffer = io.BytesIO()
@@ -380,7 +381,7 @@ def test_a_bad_numpy_state_is_refused(tiny_model_dir: Path) -> None:
 
 def test_grpo_learns_to_emit_the_target(tiny_model_dir: Path) -> None:
     """The measured curve without the controller: about 0.0 to 1.0 in 20 steps (the job's
-    settings, tests/llm/llm_job.py)."""
+    settings, examples/tiny-llama-emit-token.toml)."""
     trainer = _trainer(tiny_model_dir, learning_rate=5e-3, epochs=2)
     task = _task(trainer)
     curve = []

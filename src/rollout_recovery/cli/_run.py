@@ -39,10 +39,11 @@ __all__ = ["run"]
 @click.option("--seed", type=click.IntRange(min=0), help="Overrides job.seed.")
 @click.option(
     "--backend",
-    type=click.Choice(["simulated", "http", "ray"]),
+    type=click.Choice(["simulated", "http", "ray", "transformers"]),
     help="Overrides generation.backend: simulated agents; HTTP generation servers "
-    "([http] servers; none listed: the job starts [http] launch_servers local ones); or "
-    "generation actors and data shards on Ray ([ray]; needs the [ray] extra).",
+    "([http] servers; none listed: the job starts [http] launch_servers local ones); "
+    "generation actors and data shards on Ray ([ray]; needs the [ray] extra); or the torch "
+    'trainer\'s model sampled in process ([trainer] kind = "torch"; the [llm] extra).',
 )
 @click.option("--print-config", is_flag=True, help="Print the configuration as TOML and exit.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal.")
@@ -98,6 +99,11 @@ def run(
                 "checkpoint is intact: free space and rerun the same command to resume."
             )
             sys.exit(1)
+        except ConfigError as error:
+            # Found only once the job looks at its parts: a missing extra, a model source
+            # that is not a model.
+            reporter.log(f"error: {error}")
+            sys.exit(2)
         except (JobMismatchError, RunDirectoryLockedError) as error:
             reporter.log(f"error: {error}")
             sys.exit(2)

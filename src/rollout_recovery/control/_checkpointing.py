@@ -5,9 +5,11 @@ position is taken: O(1), whatever the size of the ledger or the bytes stored. Th
 generation going on: the journal is made durable up to that position, the snapshot
 builder replays it to there and encodes the ledger, the replay index and the controller
 state, the trainer's state is copied (the trainer is idle: the train pump awaits its own
-checkpoints), and everything is published as ``step_NNNNNN`` with the journal position
-in its manifest. No token row is read or copied: rows a checkpoint owns stay in the
-durable store until no retained checkpoint needs them (``_deferred.py``).
+checkpoints; ``policy.npz`` from ``state()``, or a ``FileStateTrainer``'s own files such
+as safetensors, each as ``trainer.<name>``), and everything is published as
+``step_NNNNNN`` with the journal position in its manifest. No token row is read or
+copied: rows a checkpoint owns stay in the durable store until no retained checkpoint
+needs them (``_deferred.py``).
 
 Restore. Each committed checkpoint, newest first, is verified without changing anything:
 checksums, every file decoded and validated, the job's identity, and the durable store
@@ -60,6 +62,7 @@ from ..ledger import (
     RolloutRecoveryLedger,
     parse_rollout_recovery_state,
 )
+from ..policy import FileStateTrainer
 from ..rollout import FailureReason
 from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
@@ -148,9 +151,7 @@ async def take_checkpoint(
         released = time.monotonic()
     hold, stall = released - entered, released - requested
     # The trainer is idle (the train pump awaits this), so its state is the snapshot's.
-    policy = {
-        name: np.array(value, copy=True) for name, value in controller.trainer.state().items()
-    }
+    trainer_files = await _trainer_state_files(controller)
     await controller.history.flush()  # the snapshot's history is durable
     settings = controller.settings
     identity = identity_fingerprint(config)
@@ -178,7 +179,7 @@ async def take_checkpoint(
         snapshot.sidecar_name: snapshot.sidecar,
         REPLAY_FILE: snapshot.replay_state,
         CONTROLLER_STATE_FILE: snapshot.controller_state,
-        POLICY_FILE: _npz_bytes(policy),
+        **trainer_files,
     }
     await asyncio.to_thread(controller.history.sync)
     saved = await asyncio.to_thread(store.save, snapshot.step, files, marks=marks)
@@ -221,6 +222,18 @@ def _require_rows(
         )
 
 
+async def _trainer_state_files(controller: Controller) -> dict[str, bytes]:
+    """The trainer's state as checkpoint files: its own files (safetensors, JSON) under
+    ``trainer.``, or its arrays as ``policy.npz``."""
+    trainer = controller.trainer
+    if isinstance(trainer, FileStateTrainer):
+        # Serializing a real model's weights and moments takes a while: off the loop.
+        own = await asyncio.to_thread(trainer.state_files)
+        return {CHECKPOINT_FILES.trainer_file(name): bytes(data) for name, data in own.items()}
+    arrays = {name: np.array(value, copy=True) for name, value in trainer.state().items()}
+    return {POLICY_FILE: _npz_bytes(arrays)}
+
+
 def _npz_bytes(arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
@@ -239,7 +252,10 @@ class VerifiedCheckpoint:
     parsed: ParsedRolloutRecoveryState
     replay_state: dict[str, Any]
     controller_state: ControllerState
+    #: The trainer's state: ``policy.npz``'s arrays, or (empty then) its own files by the
+    #: trainer's names (``model.safetensors``, ...).
     policy: dict[str, npt.NDArray[Any]]
+    trainer_files: dict[str, bytes]
     #: The history files' lengths the checkpoint includes.
     marks: dict[str, int]
     #: Where the snapshot's history ends in the journal, and the journal after it.
@@ -269,9 +285,17 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
             f"expected exactly one sidecar of {list(SIDECAR_FILENAMES)}, found {names}",
             directory=where,
         )
-    for required in (REPLAY_FILE, CONTROLLER_STATE_FILE, POLICY_FILE):
+    for required in (REPLAY_FILE, CONTROLLER_STATE_FILE):
         if required not in loaded.files:
             raise CheckpointDirectoryError(f"missing {required}", directory=where)
+    trainer_files = CHECKPOINT_FILES.trainer_files(loaded.files)
+    if (POLICY_FILE in loaded.files) == bool(trainer_files):
+        found = sorted(trainer_files) + ([POLICY_FILE] if POLICY_FILE in loaded.files else [])
+        raise CheckpointDirectoryError(
+            f"expected the trainer's state as {POLICY_FILE} or as "
+            f"{CHECKPOINT_FILES.trainer_file('*')} files, found {found or 'neither'}",
+            directory=where,
+        )
     _, sidecar_state = decode_sidecar(loaded.files[names[0]])
     parsed = parse_rollout_recovery_state(sidecar_state)
     state = decode_controller_state(loaded.files[CONTROLLER_STATE_FILE])
@@ -302,11 +326,22 @@ def verify_checkpoint(
             + ("; ".join(differences) or "its identity fingerprint differs"),
             differences=differences,
         )
-    try:
-        with np.load(io.BytesIO(loaded.files[POLICY_FILE]), allow_pickle=False) as npz:
-            policy = {name: npz[name] for name in npz.files}
-    except (ValueError, OSError) as error:
-        raise InvalidStateError(f"{where}: unreadable {POLICY_FILE}: {error}") from None
+    policy: dict[str, npt.NDArray[Any]] = {}
+    trainer_files = {
+        own: loaded.files[name]
+        for name, own in CHECKPOINT_FILES.trainer_files(loaded.files).items()
+    }
+    if not trainer_files:
+        try:
+            with np.load(io.BytesIO(loaded.files[POLICY_FILE]), allow_pickle=False) as npz:
+                policy = {name: npz[name] for name in npz.files}
+        except (ValueError, OSError) as error:
+            raise InvalidStateError(f"{where}: unreadable {POLICY_FILE}: {error}") from None
+    elif not isinstance(controller.trainer, FileStateTrainer):
+        raise InvalidStateError(
+            f"{where} holds the trainer's state as files ({sorted(trainer_files)}), which "
+            f"this job's trainer ({type(controller.trainer).__name__}) cannot load"
+        )
     # The journal after the snapshot, read and verified (nothing is cut here).
     journal = controller.history.journal.path
     position = loaded.marks.get(journal.name)
@@ -357,6 +392,7 @@ def verify_checkpoint(
         replay_state=replay_state,
         controller_state=state,
         policy=policy,
+        trainer_files=trainer_files,
         marks=dict(loaded.marks),
         position=position,
         scan=scan,
@@ -436,7 +472,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             ledger.bind_runtime_prompt(
                 cut, group.group_id, controller.dataset[int(group.prompt_id)]
             )
-        controller.trainer.load_state(verified.policy)
+        _load_trainer_state(controller, verified)
         if controller.trainer.weight_version != state.weight_version:
             raise InvalidStateError(
                 f"{verified.name}: the controller's weight version {state.weight_version} "
@@ -508,6 +544,16 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
         controller.trainer.weight_version, controller.trainer.weights()
     )
     return report
+
+
+def _load_trainer_state(controller: Controller, verified: VerifiedCheckpoint) -> None:
+    trainer = controller.trainer
+    if verified.trainer_files:
+        # verify_checkpoint refused files this trainer cannot load.
+        assert isinstance(trainer, FileStateTrainer)
+        trainer.load_state_files(verified.trainer_files)
+    else:
+        trainer.load_state(verified.policy)
 
 
 def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:

@@ -1,7 +1,8 @@
 """The run config: the tree of every component's section, read from one TOML file.
 
 Each component owns its section next to its code (``[http]`` in ``rollout``, ``[ray]`` in
-``cluster``, ``[task]`` and ``[policy]`` in ``policy``); the controller owns ``[job]``,
+``cluster``, ``[task]`` and ``[policy]`` in ``policy``, ``[trainer]`` and ``[model]`` in
+``llm``); the controller owns ``[job]``,
 ``[retry]``, ``[checkpoint]`` and ``[liveness]`` here, and the root that holds them all.
 Every section is optional in the file and every field has a default, so an empty file (or
 no file) is the default job. A refused value is reported with its field path
@@ -30,7 +31,9 @@ from .._settings import (
 from .._settings import config_differences as _differences
 from .._settings import config_from_builtins as _from_builtins
 from ..cluster import RayConfig
+from ..errors import ConfigError
 from ..history import ReusePolicy
+from ..llm import ModelConfig, TrainerConfig
 from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig
 from ..rollout import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
@@ -42,6 +45,7 @@ __all__ = [
     "RecoveryConfig",
     "RetryConfig",
     "RunConfig",
+    "check_combination",
     "config_differences",
     "config_from_builtins",
     "load_config",
@@ -114,6 +118,8 @@ class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     job: JobConfig = msgspec.field(default_factory=JobConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
@@ -152,7 +158,40 @@ def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
     config = _from_builtins(data, RunConfig)
     check_server_urls(config.http)
+    check_combination(config)
     return config
+
+
+# What each generation backend samples from and runs: its trainer kinds and task kinds.
+# The simulated agents and the Ray workers generate from the numpy policy's snapshot, the
+# HTTP backend runs the digit task and pushes the numpy policy to its servers, and the
+# transformers backend samples the torch trainer's model for the emit-token task.
+_BACKEND_PARTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "simulated": (frozenset({"numpy"}), frozenset({"digits"})),
+    "ray": (frozenset({"numpy"}), frozenset({"digits"})),
+    "http": (frozenset({"numpy"}), frozenset({"digits"})),
+    "transformers": (frozenset({"torch"}), frozenset({"emit_token"})),
+}
+
+
+def check_combination(config: RunConfig) -> None:
+    """Refuse a trainer or task the generation backend cannot serve, naming the field."""
+    backend = config.generation.backend
+    for part, kind, path in (
+        ("trainer", config.trainer.kind, "$.trainer.kind"),
+        ("task", config.task.kind, "$.task.kind"),
+    ):
+        index = 0 if part == "trainer" else 1
+        accepted = _BACKEND_PARTS[backend][index]
+        if kind in accepted:
+            continue
+        serving = [name for name, parts in _BACKEND_PARTS.items() if kind in parts[index]]
+        raise ConfigError(
+            f"generation backend {backend!r} needs [{part}] kind = "
+            f"{' or '.join(map(repr, sorted(accepted)))}; {part} kind {kind!r} works with "
+            f"[generation] backend = {' or '.join(map(repr, serving))}",
+            path=path,
+        )
 
 
 def config_differences(a: RunConfig, b: RunConfig, *, which: str = "all") -> list[str]:

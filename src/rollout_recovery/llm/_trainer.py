@@ -23,7 +23,7 @@ its momentum, with nothing to learn from.
 
 State for checkpoints (:meth:`state_files`): ``model.safetensors`` (parameters),
 ``optimizer.safetensors`` (AdamW moments and step counts per parameter) and
-``trainer.json`` (version, counters, the trainer's own torch, numpy and python RNG
+``state.json`` (version, counters, the trainer's own torch, numpy and python RNG
 states); never pickle. :meth:`state` / :meth:`load_state` carry the same as numpy arrays.
 Loading either back makes the trainer continue bit for bit as the saved one would have.
 """
@@ -63,7 +63,7 @@ __all__ = [
 
 MODEL_STATE_FILE = "model.safetensors"
 OPTIMIZER_STATE_FILE = "optimizer.safetensors"
-TRAINER_STATE_FILE = "trainer.json"
+TRAINER_STATE_FILE = "state.json"
 #: exp(20) is about 5e8: far outside any clip range, finite in fp32.
 DEFAULT_MAX_LOG_RATIO = 20.0
 
@@ -76,7 +76,7 @@ _ARRAY_META = "trainer_json"
 
 
 class _TrainerMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``trainer.json``: everything but tensors."""
+    """``state.json``: everything but tensors."""
 
     format: int
     version: int

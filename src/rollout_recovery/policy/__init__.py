@@ -21,7 +21,7 @@ from ._numpy_policy import (
     log_softmax,
     row_token_contexts,
 )
-from ._protocol import Trainer, TrainSample
+from ._protocol import FileStateTrainer, Trainer, TrainSample
 from ._tasks import (
     ANSWER,
     ANSWER_TOKENS,
@@ -71,6 +71,7 @@ __all__ = [
     "THINK",
     "THOUGHT_BASE",
     "VOCAB_SIZE",
+    "FileStateTrainer",
     "NumpyGRPOTrainer",
     "PolicyConfig",
     "PolicySnapshot",

@@ -1,21 +1,40 @@
-"""``[task]`` and ``[policy]``: the synthetic task set and the numpy policy's update rule.
+"""``[task]`` and ``[policy]``: the prompt set and the numpy policy's update rule.
 
 Both are the job's identity: they change what is trained.
 """
 
 from __future__ import annotations
 
-from .._settings import PositiveFloat, PositiveInt, Section
+from typing import Annotated, Literal
 
-__all__ = ["PolicyConfig", "TaskConfig"]
+from msgspec import Meta
+
+from .._settings import NonNegativeInt, PositiveFloat, PositiveInt, Section
+
+__all__ = ["PolicyConfig", "TaskConfig", "TaskKind"]
+
+TaskKind = Literal["digits", "emit_token"]
 
 
 class TaskConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``[task]``: the simulated prompt set."""
+    """``[task]``: the prompt set and how an episode is graded.
 
+    ``"digits"`` is the synthetic agent task (a reasoning call, then an answer digit) of
+    the numpy policy, simulated agents and HTTP servers; ``"emit_token"`` is the LLM task
+    (``llm.EmitTokenTask``): a prompt of random tokens, ``max_tokens`` sampled tokens, the
+    reward the share of them equal to ``target_token``.
+    """
+
+    kind: TaskKind = "digits"
     dataset_size: PositiveInt = 4096
-    #: Every k-th prompt uses prompt_group granularity, the rest sibling granularity.
+    #: Every k-th prompt uses prompt_group granularity, the rest sibling granularity
+    #: ("digits").
     prompt_group_every: PositiveInt = 4
+    #: The token id the reward counts ("emit_token"); below the model's vocabulary. 313 is
+    #: the tiny Llama's most likely first token (p about 0.004).
+    target_token: NonNegativeInt = 313
+    #: Tokens sampled per attempt ("emit_token").
+    max_tokens: Annotated[int, Meta(ge=1, le=4096)] = 8
 
 
 class PolicyConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TrainSample", "Trainer"]
+__all__ = ["FileStateTrainer", "TrainSample", "Trainer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,3 +56,18 @@ class Trainer(Protocol):
     def state(self) -> dict[str, npt.NDArray[Any]]: ...
 
     def load_state(self, state: Mapping[str, npt.NDArray[Any]]) -> None: ...
+
+
+@runtime_checkable
+class FileStateTrainer(Protocol):
+    """A trainer whose state is files (safetensors, JSON), saved as they are.
+
+    A checkpoint saves ``state_files()`` (plain file name -> bytes) instead of
+    ``state()``'s arrays when the trainer has both methods, and a restore hands them back
+    to ``load_state_files``, which restores exactly or refuses changing nothing. Large
+    models keep their native formats this way, with no second copy in a numpy archive.
+    """
+
+    def state_files(self) -> dict[str, bytes]: ...
+
+    def load_state_files(self, files: Mapping[str, bytes]) -> None: ...

@@ -38,8 +38,9 @@ class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields
     #: "simulated": in-process agents with injected [faults]; "http": real generation
     #: servers, configured in [http] ([faults] is not injected there: the servers' own
     #: failures are the faults); "ray": generation actors and data shards on a Ray
-    #: cluster, configured in [ray] (needs the [ray] extra).
-    backend: Literal["simulated", "http", "ray"] = "simulated"
+    #: cluster, configured in [ray] (needs the [ray] extra); "transformers": the torch
+    #: trainer's own model sampled in process (the [llm] extra; [task] kind "emit_token").
+    backend: Literal["simulated", "http", "ray", "transformers"] = "simulated"
     #: Simulated workers (the simulated backend only).
     workers: Annotated[PositiveInt, OPERATIONAL] = 4
     max_inflight_attempts: Annotated[PositiveInt, OPERATIONAL] = 64

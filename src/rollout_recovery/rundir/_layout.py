@@ -20,6 +20,7 @@ owner only (``PRIVATE_FILE_MODE``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,20 @@ class CheckpointFiles:
     controller_state: str = "controller_state.msgpack"
     #: The trainer's state (weights, optimizer, RNG), as plain arrays.
     trainer_state: str = "policy.npz"
+    #: Or, for a trainer whose state is files (``policy.FileStateTrainer``: the torch
+    #: trainer's safetensors and JSON), each of them under this prefix
+    #: (``trainer.model.safetensors``), instead of ``trainer_state``.
+    trainer_file_prefix: str = "trainer."
+
+    def trainer_file(self, name: str) -> str:
+        """The checkpoint's name for the trainer's state file ``name``."""
+        return self.trainer_file_prefix + name
+
+    def trainer_files(self, names: Iterable[str]) -> dict[str, str]:
+        """The trainer's state files among a checkpoint's ``names``: checkpoint name ->
+        the trainer's own name."""
+        prefix = self.trainer_file_prefix
+        return {name: name[len(prefix) :] for name in names if name.startswith(prefix)}
 
 
 CHECKPOINT_FILES = CheckpointFiles()

@@ -1,0 +1,153 @@
+"""Where ``[model] source`` is on disk, building it on first use, and its digest.
+
+``"tiny-llama"`` is built and ``"smollm2"`` converted into the cache directory once, under
+a file lock (two jobs starting together build it once), and published whole (a killed
+build leaves no model a later start would take as complete). A local directory is used
+in place. Imports torch only when a model has to be built.
+
+The digest is the job's identity for a model (``[model] digest``): sha256 over the files
+the trainer reads (``config.json``, the safetensors weights and their index), names and
+sizes included, so a changed weight or config makes another job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Final
+
+from ..errors import ConfigError, InvalidOperationError
+from ._config import ModelConfig
+from ._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
+
+__all__ = [
+    "SMOLLM2_SOURCE",
+    "TINY_LLAMA_SOURCE",
+    "TINY_LLAMA_SPEC",
+    "default_cache_dir",
+    "model_digest",
+    "model_directory",
+    "prepare_model",
+]
+
+TINY_LLAMA_SOURCE: Final = "tiny-llama"
+SMOLLM2_SOURCE: Final = "smollm2"
+#: The tiny model the trainer trains: the vLLM tests' model, stored in fp32 so the
+#: trainer's master weights start from exactly the built ones.
+TINY_LLAMA_SPEC: Final = TinyLlamaSpec(dtype="float32")
+#: SmolLM2 is stored in bf16 (269 MB); the trainer reads it as fp32.
+_SMOLLM2_DIR: Final = "smollm2-135m-instruct-bf16"
+_WEIGHT_INDEX: Final = "model.safetensors.index.json"
+_CHUNK: Final = 1 << 20
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/rollout-recovery/models``, or ``~/.cache/rollout-recovery/models``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rollout-recovery" / "models"
+
+
+def _cache(model: ModelConfig) -> Path:
+    return Path(model.cache_dir).expanduser() if model.cache_dir else default_cache_dir()
+
+
+def _tiny_name() -> str:
+    spec = json.dumps(asdict(TINY_LLAMA_SPEC), sort_keys=True).encode()
+    return f"tiny-llama-{hashlib.sha256(spec).hexdigest()[:12]}"
+
+
+def model_directory(model: ModelConfig) -> Path:
+    """Where ``model.source`` is (or will be, once :func:`prepare_model` built it)."""
+    if model.source == TINY_LLAMA_SOURCE:
+        return _cache(model) / _tiny_name()
+    if model.source == SMOLLM2_SOURCE:
+        return _cache(model) / _SMOLLM2_DIR
+    return Path(model.source).expanduser()
+
+
+def prepare_model(model: ModelConfig) -> Path:
+    """The model's directory, built or converted first if it is not there yet.
+
+    A ``ConfigError`` at ``$.model.source`` for a directory that is not a model, or for
+    SmolLM2 without its wheel (the message says what to install).
+    """
+    directory = model_directory(model)
+    if model.source not in (TINY_LLAMA_SOURCE, SMOLLM2_SOURCE):
+        if not (directory / "config.json").is_file():
+            raise ConfigError(
+                f"{str(directory)!r} is not a model directory (no config.json); the source "
+                f"is {TINY_LLAMA_SOURCE!r}, {SMOLLM2_SOURCE!r} or the path of a local "
+                "Hugging Face model directory",
+                path="$.model.source",
+            )
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory):
+        if model.source == TINY_LLAMA_SOURCE:
+            if not is_complete(directory, TINY_LLAMA_SPEC):
+                build_tiny_llama(directory, TINY_LLAMA_SPEC)
+        elif not (directory / "config.json").is_file():
+            _convert_smollm2(directory)
+    return directory
+
+
+def _convert_smollm2(directory: Path) -> None:
+    import torch
+
+    from ._smollm2 import convert_smollm2
+
+    try:
+        convert_smollm2(directory, dtype=torch.bfloat16)
+    except InvalidOperationError as error:
+        raise ConfigError(str(error), path="$.model.source") from None
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """One builder per cached model across processes (flock on a file beside it)."""
+    with open(directory.parent / f".{directory.name}.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _weight_files(directory: Path) -> list[str]:
+    if (directory / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    index = directory / _WEIGHT_INDEX
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{str(directory)!r} has neither model.safetensors nor a readable {_WEIGHT_INDEX}",
+            path="$.model.source",
+        ) from None
+    return [_WEIGHT_INDEX, *sorted(set(weight_map.values()))]
+
+
+def model_digest(directory: Path) -> str:
+    """sha256 (hex) of the model's ``config.json`` and weight files, names and sizes
+    included (the identity ``[model] digest`` records)."""
+    directory = Path(directory)
+    digest = hashlib.sha256()
+    for name in ["config.json", *_weight_files(directory)]:
+        path = directory / name
+        try:
+            size = path.stat().st_size
+            digest.update(f"{name}\0{size}\0".encode())
+            with open(path, "rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+        except OSError as error:
+            raise ConfigError(
+                f"cannot read {str(path)!r}: {error.strerror or error}", path="$.model.source"
+            ) from None
+    return digest.hexdigest()
