@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from rollout_recovery.history import (
+    AttemptsAbandoned,
     BatchAdmitted,
     GroupSealed,
     PromptDropped,
@@ -31,6 +32,7 @@ from rollout_recovery.history import (
     check_trail,
     read_entries,
 )
+from rollout_recovery.rollout import FailureReason
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -268,3 +270,32 @@ def test_a_restore_that_rolls_training_back_keeps_generation_inside_the_window(
             early.append((record.group_id, target[record.group_id], step))
     assert not early, f"rounds started outside the window (group, target, step): {early[:5]}"
     assert check_trail(out).ok
+
+
+@pytest.mark.slow
+def test_kills_in_a_row_do_not_spend_the_retry_budget_of_interrupted_groups(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    # One round per group and no faults: the only thing that ends a round early is a
+    # kill. A round a kill interrupted must not count, or every group in flight at the
+    # kill is dropped at the rerun (and its step stranded short).
+    config = write_config(
+        {**JOURNAL_JOB, "retry": {"max_rounds": 1}, "faults": {}}, faults_off=True
+    )
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 3)
+    kill_at_step(run_cli_until, out, config, 5)
+    finished = run_cli(["--out", str(out), "--config", str(config), "--plain"])
+    assert finished.returncode == 0, finished.stdout
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    interrupted = [
+        r
+        for r in records
+        if isinstance(r, AttemptsAbandoned)
+        and all(a.reason is FailureReason.RESTART for a in r.attempts)
+    ]
+    assert interrupted, "no kill found a group generating"
+    rounds = [r for r in records if isinstance(r, RoundStarted)]
+    assert {r.group_id for r in interrupted} <= {r.group_id for r in rounds if r.round == 1}
+    assert not [r for r in records if isinstance(r, PromptDropped)]
+    assert audit_run(out).ok
