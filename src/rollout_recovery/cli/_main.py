@@ -42,6 +42,9 @@ def _register() -> None:
     from ._serve import serve
 
     cli.add_command(serve)
+    from ._journal import journal
+
+    cli.add_command(journal)
 
 
 _register()
