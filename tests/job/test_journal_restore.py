@@ -18,9 +18,12 @@ from typing import Any
 
 import pytest
 
+from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.history import (
     AttemptsAbandoned,
     BatchAdmitted,
+    GroupPublished,
     GroupSealed,
     PromptDropped,
     Restored,
@@ -299,3 +302,50 @@ def test_kills_in_a_row_do_not_spend_the_retry_budget_of_interrupted_groups(
     assert {r.group_id for r in interrupted} <= {r.group_id for r in rounds if r.round == 1}
     assert not [r for r in records if isinstance(r, PromptDropped)]
     assert audit_run(out).ok
+
+
+@pytest.mark.slow
+def test_a_restore_counts_lost_only_the_tokens_of_the_attempts_the_kill_interrupted(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    # Checkpoints every 2 steps: the staged rows of published groups wait in the store for
+    # deferred deletion, next to the rows of the attempts in flight at the kill.
+    config = write_config({**JOURNAL_JOB, "checkpoint": {"every_steps": 2, "keep": 3}})
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--config", str(config), "--plain"]
+    # Killed right after a call was staged (32 calls a step: about step 5), so at least
+    # one interrupted attempt has a staged call.
+    killed = run_cli(args, env={"ROLLOUT_RECOVERY_CRASH_AT": "capture.before_ack:160"})
+    assert killed.returncode == -9, killed.stdout
+    dispatched: set[str] = set()
+    closed: set[str] = set()
+    published: set[str] = set()
+    for entry in read_entries(out / "events.jsonl"):
+        record = entry.record
+        if isinstance(record, RoundStarted):
+            dispatched.update(a.rollout_id for a in record.dispatched)
+        elif isinstance(record, SiblingSealed):
+            closed.add(record.seal.rollout_id)
+        elif isinstance(record, GroupSealed):
+            closed.update(seal.rollout_id for seal in record.seals)
+        elif isinstance(record, AttemptsAbandoned):
+            closed.update(a.rollout_id for a in record.attempts)
+        elif isinstance(record, PromptDropped):
+            closed.update(r for r in dispatched if r.startswith(f"{record.group_id}_g"))
+        elif isinstance(record, GroupPublished):
+            published.add(record.group_id)
+    interrupted = dispatched - closed
+    with SqliteDataPlane(out / "dataplane.sqlite") as store:
+        keys = store.keys(STAGING_PARTITION)
+        mine = [key for key in keys if key.split("/")[0] in interrupted]
+        expected = sum(int(row.token_mask.sum()) for row in store.get(STAGING_PARTITION, mine))
+        waiting = [key for key in keys if key.split("_g")[0] in published]
+    assert mine, "no call of an interrupted attempt was staged at the kill"
+    assert waiting, "no published group's rows were waiting for deferred deletion"
+    finished = run_cli(args)
+    assert finished.returncode == 0, finished.stdout
+    (restore,) = [
+        e.record for e in read_entries(out / "events.jsonl") if isinstance(e.record, Restored)
+    ]
+    assert restore.tokens_in_flight_lost == expected
+    assert restore.tokens_lost == 0  # reuse = "all"

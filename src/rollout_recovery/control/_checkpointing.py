@@ -415,7 +415,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
-        in_flight_tokens = _unsealed_tokens(ledger, store.inner)
+        in_flight_tokens = _tokens_of_attempts(store.inner, outcome.open_attempts)
         # Against the inner store: deletions at restore are immediate, nothing needs them.
         cleared = reconcile_staging(
             ledger, store.inner, cut, partition=STAGING_PARTITION, clear_unreferenced=True
@@ -505,10 +505,18 @@ def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
-def _unsealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
-    """Generated tokens of staged calls no seal names: attempts the crash interrupted."""
-    orphans = sorted(set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys())
-    rows = store.get(STAGING_PARTITION, orphans) if orphans else []
+def _tokens_of_attempts(store: Any, rollout_ids: set[str]) -> int:
+    """Generated tokens of the staged calls of ``rollout_ids`` (the attempts the crash
+    interrupted). Not every staged row no seal names: rows of published groups wait
+    there for deferred deletion, and rows of seals the policy discarded are counted as
+    discarded."""
+    keys = sorted(
+        key
+        for key in store.keys(STAGING_PARTITION)
+        # A staging key is ``{rollout_id}/{model_call_id}``.
+        if key.partition("/")[0] in rollout_ids
+    )
+    rows = store.get(STAGING_PARTITION, keys) if keys else []
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
