@@ -3,7 +3,7 @@ run finishes and the audit passes.
 
 The runs are the fast job of conftest.py (10 steps of 4 x 4, a checkpoint every 2 steps)
 with 5 ms calls and many stragglers, so kills find attempts in flight and half-sealed
-groups. The main test passes an explicit schedule so that five distinct crash points
+groups. The main test passes an explicit schedule so that six distinct crash points
 fire whatever the seeded plan would have drawn; the CLI test uses the seeded plan.
 """
 
@@ -40,6 +40,7 @@ CHAOS_JOB: dict[str, dict[str, Any]] = {
 SCHEDULE = [
     PlannedKill(None, 4),  # after "step 2/10": the bootstrap checkpoint is committed
     PlannedKill("restore.mid", 1),
+    PlannedKill("journal.before_cut", 1),  # the harness tears the journal's tail first
     PlannedKill("checkpoint.before_committed", 1),
     PlannedKill("finalize.after_put", 3),
     PlannedKill("train.before_clear", 1),
@@ -77,17 +78,23 @@ def test_kills_at_named_crash_points_are_verified_and_the_audit_passes(
         sorted(Counter(planned.label for planned in SCHEDULE).items())
     ), history
     assert report.not_reached_by_point == {}
-    assert [outcome.result for outcome in report.outcomes[: len(SCHEDULE)]] == ["killed"] * 6
+    assert [outcome.result for outcome in report.outcomes[: len(SCHEDULE)]] == ["killed"] * 7
     assert report.outcomes[-1].result == "finished"
     assert report.runs == len(SCHEDULE) + report.final_reruns
-    # Every child but the one killed mid-restore (and the fresh first) restored.
-    assert report.restores == report.runs - 2, history
-    assert len(report.tokens_wasted) == report.restores
+    # Every child but the two killed inside a restore (and the fresh first) restored.
+    assert report.restores == report.runs - 3, history
+    assert len(report.tokens_wasted) == len(report.tokens_unsealed) == report.restores
+    # The torn tail survived the kill at its cut; the next restore cut it.
+    assert report.torn_tails_cut == 1, history
+    # reuse = "all": no seal discarded, only unsealed work is lost.
+    assert report.sealed_regenerated == 0
+    assert report.tokens_wasted == report.tokens_unsealed
     assert report.audit.counts["steps"] == 10
     assert report.longest_checkpoint_stall_s is not None
     assert report.stall_source == "final run summary"
     data = report.to_json()
-    assert data["kills"] == 6 and data["ok"] is True
+    assert data["kills"] == 7 and data["ok"] is True
+    assert data["tokens"]["kills_wasting_more_than_unsealed"] == 0
     json.dumps(data)  # serializable as is
 
 
@@ -129,9 +136,17 @@ def test_cli_json_report(tmp_path: Path, chaos_config: Path) -> None:
     assert data["kills"] + sum(data["not_reached_by_point"].values()) == 2
     assert set(data["kills_by_point"]) <= CRASH_POINTS | {RANDOM}
     assert {"reused", "regenerated"} == set(data["sealed_siblings"])
-    assert {"reused", "wasted_total", "wasted_per_kill_mean", "wasted_per_kill_max"} == set(
-        data["tokens"]
-    )
+    assert {
+        "reused",
+        "wasted_total",
+        "wasted_per_kill_mean",
+        "wasted_per_kill_max",
+        "unsealed_total",
+        "unsealed_per_kill_mean",
+        "unsealed_per_kill_max",
+        "kills_wasting_more_than_unsealed",
+    } == set(data["tokens"])
+    assert {"replayed_records", "torn_tails_cut"} <= set(data)
     assert data["audit"]["verdict"] == "pass"
     assert {"counts", "violation_count", "first_violations"} <= set(data["audit"])
     expected = plan_kills(2, 5, KillRanges.for_config(load_config(chaos_config, seed=5)))
@@ -171,7 +186,9 @@ def test_restore_mid_is_never_planned_while_the_run_is_fresh() -> None:
         plan = plan_kills(6, seed, ranges)
         fresh = True
         for planned in plan:
-            assert not (fresh and planned.point in ("restore.mid", "replay.mid")), (seed, plan)
+            assert not (
+                fresh and planned.point in ("restore.mid", "replay.mid", "journal.before_cut")
+            ), (seed, plan)
             fresh = (
                 fresh
                 and planned.count == 1

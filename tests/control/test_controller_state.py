@@ -18,6 +18,13 @@ from rollout_recovery.control._state import (
     encode_controller_state,
 )
 from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.history import (
+    AbandonedAttempt,
+    AttemptsAbandoned,
+    FreshAttempt,
+    RoundStarted,
+)
+from rollout_recovery.rollout import FailureReason
 
 REQUIRED = (
     "step",
@@ -222,3 +229,35 @@ def test_the_initial_state_names_its_version_and_nothing_else() -> None:
     assert (state.step, state.weight_version, state.highest_weight_version) == (0, 5, 5)
     assert state.lineage == [5] and state.rounds_used == {} and state.shortfall == {}
     assert decode_controller_state(encode_controller_state(state)) == state
+
+
+def _round(group: str, number: int) -> RoundStarted:
+    return RoundStarted(
+        group_id=group,
+        round=number,
+        dispatched=[FreshAttempt(0, f"{group}_g0_a{number:032x}")],
+        weight_version=0,
+    )
+
+
+def _abandoned(group: str, number: int, reason: FailureReason) -> AttemptsAbandoned:
+    return AttemptsAbandoned(
+        group_id=group,
+        attempts=[AbandonedAttempt(0, f"{group}_g0_a{number:032x}", reason)],
+    )
+
+
+def test_a_round_a_crash_interrupted_goes_back_to_the_retry_budget() -> None:
+    state = ControllerState.initial(0)
+    state.apply(_round("g1", 1))
+    state.apply(_abandoned("g1", 1, FailureReason.ATTEMPT_FAILED))  # the prompt's round failed
+    state.apply(_round("g1", 2))
+    assert state.rounds_used == {"g1": 2} and state.counters.retries == 1
+    # A restart abandons the attempts round 2 had in flight: round 2 is given back.
+    state.apply(_abandoned("g1", 2, FailureReason.RESTART))
+    assert state.rounds_used == {"g1": 1} and state.counters.retries == 1
+    state.apply(_round("g1", 2))
+    assert state.rounds_used == {"g1": 2}
+    # Never below zero, and a group with no round is left alone.
+    state.apply(_abandoned("g2", 1, FailureReason.RESTART))
+    assert "g2" not in state.rounds_used

@@ -15,7 +15,8 @@ Rules:
   the next one (as the rollout pump does);
 - ``generation_round``: one round of one group (``Controller._run_round``), each sibling
   succeeding, returning a poisoned capture, failing, crashing its worker, or hanging; a
-  group out of retry rounds is dropped instead;
+  group out of retry rounds is dropped instead (a round a crash interrupted is given
+  back);
 - ``deadline``: the hung attempts reach their deadline (the virtual clock moves);
 - ``worker_crash``: the worker under some hung attempts dies, failing them at once;
 - ``publish``: a sealed group is published;
@@ -865,6 +866,10 @@ class ControllerMachine(RuleBasedStateMachine):
             for index, rid in plan.rollout_ids.items()
             if index not in model.groups[gid].sealed
         }
+        for gid, plan in model.inflight.items():
+            if any(index not in model.groups[gid].sealed for index in plan.rollout_ids):
+                # The restart abandons the round's attempts and gives the round back.
+                model.groups[gid].rounds -= 1
         model.inflight.clear()
         # The journal kept everything else; training after the checkpoint rolls back.
         for gid, step in list(model.trained_in.items()):

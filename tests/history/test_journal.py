@@ -16,6 +16,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -102,6 +103,57 @@ def test_a_scan_from_a_position_reads_only_what_follows(tmp_path: Path) -> None:
     assert scan.entries[0].line == 6
     limited = scan_journal(path, start=positions[1], limit=positions[3])
     assert [entry.record.prompt_idx for entry in limited.entries] == [2, 3]
+
+
+class _CountingReads:
+    """``open`` for the journal module: counts the bytes every scan reads."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def __call__(self, path: Path, mode: str) -> Any:
+        counter, handle = self, open(path, mode)  # noqa: SIM115 (the scan closes it)
+
+        class Counted:
+            def __enter__(self) -> Counted:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                handle.close()
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(handle, name)
+
+            def read(self, size: int = -1) -> bytes:
+                data = handle.read(size)
+                counter.read += len(data)
+                return data
+
+        return Counted()
+
+
+def test_a_scan_with_its_start_line_reads_only_the_bytes_it_scans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(50)])
+    reads = _CountingReads()
+    monkeypatch.setattr(_journal, "open", reads, raising=False)
+    scan = scan_journal(path, start=positions[39], limit=positions[44], start_line=41)
+    assert [entry.record.prompt_idx for entry in scan.entries] == [40, 41, 42, 43, 44]
+    assert [entry.line for entry in scan.entries] == [41, 42, 43, 44, 45]
+    assert scan.end_line == 46
+    assert reads.read == positions[44] - positions[39]  # not the 40 records before
+
+
+def test_a_scan_without_its_start_line_counts_the_lines_before_it(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    positions = write(path, [taken(i) for i in range(30)])
+    scan = scan_journal(path, start=positions[19])
+    assert [entry.line for entry in scan.entries] == list(range(21, 31))
+    assert scan.end_line == 31
+    # From the end: nothing to read, the next line is the 31st.
+    assert scan_journal(path, start=positions[-1]).end_line == 31
 
 
 def test_a_reopened_writer_appends_after_the_existing_records(tmp_path: Path) -> None:

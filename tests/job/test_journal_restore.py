@@ -18,8 +18,12 @@ from typing import Any
 
 import pytest
 
+from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.history import (
+    AttemptsAbandoned,
     BatchAdmitted,
+    GroupPublished,
     GroupSealed,
     PromptDropped,
     Restored,
@@ -31,6 +35,7 @@ from rollout_recovery.history import (
     check_trail,
     read_entries,
 )
+from rollout_recovery.rollout import FailureReason
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -268,3 +273,79 @@ def test_a_restore_that_rolls_training_back_keeps_generation_inside_the_window(
             early.append((record.group_id, target[record.group_id], step))
     assert not early, f"rounds started outside the window (group, target, step): {early[:5]}"
     assert check_trail(out).ok
+
+
+@pytest.mark.slow
+def test_kills_in_a_row_do_not_spend_the_retry_budget_of_interrupted_groups(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    # One round per group and no faults: the only thing that ends a round early is a
+    # kill. A round a kill interrupted must not count, or every group in flight at the
+    # kill is dropped at the rerun (and its step stranded short).
+    config = write_config(
+        {**JOURNAL_JOB, "retry": {"max_rounds": 1}, "faults": {}}, faults_off=True
+    )
+    out = tmp_path / "run"
+    kill_at_step(run_cli_until, out, config, 3)
+    kill_at_step(run_cli_until, out, config, 5)
+    finished = run_cli(["--out", str(out), "--config", str(config), "--plain"])
+    assert finished.returncode == 0, finished.stdout
+    records = [e.record for e in read_entries(out / "events.jsonl")]
+    interrupted = [
+        r
+        for r in records
+        if isinstance(r, AttemptsAbandoned)
+        and all(a.reason is FailureReason.RESTART for a in r.attempts)
+    ]
+    assert interrupted, "no kill found a group generating"
+    rounds = [r for r in records if isinstance(r, RoundStarted)]
+    assert {r.group_id for r in interrupted} <= {r.group_id for r in rounds if r.round == 1}
+    assert not [r for r in records if isinstance(r, PromptDropped)]
+    assert audit_run(out).ok
+
+
+@pytest.mark.slow
+def test_a_restore_counts_lost_only_the_tokens_of_the_attempts_the_kill_interrupted(
+    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+) -> None:
+    # Checkpoints every 2 steps: the staged rows of published groups wait in the store for
+    # deferred deletion, next to the rows of the attempts in flight at the kill.
+    config = write_config({**JOURNAL_JOB, "checkpoint": {"every_steps": 2, "keep": 3}})
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--config", str(config), "--plain"]
+    # Killed right after a call was staged (32 calls a step: about step 5), so at least
+    # one interrupted attempt has a staged call.
+    killed = run_cli(args, env={"ROLLOUT_RECOVERY_CRASH_AT": "capture.before_ack:160"})
+    assert killed.returncode == -9, killed.stdout
+    dispatched: set[str] = set()
+    closed: set[str] = set()
+    published: set[str] = set()
+    for entry in read_entries(out / "events.jsonl"):
+        record = entry.record
+        if isinstance(record, RoundStarted):
+            dispatched.update(a.rollout_id for a in record.dispatched)
+        elif isinstance(record, SiblingSealed):
+            closed.add(record.seal.rollout_id)
+        elif isinstance(record, GroupSealed):
+            closed.update(seal.rollout_id for seal in record.seals)
+        elif isinstance(record, AttemptsAbandoned):
+            closed.update(a.rollout_id for a in record.attempts)
+        elif isinstance(record, PromptDropped):
+            closed.update(r for r in dispatched if r.startswith(f"{record.group_id}_g"))
+        elif isinstance(record, GroupPublished):
+            published.add(record.group_id)
+    interrupted = dispatched - closed
+    with SqliteDataPlane(out / "dataplane.sqlite") as store:
+        keys = store.keys(STAGING_PARTITION)
+        mine = [key for key in keys if key.split("/")[0] in interrupted]
+        expected = sum(int(row.token_mask.sum()) for row in store.get(STAGING_PARTITION, mine))
+        waiting = [key for key in keys if key.split("_g")[0] in published]
+    assert mine, "no call of an interrupted attempt was staged at the kill"
+    assert waiting, "no published group's rows were waiting for deferred deletion"
+    finished = run_cli(args)
+    assert finished.returncode == 0, finished.stdout
+    (restore,) = [
+        e.record for e in read_entries(out / "events.jsonl") if isinstance(e.record, Restored)
+    ]
+    assert restore.tokens_in_flight_lost == expected
+    assert restore.tokens_lost == 0  # reuse = "all"

@@ -97,6 +97,22 @@ def test_round_trip_and_manifest(store: CheckpointStore) -> None:
     }
 
 
+def test_read_marks_reads_the_manifest_alone(store: CheckpointStore) -> None:
+    path = store.save(3, files_for(3), marks={"events.jsonl": 1234, "metrics.jsonl": 56})
+    [committed] = store.committed()
+    # A damaged file fails load, but the manifest still says where the history ends.
+    (path / "data_plane.snapshot").write_bytes(b"damaged")
+    with pytest.raises(CheckpointDirectoryError, match="size mismatch"):
+        store.load(committed)
+    assert store.read_marks(committed) == {"events.jsonl": 1234, "metrics.jsonl": 56}
+    (path / "COMMITTED").write_text('{"format": "rollout-recovery-checkpoint"}')
+    with pytest.raises(CheckpointDirectoryError, match="manifest fields wrong"):
+        store.read_marks(committed)
+    (path / "COMMITTED").unlink()
+    with pytest.raises(CheckpointDirectoryError, match="missing COMMITTED"):
+        store.read_marks(committed)
+
+
 def test_latest_names_the_newest_save(store: CheckpointStore) -> None:
     store.save(10, files_for(10))
     assert latest(store) == "step_000010\n"

@@ -11,6 +11,11 @@ stream. Each planned kill is one of:
   ``ROLLOUT_RECOVERY_CRASH_AT``: the child SIGKILLs itself at the N-th hit, inside a
   checkpoint write, between a put and a discard, and so on.
 
+A *torn tail* (``journal.before_cut``) needs what a SIGKILL never makes, a journal write
+torn by a power cut: before that child starts, the harness appends the first bytes of a
+record without its end (:data:`TORN_RECORD`) to ``events.jsonl``, as a machine that lost
+power mid-append leaves it, and arms the crash point at the restore's cut of that tail.
+
 A kill is verified: the child died of SIGKILL (return code -9) and, for a crash point,
 printed ``crash point <name> fired``. A child that finished (exit 0) before its kill came
 is reported as "not reached", not as a kill, and the run is then complete, so the rest of
@@ -23,13 +28,14 @@ the same seed and config give the same schedule (:func:`plan_kills`).
 
 What the report measures, and where it reads it:
 
-- sealed siblings reused vs regenerated, and sealed tokens reused and wasted, come from the
-  ``restored`` events, collected from ``events.jsonl`` after every child. They must be
-  collected as they appear: a later restore cuts the trail back to its checkpoint, and
-  with it the ``restored`` events of reruns that died before committing anything.
-  "Tokens wasted per kill" is each restore's ``tokens_lost``: the tokens of sealed
-  siblings the kill cut off (tokens of attempts still in flight are never sealed, so they
-  are not in the trail and not counted).
+- sealed siblings reused vs regenerated, and the tokens reused and wasted, come from each
+  restore's ``restored`` record, read from ``events.jsonl`` right after the child that
+  wrote it (the child's "resumed from" line says it got that far). Per kill, "tokens
+  wasted" is every generated token the restore threw away: the seals its reuse policy
+  discarded (``tokens_lost``) plus the calls staged by attempts the kill interrupted
+  (``tokens_in_flight_lost``); "tokens unsealed at the kill" is the second part alone.
+  With ``reuse = "all"`` no seal is discarded, so the two are equal: only unsealed work
+  is lost. (Calls still running at the kill were never staged and are counted nowhere.)
 - the longest checkpoint stall is read from the final run's summary line ("longest
   checkpoint stall"), or, failing that, from the ``checkpoint_committed`` records of the
   history, each of which says its own stall.
@@ -60,6 +66,8 @@ from ..rundir import CheckpointStore, RunDirectory
 
 __all__ = [
     "RANDOM",
+    "TORN_RECORD",
+    "UNPLANNED_POINTS",
     "AuditVerdict",
     "ChaosReport",
     "KillOutcome",
@@ -163,23 +171,31 @@ class KillRanges:
                 # Per checkpoint.
                 "snapshot.in_hold": (1, 2),
                 "snapshot.before_write": (1, 2),
+                # The restore's cut of the torn tail the harness made (once per process).
+                "journal.before_cut": (1, 1),
             },
         )
 
 
-#: Crash points a kill cannot reach on its own: a torn journal tail needs a torn write,
-#: which a SIGKILL never makes (a test tears the file itself to reach it).
-UNPLANNED_POINTS = frozenset({"journal.before_cut"})
+#: Crash points the plan never draws (none today: the one a kill cannot reach on its own,
+#: ``journal.before_cut``, is reached by tearing the journal first, see :data:`TORN_RECORD`).
+UNPLANNED_POINTS: frozenset[str] = frozenset()
 
 #: Points only a resumed child reaches (a fresh one has nothing to restore).
-_RESUME_POINTS = frozenset({"restore.mid", "replay.mid"})
+_RESUME_POINTS = frozenset({"restore.mid", "replay.mid", "journal.before_cut"})
+
+#: What a power cut leaves of a journal append in progress: a record's first bytes, no
+#: newline, so no checksum can match. Written by the harness before a ``journal.before_cut``
+#: child (the record never completed, so nothing was acknowledged by it).
+TORN_RECORD = b'{"crc":"00000000","event":"sibling_sealed","group_id":"g00'
 
 
 def plan_kills(kills: int, seed: int, ranges: KillRanges) -> list[PlannedKill]:
     """The kill schedule: a function of ``(kills, seed, ranges)`` only.
 
-    Each kill is a random moment or a crash point with probability 1/2. ``restore.mid``
-    is never planned while the run would still be fresh (nothing committed to restore):
+    Each kill is a random moment or a crash point with probability 1/2. A point only a
+    restore reaches (``restore.mid``, ``replay.mid``, ``journal.before_cut``) is never
+    planned while the run would still be fresh (nothing committed to restore):
     only the first child, and a child after one killed at hit 1 of
     ``checkpoint.before_committed`` / ``before_rename`` of a fresh run (its bootstrap
     checkpoint never got published), are fresh.
@@ -285,10 +301,17 @@ class ChaosReport:
     runs: int = 0
     restores: int = 0
     sealed_reused: int = 0
+    #: Journaled seals the restores' reuse policy discarded (their siblings run again).
     sealed_regenerated: int = 0
     tokens_reused: int = 0
-    #: One entry per restore: the sealed tokens the kill before it cut off.
+    #: One entry per restore: every generated token it threw away (discarded seals and
+    #: the staged calls of interrupted attempts).
     tokens_wasted: list[int] = field(default_factory=list)
+    #: One entry per restore: the tokens of attempts that were not sealed at the kill.
+    tokens_unsealed: list[int] = field(default_factory=list)
+    #: Journal records the restores replayed after their snapshots, and torn tails cut.
+    replayed_records: int = 0
+    torn_tails_cut: int = 0
     longest_checkpoint_stall_s: float | None = None
     stall_source: str = "none"
     wall_time_s: float = 0.0
@@ -323,7 +346,7 @@ class ChaosReport:
         return self.finished and not self.failures and self.audit is not None and self.audit.ok
 
     def to_json(self) -> dict[str, Any]:
-        wasted = self.tokens_wasted
+        wasted, unsealed = self.tokens_wasted, self.tokens_unsealed
         return {
             "ok": self.ok,
             "seed": self.seed,
@@ -346,7 +369,16 @@ class ChaosReport:
                 "wasted_total": sum(wasted),
                 "wasted_per_kill_mean": (sum(wasted) / len(wasted)) if wasted else 0.0,
                 "wasted_per_kill_max": max(wasted, default=0),
+                "unsealed_total": sum(unsealed),
+                "unsealed_per_kill_mean": (sum(unsealed) / len(unsealed)) if unsealed else 0.0,
+                "unsealed_per_kill_max": max(unsealed, default=0),
+                # Restores that threw away more than the unsealed work (sealed tokens).
+                "kills_wasting_more_than_unsealed": sum(
+                    1 for lost, open_ in zip(wasted, unsealed, strict=True) if lost > open_
+                ),
             },
+            "replayed_records": self.replayed_records,
+            "torn_tails_cut": self.torn_tails_cut,
             "longest_checkpoint_stall_s": self.longest_checkpoint_stall_s,
             "stall_source": self.stall_source,
             "wall_time_s": round(self.wall_time_s, 3),
@@ -534,6 +566,9 @@ def run_chaos(
     def run_one(planned: PlannedKill | None) -> _Child:
         nonlocal last_output
         armed = None if planned is None else planned.armed
+        if planned is not None and planned.point == "journal.before_cut":
+            with open(RunDirectory(out).events, "ab") as journal:
+                journal.write(TORN_RECORD)
         child = _run_child(
             argv,
             _child_env(armed),
@@ -552,7 +587,10 @@ def run_chaos(
                 report.sealed_reused += event.sealed_siblings_kept
                 report.sealed_regenerated += event.seals_lost
                 report.tokens_reused += event.tokens_reused
-                report.tokens_wasted.append(event.tokens_lost)
+                report.tokens_wasted.append(event.tokens_lost + event.tokens_in_flight_lost)
+                report.tokens_unsealed.append(event.tokens_in_flight_lost)
+                report.replayed_records += event.replayed_records
+                report.torn_tails_cut += 1 if event.torn_tail_bytes else 0
         return child
 
     total = len(plan)

@@ -103,6 +103,11 @@ def render_chaos_report(report: ChaosReport, console: Console) -> None:
         ("sealed tokens reused", str(tokens["reused"])),
         ("tokens wasted per kill, mean", f"{tokens['wasted_per_kill_mean']:.1f}"),
         ("tokens wasted per kill, max", str(tokens["wasted_per_kill_max"])),
+        ("tokens unsealed at the kill, mean", f"{tokens['unsealed_per_kill_mean']:.1f}"),
+        ("tokens unsealed at the kill, max", str(tokens["unsealed_per_kill_max"])),
+        ("kills wasting more than the unsealed", str(tokens["kills_wasting_more_than_unsealed"])),
+        ("journal records replayed", str(report.replayed_records)),
+        ("torn journal tails cut", str(report.torn_tails_cut)),
         (
             "longest checkpoint stall",
             "n/a" if stall is None else f"{stall:.3f} s ({report.stall_source})",

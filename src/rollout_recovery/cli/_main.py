@@ -45,6 +45,9 @@ def _register() -> None:
     from ._stop import stop
 
     cli.add_command(stop)
+    from ._journal import journal
+
+    cli.add_command(journal)
 
 
 _register()

@@ -463,7 +463,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
-        in_flight_tokens = _interrupted_tokens(interrupted, store.inner)
+        in_flight_tokens = _tokens_of_attempts(store.inner, outcome.open_attempts)
         # Against the inner store: deletions at restore are immediate, nothing needs them.
         cleared = reconcile_staging(
             ledger, store.inner, cut, partition=STAGING_PARTITION, clear_unreferenced=True
@@ -563,15 +563,16 @@ def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
-def _interrupted_tokens(interrupted: Mapping[str, list[tuple[int, str]]], store: Any) -> int:
-    """Generated tokens staged by the attempts the crash interrupted.
-
-    Only theirs: the store also holds rows no seal names that the crash did not cost
-    (attempts abandoned before it, published groups' rows awaiting deferred deletion).
-    """
-    rollout_ids = {rollout_id for entries in interrupted.values() for _, rollout_id in entries}
+def _tokens_of_attempts(store: Any, rollout_ids: set[str]) -> int:
+    """Generated tokens of the staged calls of ``rollout_ids`` (the attempts the crash
+    interrupted). Not every staged row no seal names: rows of published groups wait
+    there for deferred deletion, and rows of seals the policy discarded are counted as
+    discarded."""
     keys = sorted(
-        key for key in store.keys(STAGING_PARTITION) if key.split("/", 1)[0] in rollout_ids
+        key
+        for key in store.keys(STAGING_PARTITION)
+        # A staging key is ``{rollout_id}/{model_call_id}``.
+        if key.partition("/")[0] in rollout_ids
     )
     rows = store.get(STAGING_PARTITION, keys) if keys else []
     return sum(int(row.token_mask.sum()) for row in rows)

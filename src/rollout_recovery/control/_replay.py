@@ -52,6 +52,7 @@ from ..history import (
 from ..ledger import (
     MutationCut,
     PromptRef,
+    RolloutAttemptStatus,
     RolloutRecoveryLedger,
     SiblingSealResult,
 )
@@ -195,6 +196,10 @@ class ReplayOutcome:
     discarded: list[DiscardedSeal] = field(default_factory=list)
     #: Tokens of the journaled seals kept.
     tokens_kept: int = 0
+    #: Rollout ids of attempts dispatched and never sealed nor abandoned in the history
+    #: up to the crash: the attempts the crash interrupted (their staged calls are the
+    #: work it lost). Includes attempts of groups the policy rewound.
+    open_attempts: set[str] = field(default_factory=set)
 
 
 #: What a rewound group still replays: its place in the dataloader and its admission.
@@ -252,8 +257,8 @@ class JournalReplay:
             and not all(_kept(seal, reuse, lineage) for seal in _seals_of(record))
         } - dropped
         current = _Window(snapshot_position, end, frozenset(rewound))
+        outcome = ReplayOutcome(open_attempts=_open_attempts(self.ledger, entries))
         # Pass 2: apply.
-        outcome = ReplayOutcome()
         middle = len(entries) // 2
         for index, entry in enumerate(entries):
             if index == middle:
@@ -422,6 +427,32 @@ class JournalReplay:
         elif isinstance(record, Restored):
             ledger.prepare_for_restart(cut)
         return False
+
+
+def _open_attempts(ledger: RolloutRecoveryLedger, entries: Sequence[JournalEntry]) -> set[str]:
+    """Attempts in flight at the end of ``entries``, from the snapshot's ``ledger`` on.
+
+    Followed over every record, whatever a restore will apply: a seal a policy discards
+    was still sealed (its tokens are counted as discarded, not as interrupted).
+    """
+    open_ = {
+        group.gate_rollout_id(sibling.generation_index)
+        for group in ledger.groups()
+        for sibling in group.siblings
+        if sibling.current_attempt.status is RolloutAttemptStatus.DISPATCHED
+    }
+    for entry in entries:
+        record = entry.record
+        if isinstance(record, RoundStarted):
+            open_.update(attempt.rollout_id for attempt in record.dispatched)
+        elif isinstance(record, SiblingSealed | GroupSealed):
+            open_.difference_update(seal.rollout_id for seal in _seals_of(record))
+        elif isinstance(record, AttemptsAbandoned):
+            open_.difference_update(attempt.rollout_id for attempt in record.attempts)
+        elif isinstance(record, PromptDropped):
+            prefix = f"{record.group_id}_g"
+            open_ = {rollout_id for rollout_id in open_ if not rollout_id.startswith(prefix)}
+    return open_
 
 
 def _seals_of(record: SiblingSealed | GroupSealed) -> list[Seal]:

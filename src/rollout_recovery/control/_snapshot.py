@@ -81,14 +81,20 @@ class SnapshotBuilder:
             ledger=self.ledger, replay=self.replay, state=self.state, journal=journal
         )
         self.records_followed = 0
+        # The line number at ``position``, so each advance reads only the new records
+        # (counting the lines before it would read the whole history at every snapshot).
+        self._line: int | None = None
 
     def advance_to(self, position: int) -> None:
         """Replay the journal's records from the builder's position up to ``position``."""
         if position <= self.position:
             return
-        scan = scan_journal(self._journal, start=self.position, limit=position)
+        scan = scan_journal(
+            self._journal, start=self.position, limit=position, start_line=self._line
+        )
         self.records_followed += self._replay.follow(_ReplayCut(), scan.entries)
         self.position = scan.end
+        self._line = scan.end_line
 
     def snapshot(
         self,

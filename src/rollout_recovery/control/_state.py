@@ -78,7 +78,8 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     highest_weight_version: int
     #: Prompts taken from the dataloader so far (its cursor; moves with the ledger).
     prompts_taken: int
-    #: Generation rounds each unfinished group has used (its retry budget).
+    #: Generation rounds each unfinished group has used (its retry budget); a round a
+    #: crash interrupted is given back.
     rounds_used: dict[str, int]
     #: Per target step, how many of its groups were dropped (the sidecar's copy is
     #: NeMo-RL's ``batch_shortfall``).
@@ -135,6 +136,12 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             # A restart's or a drain's abandons are not failures of the work: no retry.
             if any(a.reason not in _NOT_RETRIES for a in record.attempts):
                 counters.retries += 1
+            elif record.attempts and self.rounds_used.get(record.group_id, 0) > 0:
+                # A crash interrupted the group's round: not the prompt's failure, so the
+                # round goes back to its retry budget. Counted, every kill that lands
+                # while a group generates would cost it a round, and a few kills in a
+                # row would drop healthy prompts (and strand their step short).
+                self.rounds_used[record.group_id] -= 1
         elif isinstance(record, PromptDropped):
             self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1
             self.rounds_used.pop(record.group_id, None)

@@ -15,6 +15,7 @@ from ._journal import (
     cut_torn_tail,
     scan_journal,
 )
+from ._journal_report import RECORD_TYPES, JournalReport, inspect_journal
 from ._records import (
     HISTORY_VERSION,
     AbandonedAttempt,
@@ -46,6 +47,7 @@ from ._trail_reader import TrailLineError, read_entries, read_json_lines, read_r
 
 __all__ = [
     "HISTORY_VERSION",
+    "RECORD_TYPES",
     "AbandonedAttempt",
     "AttemptsAbandoned",
     "AuditReport",
@@ -61,6 +63,7 @@ __all__ = [
     "HistoryRecord",
     "JournalCorruptError",
     "JournalEntry",
+    "JournalReport",
     "JournalScan",
     "JournalWriter",
     "PromptDropped",
@@ -79,6 +82,7 @@ __all__ = [
     "audit_run",
     "check_trail",
     "cut_torn_tail",
+    "inspect_journal",
     "read_entries",
     "read_json_lines",
     "read_records",

@@ -33,6 +33,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -58,6 +59,9 @@ _PREFIX = re.compile(rb'\A\{"crc":"([0-9a-f]{8})",')
 
 # One name for the append syscall, so a test can make the disk "fill up" mid-line.
 _write = os.write
+# One name for the sync syscall, so a benchmark can measure the job without it
+# (``benchmarks/bench_journal.py``); nothing else replaces it.
+_fdatasync = os.fdatasync
 
 
 class JournalCorruptError(InvalidStateError):
@@ -118,41 +122,75 @@ class JournalScan:
     torn_bytes: int
     #: Why the tail is torn ("" when it is not).
     torn_reason: str = ""
+    #: The line number of the line that starts at ``end`` (the next record's).
+    end_line: int = 1
 
 
-def _lines_with_offsets(data: bytes, start: int) -> Iterator[tuple[int, int, bytes, bool]]:
-    """``(offset, line number, line, complete)`` of each line from byte ``start`` on."""
-    number = data.count(b"\n", 0, start) + 1
-    offset = start
-    while offset < len(data):
-        newline = data.find(b"\n", offset)
+#: Chunk size for counting the lines before a scan's start (never held whole in memory).
+_COUNT_CHUNK = 1 << 20
+
+
+def _lines_before(handle: BinaryIO, offset: int) -> int:
+    """How many newlines the file holds before byte ``offset``."""
+    handle.seek(0)
+    count, left = 0, offset
+    while left > 0:
+        chunk = handle.read(min(_COUNT_CHUNK, left))
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        left -= len(chunk)
+    return count
+
+
+def _lines_with_offsets(
+    data: bytes, base: int, first_line: int
+) -> Iterator[tuple[int, int, bytes, bool]]:
+    """``(offset, line number, line, complete)`` of each line of ``data``, which is the
+    file's bytes from offset ``base`` on, whose first line is number ``first_line``."""
+    number = first_line
+    index = 0
+    while index < len(data):
+        newline = data.find(b"\n", index)
         complete = newline != -1
         end = newline if complete else len(data)
-        yield offset, number, data[offset:end], complete
-        offset = end + 1
+        yield base + index, number, data[index:end], complete
+        index = end + 1
         number += 1
 
 
-def scan_journal(path: Path, *, start: int = 0, limit: int | None = None) -> JournalScan:
+def scan_journal(
+    path: Path, *, start: int = 0, limit: int | None = None, start_line: int | None = None
+) -> JournalScan:
     """Verify and decode the journal at ``path`` from byte ``start`` (up to ``limit``).
+
+    Only the bytes from ``start`` to ``limit`` are read, so a scan after a position costs
+    what follows it, not the history before it. Line numbers (for messages) count from
+    the file's start: pass ``start_line``, the number of the line at ``start``, when it
+    is known (a follower tracks it as ``end_line``); otherwise the lines before ``start``
+    are counted in chunks.
 
     A damaged or incomplete last stretch is returned as a torn tail; a damaged line with a
     whole record after it raises :class:`JournalCorruptError`. Blank lines are skipped.
     """
     with open(path, "rb") as handle:
-        data = handle.read() if limit is None else handle.read(limit)
-    if start > len(data):
-        raise JournalCorruptError(
-            f"{path.name} is {len(data)} bytes, shorter than the position {start} a "
-            "checkpoint recorded: the journal lost records that were synced",
-            file=str(path),
-            offset=len(data),
-            line=data.count(b"\n") + 1,
-        )
+        size = os.fstat(handle.fileno()).st_size
+        stop = size if limit is None else min(limit, size)
+        if start > stop:
+            raise JournalCorruptError(
+                f"{path.name} is {stop} bytes, shorter than the position {start} a "
+                "checkpoint recorded: the journal lost records that were synced",
+                file=str(path),
+                offset=stop,
+                line=_lines_before(handle, stop) + 1,
+            )
+        first_line = _lines_before(handle, start) + 1 if start_line is None else start_line
+        handle.seek(start)
+        data = handle.read(stop - start)
     entries: list[JournalEntry] = []
     first_bad: tuple[int, int, str] | None = None
     end = start
-    for offset, number, line, complete in _lines_with_offsets(data, start):
+    for offset, number, line, complete in _lines_with_offsets(data, start, first_line):
         if not line.strip():
             if first_bad is None and complete:
                 end = offset + len(line) + 1
@@ -177,10 +215,12 @@ def scan_journal(path: Path, *, start: int = 0, limit: int | None = None) -> Jou
             )
         entries.append(JournalEntry(offset, number, record))
         end = offset + len(line) + 1
+    end_line = first_line + data.count(b"\n", 0, end - start)
+    torn = len(data) - (end - start)
     if first_bad is None:
-        return JournalScan(entries=entries, end=end, torn_bytes=len(data) - end)
+        return JournalScan(entries=entries, end=end, torn_bytes=torn, end_line=end_line)
     return JournalScan(
-        entries=entries, end=end, torn_bytes=len(data) - end, torn_reason=first_bad[2]
+        entries=entries, end=end, torn_bytes=torn, torn_reason=first_bad[2], end_line=end_line
     )
 
 
@@ -259,9 +299,9 @@ class JournalWriter:
         covers = self._end
         try:
             if self.sync_in_thread:
-                await asyncio.to_thread(os.fdatasync, self._fd)
+                await asyncio.to_thread(_fdatasync, self._fd)
             else:
-                os.fdatasync(self._fd)
+                _fdatasync(self._fd)
             crash_point("journal.after_fsync")
             self.syncs += 1
             self._durable = max(self._durable, covers)
@@ -270,7 +310,7 @@ class JournalWriter:
 
     def sync(self) -> None:
         """Make everything appended durable now (outside the event loop)."""
-        os.fdatasync(self._fd)
+        _fdatasync(self._fd)
         self._durable = self._end
 
     def truncate(self, end: int) -> None:

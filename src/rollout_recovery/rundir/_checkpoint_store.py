@@ -467,6 +467,32 @@ class CheckpointStore:
             checkpoint.step, checkpoint.name, directory, files, _manifest_marks(manifest, fail)
         )
 
+    def read_marks(self, checkpoint: CommittedCheckpoint) -> dict[str, int]:
+        """The ``marks`` of ``checkpoint``'s ``COMMITTED`` manifest, read without its files.
+
+        For a reader that needs only where the checkpoint's history ends (the journal
+        inspector): the manifest is validated as :meth:`load` does, the files (a model's
+        weights, perhaps) are neither read nor hashed. Raises
+        :class:`~rollout_recovery.errors.CheckpointDirectoryError` as :meth:`load` does.
+        """
+        directory = checkpoint.directory
+
+        def fail(message: str) -> CheckpointDirectoryError:
+            return CheckpointDirectoryError(message, directory=str(directory))
+
+        raw = _read_or_fail(
+            directory / COMMITTED_FILENAME,
+            fail,
+            missing=f"missing {COMMITTED_FILENAME} marker (incomplete checkpoint)",
+            unreadable=f"cannot read {COMMITTED_FILENAME}",
+        )
+        try:
+            manifest = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise fail(f"{COMMITTED_FILENAME} is not valid JSON: {exc}") from None
+        _check_manifest(manifest, checkpoint.step, fail)
+        return _manifest_marks(manifest, fail)
+
     def newest_loadable(
         self, verify: Callable[[LoadedCheckpoint], T]
     ) -> tuple[LoadedCheckpoint, T, list[SkippedCheckpoint]] | None:
