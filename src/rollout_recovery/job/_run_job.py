@@ -42,7 +42,7 @@ from ..control import (
     take_checkpoint,
     verify_checkpoint,
 )
-from ..dataplane import CANONICAL_PARTITION, DataPlane
+from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
     JobMismatchError,
@@ -152,6 +152,9 @@ def run_job(
         _identity_changes(run, config)
     with run_directory_lock(run):
         changes = claim_run_directory(run, config)
+        if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
+            # Before any store, trail or server is opened: a refused run changes nothing.
+            _refuse_lost_checkpoints(run)
         if config.generation.backend == "http":
             log("backend http: [faults] is not injected; the servers' own failures are the faults")
         with generation_servers(run, config) as resolved:
@@ -221,7 +224,6 @@ async def _run(
     skipped: list[SkippedCheckpoint] = []
     try:
         if found is None:
-            _refuse_lost_checkpoints(run, controller)
             if controller.progress is not None:
                 controller.progress.start(config.job.steps, None)
             await _start_fresh(controller)
@@ -320,12 +322,12 @@ def _tool_sinks(config: RunConfig) -> MetricsConfig:
     )
 
 
-def _refuse_lost_checkpoints(run: RunDirectory, controller: Controller) -> None:
-    """No checkpoint at all: start fresh only if nothing here shows an earlier run.
+def _refuse_lost_checkpoints(run: RunDirectory) -> None:
+    """No committed checkpoint: start fresh only if nothing here shows an earlier run.
 
     An earlier run always commits a checkpoint before its first piece of work, so work
     without a checkpoint means the checkpoints were lost, and starting over would throw
-    the run's history away.
+    the run's history away. Reads only files that exist, so a refusal creates none.
     """
     found: list[str] = []
     if run.events.is_file():
@@ -344,8 +346,10 @@ def _refuse_lost_checkpoints(run: RunDirectory, controller: Controller) -> None:
         found.append(f"{run.metrics.name} (trained steps)")
     if any(entry.event == "resume" for entry in _run_log_entries(run)):
         found.append(f"{run.run_log.name} (resumes)")
-    store = controller.data_plane.inner
-    rows = len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
+    rows = 0
+    for path in run.data_plane_files():
+        with SqliteDataPlane(path) as store:
+            rows += len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
     if rows:
         found.append(f"the data plane ({rows} rows)")
     if found:
