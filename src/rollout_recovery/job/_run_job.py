@@ -16,6 +16,7 @@ The order is what makes a rerun safe:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -45,6 +46,7 @@ from ..control import (
 from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
+    InvalidStateError,
     JobMismatchError,
     RunNotResumableError,
 )
@@ -161,13 +163,29 @@ def run_job(
             if resolved is not config:
                 count = len(resolved.http.servers)
                 log(f"started {count} local generation servers (listed in {run.servers_file.name})")
-            with job_data_plane(run, config) as inner:
+            with contextlib.ExitStack() as stack:
+                inner = _open_data_plane(stack, run, config)
                 result, controller = _run_with(
                     run, config, resolved, progress, components, log, inner, changes
                 )
     result.summary = _summary(run, controller, time.monotonic() - started)
     _plot(run, config)
     return result
+
+
+def _open_data_plane(
+    stack: contextlib.ExitStack[Any], run: RunDirectory, config: RunConfig
+) -> DataPlane:
+    """The job's store, entered on ``stack``; a store that cannot be opened (a corrupt or
+    torn file) stops the run as one a rerun cannot continue."""
+    try:
+        return stack.enter_context(job_data_plane(run, config))
+    except InvalidStateError as error:
+        raise RunNotResumableError(
+            f"the data plane cannot be opened: {error}",
+            remedy="Restore the data plane's files from a backup, or start a new run in "
+            "another directory.",
+        ) from error
 
 
 def _run_with(
@@ -216,8 +234,9 @@ async def _run(
     except CheckpointDirectoryError as error:
         raise RunNotResumableError(
             f"no checkpoint in {store.directory} can be restored ({error})",
-            remedy="Start a new run in another directory, or restore the checkpoints "
-            "directory from a backup.",
+            remedy="Nothing was changed. Restore what the reasons name from a backup (the "
+            "checkpoints, the history, or the job.toml they were written with), or start a "
+            "new run in another directory.",
         ) from error
     timings: list[CheckpointTiming] = []
     restored: RestoreReport | None = None
@@ -348,8 +367,11 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
         found.append(f"{run.run_log.name} (resumes)")
     rows = 0
     for path in run.data_plane_files():
-        with SqliteDataPlane(path) as store:
-            rows += len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
+        try:
+            with SqliteDataPlane(path) as store:
+                rows += len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
+        except InvalidStateError:
+            found.append(f"{path.name} (unreadable)")
     if rows:
         found.append(f"the data plane ({rows} rows)")
     if found:
