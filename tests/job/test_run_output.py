@@ -44,9 +44,9 @@ def test_a_reader_that_goes_away_never_stops_training(
 ) -> None:
     out = tmp_path / "run"
     config = write_config({"job": {"steps": STEPS}})
+    command = [sys.executable, "-m", "rollout_recovery", "run"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "rollout_recovery", "run"]
-        + ["--out", str(out), "--config", str(config), "--plain"],
+        [*command, "--out", str(out), "--config", str(config), "--plain"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
