@@ -93,15 +93,16 @@ def test_a_fresh_run_prints_one_start_line_and_a_resume_one_resume_line(
     tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:
     out = tmp_path / "run"
-    args = ["--out", str(out), "--config", str(write_config({"job": {"steps": 6}})), "--plain"]
+    # Long enough to be killed at step 3, not finished, on a loaded machine.
+    args = ["--out", str(out), "--config", str(write_config({"job": {"steps": 20}})), "--plain"]
     killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 3/"))
     assert killed.returncode == -signal.SIGKILL, killed.stdout
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stdout
 
     fresh = killed.stdout.splitlines()
-    assert fresh[0] == "starting 6 steps"
-    assert [line for line in fresh if "start" in line] == ["starting 6 steps"]
+    assert fresh[0] == "starting 20 steps"
+    assert [line for line in fresh if "start" in line] == ["starting 20 steps"]
     assert not any("new run" in line for line in fresh)
     again = resumed.stdout.splitlines()
     assert not any(line.startswith("starting") or "new run" in line for line in again)
