@@ -350,6 +350,61 @@ def test_the_cli_exits_1_listing_violations(run: Path) -> None:
     assert listed and any(group in line for line in listed)
 
 
+def _empty(*names: str) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        for name in names:
+            (run / name).write_bytes(b"")
+
+    return damage
+
+
+def _remove(*names: str) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        for name in names:
+            (run / name).unlink(missing_ok=True)
+
+    return damage
+
+
+def _tear_data_plane(run: Path) -> None:
+    path = run / "dataplane.sqlite"
+    path.write_bytes(path.read_bytes()[:1000])
+    _remove("dataplane.sqlite-wal", "dataplane.sqlite-shm")(run)
+
+
+# Issue 15, items 9 and 10: each damage is a violation naming the file, exit 1, never a
+# traceback or a pass.
+FILE_DAMAGE: dict[str, tuple[Callable[[Path], None], list[str]]] = {
+    "emptied-history": (_empty(EVENTS), [f"{EVENTS} is 0 bytes"]),
+    "emptied-metrics": (_empty("metrics.jsonl"), ["metrics.jsonl is 0 bytes"]),
+    "emptied-both": (
+        _empty(EVENTS, "metrics.jsonl"),
+        [f"{EVENTS} is 0 bytes", "metrics.jsonl is 0 bytes"],
+    ),
+    "missing-history": (_remove(EVENTS), [f"{EVENTS} is missing"]),
+    "missing-metrics": (_remove("metrics.jsonl"), ["metrics.jsonl is missing"]),
+    "torn-data-plane": (_tear_data_plane, ["dataplane.sqlite cannot be read as a data plane"]),
+    "missing-data-plane": (
+        _remove("dataplane.sqlite", "dataplane.sqlite-wal", "dataplane.sqlite-shm"),
+        ["dataplane.sqlite is missing"],
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(FILE_DAMAGE))
+def test_the_cli_exits_1_naming_a_damaged_or_missing_file(run: Path, damage: str) -> None:
+    break_it, named = FILE_DAMAGE[damage]
+    break_it(run)
+    result = invoke(str(run))  # an exception would propagate: catch_exceptions=False
+    assert result.exit_code == 1, result.output
+    assert "FAIL" in result.stdout and "PASS" not in result.stdout
+    listed = [line for line in result.stdout.splitlines() if line.startswith("violation: ")]
+    for fragment in named:
+        assert any(fragment in line for line in listed), (fragment, listed)
+    as_json = json.loads(invoke("--json", str(run)).stdout)
+    assert as_json["verdict"] == "fail"
+
+
 def test_the_cli_prints_each_violation_whole_on_its_own_line(run: Path) -> None:
     """Each listed violation is one ``violation:`` line, whatever the terminal width, so
     its ids and ``file:line`` can be grepped."""

@@ -9,6 +9,7 @@ is removed (the fault not injected, not detected, not retried, not bounded).
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 from collections import Counter
@@ -396,11 +397,13 @@ def test_a_step_that_cannot_fill_fails_naming_what_it_waited_for(
 @pytest.mark.parametrize(
     ("faults", "overrides", "message"),
     [
-        (*LIVENESS, "error: the run stopped: LivenessError: gave up waiting for the 4 groups"),
+        (*LIVENESS, r"error: the run stopped: LivenessError: gave up waiting for the 4 groups"),
         (
             {"attempt_failure_rate": 1.0},
             {"retry": {"max_rounds": 1}},
-            "error: the run stopped: StepShortfallError: step 0 can train at most 1 groups",
+            # Every step's prompts fail at once: whichever step loses a third prompt first
+            # (0, or 1 or 2 admitted beside it) stops the run.
+            r"error: the run stopped: StepShortfallError: step [0-2] can train at most 1 groups",
         ),
     ],
     ids=["liveness", "shortfall"],
@@ -417,7 +420,7 @@ def test_the_cli_reports_a_stopped_run_without_a_traceback(
     result = run_cli(["--out", str(tmp_path / "run"), "--config", str(path), "--plain"])
 
     assert "Traceback" not in result.stdout, result.stdout
-    assert message in result.stdout, result.stdout
+    assert re.search(message, result.stdout), result.stdout
     # A timeout may pass on a rerun; the shortfall would stop the rerun the same way, so it
     # says what to change instead.
     resumes = "rerun the same command to resume" in result.stdout

@@ -1,7 +1,8 @@
 """``rollout-recovery audit DIR``: check a run's invariants from what it committed.
 
-Read-only, and safe on a live run: the checkpoints are read under the checkpoint store's
-shared lock, so none is pruned and ``LATEST`` does not move while they are read, and the
+Read-only, and safe on a live run: the checkpoints, and the data plane's rows they are
+checked against, are read under the checkpoint store's shared lock, so no checkpoint is
+pruned (nor its rows deleted) and ``LATEST`` does not move while they are read, and the
 history is read only up to what the newest of them includes. It checks DESIGN §5
 invariants 1 to 6 from the history and the committed checkpoints:
 
@@ -101,9 +102,11 @@ def audit_run(run_dir: Path) -> AuditReport:
     store = CheckpointStore(run.root, keep=1)
     with store.reading():
         checkpoints = _committed_checkpoints(store, violations)
+        # Still under the lock: once it is released the job may commit the next
+        # checkpoint, prune the oldest one read here and delete the rows it owned.
+        restored_at = _last_restore_offset(run)
+        _check_checkpoint_rows(run, checkpoints, restored_at, violations)
     newest = checkpoints[0] if checkpoints else None
-    restored_at = _last_restore_offset(run)
-    _check_checkpoint_rows(run, checkpoints, restored_at, violations)
     counts: dict[str, Any] = {"checkpoints": len(checkpoints)}
     complete = False
     if newest is not None:

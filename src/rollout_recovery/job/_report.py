@@ -36,6 +36,10 @@ def silence_closed_stdout() -> None:
         os.close(devnull)
 
 
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+
+
 def _format_reward(reward: float | None) -> str:
     if reward is None:
         return "n/a"
@@ -64,6 +68,10 @@ class RunReporter(Closing):
             console = Console(stderr=True)
         elif not isinstance(console, Console):
             console = Console(file=console)
+        # rich's answer to a closed output is SystemExit(1) from inside console.print (its
+        # on_broken_pipe), which nothing below may catch, so a `run | head -2` stopped
+        # training. The error comes back as itself instead, and _print turns output off.
+        console.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign]
         self._console = console
         self._plain = force_plain or not console.is_terminal
         self._total: int | None = None

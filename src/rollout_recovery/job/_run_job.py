@@ -17,6 +17,7 @@ The order is what makes a rerun safe:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -45,9 +46,10 @@ from ..control import (
     take_checkpoint,
     verify_checkpoint,
 )
-from ..dataplane import CANONICAL_PARTITION, DataPlane
+from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
+    InvalidStateError,
     JobMismatchError,
     RunNotResumableError,
 )
@@ -172,6 +174,9 @@ def run_job(
         _identity_changes(run, config)
     with run_directory_lock(run):
         changes = claim_run_directory(run, config)
+        if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
+            # Before any store, trail or server is opened: a refused run changes nothing.
+            _refuse_lost_checkpoints(run)
         drain_file = drain_file_of(run, config)
         if remove_stale_drain_request(drain_file):
             # Written after the previous job had stopped reading it (or with none running).
@@ -182,7 +187,8 @@ def run_job(
             if resolved is not config:
                 count = len(resolved.http.servers)
                 log(f"started {count} local generation servers (listed in {run.servers_file.name})")
-            with job_data_plane(run, config) as inner:
+            with contextlib.ExitStack() as stack:
+                inner = _open_data_plane(stack, run, config)
                 wiring = _DrainWiring(drain_file, log, drain_on_signals)
                 result, controller = _run_with(
                     run, config, resolved, progress, components, inner, changes, wiring
@@ -190,6 +196,21 @@ def run_job(
     result.summary = _summary(run, controller, time.monotonic() - started)
     _plot(run, config)
     return result
+
+
+def _open_data_plane(
+    stack: contextlib.ExitStack[Any], run: RunDirectory, config: RunConfig
+) -> DataPlane:
+    """The job's store, entered on ``stack``; a store that cannot be opened (a corrupt or
+    torn file) stops the run as one a rerun cannot continue."""
+    try:
+        return stack.enter_context(job_data_plane(run, config))
+    except InvalidStateError as error:
+        raise RunNotResumableError(
+            f"the data plane cannot be opened: {error}",
+            remedy="Restore the data plane's files from a backup, or start a new run in "
+            "another directory.",
+        ) from error
 
 
 def _run_with(
@@ -258,15 +279,15 @@ async def _run_installed(
     except CheckpointDirectoryError as error:
         raise RunNotResumableError(
             f"no checkpoint in {store.directory} can be restored ({error})",
-            remedy="Start a new run in another directory, or restore the checkpoints "
-            "directory from a backup.",
+            remedy="Nothing was changed. Restore what the reasons name from a backup (the "
+            "checkpoints, the history, or the job.toml they were written with), or start a "
+            "new run in another directory.",
         ) from error
     timings: list[CheckpointTiming] = []
     restored: RestoreReport | None = None
     skipped: list[SkippedCheckpoint] = []
     try:
         if found is None:
-            _refuse_lost_checkpoints(run, controller)
             if controller.progress is not None:
                 controller.progress.start(config.job.steps, None)
             await _start_fresh(controller)
@@ -416,12 +437,12 @@ def _tool_sinks(config: RunConfig) -> MetricsConfig:
     )
 
 
-def _refuse_lost_checkpoints(run: RunDirectory, controller: Controller) -> None:
-    """No checkpoint at all: start fresh only if nothing here shows an earlier run.
+def _refuse_lost_checkpoints(run: RunDirectory) -> None:
+    """No committed checkpoint: start fresh only if nothing here shows an earlier run.
 
     An earlier run always commits a checkpoint before its first piece of work, so work
     without a checkpoint means the checkpoints were lost, and starting over would throw
-    the run's history away.
+    the run's history away. Reads only files that exist, so a refusal creates none.
     """
     found: list[str] = []
     if run.events.is_file():
@@ -440,8 +461,13 @@ def _refuse_lost_checkpoints(run: RunDirectory, controller: Controller) -> None:
         found.append(f"{run.metrics.name} (trained steps)")
     if any(entry.event == "resume" for entry in _run_log_entries(run)):
         found.append(f"{run.run_log.name} (resumes)")
-    store = controller.data_plane.inner
-    rows = len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
+    rows = 0
+    for path in run.data_plane_files():
+        try:
+            with SqliteDataPlane(path) as store:
+                rows += len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
+        except InvalidStateError:
+            found.append(f"{path.name} (unreadable)")
     if rows:
         found.append(f"the data plane ({rows} rows)")
     if found:
