@@ -35,7 +35,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from ..capture import CaptureWriter
+from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
 from ..rollout import AttemptRequest, AttemptResult
 from ._sharded_plane import RayShardedDataPlane
@@ -292,9 +292,19 @@ class RayGenerationBackend:
                     continue
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+        return await self._run(request, None)
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
+    ) -> AttemptResult:
+        """``BackendResume``: the actor continues ``prefix`` (read by the driver from the
+        shards; the dead actor that staged it is fenced, its rows are not)."""
+        return await self._run(request, prefix)
+
+    async def _run(self, request: AttemptRequest, prefix: StagedPrefix | None) -> AttemptResult:
         await self.start()
         actor = await self._acquire()
-        ref = actor.handle.run_attempt.remote(request)
+        ref = actor.handle.run_attempt.remote(request, prefix)
         try:
             result: AttemptResult = await ref
             return result
