@@ -195,6 +195,7 @@ SURFACES: dict[str, set[str]] = {
     },
     "history": {
         "AbandonedAttempt",
+        "AttemptResumed",
         "AttemptsAbandoned",
         "AuditReport",
         "AuditTrail",

@@ -129,9 +129,17 @@ def test_cli_json_report(tmp_path: Path, chaos_config: Path) -> None:
     assert data["kills"] + sum(data["not_reached_by_point"].values()) == 2
     assert set(data["kills_by_point"]) <= CRASH_POINTS | {RANDOM}
     assert {"reused", "regenerated"} == set(data["sealed_siblings"])
-    assert {"reused", "wasted_total", "wasted_per_kill_mean", "wasted_per_kill_max"} == set(
-        data["tokens"]
-    )
+    assert {
+        "reused",
+        "wasted_total",
+        "wasted_per_kill_mean",
+        "wasted_per_kill_max",
+        "regenerated_per_kill",
+        "in_flight_regenerated_per_kill",
+        "cohort_in_flight_regenerated_per_kill",
+        "resumable_per_kill",
+    } == set(data["tokens"])
+    assert {"mean", "max", "total"} == set(data["tokens"]["regenerated_per_kill"])
     assert data["audit"]["verdict"] == "pass"
     assert {"counts", "violation_count", "first_violations"} <= set(data["audit"])
     expected = plan_kills(2, 5, KillRanges.for_config(load_config(chaos_config, seed=5)))

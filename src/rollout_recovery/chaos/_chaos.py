@@ -28,8 +28,12 @@ What the report measures, and where it reads it:
   collected as they appear: a later restore cuts the trail back to its checkpoint, and
   with it the ``restored`` events of reruns that died before committing anything.
   "Tokens wasted per kill" is each restore's ``tokens_lost``: the tokens of sealed
-  siblings the kill cut off (tokens of attempts still in flight are never sealed, so they
-  are not in the trail and not counted).
+  siblings the kill cut off. "Tokens regenerated per kill" adds ``tokens_in_flight_lost``:
+  the tokens the attempts in flight at the kill had staged that the restore does not keep
+  for their siblings to continue (with ``[recovery] resume = "call"`` only prompt-group
+  cohorts' and refused ones; ``cohort_tokens_in_flight_lost`` is the cohorts' part). Tokens
+  of calls still in flight were never staged: they are lost either way and not counted;
+  ``calls_resumable`` and ``tokens_resumable`` say what the restore kept.
 - the longest checkpoint stall is read from the final run's summary line ("longest
   checkpoint stall"), or, failing that, from the ``checkpoint_committed`` records of the
   history, each of which says its own stall.
@@ -289,6 +293,12 @@ class ChaosReport:
     tokens_reused: int = 0
     #: One entry per restore: the sealed tokens the kill before it cut off.
     tokens_wasted: list[int] = field(default_factory=list)
+    #: One entry per restore: staged tokens of the attempts the kill interrupted that are
+    #: generated again, the prompt-group cohorts' part of them, and the staged tokens kept
+    #: for resumption.
+    tokens_in_flight_lost: list[int] = field(default_factory=list)
+    cohort_tokens_in_flight_lost: list[int] = field(default_factory=list)
+    tokens_resumable: list[int] = field(default_factory=list)
     longest_checkpoint_stall_s: float | None = None
     stall_source: str = "none"
     wall_time_s: float = 0.0
@@ -346,6 +356,14 @@ class ChaosReport:
                 "wasted_total": sum(wasted),
                 "wasted_per_kill_mean": (sum(wasted) / len(wasted)) if wasted else 0.0,
                 "wasted_per_kill_max": max(wasted, default=0),
+                "regenerated_per_kill": _mean_max(
+                    [a + b for a, b in zip(wasted, self.tokens_in_flight_lost, strict=True)]
+                ),
+                "in_flight_regenerated_per_kill": _mean_max(self.tokens_in_flight_lost),
+                "cohort_in_flight_regenerated_per_kill": _mean_max(
+                    self.cohort_tokens_in_flight_lost
+                ),
+                "resumable_per_kill": _mean_max(self.tokens_resumable),
             },
             "longest_checkpoint_stall_s": self.longest_checkpoint_stall_s,
             "stall_source": self.stall_source,
@@ -355,6 +373,15 @@ class ChaosReport:
             "schedule": [planned.to_json() for planned in self.schedule],
             "outcomes": [outcome.to_json() for outcome in self.outcomes],
         }
+
+
+def _mean_max(values: Sequence[int]) -> dict[str, float]:
+    """Mean, max and total of per-restore counts (zeros for none)."""
+    return {
+        "mean": (sum(values) / len(values)) if values else 0.0,
+        "max": max(values, default=0),
+        "total": sum(values),
+    }
 
 
 # ------------------------------------------------------------------------------ children
@@ -553,6 +580,9 @@ def run_chaos(
                 report.sealed_regenerated += event.seals_lost
                 report.tokens_reused += event.tokens_reused
                 report.tokens_wasted.append(event.tokens_lost)
+                report.tokens_in_flight_lost.append(event.tokens_in_flight_lost)
+                report.cohort_tokens_in_flight_lost.append(event.cohort_tokens_in_flight_lost)
+                report.tokens_resumable.append(event.tokens_resumable)
         return child
 
     total = len(plan)

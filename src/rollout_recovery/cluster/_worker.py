@@ -53,8 +53,9 @@ class WorkerSpec:
     task_seed: int
     prompt_group_every: int
     seed: int
-    #: The digit task's episode: thinking calls before the answer.
+    #: The digit task's episode: thinking calls before the answer, tokens per thought.
     thinking_calls: int = 1
+    reasoning_tokens: int = 4
     call_latency_s: float = 0.0
     latency_jitter: float = 0.0
     faults: FaultSettings = field(default_factory=FaultSettings)
@@ -88,6 +89,7 @@ class GenerationWorker:
                 initial_weights=snapshot,
                 data_plane=self._plane,
                 thinking_calls=spec.thinking_calls,
+                reasoning_tokens=spec.reasoning_tokens,
                 # Staging blocks on a shard round trip: off the actor's event loop.
                 stage_in_thread=True,
             )

@@ -18,6 +18,7 @@ from ._journal import (
 from ._records import (
     HISTORY_VERSION,
     AbandonedAttempt,
+    AttemptResumed,
     AttemptsAbandoned,
     BackendEvent,
     BatchAdmitted,
@@ -47,6 +48,7 @@ from ._trail_reader import TrailLineError, read_entries, read_json_lines, read_r
 __all__ = [
     "HISTORY_VERSION",
     "AbandonedAttempt",
+    "AttemptResumed",
     "AttemptsAbandoned",
     "AuditReport",
     "AuditTrail",

@@ -11,11 +11,16 @@ __all__ = ["PolicyConfig", "TaskConfig"]
 
 
 class TaskConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``[task]``: the simulated prompt set."""
+    """``[task]``: the simulated prompt set and the shape of its episodes."""
 
     dataset_size: PositiveInt = 4096
     #: Every k-th prompt uses prompt_group granularity, the rest sibling granularity.
     prompt_group_every: PositiveInt = 4
+    #: Model calls an episode thinks in before its answer call (the answer makes one
+    #: more): a lost attempt can be continued from its last staged call.
+    thinking_calls: PositiveInt = 3
+    #: Thought tokens each thinking call generates.
+    reasoning_tokens: PositiveInt = 4
 
 
 class PolicyConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
