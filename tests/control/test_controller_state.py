@@ -18,6 +18,15 @@ from rollout_recovery.control._state import (
     encode_controller_state,
 )
 from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.history import (
+    AbandonedAttempt,
+    AttemptsAbandoned,
+    GroupSealed,
+    RoundStarted,
+    Seal,
+    SiblingSealed,
+)
+from rollout_recovery.rollout import FailureReason
 
 REQUIRED = (
     "step",
@@ -222,3 +231,55 @@ def test_the_initial_state_names_its_version_and_nothing_else() -> None:
     assert (state.step, state.weight_version, state.highest_weight_version) == (0, 5, 5)
     assert state.lineage == [5] and state.rounds_used == {} and state.shortfall == {}
     assert decode_controller_state(encode_controller_state(state)) == state
+
+
+def _seal(rollout_id: str, *, tokens: int, inherited: int, calls: int) -> Seal:
+    return Seal(
+        generation_index=0,
+        rollout_id=rollout_id,
+        receipt={},
+        reward=1.0,
+        mask_sample=False,
+        tokens=tokens,
+        inherited_calls=calls,
+        inherited_tokens=inherited,
+    )
+
+
+def test_the_fold_counts_generated_and_resumed_tokens_apart() -> None:
+    state = ControllerState.initial(0)
+    state.apply(SiblingSealed(group_id="g", seal=_seal("a", tokens=14, inherited=8, calls=2)))
+    state.apply(
+        GroupSealed(
+            group_id="h",
+            seals=[
+                _seal("b", tokens=14, inherited=0, calls=0),
+                _seal("c", tokens=6, inherited=6, calls=1),
+            ],
+        )
+    )
+    counters = state.counters
+    assert counters.tokens_generated == 6 + 14 + 0
+    assert (counters.calls_resumed, counters.tokens_resumed) == (3, 14)
+
+
+@given(rounds=st.integers(1, 5), restarts=st.integers(0, 5), failures=st.integers(0, 5))
+def test_a_round_a_restart_interrupted_is_not_counted_against_the_budget(
+    rounds: int, restarts: int, failures: int
+) -> None:
+    """Rounds ended by a failure count; a restart's abandon gives its round back."""
+    state = ControllerState.initial(0)
+    for number in range(1, rounds + 1):
+        state.apply(RoundStarted(group_id="g", round=number, dispatched=[], weight_version=0))
+    for _ in range(failures):
+        state.apply(_abandoned(FailureReason.ATTEMPT_FAILED))
+    for _ in range(restarts):
+        state.apply(_abandoned(FailureReason.RESTART))
+    assert state.rounds_used["g"] == max(0, rounds - restarts)
+    assert state.counters.retries == failures
+
+
+def _abandoned(reason: FailureReason) -> AttemptsAbandoned:
+    return AttemptsAbandoned(
+        group_id="g", attempts=[AbandonedAttempt(0, "g_g0_a1", reason)], whole_group=False
+    )

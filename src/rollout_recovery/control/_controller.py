@@ -461,13 +461,10 @@ class Controller:
         ):
             return {}
         keeps = version_filter(self.config.recovery.reuse, lineage=(), restore=False)
-        choices = await asyncio.to_thread(
-            choose_prefixes,
-            record,
-            retried,
-            self.data_plane,
-            keeps=keeps,
-            include_current=False,
+        # On the loop, like the controller's other store reads: a few rows, and only for
+        # siblings whose attempt was lost.
+        choices = choose_prefixes(
+            record, retried, self.data_plane, keeps=keeps, include_current=False
         )
         if not choices:
             return {}

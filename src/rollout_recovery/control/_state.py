@@ -80,7 +80,8 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     highest_weight_version: int
     #: Prompts taken from the dataloader so far (its cursor; moves with the ledger).
     prompts_taken: int
-    #: Generation rounds each unfinished group has used (its retry budget).
+    #: Generation rounds each unfinished group has used (its retry budget); a round a
+    #: restart interrupted is not counted.
     rounds_used: dict[str, int]
     #: Per target step, how many of its groups were dropped (the sidecar's copy is
     #: NeMo-RL's ``batch_shortfall``).
@@ -138,6 +139,10 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         elif isinstance(record, AttemptsAbandoned):
             if any(a.reason is not FailureReason.RESTART for a in record.attempts):
                 counters.retries += 1
+            elif self.rounds_used.get(record.group_id, 0) > 0:
+                # A round a restart interrupted failed nobody: it does not count against
+                # the group's retry budget (kills in a row would drop healthy prompts).
+                self.rounds_used[record.group_id] -= 1
         elif isinstance(record, PromptDropped):
             self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1
             self.rounds_used.pop(record.group_id, None)

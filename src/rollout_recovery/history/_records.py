@@ -122,7 +122,8 @@ class RoundStarted(
     """A generation round of a group: the attempts it dispatched."""
 
     group_id: str
-    #: 1 for the first round; the group's retry budget counts these.
+    #: 1 for the first round; the group's retry budget counts these (a round a restart
+    #: interrupted is not counted, so the next one has the same number).
     round: int
     dispatched: list[FreshAttempt]
     weight_version: int
