@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from capture_support import PREFIX_PROMPT, stage_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,35 +16,14 @@ from rollout_recovery.capture import (
     read_staged_prefix,
 )
 from rollout_recovery.dataplane import MemoryDataPlane, Row
+from rollout_recovery.rollout._faults import _tamper as tamper
 
 ROLLOUT = "g1_g0_aaa"
-PROMPT = [1, 2, 3, 4]
+PROMPT = PREFIX_PROMPT
 
 
-def stage_chain(
-    store: MemoryDataPlane, calls: int, *, rollout: str = ROLLOUT, generated: int = 3
-) -> list[CallRecord]:
-    """``calls`` calls, each continuing the last: prompt + everything so far + a tag."""
-    writer = CaptureWriter(store)
-    records: list[CallRecord] = []
-    tokens = list(PROMPT)
-    for index in range(calls):
-        prompt = tokens if index == 0 else [*tokens, 9]
-        out = [10 + index * generated + i for i in range(generated)]
-        records.append(
-            writer.stage_call(
-                rollout_id=rollout,
-                model_call_id=f"c{index}",
-                parent=records[-1] if records else None,
-                prompt_token_ids=prompt,
-                generated_token_ids=out,
-                generated_logprobs=[-0.5 - i for i in range(generated)],
-                weight_version=index,
-                extras={"call": index},
-            )
-        )
-        tokens = [*prompt, *out]
-    return records
+def stage(store: MemoryDataPlane, calls: int, *, rollout: str = ROLLOUT) -> list[CallRecord]:
+    return stage_chain(store, rollout, list(range(calls)))
 
 
 def keys(store: MemoryDataPlane, rollout: str = ROLLOUT) -> list[str]:
@@ -52,7 +32,7 @@ def keys(store: MemoryDataPlane, rollout: str = ROLLOUT) -> list[str]:
 
 def test_a_chain_comes_back_call_by_call() -> None:
     store = MemoryDataPlane()
-    stage_chain(store, 3)
+    stage(store, 3)
     prefix = read_staged_prefix(store, ROLLOUT, list(reversed(keys(store))))
     assert isinstance(prefix, StagedPrefix), prefix
     assert [c.model_call_id for c in prefix.calls] == ["c0", "c1", "c2"]
@@ -77,7 +57,7 @@ def test_nothing_staged_is_an_empty_prefix() -> None:
 )
 def test_any_altered_token_logprob_or_header_is_refused(calls: int, data: st.DataObject) -> None:
     store = MemoryDataPlane()
-    stage_chain(store, calls)
+    stage(store, calls)
     key = data.draw(st.sampled_from(keys(store)))
     (row,) = store.get(STAGING_PARTITION, [key])
     what = data.draw(st.sampled_from(["token", "logprob", "version", "extras"]))
@@ -105,29 +85,15 @@ def test_any_altered_token_logprob_or_header_is_refused(calls: int, data: st.Dat
 
 def test_a_tampered_row_is_refused_as_a_digest_mismatch() -> None:
     store = MemoryDataPlane()
-    stage_chain(store, 2)
-    key = f"{ROLLOUT}/c1"
-    (row,) = store.get(STAGING_PARTITION, [key])
-    token_ids = row.token_ids.copy()
-    token_ids[-1] += 1
-    store.put(
-        STAGING_PARTITION,
-        {
-            key: Row(
-                token_ids=token_ids,
-                token_mask=row.token_mask,
-                logprobs=row.logprobs,
-                metadata=row.metadata,
-            )
-        },
-    )
+    stage(store, 2)
+    tamper(store, STAGING_PARTITION, f"{ROLLOUT}/c1")  # the simulated tamper fault
     found = read_staged_prefix(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.code == "digest_mismatch", found
 
 
 def test_a_missing_middle_call_breaks_the_chain() -> None:
     store = MemoryDataPlane()
-    stage_chain(store, 3)
+    stage(store, 3)
     store.clear(STAGING_PARTITION, [f"{ROLLOUT}/c1"])
     found = read_staged_prefix(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.rebuild_code == "missing_parent", found
@@ -135,15 +101,15 @@ def test_a_missing_middle_call_breaks_the_chain() -> None:
 
 def test_a_listed_key_that_is_gone_is_a_missing_row() -> None:
     store = MemoryDataPlane()
-    stage_chain(store, 2)
+    stage(store, 2)
     found = read_staged_prefix(store, ROLLOUT, [*keys(store), f"{ROLLOUT}/c9"])
     assert isinstance(found, Rejection) and found.code == "missing_staging_row", found
 
 
 def test_a_row_of_another_rollout_is_foreign() -> None:
     store = MemoryDataPlane()
-    stage_chain(store, 2)
-    stage_chain(store, 1, rollout="g1_g1_abb")
+    stage(store, 2)
+    stage(store, 1, rollout="g1_g1_abb")
     (row,) = store.get(STAGING_PARTITION, ["g1_g1_abb/c0"])
     # The other attempt's row, filed under this attempt's key.
     store.put(STAGING_PARTITION, {f"{ROLLOUT}/c5": row})
@@ -155,7 +121,7 @@ def test_a_row_of_another_rollout_is_foreign() -> None:
 
 def test_two_calls_continuing_one_parent_are_not_a_prefix() -> None:
     store = MemoryDataPlane()
-    records = stage_chain(store, 2)
+    records = stage(store, 2)
     CaptureWriter(store).stage_call(
         rollout_id=ROLLOUT,
         model_call_id="c1b",
@@ -171,7 +137,7 @@ def test_two_calls_continuing_one_parent_are_not_a_prefix() -> None:
 
 def test_rows_are_fresh_arrays() -> None:
     store = MemoryDataPlane()
-    stage_chain(store, 1)
+    stage(store, 1)
     prefix = read_staged_prefix(store, ROLLOUT, keys(store))
     assert isinstance(prefix, StagedPrefix)
     prefix.calls[0].token_ids[0] = 99

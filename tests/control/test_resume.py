@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from capture_support import stage_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter
+from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.control._resume import (
     attempt_rollout_ids,
     choose_prefixes,
     resumed_record,
     version_filter,
 )
-from rollout_recovery.dataplane import MemoryDataPlane, Row
+from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.history import ReusePolicy
 from rollout_recovery.ledger import (
     PromptGroupRecoveryRecord,
     RecoveryGranularity,
     RolloutRecoveryLedger,
 )
+from rollout_recovery.rollout._faults import _tamper as tamper
 
 
 class Cut:
@@ -53,25 +55,8 @@ def retried_group(
     return ledger, ledger.get_group("g7")
 
 
-def stage(store: MemoryDataPlane, rollout_id: str, versions: list[int]) -> list[CallRecord]:
-    writer = CaptureWriter(store)
-    records: list[CallRecord] = []
-    tokens = [1, 2, 3]
-    for index, version in enumerate(versions):
-        prompt = tokens if index == 0 else [*tokens, 1]
-        records.append(
-            writer.stage_call(
-                rollout_id=rollout_id,
-                model_call_id=f"c{index}",
-                parent=records[-1] if records else None,
-                prompt_token_ids=prompt,
-                generated_token_ids=[20 + index, 21],
-                generated_logprobs=[-0.5, -0.5],
-                weight_version=version,
-            )
-        )
-        tokens = [*prompt, 20 + index, 21]
-    return records
+def stage(store: MemoryDataPlane, rollout_id: str, versions: list[int]) -> None:
+    stage_chain(store, rollout_id, versions, generated=2)
 
 
 def keep_all(version: int) -> bool:
@@ -99,21 +84,7 @@ def test_a_tampered_attempt_is_refused_and_says_why() -> None:
     lost, current = attempt_rollout_ids(group, 1)
     store = MemoryDataPlane()
     stage(store, lost, [0, 0])
-    key = f"{lost}/c1"
-    (row,) = store.get(STAGING_PARTITION, [key])
-    ids = row.token_ids.copy()
-    ids[-1] += 1
-    store.put(
-        STAGING_PARTITION,
-        {
-            key: Row(
-                token_ids=ids,
-                token_mask=row.token_mask,
-                logprobs=row.logprobs,
-                metadata=row.metadata,
-            )
-        },
-    )
+    tamper(store, STAGING_PARTITION, f"{lost}/c1")  # the simulated tamper fault
     choices = choose_prefixes(group, [1], store, keeps=keep_all, include_current=False)
     assert choices[1].prefix is None
     assert len(choices[1].refused) == 1 and "digest_mismatch" in choices[1].refused[0]

@@ -292,16 +292,13 @@ class RayGenerationBackend:
                     continue
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
-        return await self._run(request, None)
+        return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
     ) -> AttemptResult:
         """``BackendResume``: the actor continues ``prefix`` (read by the driver from the
-        shards; the dead actor that staged it is fenced, its rows are not)."""
-        return await self._run(request, prefix)
-
-    async def _run(self, request: AttemptRequest, prefix: StagedPrefix | None) -> AttemptResult:
+        shards; the dead actor that staged it is fenced, its rows are not); None: start."""
         await self.start()
         actor = await self._acquire()
         ref = actor.handle.run_attempt.remote(request, prefix)

@@ -121,17 +121,12 @@ class TransformersBackend:
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
         """One model call: sample, stage, reward, receipt."""
-        return await self._run(request, capture, None)
+        return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
-    ) -> AttemptResult:
-        """Continue an earlier attempt's staged call (``BackendResume``)."""
-        return await self._run(request, capture, prefix)
-
-    async def _run(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
     ) -> AttemptResult:
+        """Continue an earlier attempt's staged call (``BackendResume``); None: start."""
         if self._closed:
             raise GenerationError("backend_closed", "the transformers backend is closed")
         return await run_episode(

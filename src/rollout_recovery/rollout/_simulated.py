@@ -251,17 +251,12 @@ class SimulatedAgentBackend:
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
         """Run one episode on a worker; see ``_faults.py`` for the faults."""
-        return await self._run(request, capture, None)
+        return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
-    ) -> AttemptResult:
-        """Continue an earlier attempt's staged calls (``BackendResume``)."""
-        return await self._run(request, capture, prefix)
-
-    async def _run(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
     ) -> AttemptResult:
+        """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
         if self._closed:
             raise self._closed_error()
         rng = np.random.default_rng(_attempt_seed(self._seed, request.rollout_id))
