@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.control._checkpointing import _interrupted_tokens
 from rollout_recovery.control._resume import (
     attempt_rollout_ids,
     choose_prefixes,
@@ -155,3 +156,20 @@ def test_calls_follow_the_reuse_policy_one_by_one(
     assert bool(choice.refused) == (expected < len(versions))
     if choice.prefix is not None:
         assert choice.prefix.weight_versions == versions[:expected]
+
+
+def test_a_kill_costs_the_interrupted_calls_no_kept_row_continues() -> None:
+    """The restore's count of tokens a kill costs: an interrupted attempt that was still
+    copying an earlier attempt's calls costs nothing for the copies (the same calls are
+    kept), and what it generated itself is lost unless kept."""
+    ledger, group = retried_group()
+    older, interrupted = attempt_rollout_ids(group, 0)
+    store = MemoryDataPlane()
+    stage(store, older, [0, 0])
+    stage_chain(store, interrupted, [0], generated=2)  # the first call, copied
+    keep = {f"{older}/c0", f"{older}/c1"}
+    lost = {group.group_id: [(0, interrupted)]}
+    assert _interrupted_tokens(ledger, store, lost, keep) == (0, 0)
+    assert _interrupted_tokens(ledger, store, lost, {f"{older}/c0"}) == (0, 0)
+    # Kept nothing (resume = "attempt", reuse = "none"): its staged tokens are lost.
+    assert _interrupted_tokens(ledger, store, lost, set()) == (2, 0)

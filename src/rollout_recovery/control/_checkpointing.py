@@ -570,7 +570,12 @@ def _interrupted_tokens(
 ) -> tuple[int, int]:
     """Generated tokens the crash costs: those staged by the attempts it interrupted that
     no seal names and the restore does not keep for resumption; and the part of them of
-    prompt-group cohorts."""
+    prompt-group cohorts.
+
+    A row whose call survives in a kept row (an interrupted attempt that was still
+    copying an earlier attempt's calls when the kill came) costs nothing: the same tokens
+    (the same cumulative hash) are continued.
+    """
     lost = {rollout_id for entries in interrupted.values() for _, rollout_id in entries}
     cohorts = {
         rollout_id
@@ -583,14 +588,25 @@ def _interrupted_tokens(
         for key in set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys() - keep
         if key.partition("/")[0] in lost
     )
-    rows = store.get(STAGING_PARTITION, orphans) if orphans else []
-    tokens = [int(row.token_mask.sum()) for row in rows]
-    in_cohorts = sum(
-        count
-        for key, count in zip(orphans, tokens, strict=True)
-        if key.partition("/")[0] in cohorts
-    )
-    return sum(tokens), in_cohorts
+    if not orphans:
+        return 0, 0
+
+    def call_of(key: str, row: Any) -> tuple[str, object]:
+        # The sibling ({group}_g{i} of {group}_g{i}_a{attempt}) and the call's content.
+        return key.partition("/")[0].rpartition("_a")[0], row.metadata.get("cumulative_hash")
+
+    ordered = sorted(keep)
+    kept = store.get(STAGING_PARTITION, ordered) if ordered else []
+    continued = {call_of(key, row) for key, row in zip(ordered, kept, strict=True)}
+    total = in_cohorts = 0
+    for key, row in zip(orphans, store.get(STAGING_PARTITION, orphans), strict=True):
+        if call_of(key, row) in continued:
+            continue
+        tokens = int(row.token_mask.sum())
+        total += tokens
+        if key.partition("/")[0] in cohorts:
+            in_cohorts += tokens
+    return total, in_cohorts
 
 
 def _require_survivable_shortfall(
