@@ -17,6 +17,7 @@ from rollout_recovery.history import (
     FreshAttempt,
     HistoryRecord,
     PromptTaken,
+    Restored,
     RoundStarted,
     Seal,
     SiblingSealed,
@@ -75,6 +76,18 @@ def history(
     ]
 
 
+def restored() -> Restored:
+    return Restored(
+        checkpoint="step_000000",
+        step=0,
+        snapshot_position=0,
+        replayed_records=0,
+        groups_in_ledger=1,
+        sealed_siblings_kept=0,
+        canonical_groups=0,
+    )
+
+
 def check(tmp_path: Path, records: list[HistoryRecord]) -> TrailReport:
     return check_trail(write_trail(tmp_path / "run", records), complete=False)
 
@@ -102,8 +115,18 @@ def test_a_refused_resume_names_no_source_and_passes(tmp_path: Path) -> None:
 def test_continuing_an_attempt_that_was_not_abandoned_is_refused(tmp_path: Path) -> None:
     records = history()
     del records[3]  # the abandon
-    found = violation(check(tmp_path, records), "was not abandoned before it")
+    found = violation(check(tmp_path, records), "neither abandoned nor cut off by a restore")
     assert f"{FRESH} continues {LOST}" in found and "events.jsonl:5" in found
+
+
+def test_an_attempt_a_restore_cut_off_may_be_continued_without_an_abandon(
+    tmp_path: Path,
+) -> None:
+    """A restore abandons whatever it finds unsealed, also attempts it records no abandon
+    for (a group its reuse policy rewound to before their round)."""
+    records = history()
+    records[3] = restored()
+    assert check(tmp_path, records).ok, check(tmp_path, records).violations
 
 
 def test_continuing_another_siblings_attempt_is_refused(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ survives must satisfy:
   its prompt dropped, or discarded by a restore's reuse policy (listed in its record);
   a run not yet complete may still hold it;
 - a resumed attempt (``attempt_resumed``) was dispatched for its sibling, and continues
-  calls of an earlier attempt of the same sibling that was abandoned before it; a seal
-  that inherited calls was handed at least that many.
+  calls of an earlier attempt of the same sibling that was lost before it: abandoned, or
+  dispatched before a restore (which abandons whatever it finds unsealed, a seal its
+  reuse policy discarded included); a seal that inherited calls was handed at least that
+  many.
 
 Each violation names the ids and the ``events.jsonl:line`` involved.
 """
@@ -87,6 +89,7 @@ class _Facts:
     dispatched: dict[str, tuple[int, str, int]] = field(default_factory=dict)
     abandoned_at: dict[str, int] = field(default_factory=dict)  # rollout id -> first line
     resumed: list[tuple[int, AttemptResumed]] = field(default_factory=list)
+    restores: list[int] = field(default_factory=list)  # lines of ``restored`` records
 
 
 def check_trail(
@@ -153,6 +156,7 @@ def _gather(entries: list[JournalEntry]) -> _Facts:
                 facts.excused[attempt.rollout_id] = number
                 facts.abandoned_at.setdefault(attempt.rollout_id, number)
         elif isinstance(record, Restored):
+            facts.restores.append(number)
             for discarded in record.discarded:
                 facts.excused[discarded.rollout_id] = number
         elif isinstance(record, StepTrained):
@@ -352,10 +356,12 @@ def _check_resumes(facts: _Facts, name: str, bad: list[str]) -> None:
                 f"attempt {record.rollout_id} of sibling {sibling} continues {source}, which "
                 f"is not an earlier attempt of that sibling ({where})"
             )
-        elif facts.abandoned_at.get(source, number) >= number:
+        elif facts.abandoned_at.get(source, number) >= number and not any(
+            earlier[0] < restore < number for restore in facts.restores
+        ):
             bad.append(
-                f"attempt {record.rollout_id} continues {source}, which was not abandoned "
-                f"before it ({where})"
+                f"attempt {record.rollout_id} continues {source}, which was neither abandoned "
+                f"nor cut off by a restore before it ({where})"
             )
         foreign = [key for key in record.calls if key.partition("/")[0] != source]
         if not record.calls or foreign or len(record.weight_versions) != len(record.calls):
