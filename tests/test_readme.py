@@ -40,3 +40,13 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_api_tour_example_runs(index: int) -> None:
     code = _fenced(_section("A short API tour"), "python")[index]
     exec(compile(code, f"README.md tour block {index}", "exec"), {"__name__": "__tour__"})
+
+
+RESUME = "Continuing a lost episode from its last staged call"
+
+
+@pytest.mark.parametrize("index", range(len(_fenced(_section(RESUME), "python"))))
+def test_the_resume_example_runs(index: int) -> None:
+    """The custom backend with the resume capability, as the README shows it."""
+    code = _fenced(_section(RESUME), "python")[index]
+    exec(compile(code, f"README.md resume block {index}", "exec"), {"__name__": "__resume__"})

@@ -236,3 +236,34 @@ def forge(
     new_rows = list(rows)
     new_rows[index] = replace(row, metadata=header)
     return forged, new_rows
+
+
+PREFIX_PROMPT = [1, 2, 3, 4]
+
+
+def stage_chain(
+    store: Any, rollout_id: str, versions: Sequence[int], *, generated: int = 3
+) -> list[CallRecord]:
+    """One attempt's calls through the real writer, each continuing the last (its prompt:
+    everything so far and a tag): call ``c{i}`` at weight version ``versions[i]``
+    generates ``generated`` tokens ``10 + i * generated ...`` with logprobs ``-0.5 - j``."""
+    writer = CaptureWriter(store)
+    records: list[CallRecord] = []
+    tokens = list(PREFIX_PROMPT)
+    for index, version in enumerate(versions):
+        prompt = tokens if index == 0 else [*tokens, 9]
+        out = [10 + index * generated + i for i in range(generated)]
+        records.append(
+            writer.stage_call(
+                rollout_id=rollout_id,
+                model_call_id=f"c{index}",
+                parent=records[-1] if records else None,
+                prompt_token_ids=prompt,
+                generated_token_ids=out,
+                generated_logprobs=[-0.5 - i for i in range(generated)],
+                weight_version=version,
+                extras={"call": index},
+            )
+        )
+        tokens = [*prompt, *out]
+    return records

@@ -145,8 +145,11 @@ def test_cli_json_report(tmp_path: Path, chaos_config: Path) -> None:
         "unsealed_per_kill_mean",
         "unsealed_per_kill_max",
         "kills_wasting_more_than_unsealed",
+        "cohort_in_flight_regenerated_per_kill",
+        "resumable_per_kill",
     } == set(data["tokens"])
     assert {"replayed_records", "torn_tails_cut"} <= set(data)
+    assert {"mean", "max", "total"} == set(data["tokens"]["resumable_per_kill"])
     assert data["audit"]["verdict"] == "pass"
     assert {"counts", "violation_count", "first_violations"} <= set(data["audit"])
     expected = plan_kills(2, 5, KillRanges.for_config(load_config(chaos_config, seed=5)))

@@ -17,7 +17,9 @@ from rollout_recovery.capture import (
     STAGING_PARTITION,
     CaptureWriter,
     LinearizedRollout,
+    StagedPrefix,
     fetch_and_verify,
+    read_staged_prefix,
 )
 from rollout_recovery.cluster import (
     ActorPoolSettings,
@@ -38,7 +40,12 @@ TASKS = TaskSet(64, seed=2, prompt_group_every=4)
 
 
 def _backend(
-    plane: RayShardedDataPlane, *, latency: float = 0.0, actors: int = 2, **settings: Any
+    plane: RayShardedDataPlane,
+    *,
+    latency: float = 0.0,
+    actors: int = 2,
+    thinking_calls: int = 1,
+    **settings: Any,
 ) -> RayGenerationBackend:
     spec = WorkerSpec(
         kind="simulated",
@@ -47,6 +54,7 @@ def _backend(
         task_seed=2,
         prompt_group_every=4,
         seed=0,
+        thinking_calls=thinking_calls,
         call_latency_s=latency,
     )
     return RayGenerationBackend(
@@ -153,6 +161,42 @@ def test_a_dead_actor_costs_only_its_attempts_and_is_replaced(
         RayShardedDataPlane(plane.layout, writer=victim).put(
             STAGING_PARTITION, {"grp0_g0_a0/late": _row()}
         )
+
+
+def test_the_next_attempt_continues_the_calls_a_dead_actor_staged(new_plane: NewPlane) -> None:
+    """Call-level resume on Ray: the driver reads what the killed actor staged (its writer
+    is fenced, its rows are not) and another actor continues the episode from there."""
+    plane = new_plane(2)
+    # Slow calls (1.5 s each): the kill lands while the second of four calls is running.
+    backend = _backend(plane, latency=1.5, thinking_calls=3)
+
+    async def scenario() -> tuple[StagedPrefix, AttemptResult, str]:
+        try:
+            await backend.start()
+            writer = CaptureWriter(plane)
+            lost = asyncio.create_task(backend.run_attempt(_request(7), writer))
+            async with asyncio.timeout(120):  # until its first call is staged
+                while not [k for k in plane.keys(STAGING_PARTITION) if k.startswith("grp7_g0_a0/")]:
+                    await asyncio.sleep(0.05)
+            (victim,) = [name for name, load in backend.actor_load().items() if load]
+            kill_and_await_death(backend.live_actors()[victim])
+            with pytest.raises(GenerationError, match="actor_died"):
+                await lost
+            keys = [k for k in plane.keys(STAGING_PARTITION) if k.startswith("grp7_g0_a0/")]
+            prefix = read_staged_prefix(plane, "grp7_g0_a0", keys)
+            assert isinstance(prefix, StagedPrefix), prefix
+            result = await backend.resume_attempt(_request(7, attempt=1), writer, prefix)
+            return prefix, result, victim
+        finally:
+            await backend.aclose()
+
+    prefix, result, victim = asyncio.run(scenario())
+    assert len(prefix.calls) >= 1
+    assert result.inherited_calls == len(prefix.calls)
+    assert len(result.receipt["manifest"]) == 4
+    verified = fetch_and_verify(result.receipt, plane, expected_rollout_id="grp7_g0_a1")
+    assert isinstance(verified, LinearizedRollout), verified
+    assert backend.telemetry()["actors"][victim]["state"] == "dead"
 
 
 def _row() -> Any:

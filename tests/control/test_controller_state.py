@@ -22,7 +22,10 @@ from rollout_recovery.history import (
     AbandonedAttempt,
     AttemptsAbandoned,
     FreshAttempt,
+    GroupSealed,
     RoundStarted,
+    Seal,
+    SiblingSealed,
 )
 from rollout_recovery.rollout import FailureReason
 
@@ -261,3 +264,55 @@ def test_a_round_a_crash_interrupted_goes_back_to_the_retry_budget() -> None:
     # Never below zero, and a group with no round is left alone.
     state.apply(_abandoned("g2", 1, FailureReason.RESTART))
     assert "g2" not in state.rounds_used
+
+
+def _seal(rollout_id: str, *, tokens: int, inherited: int, calls: int) -> Seal:
+    return Seal(
+        generation_index=0,
+        rollout_id=rollout_id,
+        receipt={},
+        reward=1.0,
+        mask_sample=False,
+        tokens=tokens,
+        inherited_calls=calls,
+        inherited_tokens=inherited,
+    )
+
+
+def test_the_fold_counts_generated_and_resumed_tokens_apart() -> None:
+    state = ControllerState.initial(0)
+    state.apply(SiblingSealed(group_id="g", seal=_seal("a", tokens=14, inherited=8, calls=2)))
+    state.apply(
+        GroupSealed(
+            group_id="h",
+            seals=[
+                _seal("b", tokens=14, inherited=0, calls=0),
+                _seal("c", tokens=6, inherited=6, calls=1),
+            ],
+        )
+    )
+    counters = state.counters
+    assert counters.tokens_generated == 6 + 14 + 0
+    assert (counters.calls_resumed, counters.tokens_resumed) == (3, 14)
+
+
+@given(rounds=st.integers(1, 5), restarts=st.integers(0, 5), failures=st.integers(0, 5))
+def test_a_round_a_restart_interrupted_is_not_counted_against_the_budget(
+    rounds: int, restarts: int, failures: int
+) -> None:
+    """Rounds ended by a failure count; a restart's abandon gives its round back."""
+    state = ControllerState.initial(0)
+    for number in range(1, rounds + 1):
+        state.apply(RoundStarted(group_id="g", round=number, dispatched=[], weight_version=0))
+    for _ in range(failures):
+        state.apply(_abandoned_g(FailureReason.ATTEMPT_FAILED))
+    for _ in range(restarts):
+        state.apply(_abandoned_g(FailureReason.RESTART))
+    assert state.rounds_used["g"] == max(0, rounds - restarts)
+    assert state.counters.retries == failures
+
+
+def _abandoned_g(reason: FailureReason) -> AttemptsAbandoned:
+    return AttemptsAbandoned(
+        group_id="g", attempts=[AbandonedAttempt(0, "g_g0_a1", reason)], whole_group=False
+    )

@@ -41,12 +41,15 @@ checkpoints: those steps are rolled back and trained again from the same rows):
 3. no sibling trained twice, no group published twice, every group trained in its target
    step with N rows, nothing the model trained missing from the trail;
 4. sealed work is never redispatched (after a live failure at sibling granularity, or
-   after a restore from a checkpoint holding the seal), the ledger's seals are the model's,
+   after a restore from a checkpoint holding the seal), a sibling's retried attempt is
+   handed the calls its lost attempt staged (call-level resume; never a cohort's), the
+   ledger's seals are the model's,
    no attempt is DISPATCHED that no round runs, and every dispatched attempt is sealed,
    still running, or stamped abandoned in the trail (a crash's interrupted ones with
    reason ``restart``);
-5. after a restore the staging partition holds exactly the keys the ledger expects (and
-   the canonical partition exactly the replay index's rows); at all times the store holds
+5. after a restore the staging partition holds exactly the keys the ledger expects and
+   the calls of lost attempts kept to be continued (and the canonical partition exactly
+   the replay index's rows); at all times the store holds
    every row the ledger, the replay index and the checkpoints a crash may restore own, and
    the staged rows of groups that left the ledger are deleted or pending deletion.
 
@@ -85,7 +88,11 @@ CAUGHT:
 - ``versions_reused_after_restore``: the next weight version counts from the restored one,
   not from the highest ever journaled (invariant 9: one number, two sets of weights);
 - ``replay_keeps_training``: the replay re-applies training after the snapshot instead of
-  rolling it back (the product's own check: the policy's version disagrees).
+  rolling it back (the product's own check: the policy's version disagrees);
+- ``restore_forgets_resumable_calls``: the restore keeps no lost attempt's calls for
+  resumption (invariant 5 after a restore, and the resume check at the next dispatch);
+- ``dispatch_ignores_lost_calls``: the controller hands no lost attempt's calls to the next
+  attempt of a sibling (the resume check: a retried sibling starts over).
 
 Not caught, by design rather than by a gap of the machine: restore skipping
 ``discard_canonical_groups``. A publish discards the group from the ledger in the same cut
@@ -131,6 +138,7 @@ from rollout_recovery.capture import (
     STAGING_PARTITION,
     CaptureFailure,
     CaptureWriter,
+    StagedPrefix,
     assemble_receipt,
 )
 from rollout_recovery.control._checkpointing import (
@@ -309,11 +317,16 @@ class CountingTrainer:
 class ScriptedBackend:
     """Runs each attempt as the rule planned it: every attempt stages its first call
     first, then succeeds (second call staged, real receipt), returns a poisoned receipt,
-    fails, crashes its worker, or hangs until its deadline or a worker crash."""
+    fails, crashes its worker, or hangs until its deadline or a worker crash.
+
+    It resumes (``BackendResume``): handed the calls a lost attempt of the sibling
+    staged, it stages them again under its own rollout id instead of its first call."""
 
     def __init__(self) -> None:
         self.plans: dict[str, dict[int, str]] = {}
         self.requests: list[AttemptRequest] = []
+        #: rollout id -> the rollout id whose staged calls it was handed
+        self.handed: dict[str, str] = {}
         self.active: dict[str, str] = {}  # rollout id -> group id
         self.parked: dict[str, asyncio.Future[None]] = {}
         self.parked_since: dict[str, int] = {}  # rollout id -> the machine's tick
@@ -331,6 +344,17 @@ class ScriptedBackend:
         return bool(mine) and all(rid in self.parked for rid in mine)
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+        return await self._run(request, capture, None)
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
+    ) -> AttemptResult:
+        self.handed[request.rollout_id] = prefix.rollout_id
+        return await self._run(request, capture, prefix)
+
+    async def _run(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
+    ) -> AttemptResult:
         outcome = self.plans[request.group_id][request.generation_index]
         self.requests.append(request)
         rid = request.rollout_id
@@ -338,14 +362,17 @@ class ScriptedBackend:
         try:
             prompt = [int(t) for t in request.prompt["prompt_token_ids"]]
             thoughts = [THOUGHT_BASE, THOUGHT_BASE + 1 + request.generation_index]
+            inherited = None if prefix is None else prefix.calls[0]
             first = capture.stage_call(
                 rollout_id=rid,
                 model_call_id="c0",
                 parent=None,
-                prompt_token_ids=prompt,
-                generated_token_ids=thoughts,
-                generated_logprobs=[-0.5, -0.25],
-                weight_version=request.weight_version,
+                prompt_token_ids=prompt if inherited is None else inherited.prompt_token_ids,
+                generated_token_ids=thoughts if inherited is None else inherited.token_ids,
+                generated_logprobs=[-0.5, -0.25] if inherited is None else inherited.logprobs,
+                weight_version=(
+                    request.weight_version if inherited is None else inherited.weight_version
+                ),
             )
             if outcome == "fail":
                 raise GenerationError("attempt_failed", "scripted failure")
@@ -387,6 +414,8 @@ class ScriptedBackend:
                 mask_sample=False,
                 reward_checks=None,
                 generated_tokens=4,
+                inherited_calls=0 if inherited is None else 1,
+                inherited_tokens=0 if inherited is None else 2,
             )
         finally:
             self.active.pop(rid, None)
@@ -422,6 +451,9 @@ class Model:
     drops: dict[int, int] = field(default_factory=dict)
     inflight: dict[str, RoundModel] = field(default_factory=dict)
     dispatched: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: (group, index) -> the sibling's last dispatched attempt (each stages its first call
+    #: before anything else, so a lost one always leaves a call to continue).
+    last_attempt: dict[tuple[str, int], str] = field(default_factory=dict)
     #: The step each trained group trained in.
     trained_in: dict[str, int] = field(default_factory=dict)
 
@@ -730,6 +762,17 @@ class ControllerMachine(RuleBasedStateMachine):
         for index, rid in requested.items():
             assert rid not in self.model.dispatched, f"rollout id {rid} dispatched twice"
             self.model.dispatched[rid] = (gid, index)
+            # Call-level resume: a sibling's lost attempt (failed, crashed, hung past its
+            # deadline, or interrupted by a restart) left its first call staged; the next
+            # attempt continues it. A cohort starts over whole.
+            lost = self.model.last_attempt.get((gid, index))
+            handed = backend.handed.get(rid)
+            expected = None if group.atomic else lost
+            assert handed == expected, (
+                f"{gid}[{index}]: attempt {rid} was handed the calls of {handed}, expected "
+                f"those of its lost attempt {expected}"
+            )
+            self.model.last_attempt[(gid, index)] = rid
         plan = RoundModel({i: outcomes[i] for i in pending}, requested)
         self.model.inflight[gid] = plan
         if not group.atomic:
@@ -895,10 +938,19 @@ class ControllerMachine(RuleBasedStateMachine):
         }
         lost = sealed_before - kept - published - dropped
         assert not lost, f"seals journaled before the crash are gone: {sorted(lost)[:5]}"
-        # Invariant 5: after a restore the partitions hold exactly what the state owns.
+        # Invariant 5: after a restore the partitions hold exactly what the state owns, and
+        # the first call of each unsealed sibling's lost attempt, kept to be continued.
         controller = self.controller
         staging = set(self.durable.keys(STAGING_PARTITION))
-        expected = controller.ledger.expected_staging_keys()
+        resumable = {
+            f"{model.last_attempt[(record.group_id, index)]}/c0"
+            for record in controller.ledger.groups()
+            if not model.groups[record.group_id].atomic
+            for index in range(N)
+            if index not in model.groups[record.group_id].sealed
+            and (record.group_id, index) in model.last_attempt
+        }
+        expected = controller.ledger.expected_staging_keys() | resumable
         assert staging == expected, (
             f"after restore, staging holds {sorted(staging - expected)[:5]} unowned and "
             f"lacks {sorted(expected - staging)[:5]}"
@@ -1231,6 +1283,17 @@ def _versions_reused_after_restore(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(Controller, "_train_step", train_step)
 
 
+def _restore_forgets_resumable_calls(patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(checkpointing, "_resumable_calls", lambda controller, state: ([], []))
+
+
+def _dispatch_ignores_lost_calls(patch: pytest.MonkeyPatch) -> None:
+    async def resumable(self: Controller, record: Any, pending: Any) -> dict[int, Any]:
+        return {}
+
+    patch.setattr(Controller, "_resumable", resumable)
+
+
 def _replay_keeps_training(patch: pytest.MonkeyPatch) -> None:
     real = JournalReplay._transition
 
@@ -1258,6 +1321,8 @@ PLANTED: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "replay_drops_seals": _replay_drops_seals,
     "versions_reused_after_restore": _versions_reused_after_restore,
     "replay_keeps_training": _replay_keeps_training,
+    "restore_forgets_resumable_calls": _restore_forgets_resumable_calls,
+    "dispatch_ignores_lost_calls": _dispatch_ignores_lost_calls,
 }
 
 PLANTED_SETTINGS = settings(

@@ -73,6 +73,8 @@ def test_a_good_run_passes_with_its_counts(tmp_path: Path) -> None:
         "seals": 7,
         "seals_trained": 6,
         "seals_abandoned": 1,
+        "attempts_resumed": 0,
+        "calls_resumed": 0,
     }
 
 

@@ -167,6 +167,7 @@ def test_the_summary_table_shows_every_field() -> None:
         "mean reward, first tenth": "0.211",
         "mean reward, last tenth": "0.842",
         "valid rows (fraction trained)": "0.981",
+        "calls resumed (not generated again)": "0",
     }
     # Every scalar field; the per-part counts get a table of their own.
     assert len(rows) == len(fields(RunSummary)) - 1

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from llm_support import TARGET, fixed_batch
 
-from rollout_recovery.capture import CaptureWriter, LinearizedRollout, fetch_and_verify
+from rollout_recovery.capture import (
+    CaptureWriter,
+    LinearizedRollout,
+    StagedPrefix,
+    fetch_and_verify,
+    read_staged_prefix,
+)
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
 from rollout_recovery.llm import (
@@ -218,3 +224,22 @@ def test_draws_depend_on_the_sibling_not_the_attempt(trainer: TorchGRPOTrainer) 
     first = tokens("g7_g0_a1", 0)
     assert tokens("g7_g0_a2", 0) == first
     assert tokens("g7_g1_a1", 1) != first
+
+
+def test_a_staged_call_of_a_lost_attempt_is_continued_not_generated_again(
+    trainer: TorchGRPOTrainer,
+) -> None:
+    """``BackendResume``: the call was staged, the attempt lost before its receipt; the
+    next attempt of the sibling inherits it and generates nothing."""
+    backend = _backend(trainer)
+    store = MemoryDataPlane()
+    writer = CaptureWriter(store)
+    lost = asyncio.run(backend.run_attempt(_request(backend, 5, "g5_g0_a1"), writer))
+    keys = [k for k in store.keys(writer.partition) if k.startswith("g5_g0_a1/")]
+    prefix = read_staged_prefix(store, "g5_g0_a1", keys)
+    assert isinstance(prefix, StagedPrefix)
+    calls = backend._calls
+    result = asyncio.run(backend.resume_attempt(_request(backend, 5, "g5_g0_a2"), writer, prefix))
+    assert backend._calls == calls  # nothing generated again
+    assert result.inherited_calls == 1 and result.reward == lost.reward
+    assert isinstance(fetch_and_verify(result.receipt, store), LinearizedRollout)

@@ -6,11 +6,13 @@ partition *before* it returns the call's :class:`CallRecord`; at rollout end
 :func:`assemble_receipt` turns the records into the token-free :class:`Receipt` dict the
 ledger seals. Finalizer side: :func:`verify_and_linearize` (or :func:`fetch_and_verify`)
 re-checks every staged row against the receipt and returns a :class:`LinearizedRollout` or
-a :class:`Rejection` (one of :data:`REJECTION_CODES`). Digests, key patterns and record
-codecs are private.
+a :class:`Rejection` (one of :data:`REJECTION_CODES`). :func:`read_staged_prefix` reads an
+unsealed attempt's staged calls back as a verified :class:`StagedPrefix`, which a later
+attempt of the same sibling continues. Digests, key patterns and record codecs are private.
 """
 
 from ._keys import staging_key
+from ._prefix import StagedCall, StagedPrefix, read_staged_prefix
 from ._receipt import CaptureFailure, Receipt, assemble_receipt
 from ._records import CallRecord
 from ._result import REJECTION_CODES, LinearizedRollout, Rejection
@@ -26,8 +28,11 @@ __all__ = [
     "LinearizedRollout",
     "Receipt",
     "Rejection",
+    "StagedCall",
+    "StagedPrefix",
     "assemble_receipt",
     "fetch_and_verify",
+    "read_staged_prefix",
     "staging_key",
     "verify_and_linearize",
 ]

@@ -41,7 +41,7 @@ from ._result import (
 )
 from ._writer import STAGING_PARTITION
 
-__all__ = ["fetch_and_verify", "verify_and_linearize"]
+__all__ = ["fetch_and_verify", "verify_and_linearize", "verify_rows"]
 
 ReceiptInput = Receipt | Mapping[str, Any] | None
 
@@ -74,7 +74,7 @@ def verify_and_linearize(
     checked = _check_receipt(receipt, expected_rollout_id)
     if isinstance(checked, Rejection):
         return checked
-    return _verify_rows(checked, staged_rows)
+    return verify_rows(checked, staged_rows)
 
 
 def fetch_and_verify(
@@ -105,7 +105,7 @@ def fetch_and_verify(
         return Rejection(code="missing_staging_row", detail=detail)
     except InvalidRowError as exc:
         return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
-    return _verify_rows(checked, rows)
+    return verify_rows(checked, rows)
 
 
 def _check_receipt(receipt: ReceiptInput, expected_rollout_id: str | None) -> Receipt | Rejection:
@@ -154,7 +154,7 @@ def _check_receipt(receipt: ReceiptInput, expected_rollout_id: str | None) -> Re
     return parsed
 
 
-def _verify_rows(receipt: Receipt, staged_rows: Sequence[Row]) -> LinearizedRollout | Rejection:
+def verify_rows(receipt: Receipt, staged_rows: Sequence[Row]) -> LinearizedRollout | Rejection:
     manifest = receipt.manifest
     if len(staged_rows) != len(manifest):
         return Rejection(

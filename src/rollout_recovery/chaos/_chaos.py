@@ -36,6 +36,10 @@ What the report measures, and where it reads it:
   (``tokens_in_flight_lost``); "tokens unsealed at the kill" is the second part alone.
   With ``reuse = "all"`` no seal is discarded, so the two are equal: only unsealed work
   is lost. (Calls still running at the kill were never staged and are counted nowhere.)
+  With ``[recovery] resume = "call"`` the staged calls of interrupted attempts are kept
+  for their siblings to continue, so only prompt-group cohorts' and refused ones count
+  (``cohort_tokens_in_flight_lost`` is the cohorts' part); ``tokens_resumable`` says
+  what the restores kept.
 - the longest checkpoint stall is read from the final run's summary line ("longest
   checkpoint stall"), or, failing that, from the ``checkpoint_committed`` records of the
   history, each of which says its own stall.
@@ -312,6 +316,10 @@ class ChaosReport:
     #: Journal records the restores replayed after their snapshots, and torn tails cut.
     replayed_records: int = 0
     torn_tails_cut: int = 0
+    #: Per restore: the prompt-group cohorts' part of the unsealed tokens, and the staged
+    #: tokens kept for call-level resumption.
+    cohort_tokens_in_flight_lost: list[int] = field(default_factory=list)
+    tokens_resumable: list[int] = field(default_factory=list)
     longest_checkpoint_stall_s: float | None = None
     stall_source: str = "none"
     wall_time_s: float = 0.0
@@ -376,6 +384,10 @@ class ChaosReport:
                 "kills_wasting_more_than_unsealed": sum(
                     1 for lost, open_ in zip(wasted, unsealed, strict=True) if lost > open_
                 ),
+                "cohort_in_flight_regenerated_per_kill": _mean_max(
+                    self.cohort_tokens_in_flight_lost
+                ),
+                "resumable_per_kill": _mean_max(self.tokens_resumable),
             },
             "replayed_records": self.replayed_records,
             "torn_tails_cut": self.torn_tails_cut,
@@ -387,6 +399,15 @@ class ChaosReport:
             "schedule": [planned.to_json() for planned in self.schedule],
             "outcomes": [outcome.to_json() for outcome in self.outcomes],
         }
+
+
+def _mean_max(values: Sequence[int]) -> dict[str, float]:
+    """Mean, max and total of per-restore counts (zeros for none)."""
+    return {
+        "mean": (sum(values) / len(values)) if values else 0.0,
+        "max": max(values, default=0),
+        "total": sum(values),
+    }
 
 
 # ------------------------------------------------------------------------------ children
@@ -591,6 +612,8 @@ def run_chaos(
                 report.tokens_unsealed.append(event.tokens_in_flight_lost)
                 report.replayed_records += event.replayed_records
                 report.torn_tails_cut += 1 if event.torn_tail_bytes else 0
+                report.cohort_tokens_in_flight_lost.append(event.cohort_tokens_in_flight_lost)
+                report.tokens_resumable.append(event.tokens_resumable)
         return child
 
     total = len(plan)

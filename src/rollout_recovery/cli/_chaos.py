@@ -109,6 +109,11 @@ def render_chaos_report(report: ChaosReport, console: Console) -> None:
         ("journal records replayed", str(report.replayed_records)),
         ("torn journal tails cut", str(report.torn_tails_cut)),
         (
+            "  of which prompt-group cohorts (never resumed)",
+            _mean_max(tokens["cohort_in_flight_regenerated_per_kill"]),
+        ),
+        ("staged tokens kept to resume per kill", _mean_max(tokens["resumable_per_kill"])),
+        (
             "longest checkpoint stall",
             "n/a" if stall is None else f"{stall:.3f} s ({report.stall_source})",
         ),
@@ -129,3 +134,7 @@ def render_chaos_report(report: ChaosReport, console: Console) -> None:
     console.print(f"audit: {verdict}; {counts}", markup=False, highlight=False)
     for violation in audit.first_violations:
         console.print(f"  {violation}", markup=False, highlight=False)
+
+
+def _mean_max(values: dict[str, float]) -> str:
+    return f"{values['mean']:.1f} / {values['max']:.0f}"

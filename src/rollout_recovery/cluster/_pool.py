@@ -35,7 +35,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from ..capture import CaptureWriter
+from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
 from ..rollout import AttemptRequest, AttemptResult
 from ._sharded_plane import RayShardedDataPlane
@@ -292,9 +292,16 @@ class RayGenerationBackend:
                     continue
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+        return await self.resume_attempt(request, capture, None)
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
+    ) -> AttemptResult:
+        """``BackendResume``: the actor continues ``prefix`` (read by the driver from the
+        shards; the dead actor that staged it is fenced, its rows are not); None: start."""
         await self.start()
         actor = await self._acquire()
-        ref = actor.handle.run_attempt.remote(request)
+        ref = actor.handle.run_attempt.remote(request, prefix)
         try:
             result: AttemptResult = await ref
             return result

@@ -1,11 +1,13 @@
 """The generation actor's body: one worker that runs attempts on any node.
 
 It stages every call into the sharded data plane under its own writer id (so the driver
-can fence it), runs the task's two-call episodes either with the numpy policy in process
+can fence it), runs the task's episodes (``rollout.run_episode``, the one episode every
+backend runs) actor-side, either with the numpy policy in process
 (``kind = "simulated"``, the simulated environment and its injected faults) or as a proxy
 to OpenAI-compatible HTTP servers (``kind = "http"``), and holds the weight version the
 driver last pushed. Ray serializes its arguments and results: weights travel as plain
-numpy tables, results as :class:`~rollout_recovery.rollout.AttemptResult`.
+numpy tables, a prefix to continue as a :class:`~rollout_recovery.capture.StagedPrefix`,
+results as :class:`~rollout_recovery.rollout.AttemptResult`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..capture import STAGING_PARTITION, CaptureWriter
+from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
 from ..errors import InvalidArgumentTypeError
 from ..policy import VOCAB_SIZE, PolicySnapshot, TaskSet
 from ..rollout import (
@@ -27,7 +29,6 @@ from ..rollout import (
     AttemptResult,
     DialectName,
     FaultSettings,
-    GenerationBackend,
     HttpBackendSettings,
     HttpGenerationBackend,
     PoolSettings,
@@ -52,6 +53,9 @@ class WorkerSpec:
     task_seed: int
     prompt_group_every: int
     seed: int
+    #: The digit task's episode: thinking calls before the answer, tokens per thought.
+    thinking_calls: int = 1
+    reasoning_tokens: int = 4
     call_latency_s: float = 0.0
     latency_jitter: float = 0.0
     faults: FaultSettings = field(default_factory=FaultSettings)
@@ -73,7 +77,7 @@ class GenerationWorker:
             spec.task_size, seed=spec.task_seed, prompt_group_every=spec.prompt_group_every
         )
         snapshot = PolicySnapshot(version, params)
-        self._backend: GenerationBackend
+        self._backend: SimulatedAgentBackend | HttpGenerationBackend
         if spec.kind == "simulated":
             self._backend = SimulatedAgentBackend(
                 task_set=tasks,
@@ -84,6 +88,8 @@ class GenerationWorker:
                 faults=spec.faults,
                 initial_weights=snapshot,
                 data_plane=self._plane,
+                thinking_calls=spec.thinking_calls,
+                reasoning_tokens=spec.reasoning_tokens,
                 # Staging blocks on a shard round trip: off the actor's event loop.
                 stage_in_thread=True,
             )
@@ -113,8 +119,13 @@ class GenerationWorker:
         self._backend.update_weights(version, PolicySnapshot(version, params))
         return version
 
-    async def run_attempt(self, request: AttemptRequest) -> AttemptResult:
-        return await self._backend.run_attempt(request, self._capture)
+    async def run_attempt(
+        self, request: AttemptRequest, prefix: StagedPrefix | None = None
+    ) -> AttemptResult:
+        """One attempt; with ``prefix``, continuing an earlier attempt's staged calls."""
+        if prefix is None:
+            return await self._backend.run_attempt(request, self._capture)
+        return await self._backend.resume_attempt(request, self._capture, prefix)
 
 
 def snapshot_params(weights: object) -> tuple[int, Params]:

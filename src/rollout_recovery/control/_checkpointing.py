@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from .._crashpoints import crash_point
 from .._settings import config_to_builtins, identity_fingerprint
-from ..capture import STAGING_PARTITION
+from ..capture import STAGING_PARTITION, StagedPrefix
 from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from ..dataplane import CANONICAL_PARTITION, ReplayIndex, reconcile_staging
 from ..errors import (
@@ -63,11 +63,12 @@ from ..ledger import (
     parse_rollout_recovery_state,
 )
 from ..policy import FileStateTrainer
-from ..rollout import FailureReason
+from ..rollout import BackendResume, FailureReason
 from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
+from ._resume import choose_prefixes, version_filter
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._state import ControllerState, decode_controller_state
 
@@ -419,8 +420,14 @@ class RestoreReport:
     #: Seals the reuse policy discarded, and their tokens.
     seals_discarded: int = 0
     tokens_discarded: int = 0
-    #: Generated tokens staged by attempts the crash interrupted.
+    #: Generated tokens staged by attempts the crash interrupted, generated again.
     tokens_in_flight_lost: int = 0
+    #: Of those, the tokens of prompt-group cohorts (never continued).
+    cohort_tokens_in_flight_lost: int = 0
+    #: Staged calls of lost attempts kept for their siblings to continue, and their tokens.
+    calls_resumable: int = 0
+    tokens_resumable: int = 0
+    resume_refused: tuple[str, ...] = ()
 
 
 async def restore_controller(controller: Controller, verified: VerifiedCheckpoint) -> RestoreReport:
@@ -463,10 +470,19 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
         )
         crash_point("restore.mid")
-        in_flight_tokens = _tokens_of_attempts(store.inner, outcome.open_attempts)
+        resumable, refused = _resumable_calls(controller, state)
+        keep = {key for prefix in resumable for key in prefix.staging_keys}
+        in_flight_tokens, cohort_tokens = _interrupted_tokens(
+            ledger, store.inner, interrupted, keep
+        )
         # Against the inner store: deletions at restore are immediate, nothing needs them.
         cleared = reconcile_staging(
-            ledger, store.inner, cut, partition=STAGING_PARTITION, clear_unreferenced=True
+            ledger,
+            store.inner,
+            cut,
+            partition=STAGING_PARTITION,
+            clear_unreferenced=True,
+            keep=keep,
         )
         for group in ledger.groups():
             ledger.bind_runtime_prompt(
@@ -501,6 +517,10 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
             seals_discarded=len(outcome.discarded),
             tokens_discarded=sum(seal.tokens for seal in outcome.discarded),
             tokens_in_flight_lost=in_flight_tokens,
+            cohort_tokens_in_flight_lost=cohort_tokens,
+            calls_resumable=sum(len(prefix.calls) for prefix in resumable),
+            tokens_resumable=sum(prefix.tokens for prefix in resumable),
+            resume_refused=tuple(refused),
         )
         # The record says what this restore did; a later replay that crosses it repeats
         # exactly that (prepare_for_restart, the rollback, the discards).
@@ -523,6 +543,10 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
                 tokens_reused=report.tokens_reused,
                 canonical_tokens_kept=canonical_tokens,
                 tokens_in_flight_lost=in_flight_tokens,
+                cohort_tokens_in_flight_lost=cohort_tokens,
+                calls_resumable=report.calls_resumable,
+                tokens_resumable=report.tokens_resumable,
+                resume_refused=list(report.resume_refused),
             )
         )
         for group_id, entries in interrupted.items():
@@ -563,19 +587,84 @@ def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
-def _tokens_of_attempts(store: Any, rollout_ids: set[str]) -> int:
-    """Generated tokens of the staged calls of ``rollout_ids`` (the attempts the crash
-    interrupted). Not every staged row no seal names: rows of published groups wait
-    there for deferred deletion, and rows of seals the policy discarded are counted as
-    discarded."""
-    keys = sorted(
+def _resumable_calls(
+    controller: Controller, state: ControllerState
+) -> tuple[list[StagedPrefix], list[str]]:
+    """The staged calls of lost attempts the restore keeps for their siblings' next
+    attempts (call-level resume; the reuse policy applied by the weights the restore
+    lost), and what it refused. Runs after ``prepare_for_restart``: every unsealed
+    sibling's current attempt is a lost one."""
+    recovery = controller.config.recovery
+    if recovery.resume != "call" or not isinstance(controller.backend, BackendResume):
+        return [], []
+    store = controller.data_plane.inner
+    keeps = version_filter(recovery.reuse, lineage=state.lineage, restore=True)
+    keys = sorted(store.keys(STAGING_PARTITION))
+    prefixes: list[StagedPrefix] = []
+    refused: list[str] = []
+    for group in controller.ledger.groups():
+        if group.status is not PromptGroupStatus.GENERATING:
+            continue
+        unsealed = [
+            sibling.generation_index
+            for sibling in group.siblings
+            if sibling.current_attempt.status is not RolloutAttemptStatus.SEALED
+        ]
+        choices = choose_prefixes(
+            group, unsealed, store, keeps=keeps, include_current=True, sorted_keys=keys
+        )
+        for choice in choices.values():
+            refused.extend(choice.refused)
+            if choice.prefix is not None:
+                prefixes.append(choice.prefix)
+    return prefixes, refused
+
+
+def _interrupted_tokens(
+    ledger: RolloutRecoveryLedger,
+    store: Any,
+    interrupted: Mapping[str, list[tuple[int, str]]],
+    keep: set[str],
+) -> tuple[int, int]:
+    """Generated tokens the crash costs: those staged by the attempts it interrupted that
+    no seal names and the restore does not keep for resumption; and the part of them of
+    prompt-group cohorts.
+
+    A row whose call survives in a kept row (an interrupted attempt that was still
+    copying an earlier attempt's calls when the kill came) costs nothing: the same tokens
+    (the same cumulative hash) are continued.
+    """
+    lost = {rollout_id for entries in interrupted.values() for _, rollout_id in entries}
+    cohorts = {
+        rollout_id
+        for group_id, entries in interrupted.items()
+        if ledger.get_group(group_id).recovery_granularity is RecoveryGranularity.PROMPT_GROUP
+        for _, rollout_id in entries
+    }
+    orphans = sorted(
         key
-        for key in store.keys(STAGING_PARTITION)
-        # A staging key is ``{rollout_id}/{model_call_id}``.
-        if key.partition("/")[0] in rollout_ids
+        for key in set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys() - keep
+        if key.partition("/")[0] in lost
     )
-    rows = store.get(STAGING_PARTITION, keys) if keys else []
-    return sum(int(row.token_mask.sum()) for row in rows)
+    if not orphans:
+        return 0, 0
+
+    def call_of(key: str, row: Any) -> tuple[str, object]:
+        # The sibling ({group}_g{i} of {group}_g{i}_a{attempt}) and the call's content.
+        return key.partition("/")[0].rpartition("_a")[0], row.metadata.get("cumulative_hash")
+
+    ordered = sorted(keep)
+    kept = store.get(STAGING_PARTITION, ordered) if ordered else []
+    continued = {call_of(key, row) for key, row in zip(ordered, kept, strict=True)}
+    total = in_cohorts = 0
+    for key, row in zip(orphans, store.get(STAGING_PARTITION, orphans), strict=True):
+        if call_of(key, row) in continued:
+            continue
+        tokens = int(row.token_mask.sum())
+        total += tokens
+        if key.partition("/")[0] in cohorts:
+            in_cohorts += tokens
+    return total, in_cohorts
 
 
 def _require_survivable_shortfall(

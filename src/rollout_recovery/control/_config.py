@@ -103,7 +103,8 @@ class LivenessConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 class RecoveryConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``[recovery]``: what a restore keeps of the work journaled after its snapshot."""
+    """``[recovery]``: what a restore keeps of the work journaled after its snapshot, and
+    what a lost attempt leaves its sibling's next attempt."""
 
     #: Seals made under weights the restore lost (training after the snapshot is rolled
     #: back): "all" keeps them (off-policy, corrected by their captured logprobs),
@@ -113,7 +114,13 @@ class RecoveryConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     #: under each policy, same seed): the same reward curves and final reward, and the
     #: only policy that regenerates no sealed work (``docs/reliability.md``, "The reuse
     #: policy, measured").
+    #: Staged calls of lost attempts follow the same rule, call by call (a restore under
+    #: "none" keeps none).
     reuse: Annotated[ReusePolicy, OPERATIONAL] = ReusePolicy.ALL
+    #: "call": a lost attempt's staged calls are continued by its sibling's next attempt
+    #: (after a worker death or a restart); only the calls in flight are generated again.
+    #: "attempt": the next attempt starts over (the episode is generated again whole).
+    resume: Annotated[Literal["call", "attempt"], OPERATIONAL] = "call"
 
 
 class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from .._crashpoints import crash_point
-from ..capture import STAGING_PARTITION, CaptureWriter, Receipt
+from ..capture import STAGING_PARTITION, CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
     CANONICAL_PARTITION,
     DataPlane,
@@ -90,6 +90,7 @@ from ..rollout import (
     AttemptFailure,
     AttemptRequest,
     AttemptResult,
+    BackendResume,
     BackendStartup,
     BackendTelemetry,
     FailureReason,
@@ -98,6 +99,7 @@ from ..rollout import (
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
 from ._replay import admission_id_of
+from ._resume import choose_prefixes, resumed_record, version_filter
 from ._sampler import dataset_position_to_idx
 from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
@@ -490,9 +492,10 @@ class Controller:
         ]
         atomic = record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
         outcomes: dict[int, AttemptResult | AttemptFailure] = {}
+        prefixes = await self._resumable(record, pending)
 
         async def one(request: AttemptRequest) -> None:
-            outcome = await self._attempt(request)
+            outcome = await self._attempt(request, prefixes.get(request.generation_index))
             outcomes[request.generation_index] = outcome
             if not atomic and isinstance(outcome, AttemptResult):
                 await self._seal_sibling(record.group_id, request.generation_index, outcome)
@@ -506,7 +509,38 @@ class Controller:
             await self._seal_cohort(record.group_id, results)
         return sorted(failures, key=lambda f: f.generation_index)
 
-    async def _attempt(self, request: AttemptRequest) -> AttemptResult | AttemptFailure:
+    async def _resumable(
+        self, record: PromptGroupRecoveryRecord, pending: Sequence[int]
+    ) -> dict[int, StagedPrefix]:
+        """The staged calls of lost attempts that ``pending`` siblings continue (call-level
+        resume), journaled before they are handed over; {} when nothing was lost."""
+        retried = [i for i in pending if len(record.siblings[i].attempts) > 1]
+        if (
+            not retried
+            or self.config.recovery.resume != "call"
+            or not isinstance(self.backend, BackendResume)
+        ):
+            return {}
+        keeps = version_filter(self.config.recovery.reuse, lineage=(), restore=False)
+        # On the loop, like the controller's other store reads: a few rows, and only for
+        # siblings whose attempt was lost.
+        choices = choose_prefixes(
+            record, retried, self.data_plane, keeps=keeps, include_current=False
+        )
+        if not choices:
+            return {}
+        async with self.barrier.mutation("recovery_retries"):
+            self.record_all(
+                [
+                    resumed_record(record.group_id, i, record.gate_rollout_id(i), choice)
+                    for i, choice in sorted(choices.items())
+                ]
+            )
+        return {i: c.prefix for i, c in choices.items() if c.prefix is not None}
+
+    async def _attempt(
+        self, request: AttemptRequest, prefix: StagedPrefix | None = None
+    ) -> AttemptResult | AttemptFailure:
         assert self._inflight_slots is not None
         queued = self._inflight_slots.locked()
         async with self._inflight_slots:
@@ -522,6 +556,8 @@ class Controller:
             self.in_flight += 1
             try:
                 async with asyncio.timeout(self.config.generation.attempt_deadline_s):
+                    if prefix is not None and isinstance(self.backend, BackendResume):
+                        return await self.backend.resume_attempt(request, self.capture, prefix)
                     return await self.backend.run_attempt(request, self.capture)
             except TimeoutError:
                 reason, detail = FailureReason.DEADLINE_EXCEEDED, ""
@@ -947,6 +983,9 @@ def _seal_record(index: int, result: AttemptResult) -> Seal:
         weight_versions=[
             call.weight_version for call in Receipt.from_dict(result.receipt).manifest
         ],
+        inherited_calls=result.inherited_calls,
+        inherited_tokens=result.inherited_tokens,
+        resume_refused=result.resume_refused,
     )
 
 

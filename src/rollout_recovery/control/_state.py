@@ -54,7 +54,12 @@ class RunCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retries: int = 0
     siblings_reused: int = 0
     checkpoints: int = 0
+    #: Generated tokens of sealed attempts (calls continued from a lost attempt excluded).
     tokens_generated: int = 0
+    #: Calls (and their generated tokens) sealed attempts continued from lost attempts of
+    #: their siblings instead of generating them again (call-level resume).
+    calls_resumed: int = 0
+    tokens_resumed: int = 0
     rows_trained: int = 0
     valid_rows_trained: int = 0
     longest_checkpoint_stall_us: int = 0
@@ -128,10 +133,12 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         elif isinstance(record, RoundStarted):
             self.rounds_used[record.group_id] = record.round
             counters.attempts += len(record.dispatched)
-        elif isinstance(record, SiblingSealed):
-            counters.tokens_generated += record.seal.tokens
-        elif isinstance(record, GroupSealed):
-            counters.tokens_generated += sum(seal.tokens for seal in record.seals)
+        elif isinstance(record, SiblingSealed | GroupSealed):
+            seals = [record.seal] if isinstance(record, SiblingSealed) else record.seals
+            for seal in seals:
+                counters.tokens_generated += seal.tokens - seal.inherited_tokens
+                counters.calls_resumed += seal.inherited_calls
+                counters.tokens_resumed += seal.inherited_tokens
         elif isinstance(record, AttemptsAbandoned):
             # A restart's or a drain's abandons are not failures of the work: no retry.
             if any(a.reason not in _NOT_RETRIES for a in record.attempts):

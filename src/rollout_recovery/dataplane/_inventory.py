@@ -4,10 +4,14 @@ Rows of abandoned attempts, of prompt-group cohorts dropped by ``prepare_for_res
 of calls a crash interrupted are owned by nobody; a live run cannot tell them from rows of
 calls still in flight, so they are reclaimed here, at restore, when nothing is in flight.
 The other direction is fatal: a sealed attempt whose staged row is gone cannot be
-finalized, and must not be trained as if it were complete.
+finalized, and must not be trained as if it were complete. Rows the caller names in
+``keep`` (the staged calls of lost attempts that their siblings' next attempts will
+continue) stay, referenced by that intent rather than by a receipt.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from ..errors import InvalidTransitionError, StagingInventoryError
 from ..ledger import MutationCut, RolloutRecoveryLedger
@@ -24,10 +28,11 @@ def reconcile_staging(
     *,
     partition: str,
     clear_unreferenced: bool,
+    keep: Collection[str] = (),
 ) -> list[str]:
     """Check the staging partition against ``ledger.expected_staging_keys()``.
 
-    Returns the staged keys the ledger does not own. Raises
+    Returns the staged keys the ledger does not own and ``keep`` does not name. Raises
     :class:`StagingInventoryError` (deleting nothing) when an expected row is missing.
     With ``clear_unreferenced`` (at restore, after ``prepare_for_restart``) those rows are
     deleted, so the partition then holds exactly the expected keys; without it (at
@@ -52,7 +57,7 @@ def reconcile_staging(
     missing = sorted(expected - actual)
     if missing:
         raise StagingInventoryError(missing)
-    unreferenced = sorted(actual - expected)
+    unreferenced = sorted(actual - expected - set(keep))
     if clear_unreferenced and unreferenced:
         data_plane.clear(partition, unreferenced, cut=cut)
     return unreferenced

@@ -19,6 +19,7 @@ from ._journal_report import RECORD_TYPES, JournalReport, inspect_journal
 from ._records import (
     HISTORY_VERSION,
     AbandonedAttempt,
+    AttemptResumed,
     AttemptsAbandoned,
     BackendEvent,
     BatchAdmitted,
@@ -49,6 +50,7 @@ __all__ = [
     "HISTORY_VERSION",
     "RECORD_TYPES",
     "AbandonedAttempt",
+    "AttemptResumed",
     "AttemptsAbandoned",
     "AuditReport",
     "AuditTrail",

@@ -23,6 +23,7 @@ from ..rollout import FailureReason
 __all__ = [
     "HISTORY_VERSION",
     "AbandonedAttempt",
+    "AttemptResumed",
     "AttemptsAbandoned",
     "BackendEvent",
     "BatchAdmitted",
@@ -121,10 +122,38 @@ class RoundStarted(
     """A generation round of a group: the attempts it dispatched."""
 
     group_id: str
-    #: 1 for the first round; the group's retry budget counts these.
+    #: 1 for the first round; the group's retry budget counts these (a round a restart
+    #: interrupted is not counted, so the next one has the same number).
     round: int
     dispatched: list[FreshAttempt]
     weight_version: int
+
+
+class AttemptResumed(
+    _Record, tag="attempt_resumed", frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """A fresh attempt is handed the staged calls of an earlier, lost attempt of its sibling
+    to continue (``[recovery] resume = "call"``), or told why none of them verified.
+
+    Written after the ``round_started`` that dispatched ``rollout_id`` and before the
+    attempt runs; its seal says how many of those calls it used (``Seal.inherited_calls``).
+    """
+
+    group_id: str
+    generation_index: int
+    #: The fresh attempt.
+    rollout_id: str
+    #: The attempt whose staged calls it continues; None when none verified.
+    from_rollout_id: str | None = None
+    #: The staging keys of those calls, root first.
+    calls: list[str] = []
+    #: Generated tokens they hold, and the weight version of each.
+    tokens: int = 0
+    weight_versions: list[int] = []
+    #: Earlier attempts whose staged calls are not (all) continued, and why
+    #: (``"<rollout id>: <reason>"``): a tampered, missing or foreign row, a broken chain,
+    #: calls under weights ``[recovery] reuse`` does not keep.
+    refused: list[str] = []
 
 
 class RewardChecksRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -143,10 +172,16 @@ class Seal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     reward: float
     mask_sample: bool
     reward_checks: RewardChecksRecord | None = None
-    #: Tokens the attempt generated.
+    #: Generated tokens of its calls (those it inherited included).
     tokens: int
     #: The weight version of each of its model calls, in call order.
     weight_versions: list[int] = []
+    #: Its first calls (and their generated tokens) continued an earlier attempt of the
+    #: sibling (``attempt_resumed``) instead of being generated again.
+    inherited_calls: int = 0
+    inherited_tokens: int = 0
+    #: Why the backend did not use a prefix it was handed (it started over).
+    resume_refused: str | None = None
 
 
 class SiblingSealed(
@@ -303,9 +338,18 @@ class Restored(_Record, tag="restored", frozen=True, kw_only=True, forbid_unknow
     tokens_reused: int = 0
     #: Tokens of finished groups waiting to train, kept.
     canonical_tokens_kept: int = 0
-    #: Generated tokens of calls staged by attempts the crash interrupted (their rows
-    #: are deleted; the attempts are abandoned and run again).
+    #: Generated tokens of calls staged by attempts the crash interrupted that are
+    #: generated again: their rows are deleted, except those kept for resumption.
     tokens_in_flight_lost: int = 0
+    #: The part of those of prompt-group cohorts: a cohort is generated again whole (its
+    #: siblings belong together), so its calls are never continued.
+    cohort_tokens_in_flight_lost: int = 0
+    #: Staged calls (and their generated tokens) of unsealed attempts kept for their
+    #: siblings' next attempts to continue (``[recovery] resume = "call"``).
+    calls_resumable: int = 0
+    tokens_resumable: int = 0
+    #: Lost attempts whose staged calls were not kept, and why (``"<rollout id>: <reason>"``).
+    resume_refused: list[str] = []
 
 
 class BackendEvent(_Record, tag="backend", frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -322,6 +366,7 @@ HistoryRecord = (
     | PromptTaken
     | BatchAdmitted
     | RoundStarted
+    | AttemptResumed
     | SiblingSealed
     | GroupSealed
     | AttemptsAbandoned

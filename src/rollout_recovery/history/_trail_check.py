@@ -13,7 +13,12 @@ survives must satisfy:
   yet complete);
 - every journaled seal is trained with its rollout id, or excused: abandoned after it,
   its prompt dropped, or discarded by a restore's reuse policy (listed in its record);
-  a run not yet complete may still hold it.
+  a run not yet complete may still hold it;
+- a resumed attempt (``attempt_resumed``) was dispatched for its sibling, and continues
+  calls of an earlier attempt of the same sibling that was lost before it: abandoned, or
+  dispatched before a restore (which abandons whatever it finds unsealed, a seal its
+  reuse policy discarded included); a seal that inherited calls was handed at least that
+  many.
 
 Each violation names the ids and the ``events.jsonl:line`` involved.
 """
@@ -27,11 +32,13 @@ from pathlib import Path
 from ..rundir import RunDirectory
 from ._journal import JournalCorruptError, JournalEntry
 from ._records import (
+    AttemptResumed,
     AttemptsAbandoned,
     GroupSealed,
     PromptDropped,
     PromptTaken,
     Restored,
+    RoundStarted,
     RunStarted,
     Seal,
     SiblingSealed,
@@ -78,6 +85,11 @@ class _Facts:
     excused: dict[str, int] = field(default_factory=dict)  # rollout id -> line
     steps: list[JournalEntry] = field(default_factory=list)
     started: RunStarted | None = None
+    # rollout id -> (line, group id, generation index) of the record that dispatched it
+    dispatched: dict[str, tuple[int, str, int]] = field(default_factory=dict)
+    abandoned_at: dict[str, int] = field(default_factory=dict)  # rollout id -> first line
+    resumed: list[tuple[int, AttemptResumed]] = field(default_factory=list)
+    restores: list[int] = field(default_factory=list)  # lines of ``restored`` records
 
 
 def check_trail(
@@ -118,6 +130,8 @@ def _gather(entries: list[JournalEntry]) -> _Facts:
     for entry in entries:
         number, record = entry.line, entry.record
         if isinstance(record, PromptTaken):
+            for index, rollout_id in enumerate(record.attempts):
+                facts.dispatched.setdefault(rollout_id, (number, record.group_id, index))
             if record.group_id in facts.taken:
                 facts.taken_twice.append((number, f"group {record.group_id}"))
             facts.taken.setdefault(record.group_id, (number, record))
@@ -130,10 +144,19 @@ def _gather(entries: list[JournalEntry]) -> _Facts:
             facts.seals.append((number, record.group_id, record.seal))
         elif isinstance(record, GroupSealed):
             facts.seals.extend((number, record.group_id, seal) for seal in record.seals)
+        elif isinstance(record, RoundStarted):
+            for fresh in record.dispatched:
+                facts.dispatched.setdefault(
+                    fresh.rollout_id, (number, record.group_id, fresh.generation_index)
+                )
+        elif isinstance(record, AttemptResumed):
+            facts.resumed.append((number, record))
         elif isinstance(record, AttemptsAbandoned):
             for attempt in record.attempts:
                 facts.excused[attempt.rollout_id] = number
+                facts.abandoned_at.setdefault(attempt.rollout_id, number)
         elif isinstance(record, Restored):
+            facts.restores.append(number)
             for discarded in record.discarded:
                 facts.excused[discarded.rollout_id] = number
         elif isinstance(record, StepTrained):
@@ -206,6 +229,7 @@ def _check(
     finished = report.complete if complete is None else complete
     _check_prompts(facts, name, group_prompt, group_rows, finished, bad)
     reused, excused = _check_seals(facts, name, trained_sibling, finished, bad)
+    _check_resumes(facts, name, bad)
     report.counts = {
         "steps_trained": len(facts.steps),
         "groups_trained": len(group_rows),
@@ -220,6 +244,8 @@ def _check(
         "seals": len(facts.seals),
         "seals_trained": reused,
         "seals_abandoned": excused,
+        "attempts_resumed": sum(1 for _, r in facts.resumed if r.from_rollout_id is not None),
+        "calls_resumed": sum(seal.inherited_calls for _, _, seal in facts.seals),
     }
 
 
@@ -305,3 +331,47 @@ def _check_seals(
             + " with no abandon, drop or discard saying why (a lost seal)"
         )
     return reused, excused
+
+
+def _check_resumes(facts: _Facts, name: str, bad: list[str]) -> None:
+    """Resumed attempts continue lost attempts of their own sibling, and seals use at most
+    the calls they were handed."""
+    handed: dict[str, int] = {}
+    for number, record in facts.resumed:
+        where = f"{name}:{number}"
+        sibling = (record.group_id, record.generation_index)
+        fresh = facts.dispatched.get(record.rollout_id)
+        if fresh is None or fresh[0] > number or fresh[1:] != sibling:
+            bad.append(
+                f"attempt {record.rollout_id} resumed for sibling {sibling} but no round "
+                f"dispatched it for that sibling before ({where})"
+            )
+        source = record.from_rollout_id
+        if source is None:
+            continue
+        handed[record.rollout_id] = len(record.calls)
+        earlier = facts.dispatched.get(source)
+        if source == record.rollout_id or earlier is None or earlier[1:] != sibling:
+            bad.append(
+                f"attempt {record.rollout_id} of sibling {sibling} continues {source}, which "
+                f"is not an earlier attempt of that sibling ({where})"
+            )
+        elif facts.abandoned_at.get(source, number) >= number and not any(
+            earlier[0] < restore < number for restore in facts.restores
+        ):
+            bad.append(
+                f"attempt {record.rollout_id} continues {source}, which was neither abandoned "
+                f"nor cut off by a restore before it ({where})"
+            )
+        foreign = [key for key in record.calls if key.partition("/")[0] != source]
+        if not record.calls or foreign or len(record.weight_versions) != len(record.calls):
+            bad.append(
+                f"attempt {record.rollout_id} continues calls {(foreign or record.calls)[:3]} "
+                f"that are not {len(record.weight_versions)} calls of {source} ({where})"
+            )
+    for number, _, seal in facts.seals:
+        if seal.inherited_calls > handed.get(seal.rollout_id, 0):
+            bad.append(
+                f"{seal.rollout_id} sealed with {seal.inherited_calls} inherited calls but was "
+                f"handed {handed.get(seal.rollout_id, 0)} ({name}:{number})"
+            )

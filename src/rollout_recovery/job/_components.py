@@ -95,6 +95,8 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
             faults=FaultSettings(**msgspec.structs.asdict(config.faults)),
             initial_weights=trainer.weights(),
             data_plane=data_plane,
+            reasoning_tokens=config.task.reasoning_tokens,
+            thinking_calls=config.task.thinking_calls,
             # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
             stage_in_thread=True,
         )
@@ -141,9 +143,11 @@ def _presenting(api_key: str | None) -> Iterator[None]:
         _SERVER_API_KEY.reset(token)
 
 
-def _http_settings(http: HttpConfig, vocab_size: int) -> HttpBackendSettings:
-    """The HTTP backend's settings from ``[http]`` (in the job, or in a Ray worker);
-    ``vocab_size`` is the trainer's, which replies are checked against."""
+def _http_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
+    """The HTTP backend's settings from ``[http]`` and the episode's shape from ``[task]``
+    (in the job, or in a Ray worker); ``vocab_size`` is the trainer's, which replies are
+    checked against."""
+    http = config.http
     key = _SERVER_API_KEY.get()
     return HttpBackendSettings(
         api_key=key if key is not None else configured_api_key(http),
@@ -160,6 +164,8 @@ def _http_settings(http: HttpConfig, vocab_size: int) -> HttpBackendSettings:
         call_redispatch_budget=http.call_redispatch_budget,
         redispatch_backoff_s=http.redispatch_backoff_s,
         logprob_mode=http.logprob_mode,
+        reasoning_tokens=config.task.reasoning_tokens,
+        thinking_calls=config.task.thinking_calls,
         stage_in_thread=True,
     )
 
@@ -173,7 +179,7 @@ def _http_backend(
         task_set=dataset,
         dialect=DIALECTS[http.dialect],
         weight_sync=WEIGHT_SYNCS[http.weight_sync],
-        settings=_http_settings(http, trainer.vocab_size),
+        settings=_http_settings(config, trainer.vocab_size),
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
     )
@@ -201,13 +207,15 @@ def _ray_backend(
         task_seed=config.job.seed,
         prompt_group_every=config.task.prompt_group_every,
         seed=config.job.seed,
+        thinking_calls=config.task.thinking_calls,
+        reasoning_tokens=config.task.reasoning_tokens,
         call_latency_s=config.generation.call_latency_s,
         latency_jitter=config.generation.latency_jitter,
         faults=FaultSettings(**faults),
         http_servers=http.servers,
         http_dialect=http.dialect,
         http_weight_sync=http.weight_sync,
-        http_settings=_http_settings(http, trainer.vocab_size),
+        http_settings=_http_settings(config, trainer.vocab_size),
     )
     settings = ActorPoolSettings(
         actors_per_node=ray_config.actors_per_node,

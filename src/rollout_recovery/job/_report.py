@@ -235,6 +235,8 @@ class RunSummary:
     #: Per generation part (server or actor) counts from the backend's telemetry, when it
     #: has parts that live and die on their own: ``{name: {"state": ..., "calls": ...}}``.
     parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Calls sealed attempts continued from lost attempts instead of generating them again.
+    calls_resumed: int = 0
 
 
 _SUMMARY_LABELS = {
@@ -245,6 +247,7 @@ _SUMMARY_LABELS = {
     "attempts": "attempts",
     "retries": "retries",
     "siblings_reused": "siblings reused",
+    "calls_resumed": "calls resumed (not generated again)",
     "checkpoints": "checkpoints written",
     "restores": "restores",
     "longest_checkpoint_stall_s": "longest checkpoint stall",

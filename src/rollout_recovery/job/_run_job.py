@@ -527,6 +527,7 @@ def _summary(run: RunDirectory, controller: Controller, wall_time: float) -> Run
         attempts=counters.attempts,
         retries=counters.retries,
         siblings_reused=counters.siblings_reused,
+        calls_resumed=counters.calls_resumed,
         checkpoints=counters.checkpoints,
         restores=restores,
         longest_checkpoint_stall_s=counters.longest_checkpoint_stall_us / 1e6,

@@ -3,7 +3,10 @@
 :class:`TransformersBackend` implements :class:`~rollout_recovery.rollout.GenerationBackend`
 for one-call episodes of :class:`EmitTokenTask`: one model call per attempt (the prompt,
 ``max_tokens`` sampled tokens), staged through the attempt's ``CaptureWriter`` before the
-attempt returns, rewarded by the task. The model runs in a worker thread
+attempt returns, rewarded by the task. The episode is the one every backend runs
+(:func:`~rollout_recovery.rollout.run_episode`); this module is its model client, so an
+attempt can also continue an earlier attempt's staged call (``BackendResume``). The model
+runs in a worker thread
 (``asyncio.to_thread``), so the event loop keeps serving other attempts, deadlines and
 checkpoints while a forward pass runs.
 
@@ -13,29 +16,25 @@ started and stamps that version, so a call in flight is never switched to other 
 half way (the trap a vLLM server needs a pause for).
 
 The model call itself is :func:`generate` (prompt ids, max tokens, temperature, seed ->
-token ids and logprobs); this class is the thin episode around it.
+token ids and logprobs); this class is the thin client around it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
-import numpy as np
 from transformers import PreTrainedModel
 
-from ..capture import CallRecord, CaptureWriter, assemble_receipt
+from ..capture import CaptureWriter, StagedPrefix
 from ..errors import GenerationError, InvalidArgumentError
-from ..rollout import AttemptRequest, AttemptResult
-from ._emit_task import EmitTokenTask
+from ..rollout import AttemptRequest, AttemptResult, Sampling, run_episode
+from ..rollout import Completion as CallCompletion
+from ._emit_task import EmitTokenEpisodes, EmitTokenTask
 from ._generate import Completion, generate, seed_for
 from ._skeleton import ModelSkeleton
 
 __all__ = ["TransformersBackend"]
-
-T = TypeVar("T")
 
 
 class _Current:
@@ -80,6 +79,7 @@ class TransformersBackend:
             raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
         self._skeleton = skeleton
         self._task = task
+        self._episodes = EmitTokenEpisodes(task, max_tokens=max_tokens)
         self._seed = seed
         self._max_tokens = max_tokens
         self._temperature = float(temperature)
@@ -105,64 +105,67 @@ class TransformersBackend:
             )
         self._current = _Current(version, self._skeleton.build(checked))
 
-    def sample(self, prompt_ids: list[int], seed: int) -> tuple[int, Completion]:
+    def sample(
+        self, prompt_ids: Sequence[int], seed: int, *, max_tokens: int | None = None
+    ) -> tuple[int, Completion]:
         """One model call on the current weights: (version, completion). Blocking."""
         current = self._current
         completion = generate(
             current.model,
             prompt_ids,
-            max_tokens=self._max_tokens,
+            max_tokens=self._max_tokens if max_tokens is None else max_tokens,
             temperature=self._temperature,
             seed=seed,
         )
         return current.version, completion
 
-    async def _in_thread(self, function: Callable[[], T]) -> T:
-        return await asyncio.to_thread(function)
-
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
         """One model call: sample, stage, reward, receipt."""
+        return await self.resume_attempt(request, capture, None)
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
+    ) -> AttemptResult:
+        """Continue an earlier attempt's staged call (``BackendResume``); None: start."""
         if self._closed:
             raise GenerationError("backend_closed", "the transformers backend is closed")
-        prompt_ids = self._task.prompt_ids(request.prompt)
-        rollout_id = request.rollout_id
-        call_id = _call_id(rollout_id)
-        seed = seed_for(self._seed, f"{request.group_id}/{request.generation_index}")
-        version, completion = await self._in_thread(lambda: self.sample(prompt_ids, seed))
-        call: dict[str, Any] = {
-            "rollout_id": rollout_id,
-            "model_call_id": call_id,
-            "parent": None,
-            "prompt_token_ids": np.array(prompt_ids, dtype=np.int32),
-            "generated_token_ids": completion.token_ids,
-            "generated_logprobs": completion.logprobs,
-            "weight_version": version,
-            "extras": {"temperature": self._temperature, "max_tokens": self._max_tokens},
-        }
-        record: CallRecord
-        if self._stage_in_thread:
-            record = await self._in_thread(lambda: capture.stage_call(**call))
-        else:
-            record = capture.stage_call(**call)
-        self._calls += 1
-        self._generated_tokens += int(completion.token_ids.shape[0])
-        reward = self._task.reward(completion.token_ids)
-        receipt = assemble_receipt(
-            rollout_id, [record], terminal_model_call_id=call_id, reward=reward
-        )
-        return AttemptResult(
-            rollout_id=rollout_id,
-            receipt=receipt,
-            reward=reward,
-            mask_sample=False,
-            reward_checks=None,
-            generated_tokens=int(completion.token_ids.shape[0]),
+        return await run_episode(
+            request,
+            capture,
+            task=self._episodes,
+            client=_Client(self, request),
+            prefix=prefix,
+            stage_in_thread=self._stage_in_thread,
         )
 
     async def aclose(self) -> None:
         self._closed = True
 
 
-def _call_id(rollout_id: str) -> str:
-    # Unique per physical call: a retry is a new rollout id, so its call gets a new id too.
-    return "gen-" + hashlib.sha256(rollout_id.encode()).hexdigest()[:16]
+class _Client:
+    """The model client of one attempt. Its draws are seeded by the sibling (group id,
+    generation index, call), not by the rollout id (which holds a random attempt uuid)."""
+
+    def __init__(self, backend: TransformersBackend, request: AttemptRequest) -> None:
+        self._backend = backend
+        self._sibling = f"{request.group_id}/{request.generation_index}"
+        self._calls = 0
+
+    async def generate(
+        self, prompt_ids: Sequence[int], *, call_id: str, sampling: Sampling
+    ) -> CallCompletion:
+        backend = self._backend
+        key = self._sibling if self._calls == 0 else f"{self._sibling}/{self._calls}"
+        self._calls += 1
+        seed = seed_for(backend._seed, key)
+        version, completion = await asyncio.to_thread(
+            lambda: backend.sample(prompt_ids, seed, max_tokens=sampling.max_tokens)
+        )
+        backend._calls += 1
+        backend._generated_tokens += int(completion.token_ids.shape[0])
+        return CallCompletion(
+            token_ids=completion.token_ids.tolist(),
+            logprobs=completion.logprobs.tolist(),
+            weight_version=version,
+            extras={"temperature": backend._temperature, "max_tokens": sampling.max_tokens},
+        )

@@ -16,8 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..rewards import RewardChecks
+from ..rollout import Completion, Sampling, Turn
 
-__all__ = ["EMIT_TOKEN_TASK", "EmitTokenTask"]
+__all__ = ["EMIT_TOKEN_TASK", "EmitTokenEpisodes", "EmitTokenTask"]
 
 EMIT_TOKEN_TASK = "emit_token"
 
@@ -117,3 +119,36 @@ class EmitTokenTask:
         if tokens.size == 0:
             return 0.0
         return float(np.mean(tokens == self._target))
+
+
+class EmitTokenEpisodes:
+    """The task's episodes (a ``rollout.EpisodeTask``): one call of ``max_tokens`` tokens
+    after the prompt, rewarded by :meth:`EmitTokenTask.reward`."""
+
+    def __init__(self, task: EmitTokenTask, *, max_tokens: int) -> None:
+        self._task = task
+        self._sampling = Sampling(max_tokens=max_tokens)
+
+    def episode(self, prompt: Mapping[str, Any]) -> _EmitEpisode:
+        return _EmitEpisode(self._task, self._task.prompt_ids(prompt), self._sampling)
+
+
+class _EmitEpisode:
+    __slots__ = ("_generated", "_prompt", "_sampling", "_task")
+
+    def __init__(self, task: EmitTokenTask, prompt: list[int], sampling: Sampling) -> None:
+        self._task = task
+        self._prompt = prompt
+        self._sampling = sampling
+        self._generated: list[int] | None = None
+
+    def next_turn(self) -> Turn | None:
+        if self._generated is not None:
+            return None
+        return Turn(kind="gen", prompt_ids=self._prompt, sampling=self._sampling)
+
+    def observe(self, completion: Completion) -> None:
+        self._generated = [int(t) for t in completion.token_ids]
+
+    def grade(self) -> tuple[float, RewardChecks | None]:
+        return self._task.reward(self._generated or []), None

@@ -17,9 +17,9 @@ TaskKind = Literal["digits", "emit_token"]
 
 
 class TaskConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``[task]``: the prompt set and how an episode is graded.
+    """``[task]``: the prompt set, how an episode is graded and the shape of its episodes.
 
-    ``"digits"`` is the synthetic agent task (a reasoning call, then an answer digit) of
+    ``"digits"`` is the synthetic agent task (thinking calls, then an answer digit) of
     the numpy policy, simulated agents and HTTP servers; ``"emit_token"`` is the LLM task
     (``llm.EmitTokenTask``): a prompt of random tokens, ``max_tokens`` sampled tokens, the
     reward the share of them equal to ``target_token``.
@@ -35,6 +35,11 @@ class TaskConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     target_token: NonNegativeInt = 313
     #: Tokens sampled per attempt ("emit_token").
     max_tokens: Annotated[int, Meta(ge=1, le=4096)] = 8
+    #: Model calls an episode thinks in before its answer call (the answer makes one
+    #: more): a lost attempt can be continued from its last staged call.
+    thinking_calls: PositiveInt = 3
+    #: Thought tokens each thinking call generates.
+    reasoning_tokens: PositiveInt = 4
 
 
 class PolicyConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

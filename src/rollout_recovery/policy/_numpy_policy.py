@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
 from ._tasks import (
+    ANSWER,
     DIGIT_BASE,
     EOS,
     NUM_DIGITS,
@@ -194,6 +195,18 @@ class PolicySnapshot:
         table = self.answer_logprobs[digit]
         column = _sample(table, rng)
         return [digit_token(column), EOS], [float(table[column]), 0.0]
+
+    def sample_continuation(
+        self, prompt_ids: Sequence[int], max_tokens: int, rng: np.random.Generator
+    ) -> tuple[list[int], list[float]]:
+        """What the policy generates after ``prompt_ids`` (token in, token out): after an
+        ``ANSWER`` tag its answer (``[digit, EOS]``, cut to ``max_tokens``), anywhere else
+        ``max_tokens`` thought tokens; every token conditioned on the prompt's digit."""
+        digit = prompt_digit(prompt_ids)
+        if int(prompt_ids[-1]) == ANSWER:
+            tokens, logprobs = self.sample_answer(digit, rng)
+            return tokens[:max_tokens], logprobs[:max_tokens]
+        return self.sample_reasoning(digit, max_tokens, rng)
 
     def token_logprobs(
         self,

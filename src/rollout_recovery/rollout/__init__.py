@@ -1,8 +1,14 @@
 """Generation backends behind one protocol, :class:`GenerationBackend`.
 
-:class:`SimulatedAgentBackend` runs two-call agent episodes on simulated workers, samples
-from a :class:`~rollout_recovery.policy.PolicySnapshot`, stages every call through the
-attempt's ``CaptureWriter`` and injects the faults of :class:`FaultSettings`.
+One agent episode, written once (:func:`run_episode`): a task's turns (:class:`Turn`)
+against a one-method :class:`ModelClient` (``generate(prompt_ids, *, call_id, sampling)
+-> Completion``), every call staged through the attempt's ``CaptureWriter`` before the
+episode goes on. :class:`BackendResume` is the optional capability of continuing an
+earlier attempt's staged calls.
+
+:class:`SimulatedAgentBackend` runs the digit task's episodes on simulated workers,
+samples from a :class:`~rollout_recovery.policy.PolicySnapshot` and injects the faults of
+:class:`FaultSettings` through a decorator client.
 
 :class:`HttpGenerationBackend` runs the same episodes against OpenAI-compatible servers
 (vLLM, SGLang, ``rollout-recovery serve``) token in, token out, through one of the wire
@@ -11,18 +17,21 @@ attempt's ``CaptureWriter`` and injects the faults of :class:`FaultSettings`.
 """
 
 from ._config import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
+from ._episode import Completion, Sampling, Turn, run_episode
+from ._faults import CAPTURE_FAILURE_REASON, FaultSettings
 from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
 from ._outcomes import AttemptFailure, FailureReason
 from ._protocol import (
     AttemptRequest,
     AttemptResult,
+    BackendResume,
     BackendStartup,
     BackendTelemetry,
     GenerationBackend,
 )
 from ._server_pool import PoolSettings, ServerHealth, ServerPool, ServerStats
 from ._server_url import server_url_problem
-from ._simulated import CAPTURE_FAILURE_REASON, FaultSettings, SimulatedAgentBackend
+from ._simulated import SimulatedAgentBackend
 from ._weight_sync import (
     WEIGHT_SYNCS,
     NoWeightSync,
@@ -50,9 +59,11 @@ __all__ = [
     "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
+    "BackendResume",
     "BackendStartup",
     "BackendTelemetry",
     "CallSpec",
+    "Completion",
     "DataFailure",
     "Dialect",
     "DialectName",
@@ -67,12 +78,14 @@ __all__ = [
     "NoWeightSync",
     "PolicyWeightSync",
     "PoolSettings",
+    "Sampling",
     "ServerHealth",
     "ServerPool",
     "ServerReply",
     "ServerStats",
     "SglangGenerate",
     "SimulatedAgentBackend",
+    "Turn",
     "VersionTagSync",
     "VllmCompletions",
     "VllmGenerate",
@@ -80,5 +93,6 @@ __all__ = [
     "WeightSyncName",
     "check_server_urls",
     "classify_status",
+    "run_episode",
     "server_url_problem",
 ]

@@ -44,7 +44,8 @@ class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields
     #: Simulated workers (the simulated backend only).
     workers: Annotated[PositiveInt, OPERATIONAL] = 4
     max_inflight_attempts: Annotated[PositiveInt, OPERATIONAL] = 64
-    call_latency_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.08
+    #: Median latency of one simulated model call (an episode makes thinking_calls + 1).
+    call_latency_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.04
     latency_jitter: Annotated[NonNegativeFloat, OPERATIONAL] = 0.5
     attempt_deadline_s: Annotated[PositiveFloat, OPERATIONAL] = 2.0
 

@@ -1,14 +1,17 @@
-"""The synthetic agent task every backend runs: one task prompt, a reasoning call, an answer.
+"""The synthetic agent task: think in one or more calls, then answer; graded on the digit.
 
-Shared by the simulated backend and the HTTP backend so that both check a prompt against
-its task, build the answer call's prompt and grade an episode the same way; only where the
-tokens come from differs.
+An episode of :class:`DigitTask` (``thinking_calls`` = T, ``reasoning_tokens`` = R):
 
-An episode: call 1 generates ``reasoning_tokens`` thought tokens from the task prompt;
-call 2's prompt is call 1's prompt + its tokens + ``[ANSWER]`` (so it extends its parent
-exactly) and generates ``[answer digit, EOS]``. The reward is 1.0 when the first answer
-token is the right digit. A real model (the vLLM tests run a random tiny Llama) may emit
-any token: an answer outside the digit range just scores 0.
+- call 1 (``reason``): prompt = the task prompt (it ends in ``THINK``); R thought tokens;
+- calls 2..T (``reason``): prompt = everything so far + ``[THINK]``: the thinking goes on
+  in another call, R more thought tokens;
+- the last call (``answer``): prompt = everything so far + ``[ANSWER]``; generates
+  ``[answer digit, EOS]``.
+
+Every prompt extends its parent's tokens exactly (token in, token out: nothing is
+re-rendered). The reward is 1.0 when the first answer token is the right digit. A real
+model (the vLLM tests run a random tiny Llama) may emit any token: an answer outside the
+digit range just scores 0. With T = 1 it is the two-call episode (reasoning, answer).
 """
 
 from __future__ import annotations
@@ -17,19 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..capture import CallRecord, CaptureFailure, assemble_receipt
 from ..errors import InvalidArgumentError
-from ..policy import ANSWER, DIGIT_BASE, TaskSet, prompt_digit, render
+from ..policy import ANSWER, ANSWER_TOKENS, DIGIT_BASE, THINK, TaskSet, prompt_digit, render
 from ..rewards import RewardChecks, compute_reward_checks
-from ._protocol import AttemptResult
+from ._episode import Completion, Sampling, Turn
 
-__all__ = [
-    "TaskPrompt",
-    "answer_prompt",
-    "finished_attempt",
-    "grade",
-    "task_prompt",
-]
+__all__ = ["DigitEpisode", "DigitTask", "TaskPrompt", "grade", "task_prompt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +57,6 @@ def task_prompt(task_set: TaskSet, prompt: Mapping[str, Any]) -> TaskPrompt:
     )
 
 
-def answer_prompt(task: TaskPrompt, thoughts: Sequence[int]) -> list[int]:
-    """Call 2's prompt: the whole first call, then the ANSWER tag."""
-    return [*task.token_ids, *thoughts, ANSWER]
-
-
 def grade(
     task: TaskPrompt, thoughts: Sequence[int], answer: Sequence[int]
 ) -> tuple[float, RewardChecks]:
@@ -88,30 +79,82 @@ def grade(
     return reward, checks
 
 
-def finished_attempt(
-    task: TaskPrompt,
-    rollout_id: str,
-    records: Sequence[CallRecord],
-    *,
-    thoughts: Sequence[int],
-    answer: Sequence[int],
-    answer_call_id: str,
-    failures: Sequence[CaptureFailure] = (),
-) -> AttemptResult:
-    """A whole episode as the controller seals it: graded, its receipt assembled."""
-    reward, checks = grade(task, thoughts, answer)
-    receipt = assemble_receipt(
-        rollout_id,
-        records,
-        terminal_model_call_id=answer_call_id,
-        failures=failures,
-        reward=reward,
+class DigitEpisode:
+    """One attempt of :class:`DigitTask`: the calls it asks for and what they generated."""
+
+    __slots__ = (
+        "_answer",
+        "_calls",
+        "_reasoning_tokens",
+        "_task",
+        "_thinking_calls",
+        "_tokens",
+        "thoughts",
     )
-    return AttemptResult(
-        rollout_id=rollout_id,
-        receipt=receipt,
-        reward=reward,
-        mask_sample=False,
-        reward_checks=checks,
-        generated_tokens=len(thoughts) + len(answer),
-    )
+
+    def __init__(self, task: TaskPrompt, *, thinking_calls: int, reasoning_tokens: int) -> None:
+        self._task = task
+        self._thinking_calls = thinking_calls
+        self._reasoning_tokens = reasoning_tokens
+        self._calls = 0
+        # Everything so far (prompts and generations): the next call's prompt starts so.
+        self._tokens = list(task.token_ids)
+        self._answer: list[int] | None = None
+        self.thoughts: list[int] = []
+
+    def next_turn(self) -> Turn | None:
+        if self._answer is not None:
+            return None
+        if self._calls == 0:
+            prompt = list(self._tokens)
+        elif self._calls < self._thinking_calls:
+            prompt = [*self._tokens, THINK]
+        else:
+            prompt = [*self._tokens, ANSWER]
+        thinking = self._calls < self._thinking_calls
+        return Turn(
+            kind="reason" if thinking else "answer",
+            prompt_ids=prompt,
+            sampling=Sampling(max_tokens=self._reasoning_tokens if thinking else ANSWER_TOKENS),
+        )
+
+    def observe(self, completion: Completion) -> None:
+        turn = self.next_turn()
+        if turn is None:
+            raise InvalidArgumentError("the episode is over: it asked for no call")
+        generated = [int(t) for t in completion.token_ids]
+        self._tokens = [*turn.prompt_ids, *generated]
+        if self._calls < self._thinking_calls:
+            self.thoughts.extend(generated)
+        else:
+            self._answer = generated
+        self._calls += 1
+
+    def grade(self) -> tuple[float, RewardChecks | None]:
+        return grade(self._task, self.thoughts, self._answer or [])
+
+
+class DigitTask:
+    """The digit task as an :class:`~rollout_recovery.rollout.EpisodeTask`: prompts from
+    ``task_set``, ``thinking_calls`` thinking calls of ``reasoning_tokens`` tokens each,
+    then the answer."""
+
+    def __init__(
+        self, task_set: TaskSet, *, reasoning_tokens: int = 4, thinking_calls: int = 1
+    ) -> None:
+        for name, value in (
+            ("reasoning_tokens", reasoning_tokens),
+            ("thinking_calls", thinking_calls),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+        self.task_set = task_set
+        self.reasoning_tokens = reasoning_tokens
+        self.thinking_calls = thinking_calls
+
+    def episode(self, prompt: Mapping[str, Any]) -> DigitEpisode:
+        return DigitEpisode(
+            task_prompt(self.task_set, prompt),
+            thinking_calls=self.thinking_calls,
+            reasoning_tokens=self.reasoning_tokens,
+        )

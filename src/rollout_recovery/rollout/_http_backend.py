@@ -1,11 +1,13 @@
 """The HTTP backend: agent episodes against OpenAI-compatible generation servers.
 
-Token in, token out: an episode keeps token ids and never re-renders text, so the answer
-call's prompt is the reasoning call's prompt + its generated ids + the ``ANSWER`` tag, and
-the capture writer refuses (before anything is sent) a prompt that does not extend its
-parent. Every call is staged through the attempt's ``CaptureWriter`` before the episode
-goes on, with its sampling parameters, logprob mode, server, the server's own weight
-version and per-token version spans (where the dialect reports them) as the call's extras.
+The episode is the one every backend runs (:func:`run_episode` over :class:`DigitTask`);
+this module is its model client. Token in, token out: an episode keeps token ids and never
+re-renders text, so each call's prompt is the previous call's prompt + its generated ids +
+a tag, and the capture writer refuses (before anything is sent) a prompt that does not
+extend its parent. Every call is staged through the attempt's ``CaptureWriter`` before the
+episode goes on, with its sampling parameters, logprob mode, server, the server's own
+weight version and per-token version spans (where the dialect reports them) as the call's
+extras.
 The staged ``weight_version`` is the client-side stamp: the version the serving server had
 confirmed when the call was dispatched.
 
@@ -40,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,10 +49,11 @@ from typing import Any
 import httpx
 
 from .._bounds import INT32_MAX
-from ..capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt
+from ..capture import CaptureWriter, StagedPrefix
 from ..errors import GenerationError, InvalidArgumentError
-from ..policy import ANSWER_TOKENS, TaskSet
-from ._digit_task import answer_prompt, finished_attempt, task_prompt
+from ..policy import TaskSet
+from ._digit_task import DigitTask
+from ._episode import Completion, Sampling, run_episode
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._server_url import bearer_headers
@@ -109,6 +111,8 @@ class HttpBackendSettings:
     call_redispatch_budget: int = 3
     redispatch_backoff_s: float = 0.05
     reasoning_tokens: int = 4
+    #: Thinking calls before the answer call (the digit task's episode).
+    thinking_calls: int = 1
     temperature: float = 1.0
     # What the engine's logprobs are: vLLM's default is raw_logprobs (before temperature
     # and top-p); recorded with every call so a trainer can tell.
@@ -133,6 +137,8 @@ class HttpBackendSettings:
             )
         if self.reasoning_tokens < 1:
             raise InvalidArgumentError("reasoning_tokens must be >= 1", path="$.reasoning_tokens")
+        if self.thinking_calls < 1:
+            raise InvalidArgumentError("thinking_calls must be >= 1", path="$.thinking_calls")
         if not 1 <= self.vocab_size <= INT32_MAX + 1:  # rows store int32 ids
             raise InvalidArgumentError(
                 f"vocab_size must be in [1, {INT32_MAX + 1}], got {self.vocab_size}",
@@ -171,12 +177,6 @@ class _InfraFailure(Exception):
     pass
 
 
-def _call_id(rollout_id: str, index: int, kind: str) -> str:
-    # Unique per physical call: a retried attempt is a new rollout id, so new call ids.
-    digest = hashlib.sha256(f"{rollout_id}/{index}".encode()).hexdigest()[:16]
-    return f"{kind}-{digest}"
-
-
 class HttpGenerationBackend:
     """Implements :class:`~rollout_recovery.rollout.GenerationBackend` over HTTP servers.
 
@@ -200,7 +200,11 @@ class HttpGenerationBackend:
         client: httpx.AsyncClient | None = None,
         on_event: Callable[[str, str, dict[str, object]], None] | None = None,
     ) -> None:
-        self._task_set = task_set
+        self._task = DigitTask(
+            task_set,
+            reasoning_tokens=settings.reasoning_tokens,
+            thinking_calls=settings.thinking_calls,
+        )
         self._dialect = dialect
         self._settings = settings
         self._own_client = client is None
@@ -272,77 +276,36 @@ class HttpGenerationBackend:
             await self._client.aclose()
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
-        task = task_prompt(self._task_set, request.prompt)
-        rollout_id = request.rollout_id
-        reason_id = _call_id(rollout_id, 0, "reason")
-        answer_id = _call_id(rollout_id, 1, "answer")
-        records: list[CallRecord] = []
-        try:
-            first_call = CallSpec(
-                prompt_token_ids=task.token_ids,
-                max_tokens=self._settings.reasoning_tokens,
-                temperature=self._settings.temperature,
-            )
-            first, thoughts = await self._call_and_stage(
-                request, capture, first_call, reason_id, parent=None
-            )
-            records.append(first)
-            second_prompt = answer_prompt(task, thoughts)
-            capture.check_continuation(
-                rollout_id=rollout_id,
-                model_call_id=answer_id,
-                parent=first,
-                prompt_token_ids=second_prompt,
-            )
-            second_call = CallSpec(
-                prompt_token_ids=second_prompt,
-                max_tokens=ANSWER_TOKENS,
-                temperature=self._settings.temperature,
-            )
-            second, answer = await self._call_and_stage(
-                request, capture, second_call, answer_id, parent=first
-            )
-            records.append(second)
-        except _DataFailed as failed:
-            return self._failed_attempt(rollout_id, records, failed)
-        return finished_attempt(
-            task, rollout_id, records, thoughts=thoughts, answer=answer, answer_call_id=answer_id
+        return await self.resume_attempt(request, capture, None)
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
+    ) -> AttemptResult:
+        """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
+        return await run_episode(
+            request,
+            capture,
+            task=self._task,
+            client=_HttpClient(self, request),
+            prefix=prefix,
+            stage_in_thread=self._settings.stage_in_thread,
         )
 
     # -- one call ------------------------------------------------------------------------------
 
-    def _failed_attempt(
-        self, rollout_id: str, records: list[CallRecord], failed: _DataFailed
-    ) -> AttemptResult:
-        reason = f"data_error:{failed.failure.reason}"
-        self.data_failures[failed.failure.reason] = (
-            self.data_failures.get(failed.failure.reason, 0) + 1
+    async def _generate(
+        self, request: AttemptRequest, prompt_ids: Sequence[int], call_id: str, sampling: Sampling
+    ) -> Completion:
+        call = CallSpec(
+            prompt_token_ids=list(prompt_ids),
+            max_tokens=sampling.max_tokens,
+            temperature=self._settings.temperature,
         )
-        receipt = assemble_receipt(
-            rollout_id,
-            records,
-            terminal_model_call_id=None,
-            failures=[CaptureFailure(model_call_id=failed.model_call_id, reason=reason)],
-        )
-        return AttemptResult(
-            rollout_id=rollout_id,
-            receipt=receipt,
-            reward=0.0,
-            mask_sample=True,
-            reward_checks=None,
-            generated_tokens=0,
-        )
-
-    async def _call_and_stage(
-        self,
-        request: AttemptRequest,
-        capture: CaptureWriter,
-        call: CallSpec,
-        model_call_id: str,
-        *,
-        parent: CallRecord | None,
-    ) -> tuple[CallRecord, list[int]]:
-        lease, reply, redispatches = await self._call(request, call, model_call_id)
+        try:
+            lease, reply, redispatches = await self._call(request, call, call_id)
+        except DataFailure as failure:
+            self.data_failures[failure.reason] = self.data_failures.get(failure.reason, 0) + 1
+            raise
         extras: dict[str, Any] = {
             "server": lease.url,
             "endpoint": self._dialect.path,
@@ -354,23 +317,13 @@ class HttpGenerationBackend:
             "finish_reason": reply.finish_reason,
             "redispatches": redispatches,
         }
-        stamp = lease.version if lease.version is not None else request.weight_version
-
-        def stage() -> CallRecord:
-            return capture.stage_call(
-                rollout_id=request.rollout_id,
-                model_call_id=model_call_id,
-                parent=parent,
-                prompt_token_ids=list(call.prompt_token_ids),
-                generated_token_ids=reply.token_ids,
-                generated_logprobs=reply.logprobs,
-                weight_version=stamp,
-                extras=extras,
-            )
-
-        # A durable store fsyncs every put: a worker thread keeps the event loop free.
-        record = await asyncio.to_thread(stage) if self._settings.stage_in_thread else stage()
-        return record, reply.token_ids
+        return Completion(
+            token_ids=reply.token_ids,
+            logprobs=reply.logprobs,
+            # The client-side stamp: the version the server had confirmed at dispatch.
+            weight_version=lease.version if lease.version is not None else request.weight_version,
+            extras=extras,
+        )
 
     async def _call(
         self, request: AttemptRequest, call: CallSpec, model_call_id: str
@@ -410,7 +363,7 @@ class HttpGenerationBackend:
                         "detail": failure.detail[:_EVENT_DETAIL_CHARS],
                     },
                 )
-                raise _DataFailed(model_call_id, failure) from None
+                raise
             except asyncio.CancelledError:
                 # The controller's deadline or a shutdown, not the server's failure.
                 outcome = "cancelled"
@@ -451,10 +404,14 @@ class HttpGenerationBackend:
         return self._dialect.parse(call, raw, vocab_size=self._settings.vocab_size)
 
 
-class _DataFailed(Exception):
-    """A data failure of one call, carrying the call's id for the failure row."""
+class _HttpClient:
+    """The model client of one attempt: its calls carry the attempt's dispatch stamp."""
 
-    def __init__(self, model_call_id: str, failure: DataFailure) -> None:
-        super().__init__(str(failure))
-        self.model_call_id = model_call_id
-        self.failure = failure
+    def __init__(self, backend: HttpGenerationBackend, request: AttemptRequest) -> None:
+        self._backend = backend
+        self._request = request
+
+    async def generate(
+        self, prompt_ids: Sequence[int], *, call_id: str, sampling: Sampling
+    ) -> Completion:
+        return await self._backend._generate(self._request, prompt_ids, call_id, sampling)

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..capture import CaptureWriter
+from ..capture import CaptureWriter, StagedPrefix
 from ..rewards import RewardChecks
 
 __all__ = [
     "AttemptRequest",
     "AttemptResult",
+    "BackendResume",
     "BackendStartup",
     "BackendTelemetry",
     "GenerationBackend",
@@ -41,7 +42,13 @@ class AttemptRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptResult:
-    """A finished attempt: the token-free receipt the ledger seals, and its reward."""
+    """A finished attempt: the token-free receipt the ledger seals, and its reward.
+
+    ``generated_tokens`` counts the generated tokens of every call the receipt holds;
+    ``inherited_calls`` of those calls (``inherited_tokens`` of those tokens) were an
+    earlier attempt's, continued rather than generated again (:class:`BackendResume`);
+    ``resume_refused`` says why a prefix the attempt was handed was not used.
+    """
 
     rollout_id: str
     receipt: dict[str, Any]
@@ -49,6 +56,9 @@ class AttemptResult:
     mask_sample: bool
     reward_checks: RewardChecks | None
     generated_tokens: int
+    inherited_calls: int = 0
+    inherited_tokens: int = 0
+    resume_refused: str | None = None
 
 
 class GenerationBackend(Protocol):
@@ -90,3 +100,23 @@ class BackendStartup(Protocol):
     """
 
     async def start(self) -> None: ...
+
+
+@runtime_checkable
+class BackendResume(Protocol):
+    """Optional: a backend that continues an episode from an earlier attempt's staged calls.
+
+    When a sibling's attempt was lost (its worker died, the run was killed), the
+    controller reads the calls that attempt staged, verifies them (the same sibling, rows
+    that hash to their digests, one chain from the root, weights the reuse policy keeps)
+    and hands them to the sibling's next attempt here instead of :meth:`run_attempt`.
+    The backend stages them again under ``request.rollout_id`` (so the receipt covers
+    every call, inherited and new) and generates only what follows; a prefix it cannot
+    use is ignored, the episode starts over and ``AttemptResult.resume_refused`` says
+    why. :func:`~rollout_recovery.rollout.run_episode` does all of that for a backend
+    built on a model client.
+    """
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
+    ) -> AttemptResult: ...

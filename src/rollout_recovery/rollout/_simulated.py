@@ -1,33 +1,18 @@
 """A simulated agent environment behind :class:`GenerationBackend`, with fault injection.
 
-One attempt is an agent episode of two model calls on one simulated worker:
-
-1. *reasoning*: prompt = the task prompt, generates ``reasoning_tokens`` thought tokens;
-2. *answer*: prompt = call 1's prompt + its tokens + ``[ANSWER]`` (so it extends its parent
-   exactly), generates ``[answer digit, EOS]``.
-
-Each call waits a lognormal latency, samples from the newest policy snapshot, and is staged
-through the attempt's :class:`CaptureWriter` before the episode goes on: the call record is
-the acknowledgement. Every random choice of an attempt comes from a generator seeded by
+An attempt is one episode of the task (:class:`DigitTask`: ``thinking_calls`` thinking
+calls, then the answer) on one simulated worker, run by :func:`run_episode` against the
+worker's model client: each call waits a lognormal latency on the worker, samples from the
+newest policy snapshot (the policy's own generation rule, the one ``rollout-recovery
+serve`` answers with) and is staged through the attempt's :class:`CaptureWriter` before
+the episode goes on. Every random choice of an attempt comes from a generator seeded by
 ``(seed, rollout_id)``, so an attempt's faults, latencies and tokens do not depend on how
 attempts interleave (only worker placement and which snapshot is current do).
 
-Faults (rates per attempt; when several are drawn the first in this list wins among the
-ones that exclude each other):
-
-- ``worker_crash``: after call 1, the attempt crashes its worker. Every attempt in flight
-  on that worker, itself included, raises ``GenerationError("worker_crashed")`` at once;
-  the worker is down for ``worker_restart_s`` and new attempts go to other workers (or
-  wait for one to come back).
-- ``attempt_failed``: raises ``GenerationError("attempt_failed")`` after call 1, leaving a
-  staged row no receipt references (the restore inventory pass owns such rows).
-- ``hang``: after call 1 the attempt waits forever (only its worker's crash or the
-  controller's cancellation ends it).
-- ``capture_failure``: call 2 is not staged; the receipt carries a ``CaptureFailure`` and is
-  poisoned, so finalization makes the row a masked placeholder.
-- ``tamper``: call 2's staged row is overwritten with altered tokens and identical metadata,
-  so ``verify_and_linearize`` rejects it at finalization.
-- ``straggler``: independent of the others; both calls' latencies are multiplied.
+Faults (:class:`FaultSettings`) are injected by a decorator around the worker's client
+(``_faults.py``): failed, hung and straggling attempts, uncaptured replies, tampered rows
+and worker crashes, which fail every attempt in flight on that worker; the worker is then
+down for ``worker_restart_s`` and new attempts go to other workers (or wait for one).
 """
 
 from __future__ import annotations
@@ -35,72 +20,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..capture import CallRecord, CaptureFailure, CaptureWriter, staging_key
-from ..dataplane import DataPlane, Row
+from ..capture import CaptureWriter, StagedPrefix
+from ..dataplane import DataPlane
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
-from ..policy import (
-    DIGIT_BASE,
-    PolicySnapshot,
-    TaskSet,
-)
-from ._digit_task import answer_prompt, finished_attempt, task_prompt
+from ..policy import PolicySnapshot, TaskSet
+from ._digit_task import DigitTask
+from ._episode import Completion, Sampling, run_episode
+from ._faults import FAULT_NAMES, FaultInjectingClient, FaultSettings, draw_faults
 from ._protocol import AttemptRequest, AttemptResult
 
-__all__ = ["CAPTURE_FAILURE_REASON", "FaultSettings", "SimulatedAgentBackend"]
-
-# The CaptureFailure reason of a skipped staging write; it poisons the receipt.
-CAPTURE_FAILURE_REASON = "staging_write_failed"
-
-# Fault counters, in the order their uniform draws are taken from an attempt's generator.
-_FAULT_NAMES = (
-    "straggler",
-    "worker_crash",
-    "attempt_failed",
-    "hang",
-    "capture_failure",
-    "tamper",
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FaultSettings:
-    """Per-attempt fault probabilities; all zero means a fault-free environment.
-
-    ``straggler_factor`` multiplies a straggler's call latencies (>= 1);
-    ``worker_restart_s`` is how long a crashed worker stays down.
-    """
-
-    attempt_failure_rate: float = 0.0
-    straggler_rate: float = 0.0
-    straggler_factor: float = 1.0
-    hang_rate: float = 0.0
-    capture_failure_rate: float = 0.0
-    tamper_rate: float = 0.0
-    worker_crash_rate: float = 0.0
-    worker_restart_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgumentError(f"{field.name} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise InvalidArgumentError(f"{field.name} must be finite, got {value!r}")
-            if field.name.endswith("_rate") and not 0.0 <= value <= 1.0:
-                raise InvalidArgumentError(f"{field.name} must be in [0, 1], got {value!r}")
-        if self.straggler_factor < 1.0:
-            raise InvalidArgumentError(
-                f"straggler_factor must be >= 1, got {self.straggler_factor!r}"
-            )
-        if self.worker_restart_s < 0.0:
-            raise InvalidArgumentError(
-                f"worker_restart_s must be >= 0, got {self.worker_restart_s!r}"
-            )
+__all__ = ["SimulatedAgentBackend"]
 
 
 class _Life:
@@ -123,24 +56,9 @@ class _Worker:
         self.life = _Life()
 
 
-@dataclass(frozen=True, slots=True)
-class _Draws:
-    """What one attempt's generator decided before the episode starts."""
-
-    faults: frozenset[str]
-    latencies: tuple[float, float]
-
-
 def _attempt_seed(seed: int, rollout_id: str) -> list[int]:
     digest = hashlib.sha256(rollout_id.encode("utf-8")).digest()
     return [seed, int.from_bytes(digest[:16], "little")]
-
-
-def _call_id(rollout_id: str, index: int, kind: str) -> str:
-    # Deterministic and unique per physical call: a retry is a new rollout_id, so its calls
-    # get new ids too. The hash keeps ids short whatever the rollout id's length.
-    digest = hashlib.sha256(f"{rollout_id}/{index}".encode()).hexdigest()[:16]
-    return f"{kind}-{digest}"
 
 
 class SimulatedAgentBackend:
@@ -165,6 +83,7 @@ class SimulatedAgentBackend:
         initial_weights: PolicySnapshot,
         data_plane: DataPlane | None = None,
         reasoning_tokens: int = 4,
+        thinking_calls: int = 1,
         stage_in_thread: bool = False,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -175,20 +94,13 @@ class SimulatedAgentBackend:
             raise InvalidArgumentError(f"call_latency_s must be >= 0, got {call_latency_s!r}")
         if not (math.isfinite(latency_jitter) and latency_jitter >= 0):
             raise InvalidArgumentError(f"latency_jitter must be >= 0, got {latency_jitter!r}")
-        if (
-            isinstance(reasoning_tokens, bool)
-            or not isinstance(reasoning_tokens, int)
-            or reasoning_tokens < 1
-        ):
-            raise InvalidArgumentError(
-                f"reasoning_tokens must be a positive int, got {reasoning_tokens!r}"
-            )
-        self._task_set = task_set
+        self._task = DigitTask(
+            task_set, reasoning_tokens=reasoning_tokens, thinking_calls=thinking_calls
+        )
         self._seed = seed
         self._latency = float(call_latency_s)
         self._jitter = float(latency_jitter)
         self._data_plane = data_plane
-        self._reasoning_tokens = reasoning_tokens
         self._stage_in_thread = stage_in_thread
         self._faults = self._checked_faults(faults)
         self._snapshot = self._checked_snapshot(initial_weights.version, initial_weights)
@@ -197,7 +109,7 @@ class SimulatedAgentBackend:
         self._worker_changed: asyncio.Condition | None = None
         self._restarts: set[asyncio.Task[None]] = set()
         self._crashes = 0
-        self._fault_counts = dict.fromkeys(_FAULT_NAMES, 0)
+        self._fault_counts = dict.fromkeys(FAULT_NAMES, 0)
         self._closed = False
 
     # -- configuration and introspection -------------------------------------------------
@@ -337,139 +249,42 @@ class SimulatedAgentBackend:
 
     # -- one attempt ----------------------------------------------------------------------
 
-    def _draw(self, rng: np.random.Generator, faults: FaultSettings) -> _Draws:
-        # A fixed number of draws in a fixed order: changing one rate never reshuffles the
-        # other faults, the latencies or the sampled tokens of an attempt.
-        uniforms = rng.random(len(_FAULT_NAMES))
-        rates = {
-            "straggler": faults.straggler_rate,
-            "worker_crash": faults.worker_crash_rate,
-            "attempt_failed": faults.attempt_failure_rate,
-            "hang": faults.hang_rate,
-            "capture_failure": faults.capture_failure_rate,
-            "tamper": faults.tamper_rate,
-        }
-        drawn = frozenset(
-            name for name, u in zip(_FAULT_NAMES, uniforms, strict=True) if u < rates[name]
-        )
-        normals = rng.standard_normal(2)
-        factor = faults.straggler_factor if "straggler" in drawn else 1.0
-        first, second = (
-            self._latency * math.exp(self._jitter * float(z)) * factor for z in normals
-        )
-        return _Draws(faults=drawn, latencies=(first, second))
-
-    async def _stage(self, capture: CaptureWriter, **call: Any) -> CallRecord:
-        if self._stage_in_thread:
-            return await asyncio.to_thread(lambda: capture.stage_call(**call))
-        return capture.stage_call(**call)
-
-    def _tamper(self, capture: CaptureWriter, key: str) -> None:
-        assert self._data_plane is not None  # _checked_faults guarantees it
-        (row,) = self._data_plane.get(capture.partition, [key])
-        token_ids = np.array(row.token_ids, dtype=np.int32)
-        # Swap the answer digit for another one: plausible tokens, unchanged metadata, so
-        # only the digest check can notice.
-        generated = np.flatnonzero(row.token_mask == 1.0)
-        position = int(generated[0])
-        digit = int(token_ids[position]) - DIGIT_BASE
-        token_ids[position] = DIGIT_BASE + (digit + 1) % 10
-        altered = Row(
-            token_ids=token_ids,
-            token_mask=row.token_mask,
-            logprobs=row.logprobs,
-            metadata=row.metadata,
-        )
-        self._data_plane.put(capture.partition, {key: altered})
-
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
-        """Run one two-call episode; see the module docstring for the faults."""
+        """Run one episode on a worker; see ``_faults.py`` for the faults."""
+        return await self.resume_attempt(request, capture, None)
+
+    async def resume_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
+    ) -> AttemptResult:
+        """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
         if self._closed:
             raise self._closed_error()
-        task = task_prompt(self._task_set, request.prompt)
-        prompt_ids, digit = task.token_ids, task.digit
         rng = np.random.default_rng(_attempt_seed(self._seed, request.rollout_id))
-        draws = self._draw(rng, self._faults)
-        faults = draws.faults
+        faults = draw_faults(rng, self._faults)
         if "straggler" in faults:
             self._fault_counts["straggler"] += 1
-        rollout_id = request.rollout_id
-        reason_id = _call_id(rollout_id, 0, "reason")
-        answer_id = _call_id(rollout_id, 1, "answer")
-
         worker = await self._acquire_worker()
-        life = worker.life
+        session = _WorkerSession(self, worker, rng)
+        client = FaultInjectingClient(
+            session,
+            faults,
+            straggler_factor=self._faults.straggler_factor,
+            counts=self._fault_counts,
+        )
         try:
-            await self._wait_on(worker, life, draws.latencies[0])
-            snapshot = self._snapshot
-            thoughts, thought_logprobs = snapshot.sample_reasoning(
-                digit, self._reasoning_tokens, rng
-            )
-            first = await self._stage(
+            result = await run_episode(
+                request,
                 capture,
-                rollout_id=rollout_id,
-                model_call_id=reason_id,
-                parent=None,
-                prompt_token_ids=prompt_ids,
-                generated_token_ids=thoughts,
-                generated_logprobs=thought_logprobs,
-                weight_version=snapshot.version,
+                task=self._task,
+                client=client,
+                prefix=prefix,
+                stage_in_thread=self._stage_in_thread,
             )
-            if life.crashed.is_set():  # crashed by another attempt while staging
-                raise self._crashed_error(worker)
-            if "worker_crash" in faults:
-                self._crash(worker)
-                raise self._crashed_error(worker)
-            if "attempt_failed" in faults:
-                self._fault_counts["attempt_failed"] += 1
-                raise GenerationError(
-                    "attempt_failed",
-                    "simulated agent error after the reasoning call",
-                    worker=worker.name,
-                )
-            if "hang" in faults:
-                self._fault_counts["hang"] += 1
-                await self._wait_on(worker, life, None)
-            await self._wait_on(worker, life, draws.latencies[1])
-            snapshot = self._snapshot
-            answer, answer_logprobs = snapshot.sample_answer(digit, rng)
-            records = [first]
-            failures: list[CaptureFailure] = []
-            if "capture_failure" in faults:
-                self._fault_counts["capture_failure"] += 1
-                failures.append(
-                    CaptureFailure(model_call_id=answer_id, reason=CAPTURE_FAILURE_REASON)
-                )
-            else:
-                records.append(
-                    await self._stage(
-                        capture,
-                        rollout_id=rollout_id,
-                        model_call_id=answer_id,
-                        parent=first,
-                        prompt_token_ids=answer_prompt(task, thoughts),
-                        generated_token_ids=answer,
-                        generated_logprobs=answer_logprobs,
-                        weight_version=snapshot.version,
-                    )
-                )
-                if life.crashed.is_set():
-                    raise self._crashed_error(worker)
-                if "tamper" in faults:
-                    self._fault_counts["tamper"] += 1
-                    self._tamper(capture, staging_key(rollout_id, answer_id))
+            await session.pause(0.0)  # crashed by another attempt while the last call staged
+            client.after_episode(result, capture, self._data_plane)
         finally:
             worker.in_flight -= 1
-
-        return finished_attempt(
-            task,
-            rollout_id,
-            records,
-            thoughts=thoughts,
-            answer=answer,
-            answer_call_id=answer_id,
-            failures=failures,
-        )
+        return result
 
     async def aclose(self) -> None:
         """Stop: cancel pending worker restarts and wake attempts waiting for a worker."""
@@ -481,3 +296,39 @@ class SimulatedAgentBackend:
         if self._worker_changed is not None:
             async with self._worker_changed:
                 self._worker_changed.notify_all()
+
+
+class _WorkerSession:
+    """The model client of one attempt on one simulated worker (a ``WorkerClient``)."""
+
+    def __init__(
+        self, backend: SimulatedAgentBackend, worker: _Worker, rng: np.random.Generator
+    ) -> None:
+        self._backend = backend
+        self._worker = worker
+        self._life = worker.life
+        self._rng = rng
+        self.last_latency_s = 0.0
+
+    @property
+    def worker(self) -> str:
+        return self._worker.name
+
+    async def pause(self, seconds: float | None) -> None:
+        await self._backend._wait_on(self._worker, self._life, seconds)
+
+    def crash(self) -> GenerationError:
+        self._backend._crash(self._worker)
+        return self._backend._crashed_error(self._worker)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], *, call_id: str, sampling: Sampling
+    ) -> Completion:
+        backend = self._backend
+        self.last_latency_s = backend._latency * math.exp(
+            backend._jitter * float(self._rng.standard_normal())
+        )
+        await self.pause(self.last_latency_s)
+        snapshot = backend._snapshot  # the newest weights when the reply is sampled
+        tokens, logprobs = snapshot.sample_continuation(prompt_ids, sampling.max_tokens, self._rng)
+        return Completion(token_ids=tokens, logprobs=logprobs, weight_version=snapshot.version)

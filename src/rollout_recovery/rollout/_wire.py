@@ -35,6 +35,8 @@ import httpx
 import msgspec
 import numpy as np
 
+from ._episode import CallFailed
+
 __all__ = [
     "DIALECTS",
     "CallSpec",
@@ -55,20 +57,20 @@ DialectName = Literal["vllm-completions", "vllm-generate", "sglang"]
 _T = TypeVar("_T")
 
 
-class DataFailure(Exception):
+class DataFailure(CallFailed):
     """The server answered, but the answer cannot be trained on: a failed attempt.
 
     ``reason`` is a short code (``token_mismatch``, ``context_overflow``, ``http_400``, ...)
-    that ends up in the placeholder's reason; ``detail`` says what exactly disagreed.
-    ``blames_server`` is False where the request was refused (a 4xx, a context overflow:
-    any server would refuse it) and True where the reply itself is unusable, which counts
-    against the server's health.
+    that ends up in the placeholder's reason (``data_error:<reason>``); ``detail`` says
+    what exactly disagreed. ``blames_server`` is False where the request was refused (a
+    4xx, a context overflow: any server would refuse it) and True where the reply itself
+    is unusable, which counts against the server's health. Raised by a model client, it
+    ends the episode as a sealed failed attempt.
     """
 
     def __init__(self, reason: str, detail: str, *, blames_server: bool = True) -> None:
-        super().__init__(f"{reason}: {detail}")
+        super().__init__(f"data_error:{reason}", detail)
         self.reason = reason
-        self.detail = detail
         self.blames_server = blames_server
 
 

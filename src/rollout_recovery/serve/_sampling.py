@@ -139,13 +139,11 @@ def generate(
     finishes for ``stop`` at its EOS, or for ``length`` when cut before it or when
     ``ignore_eos`` (EOS then stops nothing: ``max_tokens`` does, as in vLLM).
     """
+    tokens, logprobs = snapshot.sample_continuation(prompt, max_tokens, rng)
     if prompt[-1] == ANSWER:
-        tokens, logprobs = snapshot.sample_answer(digit, rng)
-        tokens, logprobs = tokens[:max_tokens], logprobs[:max_tokens]
         stopped = tokens[-1] == EOS and not ignore_eos
         finish = FINISH_STOP if stopped else FINISH_LENGTH
     else:
-        tokens, logprobs = snapshot.sample_reasoning(digit, max_tokens, rng)
         finish = FINISH_LENGTH
     ranks, top = None, None
     if top_k is not None:

@@ -1,0 +1,319 @@
+"""The agent episode, written once: a task's turns against a one-method model client.
+
+Every backend runs the same loop (:func:`run_episode`); only where the tokens come from
+differs (:class:`ModelClient`: the numpy policy in process, HTTP servers, a transformers
+model), and what an episode asks for is the task's (:class:`EpisodeTask`: the digit task,
+"emit token X"). One attempt:
+
+1. the task builds the episode from the prompt (a prompt that does not match its task is a
+   bug and raises);
+2. while the episode asks for a call (:class:`Turn`: the whole prompt as token ids, the
+   sampling, a kind that names the call), the continuation is checked against its parent
+   *before* it is sent, the client generates a :class:`Completion`, and the call is staged
+   through the attempt's ``CaptureWriter`` before the episode sees it: the staged record is
+   the acknowledgement;
+3. the episode grades itself and the receipt is assembled over every staged call.
+
+A client signals a call that produced nothing usable (a refused request, a reply that
+fails its checks, a capture that did not commit) by raising :class:`CallFailed`: the
+attempt then ends as a *sealed failed attempt*, its receipt poisoned with the reason, so
+the sibling trains as a masked placeholder that says why. Infrastructure failures (a dead
+server, a crashed worker) raise :class:`~rollout_recovery.errors.GenerationError` and end
+the attempt unsealed; the controller retries the sibling.
+
+Resume. Given a :class:`~rollout_recovery.capture.StagedPrefix` (the staged calls of an
+earlier attempt of the same sibling, already verified against the store), the episode is
+first replayed from the prefix's completions: each call the episode asks for must be the
+prefix's call, with the same prompt. If all fit, the prefix's calls are staged again under
+this attempt (same tokens, logprobs, weight versions and extras, plus ``resumed_from``: no
+token is generated again) and the episode continues from the last of them; the receipt
+then covers every call, inherited and new. A prefix of another sibling, or one the
+episode does not ask for, is not used: the episode starts over, and the result says why
+(``AttemptResult.resume_refused``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..capture import (
+    CallRecord,
+    CaptureFailure,
+    CaptureWriter,
+    StagedCall,
+    StagedPrefix,
+    assemble_receipt,
+)
+from ..errors import InvalidArgumentError
+from ..rewards import RewardChecks
+from ._protocol import AttemptRequest, AttemptResult
+
+__all__ = [
+    "CallFailed",
+    "Completion",
+    "Episode",
+    "EpisodeTask",
+    "ModelClient",
+    "Sampling",
+    "Turn",
+    "call_id_for",
+    "run_episode",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    """How one call samples: at most ``max_tokens`` tokens (the client owns temperature
+    and records it in the call's extras)."""
+
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidArgumentError("max_tokens must be an int", path="$.max_tokens")
+        if self.max_tokens < 1:
+            raise InvalidArgumentError("max_tokens must be >= 1", path="$.max_tokens")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """What one model call generated: token ids, one logprob per id, the weight version
+    that generated them, and per-call material the tokens do not carry (``extras``: plain
+    JSON-like values, staged and digested with the call)."""
+
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    weight_version: int
+    extras: Mapping[str, Any] | None = None
+
+
+class ModelClient(Protocol):
+    """One model call: ``prompt_ids`` in, a :class:`Completion` out.
+
+    ``call_id`` names the call (unique per physical call; for logs and events). Raise
+    :class:`~rollout_recovery.rollout.DataFailure` for a call whose outcome is unusable
+    and would be the same elsewhere, :class:`~rollout_recovery.errors.GenerationError`
+    for an infrastructure failure. A client serves one attempt: it may hold the attempt's
+    worker or session.
+    """
+
+    async def generate(
+        self, prompt_ids: Sequence[int], *, call_id: str, sampling: Sampling
+    ) -> Completion: ...
+
+
+class CallFailed(Exception):
+    """A call produced nothing the episode can use: the attempt ends sealed as failed.
+
+    ``receipt_reason`` becomes the receipt's ``failure_reason``, so the masked placeholder
+    says why; ``detail`` is for logs. A client of a server raises the subclass
+    :class:`~rollout_recovery.rollout.DataFailure` (``data_error:<reason>``).
+    """
+
+    def __init__(self, receipt_reason: str, detail: str = "") -> None:
+        super().__init__(f"{receipt_reason}: {detail}" if detail else receipt_reason)
+        self.receipt_reason = receipt_reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Turn:
+    """One call an episode asks for: its whole prompt, its sampling, and its kind (a short
+    name that becomes part of the call's id: ``reason``, ``answer``, ``gen``)."""
+
+    kind: str
+    prompt_ids: Sequence[int]
+    sampling: Sampling
+
+
+class Episode(Protocol):
+    """One attempt's environment, stepped by :func:`run_episode`.
+
+    It must be a deterministic function of its prompt and the completions it observed
+    (that is what lets an attempt continue another's staged calls).
+    """
+
+    def next_turn(self) -> Turn | None:
+        """The next call, or None when the episode is over."""
+        ...
+
+    def observe(self, completion: Completion) -> None:
+        """The completion of the call :meth:`next_turn` last returned."""
+        ...
+
+    def grade(self) -> tuple[float, RewardChecks | None]:
+        """The finished episode's reward and its reward checks (None: not computed)."""
+        ...
+
+
+class EpisodeTask(Protocol):
+    """A task: builds the episode of one prompt (checked against the task; a prompt that
+    does not match is a bug, raised as ``InvalidArgumentError``)."""
+
+    def episode(self, prompt: Mapping[str, Any]) -> Episode: ...
+
+
+def call_id_for(rollout_id: str, index: int, kind: str) -> str:
+    """The id of call ``index`` of an attempt: unique per physical call (a retry is a new
+    rollout id, so its calls get new ids too), short whatever the rollout id's length."""
+    digest = hashlib.sha256(f"{rollout_id}/{index}".encode()).hexdigest()[:16]
+    return f"{kind}-{digest}"
+
+
+def _prefix_refusal(request: AttemptRequest, prefix: StagedPrefix) -> str | None:
+    """Why ``prefix`` cannot be this attempt's: another sibling's, or this attempt's own."""
+    # Every attempt of a sibling is named ``{group}_g{index}_a{attempt}`` by the ledger.
+    sibling = f"{request.group_id}_g{request.generation_index}_a"
+    if not prefix.rollout_id.startswith(sibling) or prefix.rollout_id == request.rollout_id:
+        return (
+            f"foreign prefix: {prefix.rollout_id} is not an earlier attempt of sibling "
+            f"{request.group_id}/{request.generation_index}"
+        )
+    return None
+
+
+def _replay(task: EpisodeTask, request: AttemptRequest, prefix: StagedPrefix) -> Episode | str:
+    """A fresh episode stepped through the prefix's calls, or why they do not fit."""
+    episode = task.episode(request.prompt)
+    for index, call in enumerate(prefix.calls):
+        turn = episode.next_turn()
+        if turn is None:
+            return f"prefix call {index} ({call.staging_key}): the episode was already over"
+        if [int(t) for t in turn.prompt_ids] != call.prompt_token_ids.tolist():
+            return f"prefix call {index} ({call.staging_key}): the episode asks another prompt"
+        episode.observe(_completion_of(call))
+    return episode
+
+
+def _completion_of(call: StagedCall, *, resumed: bool = False) -> Completion:
+    """A staged call as the completion it was; ``resumed`` marks the copy an inheriting
+    attempt stages (its extras name the row it came from)."""
+    extras = call.extras
+    if resumed:
+        extras = {**(extras or {}), "resumed_from": call.staging_key}
+    return Completion(
+        token_ids=call.token_ids.tolist(),
+        logprobs=call.logprobs.tolist(),
+        weight_version=call.weight_version,
+        extras=extras,
+    )
+
+
+async def run_episode(
+    request: AttemptRequest,
+    capture: CaptureWriter,
+    *,
+    task: EpisodeTask,
+    client: ModelClient,
+    prefix: StagedPrefix | None = None,
+    stage_in_thread: bool = False,
+) -> AttemptResult:
+    """Run one attempt of ``task`` against ``client`` (see the module docstring).
+
+    ``prefix`` continues an earlier attempt's staged calls; ``stage_in_thread`` stages
+    from a worker thread (a durable store fsyncs every put).
+    """
+    rollout_id = request.rollout_id
+    episode = task.episode(request.prompt)
+    inherited: Sequence[StagedCall] = ()
+    refused: str | None = None
+    if prefix is not None and prefix.calls:
+        refused = _prefix_refusal(request, prefix)
+        if refused is None:
+            replayed = _replay(task, request, prefix)
+            if isinstance(replayed, str):
+                refused = replayed
+            else:
+                episode, inherited = replayed, prefix.calls
+    records: list[CallRecord] = []
+    generated = 0
+
+    async def stage(turn_prompt: Sequence[int], call_id: str, completion: Completion) -> None:
+        call: dict[str, Any] = {
+            "rollout_id": rollout_id,
+            "model_call_id": call_id,
+            "parent": records[-1] if records else None,
+            "prompt_token_ids": turn_prompt,
+            "generated_token_ids": completion.token_ids,
+            "generated_logprobs": completion.logprobs,
+            "weight_version": completion.weight_version,
+            "extras": completion.extras,
+        }
+        if stage_in_thread:
+            record = await asyncio.to_thread(lambda: capture.stage_call(**call))
+        else:
+            record = capture.stage_call(**call)
+        records.append(record)
+
+    for index, call in enumerate(inherited):
+        # The same call, staged again under this attempt: its receipt then owns it.
+        copy = _completion_of(call, resumed=True)
+        prompt = call.prompt_token_ids.tolist()
+        await stage(prompt, call_id_for(rollout_id, index, "resumed"), copy)
+        generated += len(copy.token_ids)
+    inherited_tokens = generated
+    try:
+        while (turn := episode.next_turn()) is not None:
+            call_id = call_id_for(rollout_id, len(records), turn.kind)
+            if records:
+                # Before anything is sent: a continuation must extend its parent exactly.
+                capture.check_continuation(
+                    rollout_id=rollout_id,
+                    model_call_id=call_id,
+                    parent=records[-1],
+                    prompt_token_ids=turn.prompt_ids,
+                )
+            completion = await client.generate(
+                turn.prompt_ids, call_id=call_id, sampling=turn.sampling
+            )
+            await stage(turn.prompt_ids, call_id, completion)
+            generated += len(completion.token_ids)
+            episode.observe(completion)
+    except CallFailed as failed:
+        return _failed_attempt(rollout_id, records, call_id, failed, len(inherited), refused)
+    reward, checks = episode.grade()
+    terminal = records[-1].model_call_id if records else None
+    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=terminal, reward=reward)
+    return AttemptResult(
+        rollout_id=rollout_id,
+        receipt=receipt,
+        reward=reward,
+        mask_sample=False,
+        reward_checks=checks,
+        generated_tokens=generated,
+        inherited_calls=len(inherited),
+        inherited_tokens=inherited_tokens,
+        resume_refused=refused,
+    )
+
+
+def _failed_attempt(
+    rollout_id: str,
+    records: Sequence[CallRecord],
+    call_id: str,
+    failed: CallFailed,
+    inherited: int,
+    refused: str | None,
+) -> AttemptResult:
+    """A sealed failed attempt: every staged call listed (so their rows are cleared with
+    it), the receipt poisoned with the failed call's reason."""
+    receipt = assemble_receipt(
+        rollout_id,
+        records,
+        terminal_model_call_id=None,
+        failures=[CaptureFailure(model_call_id=call_id, reason=failed.receipt_reason)],
+    )
+    return AttemptResult(
+        rollout_id=rollout_id,
+        receipt=receipt,
+        reward=0.0,
+        mask_sample=True,
+        reward_checks=None,
+        generated_tokens=0,
+        inherited_calls=inherited,
+        resume_refused=refused,
+    )
