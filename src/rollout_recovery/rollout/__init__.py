@@ -30,6 +30,7 @@ from ._weight_sync import (
     VersionTagSync,
     WeightSync,
     WeightSyncName,
+    parse_version,
 )
 from ._wire import (
     DIALECTS,
@@ -41,6 +42,7 @@ from ._wire import (
     SglangGenerate,
     VllmCompletions,
     VllmGenerate,
+    read_body,
 )
 
 __all__ = [
@@ -80,5 +82,7 @@ __all__ = [
     "WeightSyncName",
     "check_server_urls",
     "classify_status",
+    "parse_version",
+    "read_body",
     "server_url_problem",
 ]
