@@ -207,12 +207,6 @@ def test_a_missing_vllm_python_or_model_is_refused_naming_the_field(tmp_path: Pa
     [
         (
             {"launch": 1, "python": "p", "model": "m"},
-            {"weight_sync": "vllm"},
-            "simulated",
-            "$.vllm.launch",
-        ),
-        (
-            {"launch": 1, "python": "p", "model": "m"},
             {"weight_sync": "vllm", "servers": ("http://h:1",)},
             "http",
             "$.vllm.launch",
@@ -221,7 +215,6 @@ def test_a_missing_vllm_python_or_model_is_refused_naming_the_field(tmp_path: Pa
         ({"launch": 1, "model": "m"}, {"weight_sync": "vllm"}, "http", "$.vllm.python"),
         ({"launch": 1, "python": "p"}, {"weight_sync": "vllm"}, "http", "$.vllm.model"),
         ({}, {"weight_sync": "vllm"}, "http", "$.http.weight_sync"),
-        ({}, {"weight_sync": "vllm", "servers": ("http://h:1",)}, "ray", "$.http.weight_sync"),
     ],
 )
 def test_vllm_settings_that_cannot_work_are_refused_naming_the_field(
@@ -232,11 +225,20 @@ def test_vllm_settings_that_cannot_work_are_refused_naming_the_field(
     assert error.value.path == path
 
 
+def test_ray_http_workers_cannot_use_the_vllm_weight_sync() -> None:
+    http = HttpConfig(weight_sync="vllm", servers=("http://h:1",))
+    with pytest.raises(ConfigError) as error:
+        check_vllm_config(VllmConfig(), http, "ray", "http")
+    assert error.value.path == "$.http.weight_sync"
+    check_vllm_config(VllmConfig(), http, "ray", "simulated")  # [http] unused: ignored
+
+
 def test_vllm_settings_that_work_pass() -> None:
     launched = VllmConfig(launch=2, python="p", model="m")
     check_vllm_config(launched, HttpConfig(weight_sync="vllm"), "http")
     check_vllm_config(VllmConfig(), HttpConfig(weight_sync="vllm", servers=("http://h:1",)), "http")
     check_vllm_config(VllmConfig(), HttpConfig(), "simulated")
+    check_vllm_config(launched, HttpConfig(), "simulated")  # no HTTP servers: ignored
 
 
 def test_a_job_with_a_missing_vllm_venv_is_refused_before_it_writes_anything(

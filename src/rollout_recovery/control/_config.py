@@ -148,7 +148,7 @@ def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
     config = _from_builtins(data, RunConfig)
     check_server_urls(config.http)
-    check_vllm_config(config.vllm, config.http, config.generation.backend)
+    check_vllm_config(config.vllm, config.http, config.generation.backend, config.ray.worker)
     return config
 
 

@@ -62,15 +62,21 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     weights_dir: Annotated[str, OPERATIONAL] = ""
 
 
-def check_vllm_config(vllm: VllmConfig, http: HttpConfig, backend: str) -> None:
+def check_vllm_config(
+    vllm: VllmConfig, http: HttpConfig, backend: str, ray_worker: str = "simulated"
+) -> None:
     """Refuse a combination of ``[vllm]``, ``[http]`` and the backend that cannot work,
-    naming the field to change (before anything is written)."""
+    naming the field to change (before anything is written). Like ``[http]``, ``[vllm]``
+    is ignored by a job that generates without HTTP servers."""
+    if backend == "ray" and ray_worker == "http" and http.weight_sync == "vllm":
+        raise ConfigError(
+            'weight_sync = "vllm" is for the HTTP backend; Ray workers cannot load weights '
+            "into vLLM",
+            path="$.http.weight_sync",
+        )
+    if backend != "http":
+        return
     if vllm.launch:
-        if backend != "http":
-            raise ConfigError(
-                'launched vLLM servers serve the HTTP backend: set generation.backend = "http"',
-                path="$.vllm.launch",
-            )
         if http.servers:
             raise ConfigError(
                 "either list servers in [http] servers or launch them with [vllm] launch, not both",
@@ -88,16 +94,9 @@ def check_vllm_config(vllm: VllmConfig, http: HttpConfig, backend: str) -> None:
                     "model directory)",
                     path=f"$.vllm.{field}",
                 )
-    if http.weight_sync == "vllm":
-        if backend == "ray":
-            raise ConfigError(
-                'weight_sync = "vllm" is for the HTTP backend; Ray workers cannot load '
-                "weights into vLLM",
-                path="$.http.weight_sync",
-            )
-        if backend == "http" and not http.servers and not vllm.launch:
-            raise ConfigError(
-                'weight_sync = "vllm" needs vLLM servers: list them in [http] servers or '
-                "start them with [vllm] launch",
-                path="$.http.weight_sync",
-            )
+    elif http.weight_sync == "vllm" and not http.servers:
+        raise ConfigError(
+            'weight_sync = "vllm" needs vLLM servers: list them in [http] servers or start '
+            "them with [vllm] launch",
+            path="$.http.weight_sync",
+        )
