@@ -270,6 +270,7 @@ class ServerPool:
                         break
                 version, weights = self._target
                 timeout = self._settings.sync_timeout_s
+                started = time.monotonic()
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
                         reported = await self._sync.push(
@@ -285,7 +286,11 @@ class ServerPool:
                     return
                 server.stats.weight_pushes += 1
                 server.version = reported
-                self._on_event("weights_loaded", server.url, {"version": reported})
+                self._on_event(
+                    "weights_loaded",
+                    server.url,
+                    {"version": reported, "seconds": round(time.monotonic() - started, 4)},
+                )
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
                     # syncs it.
