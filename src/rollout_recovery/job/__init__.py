@@ -5,7 +5,12 @@ directory claimed and resumed, local generation servers, the summary and the plo
 and trainer through ``components=``.
 """
 
-from ._components import JobComponents, default_components
+from ._components import (
+    JobComponents,
+    default_components,
+    http_backend_settings,
+    http_weight_sync,
+)
 from ._report import RunReporter, RunSummary, render_summary, silence_closed_stdout
 from ._run_job import JobResult, run_job
 
@@ -15,6 +20,8 @@ __all__ = [
     "RunReporter",
     "RunSummary",
     "default_components",
+    "http_backend_settings",
+    "http_weight_sync",
     "render_summary",
     "run_job",
     "silence_closed_stdout",

@@ -46,6 +46,7 @@ __all__ = [
     "configured_api_key",
     "default_components",
     "generation_servers",
+    "http_backend_settings",
     "http_weight_sync",
     "job_data_plane",
     "require_ray",
@@ -193,19 +194,28 @@ def http_weight_sync(config: RunConfig, trainer: Trainer) -> WeightSync:
     return sync
 
 
+def http_backend_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
+    """The HTTP backend's settings for the job being built: ``[http]``, the key the servers
+    require (the launched servers' own while :func:`run_job` runs), and ``[vllm]
+    sync_timeout_s`` for the vLLM weight sync. For components a user builds themselves
+    (``run_job(components=...)``)."""
+    http = config.http
+    vllm = http.weight_sync == "vllm"
+    return _http_settings(
+        http, vocab_size, sync_timeout_s=config.vllm.sync_timeout_s if vllm else None
+    )
+
+
 def _http_backend(
     config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
 ) -> HttpGenerationBackend:
     http = config.http
-    vllm = http.weight_sync == "vllm"
     return HttpGenerationBackend(
         servers=list(http.servers),
         task_set=dataset,
         dialect=DIALECTS[http.dialect],
         weight_sync=http_weight_sync(config, trainer),
-        settings=_http_settings(
-            http, trainer.vocab_size, sync_timeout_s=config.vllm.sync_timeout_s if vllm else None
-        ),
+        settings=http_backend_settings(config, trainer.vocab_size),
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
     )
