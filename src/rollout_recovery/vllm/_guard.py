@@ -12,7 +12,8 @@ leader of a new session; it runs COMMAND in its own process group and waits unti
 Then it sends COMMAND SIGTERM (vLLM shuts its engine down and removes its shared-memory
 segments; a SIGKILL would leave them in ``/dev/shm``), waits up to ``--grace-s``, and
 SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker processes, which
-a killed API server leaves orphaned). It exits with COMMAND's status.
+a killed API server leaves orphaned), removing the shared memory they had mapped. It exits
+with COMMAND's status.
 """
 
 from __future__ import annotations
@@ -60,14 +61,32 @@ def _group_members(pgid: int) -> list[int]:
     return found
 
 
+def _shared_memory(pids: list[int]) -> set[Path]:
+    """The /dev/shm files the processes ``pids`` have mapped."""
+    found: set[Path] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                    found.add(Path(parts[5].removesuffix(" (deleted)")))
+    return found
+
+
 def _kill_the_rest() -> None:
+    """SIGKILL what is left of the group, then remove the shared memory it had mapped
+    (a killed process cannot unlink its segments, which would stay in /dev/shm)."""
     pgid = os.getpgrp()
     if not Path("/proc").is_dir():
         os.killpg(pgid, signal.SIGKILL)  # this one included: nothing else can be named
         return
-    for pid in _group_members(pgid):
+    members = _group_members(pgid)
+    segments = _shared_memory(members)
+    for pid in members:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for segment in segments:
+        segment.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
