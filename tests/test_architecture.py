@@ -21,6 +21,7 @@ LAYERS = [
     "history",
     "metrics",
     "cluster",
+    "vllm",
     "llm",
     "rollout",
     "serve",
@@ -41,7 +42,7 @@ LAYERS = [
     "_durable",
     "_closing",
 ]
-SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "llm"} | {
+SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "vllm", "llm"} | {
     "rollout",
     "serve",
     "policy",
@@ -191,7 +192,7 @@ def test_the_default_install_never_imports_torch() -> None:
         "import sys, rollout_recovery, rollout_recovery.control, rollout_recovery.cli, "
         "rollout_recovery.rollout, rollout_recovery.serve, rollout_recovery.policy, "
         "rollout_recovery.checkpoint, rollout_recovery.job, rollout_recovery.history, "
-        "rollout_recovery.llm; "
+        "rollout_recovery.vllm, rollout_recovery.llm; "
         "loaded = [m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules]; "
         "assert not loaded, loaded"
     )

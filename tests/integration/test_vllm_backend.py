@@ -4,8 +4,9 @@ Two servers for the module, a tiny random Llama (vocab 333: the task's token ids
 below 38, are valid prompts). What must hold with a real engine, not only with our own
 server: multi-turn episodes staged token-exact and accepted by ``verify_and_linearize``,
 a tampered staged row rejected, the generate route's weight-version spans recorded, and a
-SIGKILL of a server's process group in the middle of a request classified as an infra
-failure and redispatched to the other server. Skips without the vLLM variables.
+SIGKILL of a server's process group in the middle of a request (made certain by pausing
+the servers first) classified as an infra failure and redispatched to the other server.
+Skips without the vLLM variables.
 """
 
 from __future__ import annotations
@@ -214,13 +215,17 @@ class _Watching(httpx.AsyncHTTPTransport):
 def test_sigkill_mid_request_is_an_infra_failure_redispatched_to_the_other_server(
     servers: list[VllmServer],
 ) -> None:
+    """Both servers are paused (``/pause?mode=keep``: requests queue, none runs) before the
+    attempt starts, so its first call cannot finish on the server it goes to: the kill
+    lands inside that call by construction, whatever the machine's load. The other server
+    is resumed once the victim is dead, and takes the redispatched call."""
     store = MemoryDataPlane()
     writer = CaptureWriter(store)
     by_url = {s.url: s for s in servers}
+    for url in by_url:
+        httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=TIMEOUT_S).raise_for_status()
     watching = _Watching()
-    # A long first call (490 tokens, the most the 512-token context leaves with the
-    # answer call) to be killed inside.
-    backend = _backend(list(by_url), reasoning_tokens=490, transport=watching)
+    backend = _backend(list(by_url), transport=watching)
 
     async def scenario() -> tuple[AttemptResult, str]:
         try:
@@ -228,18 +233,23 @@ def test_sigkill_mid_request_is_an_infra_failure_redispatched_to_the_other_serve
             await _until(lambda: watching.first is not None)
             victim = watching.first
             assert victim is not None
-            # The request is on its way; give it a moment to reach the engine (the
-            # generation itself takes most of a second), then kill the whole server
-            # group. The check below makes sure the kill landed inside the first call:
-            # nothing of the attempt is staged yet.
-            await asyncio.sleep(0.1)
-            assert store.keys(STAGING_PARTITION) == [], "the first call ended before the kill"
-            by_url[victim].kill()
+            assert not attempt.done()  # a paused server answers nothing
+            await asyncio.to_thread(by_url[victim].kill)
+            survivor = next(url for url in by_url if url != victim)
+            await asyncio.to_thread(
+                lambda: httpx.post(f"{survivor}/resume", timeout=TIMEOUT_S).raise_for_status()
+            )
             return await attempt, victim
         finally:
             await backend.aclose()
 
-    result, victim = asyncio.run(scenario())
+    try:
+        result, victim = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            if not server.killed:
+                httpx.post(f"{server.url}/resume", timeout=TIMEOUT_S)
+    assert store.keys(STAGING_PARTITION)  # staged by the survivor only
     verified = fetch_and_verify(result.receipt, store)
     assert isinstance(verified, LinearizedRollout), verified
     first, _ = _extras(store, result.rollout_id)

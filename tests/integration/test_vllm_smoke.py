@@ -23,6 +23,8 @@ pytestmark = pytest.mark.vllm
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 #: The first request after /health may still warm up; generous, but bounded.
 TIMEOUT_S = 120.0
+#: How far two bf16 CPU kernels' logprobs for the tiny model may differ (see the test).
+BF16_KERNEL_SPREAD = 2e-2
 
 
 def recorded(name: str) -> dict[str, Any]:
@@ -63,7 +65,15 @@ def test_token_in_completion_matches_recorded(client: httpx.Client) -> None:
     assert choice["finish_reason"] == "length"
     logprobs = choice["logprobs"]
     assert logprobs["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
-    assert logprobs["token_logprobs"] == pytest.approx(want["logprobs"]["token_logprobs"], abs=1e-4)
+    # bf16 on CPU: one build on one machine repeats its logprobs bit for bit (measured: 0
+    # over 60 requests, sequential and batched with 7 others, and across a restart), but
+    # kernels differ between machines and loads: this machine's server answers 2.1e-3
+    # away from the recording, which is itself 8e-4 from the fp32 recompute; bf16 vs fp32
+    # on this model differs by up to 6e-3 (test_vllm_weight_sync_real.py). Two bf16 kernels
+    # each within that of the exact value are within 1.2e-2 of each other: 2e-2 allowed.
+    assert logprobs["token_logprobs"] == pytest.approx(
+        want["logprobs"]["token_logprobs"], abs=BF16_KERNEL_SPREAD
+    )
 
 
 def test_generate_has_weight_version_spans(client: httpx.Client) -> None:

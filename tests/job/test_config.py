@@ -104,7 +104,30 @@ def valid_configs(draw: st.DrawFn) -> RunConfig:
     llm = data["generation"]["backend"] == "transformers"
     data["trainer"]["kind"] = "torch" if llm else "numpy"
     data["task"]["kind"] = "emit_token" if llm else "digits"
+    _hold_the_vllm_rules(data)
     return config_from_builtins(data)
+
+
+def _hold_the_vllm_rules(data: dict[str, dict[str, object]]) -> None:
+    """Make drawn ``[vllm]`` and ``[http]`` values agree where they meet (``[vllm] launch``
+    with no listed servers and the vLLM weight sync, that sync with some servers), as
+    ``check_vllm_config`` requires; ``test_vllm_fleet.py`` tests the refusals."""
+    http, vllm = data["http"], data["vllm"]
+    uses_http = data["generation"]["backend"] == "http" or (
+        data["generation"]["backend"] == "ray" and data["ray"]["worker"] == "http"
+    )
+    if not uses_http:
+        return
+    if data["generation"]["backend"] == "ray":
+        if http["weight_sync"] == "vllm":
+            http["weight_sync"] = "none"
+        return
+    if vllm["launch"]:
+        http["servers"], http["weight_sync"] = (), "vllm"
+        vllm["python"] = vllm["python"] or "python"
+        vllm["model"] = vllm["model"] or "model"
+    elif http["weight_sync"] == "vllm" and not http["servers"]:
+        http["servers"] = ("http://127.0.0.1:8000",)
 
 
 def _out_of_range(kind: mi.Type) -> object | None:

@@ -1,9 +1,9 @@
 """The run config: the tree of every component's section, read from one TOML file.
 
 Each component owns its section next to its code (``[http]`` in ``rollout``, ``[ray]`` in
-``cluster``, ``[task]`` and ``[policy]`` in ``policy``, ``[trainer]`` and ``[model]`` in
-``llm``); the controller owns ``[job]``,
-``[retry]``, ``[checkpoint]`` and ``[liveness]`` here, and the root that holds them all.
+``cluster``, ``[vllm]`` in ``vllm``, ``[task]`` and ``[policy]`` in ``policy``,
+``[trainer]`` and ``[model]`` in ``llm``); the controller owns ``[job]``, ``[retry]``,
+``[checkpoint]`` and ``[liveness]`` here, and the root that holds them all.
 Every section is optional in the file and every field has a default, so an empty file (or
 no file) is the default job. A refused value is reported with its field path
 (``$.faults.hang_rate: Expected `float` >= 0.0``), an unknown key with the path of its
@@ -37,6 +37,7 @@ from ..llm import ModelConfig, TrainerConfig
 from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig
 from ..rollout import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
+from ..vllm import VllmConfig, check_vllm_config
 
 __all__ = [
     "CheckpointConfig",
@@ -133,6 +134,7 @@ class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    vllm: VllmConfig = msgspec.field(default_factory=VllmConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     faults: FaultsConfig = msgspec.field(default_factory=FaultsConfig)
@@ -170,6 +172,7 @@ def config_from_builtins(data: object) -> RunConfig:
     config = _from_builtins(data, RunConfig)
     check_server_urls(config.http)
     check_combination(config)
+    check_vllm_config(config.vllm, config.http, config.generation.backend, config.ray.worker)
     return config
 
 

@@ -4,8 +4,9 @@
 policy, and simulated agents, HTTP generation servers or Ray actors as
 ``generation.backend`` says); :func:`job_data_plane` opens the job's durable row store
 and :func:`generation_servers` starts local ``serve`` processes when the HTTP backend
-has no server list. ``[trainer] kind = "torch"`` builds the LLM job instead
-(``_llm_parts``: a causal LM, the emit-token task, in-process transformers sampling).
+has no server list (local vLLM servers with ``[vllm] launch``). ``[trainer] kind =
+"torch"`` builds the LLM job instead (``_llm_parts``: a causal LM, the emit-token task,
+in-process transformers sampling).
 A user plugs their own dataset, backend and trainer in through ``run_job(components=...)``.
 """
 
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 
@@ -34,8 +37,10 @@ from ..rollout import (
     HttpGenerationBackend,
     PoolSettings,
     SimulatedAgentBackend,
+    WeightSync,
 )
 from ..rundir import RunDirectory
+from ..vllm import VllmFleet, VllmWeightSync
 from ._server_fleet import LocalServerFleet
 
 __all__ = [
@@ -43,6 +48,8 @@ __all__ = [
     "configured_api_key",
     "default_components",
     "generation_servers",
+    "http_backend_settings",
+    "http_weight_sync",
     "job_data_plane",
     "require_ray",
     "wants_servers",
@@ -143,23 +150,28 @@ def _presenting(api_key: str | None) -> Iterator[None]:
         _SERVER_API_KEY.reset(token)
 
 
-def _http_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
+def _http_settings(
+    config: RunConfig, vocab_size: int, *, sync_timeout_s: float | None = None
+) -> HttpBackendSettings:
     """The HTTP backend's settings from ``[http]`` and the episode's shape from ``[task]``
     (in the job, or in a Ray worker); ``vocab_size`` is the trainer's, which replies are
     checked against."""
     http = config.http
     key = _SERVER_API_KEY.get()
+    pool = PoolSettings(
+        concurrency=http.per_server_concurrency,
+        probe_interval_s=http.probe_interval_s,
+        probe_timeout_s=http.probe_timeout_s,
+        dead_after_failures=http.dead_after_failures,
+        no_server_wait_s=http.no_server_wait_s,
+    )
+    if sync_timeout_s is not None:
+        pool = dataclasses.replace(pool, sync_timeout_s=sync_timeout_s)
     return HttpBackendSettings(
         api_key=key if key is not None else configured_api_key(http),
         model=http.model,
         vocab_size=vocab_size,
-        pool=PoolSettings(
-            concurrency=http.per_server_concurrency,
-            probe_interval_s=http.probe_interval_s,
-            probe_timeout_s=http.probe_timeout_s,
-            dead_after_failures=http.dead_after_failures,
-            no_server_wait_s=http.no_server_wait_s,
-        ),
+        pool=pool,
         request_timeout_s=http.request_timeout_s,
         call_redispatch_budget=http.call_redispatch_budget,
         redispatch_backoff_s=http.redispatch_backoff_s,
@@ -167,6 +179,43 @@ def _http_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
         reasoning_tokens=config.task.reasoning_tokens,
         thinking_calls=config.task.thinking_calls,
         stage_in_thread=True,
+    )
+
+
+def http_weight_sync(config: RunConfig, trainer: Trainer) -> WeightSync:
+    """How the HTTP backend's servers get ``trainer``'s weights (``[http] weight_sync``).
+
+    ``"vllm"`` writes weight files to ``[vllm] weights_dir`` (which
+    :func:`generation_servers` resolves) and needs a trainer whose weights it can write
+    (``TorchWeights``): any other is refused here, before anything is sent.
+    """
+    http = config.http
+    if http.weight_sync != "vllm":
+        return WEIGHT_SYNCS[http.weight_sync]
+    if not config.vllm.weights_dir:
+        raise ConfigError(
+            "[vllm] weights_dir is resolved by the job: build the components through run_job",
+            path="$.vllm.weights_dir",
+        )
+    sync = VllmWeightSync(Path(config.vllm.weights_dir), dtype=config.vllm.dtype)
+    try:
+        sync.check(trainer.weight_version, trainer.weights())
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f'weight_sync = "vllm" loads the trainer\'s weights into vLLM: {error}',
+            path="$.http.weight_sync",
+        ) from None
+    return sync
+
+
+def http_backend_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
+    """The HTTP backend's settings for the job being built: ``[http]``, the key the servers
+    require (the launched servers' own while :func:`run_job` runs), and ``[vllm]
+    sync_timeout_s`` for the vLLM weight sync. For components a user builds themselves
+    (``run_job(components=...)``)."""
+    vllm = config.http.weight_sync == "vllm"
+    return _http_settings(
+        config, vocab_size, sync_timeout_s=config.vllm.sync_timeout_s if vllm else None
     )
 
 
@@ -178,8 +227,8 @@ def _http_backend(
         servers=list(http.servers),
         task_set=dataset,
         dialect=DIALECTS[http.dialect],
-        weight_sync=WEIGHT_SYNCS[http.weight_sync],
-        settings=_http_settings(config, trainer.vocab_size),
+        weight_sync=http_weight_sync(config, trainer),
+        settings=http_backend_settings(config, trainer.vocab_size),
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
     )
@@ -271,16 +320,37 @@ def require_ray(config: RunConfig) -> None:
 @contextlib.contextmanager
 def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
     """The config the components see: with local servers started (and stopped on exit)
-    when the HTTP backend has no server list. The job's own config keeps the empty list,
-    so a resume, which starts new servers on new ports, is still the same job."""
+    when the HTTP backend has no server list (``[vllm] launch`` vLLM servers, else
+    ``rollout-recovery serve`` processes), and ``[vllm] weights_dir`` resolved for the
+    vLLM weight sync. The job's own config keeps the empty list, so a resume, which starts
+    new servers on new ports, is still the same job."""
     http = config.http
     if not wants_servers(config):
         yield config
         return
     api_key = configured_api_key(http)
+    if http.weight_sync == "vllm" and not config.vllm.weights_dir:
+        # The weight files the servers load: in the run directory unless configured.
+        weights_dir = str(run.servers_dir / "weights")
+        config = msgspec.structs.replace(
+            config, vllm=msgspec.structs.replace(config.vllm, weights_dir=weights_dir)
+        )
     if http.servers:
         with _presenting(api_key):
             yield config
+        return
+    if config.vllm.launch:
+        vllm_fleet = VllmFleet(
+            run.servers_dir,
+            run.servers_file,
+            config.vllm,
+            served_model_name=http.model,
+            api_key=api_key,
+        )
+        with vllm_fleet as urls, _presenting(vllm_fleet.api_key):
+            yield msgspec.structs.replace(
+                config, http=msgspec.structs.replace(http, servers=tuple(urls))
+            )
         return
     # Launched servers get the configured key (so an operator can restart one by hand),
     # else a random one of this job's.

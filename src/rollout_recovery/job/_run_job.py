@@ -70,6 +70,7 @@ from ..rundir import (
     read_run_log,
     run_directory_lock,
 )
+from ..vllm import check_launch_paths
 from ._components import (
     JobComponents,
     configured_api_key,
@@ -165,6 +166,8 @@ def run_job(
     require_ray(config)
     if wants_servers(config):
         configured_api_key(config.http)  # an unset variable is refused before any write
+    if config.vllm.launch:
+        check_launch_paths(config.vllm)  # a missing vLLM venv or model, likewise
     check_sinks_installed(config.metrics)
     _refuse_foreign_path(run)
     # The model's digest is part of the job: known before the directory is compared.
@@ -184,7 +187,7 @@ def run_job(
         if config.generation.backend == "http":
             log("backend http: [faults] is not injected; the servers' own failures are the faults")
         with generation_servers(run, config) as resolved:
-            if resolved is not config:
+            if resolved.http.servers != config.http.servers:
                 count = len(resolved.http.servers)
                 log(f"started {count} local generation servers (listed in {run.servers_file.name})")
             with contextlib.ExitStack() as stack:

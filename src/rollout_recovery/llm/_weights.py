@@ -25,6 +25,8 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStat
 __all__ = ["TorchWeights"]
 
 _VERSION_KEY = "weight_version"
+# The dtypes a weights file may be written in, by name (what a server config says).
+_DTYPE_NAMES = frozenset({"float32", "bfloat16", "float16"})
 
 
 class TorchWeights:
@@ -69,9 +71,16 @@ class TorchWeights:
     def __repr__(self) -> str:
         return f"TorchWeights(version={self._version}, tensors={len(self._tensors)})"
 
-    def safetensors_bytes(self, dtype: torch.dtype | None = None) -> bytes:
+    def safetensors_bytes(self, dtype: torch.dtype | str | None = None) -> bytes:
         """The snapshot as a safetensors file (in ``dtype`` if given, e.g. ``bfloat16`` for a
-        bf16 server); the version is in the file's metadata."""
+        bf16 server, as a torch dtype or its name); the version is in the file's metadata."""
+        if isinstance(dtype, str):
+            named = getattr(torch, dtype, None) if dtype in _DTYPE_NAMES else None
+            if not isinstance(named, torch.dtype):
+                raise InvalidArgumentError(
+                    f"dtype must be one of {sorted(_DTYPE_NAMES)}, got {dtype!r}"
+                )
+            dtype = named
         tensors = {
             name: (t if dtype is None else t.to(dtype)).contiguous()
             for name, t in self._tensors.items()

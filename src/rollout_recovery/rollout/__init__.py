@@ -39,6 +39,7 @@ from ._weight_sync import (
     VersionTagSync,
     WeightSync,
     WeightSyncName,
+    parse_version,
 )
 from ._wire import (
     DIALECTS,
@@ -50,6 +51,7 @@ from ._wire import (
     SglangGenerate,
     VllmCompletions,
     VllmGenerate,
+    read_body,
 )
 
 __all__ = [
@@ -93,6 +95,8 @@ __all__ = [
     "WeightSyncName",
     "check_server_urls",
     "classify_status",
+    "parse_version",
+    "read_body",
     "run_episode",
     "server_url_problem",
 ]

@@ -14,6 +14,13 @@ answer its liveness route. A server that comes back (or a new one) gets traffic 
 once it reports the trainer's current weight version: it never serves stale weights under
 a new stamp.
 
+With an *exclusive* weight sync (a server that may switch weights under a call in flight,
+as vLLM does) a server gets a call only while it holds the trainer's current version: from
+the moment new weights are set it takes no new call, its push starts once its calls in
+flight have ended (their tokens all come from the version they are stamped with), and it
+takes calls again once it reports the new version. A restore sets the restored weights
+before anything is dispatched, so no call reaches a server before it holds them.
+
 Bad replies (a data failure the server is to blame for: garbage, an oversize body, ids
 outside the vocabulary, a reply that disagrees with itself) count on their own streak,
 which only a good reply resets, since a server that answers garbage still answers its
@@ -246,11 +253,24 @@ class ServerPool:
             server.syncing = True
             self._spawn(self._sync_server(server), f"sync-{server.url}")
 
+    async def _drained(self, server: _Server) -> None:
+        """Wait until no call is in flight on ``server`` (each has a total deadline)."""
+        condition = self._condition()
+        async with condition:
+            await condition.wait_for(lambda: server.in_flight == 0 or self._closed)
+
     async def _sync_server(self, server: _Server) -> None:
         try:
             while self._target is not None and not self._is_current(server):
+                if self._sync.exclusive:
+                    # No new call reaches it (it is not current); the push waits for the
+                    # calls in flight, so none of them sees two versions.
+                    await self._drained(server)
+                    if self._closed or self._target is None or self._is_current(server):
+                        break
                 version, weights = self._target
                 timeout = self._settings.sync_timeout_s
+                started = time.monotonic()
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
                         reported = await self._sync.push(
@@ -259,12 +279,18 @@ class ServerPool:
                 except TimeoutError:
                     await self._failed(server, f"weight push not done within {timeout} s")
                     return
-                except httpx.HTTPError as error:
+                except (httpx.HTTPError, OSError) as error:
+                    # OSError: the push's own local work failed (a weights file not
+                    # written); the next probe retries like after a refused push.
                     await self._failed(server, f"weight push failed: {error!r}")
                     return
                 server.stats.weight_pushes += 1
                 server.version = reported
-                self._on_event("weights_loaded", server.url, {"version": reported})
+                self._on_event(
+                    "weights_loaded",
+                    server.url,
+                    {"version": reported, "seconds": round(time.monotonic() - started, 4)},
+                )
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
                     # syncs it.
@@ -331,10 +357,13 @@ class ServerPool:
     # -- calls -----------------------------------------------------------------------------
 
     def _eligible(self, avoid: set[str]) -> _Server | None:
+        exclusive = self._sync.exclusive
         free = [
             s
             for s in self._servers.values()
-            if s.state is ServerHealth.HEALTHY and s.in_flight < self._settings.concurrency
+            if s.state is ServerHealth.HEALTHY
+            and s.in_flight < self._settings.concurrency
+            and (not exclusive or self._is_current(s))
         ]
         preferred = [s for s in free if s.url not in avoid] or free
         if not preferred:

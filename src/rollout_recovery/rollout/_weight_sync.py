@@ -8,6 +8,13 @@
   generate route reports per-token version spans.
 - :class:`NoWeightSync`: a server with fixed weights and no version routes. Every server then
   counts as current and calls are stamped with the dispatch version only.
+- ``"vllm"``: real weights loaded into a running vLLM server (``rollout_recovery.vllm``).
+  It needs the job's weights directory, so the job builds it; it is not in
+  :data:`WEIGHT_SYNCS`.
+
+A sync is *exclusive* when a server may switch weights under a call in flight (vLLM
+does, silently, unless it is paused): the pool then gives a server no call while a push
+to it is pending and starts the push only once the server's calls have ended.
 
 A reply is read streamed under a small cap and decoded with msgspec; one that is too
 large, not JSON or of another shape reports no version (the pool then counts the push as
@@ -35,7 +42,7 @@ __all__ = [
     "parse_version",
 ]
 
-WeightSyncName = Literal["policy", "version-tag", "none"]
+WeightSyncName = Literal["policy", "version-tag", "none", "vllm"]
 
 # What a version route's reply may weigh: it names one version.
 _REPLY_CAP = 64 * 2**10
@@ -45,6 +52,10 @@ class WeightSync(Protocol):
     name: WeightSyncName
     # False: servers hold whatever they hold and are always treated as current.
     tracks_versions: bool
+    # True: a load may change the weights under a call in flight, so a server is drained
+    # (no new call, in-flight calls ended) before each push and gets calls only when it
+    # holds the current version.
+    exclusive: bool
 
     async def push(
         self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
@@ -99,6 +110,8 @@ class PolicyWeightSync:
 
     name: WeightSyncName = "policy"
     tracks_versions = True
+    # The server swaps its policy between requests, never under one.
+    exclusive = False
 
     async def push(
         self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
@@ -124,6 +137,7 @@ class VersionTagSync:
 
     name: WeightSyncName = "version-tag"
     tracks_versions = True
+    exclusive = False  # the weights never change
 
     async def push(
         self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
@@ -142,6 +156,7 @@ class VersionTagSync:
 class NoWeightSync:
     name: WeightSyncName = "none"
     tracks_versions = False
+    exclusive = False
 
     async def push(
         self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float

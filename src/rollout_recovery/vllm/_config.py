@@ -1,0 +1,102 @@
+"""``[vllm]``: local vLLM servers the job starts, and how weights reach vLLM servers.
+
+With ``launch = N`` the job starts N vLLM servers itself (each in its own process group,
+gone when the job ends or dies) from ``model``, the trainer's model directory, with the
+``python`` of the venv vLLM is installed in (vLLM pins its own torch, so it lives in a venv
+of its own). ``[http] weight_sync = "vllm"`` keeps them, or the vLLM servers listed in
+``[http] servers``, in sync with the trainer: after every step the new weights are written
+to ``weights_dir`` and loaded into every server without a restart.
+
+Only ``dtype`` is part of the job's identity (a bf16 and an fp32 server sample different
+logprobs); the rest may change when a run resumes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from .._settings import (
+    OPERATIONAL,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
+from ..errors import ConfigError
+from ..rollout import HttpConfig
+
+__all__ = ["VllmConfig", "VllmDtype", "check_vllm_config"]
+
+VllmDtype = Literal["bfloat16", "float16", "float32"]
+
+
+class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[vllm]``: see the module docstring."""
+
+    #: How many local vLLM servers the job starts and supervises (0: none). Needs
+    #: generation.backend = "http", [http] weight_sync = "vllm" and no [http] servers.
+    launch: Annotated[NonNegativeInt, OPERATIONAL] = 0
+    #: The python of the venv vLLM is installed in.
+    python: Annotated[str, OPERATIONAL] = ""
+    #: The model directory the launched servers start from: the trainer's model dir.
+    model: Annotated[str, OPERATIONAL] = ""
+    #: The launched servers' dtype; weight files are written in it.
+    dtype: VllmDtype = "bfloat16"
+    #: --max-model-len (0: the model's own).
+    max_model_len: Annotated[NonNegativeInt, OPERATIONAL] = 0
+    #: --max-num-seqs: sequences one server runs at once.
+    max_num_seqs: Annotated[PositiveInt, OPERATIONAL] = 8
+    #: GiB of KV cache per server (VLLM_CPU_KVCACHE_SPACE: vLLM's CPU default takes a
+    #: large share of RAM per server).
+    kv_cache_gib: Annotated[PositiveInt, OPERATIONAL] = 1
+    #: More arguments for every launched server (e.g. ["--enforce-eager"]).
+    extra_args: Annotated[tuple[str, ...], OPERATIONAL] = ()
+    #: How long a launched server may take to answer /health (a cold start on 2 busy
+    #: cores takes minutes).
+    startup_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 900.0
+    #: The total deadline of one weight push (write, pause, load, resume), not counting
+    #: the wait for the server's calls in flight to end.
+    sync_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 120.0
+    #: Where the weight files the servers load are written ("": DIR/servers/weights).
+    #: Listed servers must be able to read it (the same machine or a shared filesystem).
+    weights_dir: Annotated[str, OPERATIONAL] = ""
+
+
+def check_vllm_config(
+    vllm: VllmConfig, http: HttpConfig, backend: str, ray_worker: str = "simulated"
+) -> None:
+    """Refuse a combination of ``[vllm]``, ``[http]`` and the backend that cannot work,
+    naming the field to change (before anything is written). Like ``[http]``, ``[vllm]``
+    is ignored by a job that generates without HTTP servers."""
+    if backend == "ray" and ray_worker == "http" and http.weight_sync == "vllm":
+        raise ConfigError(
+            'weight_sync = "vllm" is for the HTTP backend; Ray workers cannot load weights '
+            "into vLLM",
+            path="$.http.weight_sync",
+        )
+    if backend != "http":
+        return
+    if vllm.launch:
+        if http.servers:
+            raise ConfigError(
+                "either list servers in [http] servers or launch them with [vllm] launch, not both",
+                path="$.vllm.launch",
+            )
+        if http.weight_sync != "vllm":
+            raise ConfigError(
+                'launched vLLM servers are kept in sync by weight_sync = "vllm"',
+                path="$.http.weight_sync",
+            )
+        for field in ("python", "model"):
+            if not getattr(vllm, field):
+                raise ConfigError(
+                    f"[vllm] launch needs {field} (the vLLM venv's python and the trainer's "
+                    "model directory)",
+                    path=f"$.vllm.{field}",
+                )
+    elif http.weight_sync == "vllm" and not http.servers:
+        raise ConfigError(
+            'weight_sync = "vllm" needs vLLM servers: list them in [http] servers or start '
+            "them with [vllm] launch",
+            path="$.http.weight_sync",
+        )

@@ -1,0 +1,292 @@
+"""Local vLLM servers a job starts, supervises and stops itself (``[vllm] launch = N``).
+
+Each server is vLLM's OpenAI API server (``python -m vllm.entrypoints.openai.api_server``,
+run by the ``[vllm] python`` of its own venv) on a free loopback port, under a guard
+(``_guard.py``) that leads the server's own process group: the guard ends the whole group
+(API server, ``EngineCore``, worker) when the job dies, SIGKILL included, or when the job
+stops it, so no server outlives the job. ``servers.json`` in the run directory lists them
+(url, the guard's pid, which is the group id, the log file, the server's command line).
+
+Every server runs in vLLM's dev mode (the weight routes, ``VLLM_SERVER_DEV_MODE=1``) with
+this package's worker extension on its ``PYTHONPATH``, and requires the job's API key on
+its generation routes (``VLLM_API_KEY``, passed in the environment, never in argv). vLLM
+does not guard the dev routes with the key: the servers bind to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import msgspec
+
+from .._durable import atomic_write_bytes
+from ..errors import ConfigError, GenerationError
+from ._config import VllmConfig
+
+__all__ = [
+    "EXTENSION_CLASS",
+    "EXTENSION_DIR",
+    "LaunchedServer",
+    "VllmFleet",
+    "check_launch_paths",
+    "server_command",
+    "server_environment",
+]
+
+#: The directory vLLM's worker imports the extension from (put on its ``PYTHONPATH``).
+EXTENSION_DIR = Path(__file__).resolve().parent / "_extension"
+EXTENSION_CLASS = "rollout_recovery_vllm_extension.WeightLoader"
+_GUARD = Path(__file__).resolve().parent / "_guard.py"
+# How long the job waits for a guard to end its group after SIGTERM (the guard itself
+# gives vLLM 20 s to shut down cleanly) before it SIGKILLs the group.
+_STOP_GRACE_S = 30.0
+# How often a starting server's /health is asked.
+_READY_POLL_S = 1.0
+# A port taken between our probe and vLLM's bind: start again on another, this often.
+_PORT_RETRIES = 3
+
+
+def server_command(
+    config: VllmConfig, *, port: int, served_model_name: str, host: str = "127.0.0.1"
+) -> list[str]:
+    """The vLLM launch line of one server (the guard's command).
+
+    ``--enable-scale-out`` registers ``/inference/v1/generate`` (the ``vllm-generate``
+    dialect); the worker extension is the weight loader of ``_sync.py``.
+    """
+    command = [
+        config.python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        config.model,
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        config.dtype,
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--enable-scale-out",
+        "--worker-extension-cls",
+        EXTENSION_CLASS,
+    ]
+    if config.max_model_len:
+        command += ["--max-model-len", str(config.max_model_len)]
+    return [*command, *config.extra_args]
+
+
+def server_environment(config: VllmConfig, api_key: str) -> dict[str, str]:
+    """The server's environment: ours, plus what vLLM needs here.
+
+    The model comes from a local directory; anything that would try a model hub fails fast
+    instead of hanging on the network.
+    """
+    path = os.pathsep.join(p for p in (str(EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p)
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
+        "VLLM_API_KEY": api_key,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
+def _free_port() -> int:
+    """A loopback port that was free a moment ago (vLLM binds it itself; see retries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedServer:
+    url: str
+    #: The guard's pid: the id of the server's process group.
+    pid: int
+    log: Path
+    command: list[str]
+
+
+@dataclass(slots=True)
+class _Starting:
+    index: int
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+    command: list[str]
+    attempts: int
+
+
+class VllmFleet:
+    """Starts ``config.launch`` servers on enter (waiting until each answers ``/health``)
+    and stops them all on exit; see the module docstring.
+
+    ``api_key`` is what the servers require (a random one by default); ``parent_pid`` the
+    process whose death ends them (this one by default).
+    """
+
+    def __init__(
+        self,
+        servers_dir: Path,
+        servers_file: Path,
+        config: VllmConfig,
+        *,
+        served_model_name: str,
+        api_key: str | None = None,
+        parent_pid: int | None = None,
+    ) -> None:
+        self._dir = Path(servers_dir)
+        self._file = Path(servers_file)
+        self._config = config
+        self._name = served_model_name
+        self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
+        self._parent = parent_pid if parent_pid is not None else os.getpid()
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self.servers: list[LaunchedServer] = []
+
+    def _spawn(self, index: int, attempts: int = 1) -> _Starting:
+        port = _free_port()
+        log = self._dir / f"vllm-{index}.log"
+        config = self._config
+        command = server_command(_expanded(config), port=port, served_model_name=self._name)
+        with open(log, "ab") as handle:
+            handle.write(f"--- starting on port {port}: {' '.join(command)}\n".encode())
+            handle.flush()
+            process = subprocess.Popen(
+                [sys.executable, str(_GUARD), "--parent-pid", str(self._parent), "--", *command],
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # the guard leads the server's process group
+                env=server_environment(config, self.api_key),
+            )
+        self._processes.append(process)
+        return _Starting(index, port, process, log, command, attempts)
+
+    def __enter__(self) -> list[str]:
+        check_launch_paths(self._config)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        try:
+            starting = [self._spawn(index) for index in range(self._config.launch)]
+            self.servers = self._await_ready(starting)
+        except BaseException:
+            self.stop()
+            raise
+        listing = [
+            {"url": s.url, "pid": s.pid, "log": str(s.log), "command": s.command, "kind": "vllm"}
+            for s in self.servers
+        ]
+        atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
+        return [server.url for server in self.servers]
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _await_ready(self, starting: list[_Starting]) -> list[LaunchedServer]:
+        """Wait for every server's ``/health``; a server whose port was taken starts again
+        on another; one that dies otherwise, or misses the deadline, fails the job."""
+        deadline = time.monotonic() + self._config.startup_timeout_s
+        ready: dict[int, LaunchedServer] = {}
+        with httpx.Client(timeout=5.0) as client:
+            while len(ready) < len(starting):
+                for position, entry in enumerate(starting):
+                    if entry.index in ready:
+                        continue
+                    url = f"http://127.0.0.1:{entry.port}"
+                    code = entry.process.poll()
+                    if code is not None:
+                        tail = _tail(entry.log)
+                        if "address already in use" in tail.lower() and (
+                            entry.attempts < _PORT_RETRIES
+                        ):
+                            starting[position] = self._spawn(entry.index, entry.attempts + 1)
+                            continue
+                        raise GenerationError(
+                            "server_start_failed",
+                            f"vLLM server {entry.index} exited with {code} before it was "
+                            f"ready; its log ({entry.log}) ends: {tail}",
+                        )
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(f"{url}/health").status_code == 200:
+                            ready[entry.index] = LaunchedServer(
+                                url, entry.process.pid, entry.log, entry.command
+                            )
+                if len(ready) == len(starting):
+                    break
+                if time.monotonic() > deadline:
+                    raise GenerationError(
+                        "server_start_failed",
+                        f"vLLM servers not ready after {self._config.startup_timeout_s:.0f} s "
+                        f"(see {self._dir})",
+                    )
+                time.sleep(_READY_POLL_S)
+        return [ready[index] for index in sorted(ready)]
+
+    def stop(self) -> None:
+        """SIGTERM every guard (it shuts its server down and ends its group); SIGKILL the
+        groups still alive after a grace period."""
+        for process in self._processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for process in self._processes:
+            try:
+                # A guard that exits has ended its group itself.
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                # Not reaped yet, so its pid (the group's id) cannot have been reused.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self._processes.clear()
+
+
+def check_launch_paths(config: VllmConfig) -> None:
+    """Refuse a ``[vllm]`` python or model that is not there (a ``ConfigError`` naming
+    the field), so a job can check before it writes anything."""
+    python, model = Path(config.python).expanduser(), Path(config.model).expanduser()
+    if not python.is_file():
+        raise ConfigError(f"no python at {python}", path="$.vllm.python")
+    if not (model / "config.json").is_file():
+        raise ConfigError(f"{model} holds no model (no config.json)", path="$.vllm.model")
+
+
+def _expanded(config: VllmConfig) -> VllmConfig:
+    """``config`` with ``~`` expanded in its paths (vLLM takes them literally)."""
+    return msgspec.structs.replace(
+        config,
+        python=str(Path(config.python).expanduser()),
+        model=str(Path(config.model).expanduser()),
+    )
+
+
+def _tail(log: Path, lines: int = 8) -> str:
+    try:
+        return " | ".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(unreadable)"

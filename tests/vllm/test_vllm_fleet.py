@@ -1,0 +1,273 @@
+"""Launched vLLM servers: started, listed, given the job's key, and gone with the job.
+
+``fake_vllm_server.py`` stands in for vLLM (``[vllm] python`` is a script that runs it),
+with a child that ignores SIGTERM like vLLM's ``EngineCore``. The real server is started
+by ``tests/integration`` (``bash .ci/vllm-integration``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from rollout_recovery.control import load_config
+from rollout_recovery.errors import ConfigError, GenerationError
+from rollout_recovery.job import run_job
+from rollout_recovery.rollout import HttpConfig
+from rollout_recovery.vllm import (
+    EXTENSION_CLASS,
+    EXTENSION_DIR,
+    VllmConfig,
+    VllmFleet,
+    check_vllm_config,
+)
+
+FAKE = Path(__file__).with_name("fake_vllm_server.py")
+#: Bounds on waits for processes to appear or vanish: generous for a loaded machine.
+DEADLINE_S = 60.0
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    script = tmp_path / "vllm-python"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _model(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def _config(tmp_path: Path, launch: int = 2, **overrides: object) -> VllmConfig:
+    fields: dict[str, object] = {
+        "launch": launch,
+        "python": str(_fake_python(tmp_path)),
+        "model": str(_model(tmp_path)),
+        "startup_timeout_s": DEADLINE_S,
+    }
+    fields.update(overrides)
+    return VllmConfig(**fields)  # type: ignore[arg-type]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_until(predicate: object, what: str) -> None:
+    # Bounded polling of the OS's own state (no event to wait on for another process).
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def _records(directory: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+
+
+@pytest.fixture
+def fake_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Where the fake servers record themselves; any group a failed test left is killed."""
+    out = tmp_path / "fake-vllm"
+    out.mkdir()
+    monkeypatch.setenv("FAKE_VLLM_DIR", str(out))
+    yield out
+    for record in _records(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(record["pgid"]), signal.SIGKILL)  # type: ignore[call-overload]
+
+
+def test_the_fleet_starts_listed_servers_with_the_jobs_key_and_stops_every_process(
+    tmp_path: Path, fake_dir: Path
+) -> None:
+    run = tmp_path / "run"
+    fleet = VllmFleet(
+        run / "servers", run / "servers.json", _config(tmp_path), served_model_name="m"
+    )
+    with fleet as urls:
+        assert len(urls) == 2
+        for url in urls:
+            assert httpx.get(f"{url}/health", timeout=5.0).status_code == 200
+        listing = json.loads((run / "servers.json").read_text())["servers"]
+        assert [s["url"] for s in listing] == urls and {s["kind"] for s in listing} == {"vllm"}
+        records = _records(fake_dir)
+        processes = [int(r["pid"]) for r in records] + [int(r["child"]) for r in records]
+    for record in records:
+        argv = record["argv"]
+        assert isinstance(argv, list)
+        assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+        assert argv[argv.index("--worker-extension-cls") + 1] == EXTENSION_CLASS
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        assert argv[argv.index("--served-model-name") + 1] == "m"
+        assert fleet.api_key not in argv  # the key is never in argv (``ps`` shows it)
+        env = record["env"]
+        assert isinstance(env, dict)
+        assert env["VLLM_API_KEY"] == fleet.api_key and env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert str(EXTENSION_DIR) in str(env["PYTHONPATH"]).split(os.pathsep)
+    # Stopped: each server was asked to shut down (SIGTERM reached it), then the child
+    # that ignores SIGTERM was killed; nothing of either group is left.
+    assert len(list(fake_dir.glob("*.terminated"))) == 2
+    assert not [pid for pid in processes if _alive(pid)]
+
+
+JOB = """
+import sys, threading
+from pathlib import Path
+import msgspec
+from rollout_recovery.vllm import VllmConfig, VllmFleet
+config = msgspec.json.decode(sys.argv[1], type=VllmConfig)
+run = Path(sys.argv[2])
+with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as urls:
+    print("ready", flush=True)
+    threading.Event().wait()
+"""
+
+
+def test_servers_end_when_the_job_that_started_them_is_sigkilled(
+    tmp_path: Path, fake_dir: Path
+) -> None:
+    config = _config(tmp_path, launch=1)
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB, msgspec.json.encode(config).decode(), str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"ready\n"
+        (record,) = _records(fake_dir)
+        processes = [int(record["pid"]), int(record["child"])]  # type: ignore[call-overload]
+        assert all(_alive(pid) for pid in processes)
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait()
+        _wait_until(lambda: not any(_alive(pid) for pid in processes), "the server group ended")
+        assert list(fake_dir.glob("*.terminated"))  # shut down, not only killed
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def test_a_server_that_exits_before_it_is_ready_fails_the_start_with_its_log(
+    tmp_path: Path, fake_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_EXIT", "3")
+    run = tmp_path / "run"
+    fleet = VllmFleet(
+        run / "servers", run / "servers.json", _config(tmp_path), served_model_name="m"
+    )
+    with pytest.raises(GenerationError, match=r"exited with 3.*exiting on purpose"), fleet:
+        pass
+    assert not (run / "servers.json").exists()
+
+
+def test_a_missing_vllm_python_or_model_is_refused_naming_the_field(tmp_path: Path) -> None:
+    fleet = VllmFleet(
+        tmp_path / "s",
+        tmp_path / "s.json",
+        _config(tmp_path, python=str(tmp_path / "nope")),
+        served_model_name="m",
+    )
+    with pytest.raises(ConfigError) as error, fleet:
+        pass
+    assert error.value.path == "$.vllm.python"
+    config = msgspec.structs.replace(_config(tmp_path), model=str(tmp_path / "no-model"))
+    with (
+        pytest.raises(ConfigError) as error,
+        VllmFleet(tmp_path / "s", tmp_path / "s.json", config, served_model_name="m"),
+    ):
+        pass
+    assert error.value.path == "$.vllm.model"
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    ("vllm", "http", "backend", "path"),
+    [
+        (
+            {"launch": 1, "python": "p", "model": "m"},
+            {"weight_sync": "vllm", "servers": ("http://h:1",)},
+            "http",
+            "$.vllm.launch",
+        ),
+        ({"launch": 1, "python": "p", "model": "m"}, {}, "http", "$.http.weight_sync"),
+        ({"launch": 1, "model": "m"}, {"weight_sync": "vllm"}, "http", "$.vllm.python"),
+        ({"launch": 1, "python": "p"}, {"weight_sync": "vllm"}, "http", "$.vllm.model"),
+        ({}, {"weight_sync": "vllm"}, "http", "$.http.weight_sync"),
+    ],
+)
+def test_vllm_settings_that_cannot_work_are_refused_naming_the_field(
+    vllm: dict[str, object], http: dict[str, object], backend: str, path: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        check_vllm_config(VllmConfig(**vllm), HttpConfig(**http), backend)  # type: ignore[arg-type]
+    assert error.value.path == path
+
+
+def test_ray_http_workers_cannot_use_the_vllm_weight_sync() -> None:
+    http = HttpConfig(weight_sync="vllm", servers=("http://h:1",))
+    with pytest.raises(ConfigError) as error:
+        check_vllm_config(VllmConfig(), http, "ray", "http")
+    assert error.value.path == "$.http.weight_sync"
+    check_vllm_config(VllmConfig(), http, "ray", "simulated")  # [http] unused: ignored
+
+
+def test_vllm_settings_that_work_pass() -> None:
+    launched = VllmConfig(launch=2, python="p", model="m")
+    check_vllm_config(launched, HttpConfig(weight_sync="vllm"), "http")
+    check_vllm_config(VllmConfig(), HttpConfig(weight_sync="vllm", servers=("http://h:1",)), "http")
+    check_vllm_config(VllmConfig(), HttpConfig(), "simulated")
+    check_vllm_config(launched, HttpConfig(), "simulated")  # no HTTP servers: ignored
+
+
+def test_a_job_with_a_missing_vllm_venv_is_refused_before_it_writes_anything(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        '[generation]\nbackend = "http"\n[http]\nweight_sync = "vllm"\n'
+        f'[vllm]\nlaunch = 1\npython = "{tmp_path / "nope"}"\nmodel = "{tmp_path}"\n'
+    )
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as error:
+        run_job(out, load_config(path))
+    assert error.value.path == "$.vllm.python"
+    assert not out.exists()
+
+
+def test_the_vllm_weight_sync_refuses_a_trainer_whose_weights_it_cannot_load(
+    tmp_path: Path, fake_dir: Path
+) -> None:
+    """The default job's numpy policy cannot be loaded into vLLM: refused before any
+    weights are sent, naming the field."""
+    path = tmp_path / "job.toml"
+    path.write_text(
+        '[generation]\nbackend = "http"\n[http]\nweight_sync = "vllm"\n'
+        f'[vllm]\nlaunch = 1\npython = "{_fake_python(tmp_path)}"\nmodel = "{_model(tmp_path)}"\n'
+    )
+    with pytest.raises(ConfigError) as error:
+        run_job(tmp_path / "run", load_config(path))
+    assert error.value.path == "$.http.weight_sync"
+    assert "PolicySnapshot" in str(error.value)
+    assert len(list(fake_dir.glob("*.terminated"))) == 1  # the launched server was stopped
