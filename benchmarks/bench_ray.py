@@ -38,9 +38,9 @@ from rollout_recovery.cluster import (
     ShardDirectory,
     WorkerSpec,
 )
-from rollout_recovery.control import run_job
-from rollout_recovery.control._config import config_from_builtins  # builds the two jobs
+from rollout_recovery.control import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
+from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
 from rollout_recovery.rollout import AttemptRequest, FaultSettings, SimulatedAgentBackend
 
