@@ -225,6 +225,8 @@ def make_rig(
             max_reply_bytes=max_reply_bytes,
             call_redispatch_budget=budget,
             redispatch_backoff_s=0.0,
+            # Two calls an episode (a thought, the answer): the tests count calls.
+            thinking_calls=1,
             api_key=api_key,
         ),
         initial_version=0,

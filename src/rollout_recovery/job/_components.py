@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -164,9 +163,9 @@ def _http_settings(
         probe_timeout_s=http.probe_timeout_s,
         dead_after_failures=http.dead_after_failures,
         no_server_wait_s=http.no_server_wait_s,
+        sync_timeout_s=http.sync_timeout_s if sync_timeout_s is None else sync_timeout_s,
+        bad_data_quarantine_s=http.bad_data_quarantine_s,
     )
-    if sync_timeout_s is not None:
-        pool = dataclasses.replace(pool, sync_timeout_s=sync_timeout_s)
     return HttpBackendSettings(
         api_key=key if key is not None else configured_api_key(http),
         model=http.model,

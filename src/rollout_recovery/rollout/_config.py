@@ -91,6 +91,12 @@ class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     dead_after_failures: Annotated[PositiveInt, OPERATIONAL] = 3
     #: How long a call waits for any healthy server before its attempt fails.
     no_server_wait_s: Annotated[PositiveFloat, OPERATIONAL] = 30.0
+    #: A total deadline on one weight push to one server (the vLLM sync has its own,
+    #: ``[vllm] sync_timeout_s``: a load takes longer).
+    sync_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 10.0
+    #: How long a server taken out for bad replies is left alone before a probe may
+    #: bring it back.
+    bad_data_quarantine_s: Annotated[PositiveFloat, OPERATIONAL] = 30.0
     logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
 
 

@@ -51,7 +51,8 @@ import httpx
 from .._bounds import INT32_MAX
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import GenerationError, InvalidArgumentError
-from ..policy import TaskSet
+from ..policy import TaskConfig, TaskSet
+from ._config import HttpConfig
 from ._digit_task import DigitTask
 from ._episode import Completion, Sampling, run_episode
 from ._protocol import AttemptRequest, AttemptResult
@@ -92,6 +93,11 @@ REPLY_BYTES_PER_MAX_TOKEN = 2**10
 REPLY_BYTES_PER_PROMPT_ID = 64
 
 
+# Defaults come from the TOML sections that own them (``[http]``, ``[task]``): written once.
+_HTTP = HttpConfig()
+_TASK = TaskConfig()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HttpBackendSettings:
     """The backend's knobs; ``pool`` holds the per-server ones.
@@ -107,16 +113,16 @@ class HttpBackendSettings:
     # is ever staged or checkpointed.
     vocab_size: int
     # A total deadline per call (connect, send, every byte of the reply).
-    request_timeout_s: float = 30.0
-    call_redispatch_budget: int = 3
-    redispatch_backoff_s: float = 0.05
-    reasoning_tokens: int = 4
-    #: Thinking calls before the answer call (the digit task's episode).
-    thinking_calls: int = 1
+    request_timeout_s: float = _HTTP.request_timeout_s
+    call_redispatch_budget: int = _HTTP.call_redispatch_budget
+    redispatch_backoff_s: float = _HTTP.redispatch_backoff_s
+    #: The digit task's episode: tokens per thought, thinking calls before the answer.
+    reasoning_tokens: int = _TASK.reasoning_tokens
+    thinking_calls: int = _TASK.thinking_calls
     temperature: float = 1.0
     # What the engine's logprobs are: vLLM's default is raw_logprobs (before temperature
     # and top-p); recorded with every call so a trainer can tell.
-    logprob_mode: str = "raw_logprobs"
+    logprob_mode: str = _HTTP.logprob_mode
     stage_in_thread: bool = False
     # The most bytes of one reply read before it is refused (``reply_too_large``); None:
     # REPLY_BASE_BYTES + REPLY_BYTES_PER_MAX_TOKEN * max_tokens + REPLY_BYTES_PER_PROMPT_ID

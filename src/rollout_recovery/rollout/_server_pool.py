@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 
 from ..errors import GenerationError, InvalidArgumentError
+from ._config import HttpConfig
 from ._server_url import server_url_problem
 from ._weight_sync import WeightSync
 from ._wire import DataFailure, read_body
@@ -66,19 +67,23 @@ class ServerHealth(enum.Enum):
     RECOVERING = "recovering"
 
 
+# ``[http]``'s defaults are the pool's and the backend's: a knob's default is written once,
+# next to its TOML field (``_config.py``), never restated here.
+_HTTP = HttpConfig()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSettings:
-    """How the pool judges and loads servers (seconds unless named otherwise)."""
+    """How the pool judges and loads servers (seconds unless named otherwise); each field
+    is the ``[http]`` setting of (almost) the same name, documented there."""
 
-    concurrency: int = 8
-    probe_interval_s: float = 0.5
-    probe_timeout_s: float = 1.0
-    dead_after_failures: int = 3
-    sync_timeout_s: float = 10.0
-    # How long a call waits for any healthy server before it fails the attempt.
-    no_server_wait_s: float = 30.0
-    # How long a server taken out for bad replies is left alone before a probe may revive it.
-    bad_data_quarantine_s: float = 30.0
+    concurrency: int = _HTTP.per_server_concurrency
+    probe_interval_s: float = _HTTP.probe_interval_s
+    probe_timeout_s: float = _HTTP.probe_timeout_s
+    dead_after_failures: int = _HTTP.dead_after_failures
+    sync_timeout_s: float = _HTTP.sync_timeout_s
+    no_server_wait_s: float = _HTTP.no_server_wait_s
+    bad_data_quarantine_s: float = _HTTP.bad_data_quarantine_s
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
