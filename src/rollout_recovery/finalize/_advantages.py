@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import InvalidArgumentError
+
 __all__ = ["ADVANTAGE_EPSILON", "grpo_advantages"]
 
 # Added to the spread before dividing, as upstream; guards a tiny but non-zero std.
@@ -38,16 +40,17 @@ def grpo_advantages(
     (rewards near 1e308 of both signs) comes out as ``±inf``.
 
     ``valid_mask`` defaults to all valid and may be bools or 0/1 numbers (a sample mask).
-    Raises ``ValueError`` for a non-1-D input, a length mismatch, mask values other than
-    0/1, or a non-finite reward on a valid row (placeholders' values are ignored).
+    Raises :class:`InvalidArgumentError` (a ``ValueError``) for a non-1-D input, a length
+    mismatch, mask values other than 0/1, or a non-finite reward on a valid row
+    (placeholders' values are ignored).
     """
     values = np.asarray(rewards, dtype=np.float64)
     if values.ndim != 1:
-        raise ValueError(f"rewards must be 1-D, got shape {values.shape}")
+        raise InvalidArgumentError(f"rewards must be 1-D, got shape {values.shape}")
     mask = _valid_mask(valid_mask, values.shape[0])
     bad = np.flatnonzero(mask & ~np.isfinite(values))
     if bad.size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"rewards of valid rows must be finite; row {int(bad[0])} is {float(values[bad[0]])!r}"
         )
     advantages = np.zeros(values.shape[0], dtype=np.float64)
@@ -120,13 +123,13 @@ def _valid_mask(
         return np.ones(rows, dtype=np.bool_)
     raw = np.asarray(valid_mask)
     if raw.ndim != 1 or raw.shape[0] != rows:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"valid_mask must be 1-D with one entry per reward ({rows}), got shape {raw.shape}"
         )
     if raw.dtype == np.bool_:
         return raw
     if raw.dtype.kind not in "iuf" or not np.isin(raw, (0, 1)).all():
-        raise ValueError(
+        raise InvalidArgumentError(
             f"valid_mask must hold bools or 0/1 numbers, got {raw.dtype} values "
             f"{np.unique(raw)[:10].tolist()!r}"
         )

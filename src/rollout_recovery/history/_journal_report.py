@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import NotARunDirectoryError, RolloutRecoveryError
+from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
 from ..rundir import CheckpointStore, RunDirectory, is_locked
 from ._journal import JournalCorruptError, JournalEntry, scan_journal
 from ._records import HISTORY_VERSION, HistoryRecord, Restored, RunStarted
@@ -320,13 +320,13 @@ def inspect_journal(
         raise NotARunDirectoryError(f"{run_dir} holds no journal ({run.events.name})")
     unknown = sorted(set(types) - set(RECORD_TYPES))
     if unknown:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"unknown record type(s) {', '.join(unknown)}; known: {', '.join(RECORD_TYPES)}"
         )
     if isinstance(start, int) and start < 0:
-        raise ValueError(f"--from must be a byte offset >= 0, got {start}")
+        raise InvalidArgumentError(f"--from must be a byte offset >= 0, got {start}")
     if limit is not None and limit < 0:
-        raise ValueError(f"--limit must be >= 0, got {limit}")
+        raise InvalidArgumentError(f"--limit must be >= 0, got {limit}")
     live = is_locked(run.lock_file)
     size = run.events.stat().st_size
     entries, end, torn, reason, corrupt = _scan(run.events)
@@ -378,7 +378,7 @@ def _start_offset(start: int | str | None, snapshots: list[SnapshotMark]) -> int
     for mark in snapshots:
         if mark.checkpoint == start:
             if mark.position is None or mark.problem:
-                raise ValueError(f"checkpoint {start} has no usable journal position")
+                raise InvalidArgumentError(f"checkpoint {start} has no usable journal position")
             return mark.position
     names = ", ".join(mark.checkpoint for mark in snapshots) or "none"
-    raise ValueError(f"no committed checkpoint {start!r} (committed: {names})")
+    raise InvalidArgumentError(f"no committed checkpoint {start!r} (committed: {names})")
