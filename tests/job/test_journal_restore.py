@@ -310,7 +310,17 @@ def test_a_restore_counts_lost_only_the_tokens_of_the_attempts_the_kill_interrup
 ) -> None:
     # Checkpoints every 2 steps: the staged rows of published groups wait in the store for
     # deferred deletion, next to the rows of the attempts in flight at the kill.
-    config = write_config({**JOURNAL_JOB, "checkpoint": {"every_steps": 2, "keep": 3}})
+    # Attempt-level resume: every staged call of an interrupted attempt is lost (call-level
+    # resume keeps them; tests/rollout/test_backend_resume.py counts that). Two calls an
+    # episode, so the call count below lands mid-run.
+    config = write_config(
+        {
+            **JOURNAL_JOB,
+            "checkpoint": {"every_steps": 2, "keep": 3},
+            "recovery": {"resume": "attempt"},
+            "task": {"thinking_calls": 1},
+        }
+    )
     out = tmp_path / "run"
     args = ["--out", str(out), "--config", str(config), "--plain"]
     # Killed right after a call was staged (32 calls a step: about step 5), so at least

@@ -45,7 +45,15 @@ def test_a_restore_counts_as_lost_in_flight_only_the_interrupted_attempts_tokens
 ) -> None:
     out = tmp_path / "run"
     config = write_config(
-        {"job": {"steps": 10}, "checkpoint": {"every_steps": 50}}, faults_off=True
+        {
+            "job": {"steps": 10},
+            "checkpoint": {"every_steps": 50},
+            # Attempt-level resume (call-level keeps the interrupted calls) and two calls
+            # an episode, so the call count below lands mid-run.
+            "recovery": {"resume": "attempt"},
+            "task": {"thinking_calls": 1},
+        },
+        faults_off=True,
     )
     args = ["--out", str(out), "--config", str(config), "--plain"]
     # Killed with a call staged and not acknowledged: its attempt was mid-episode.
