@@ -41,8 +41,13 @@ from rollout_recovery.cluster import (
 from rollout_recovery.control import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
 from rollout_recovery.job import run_job
-from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
-from rollout_recovery.rollout import AttemptRequest, FaultSettings, SimulatedAgentBackend
+from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    FaultSettings,
+    GenerationConfig,
+    SimulatedAgentBackend,
+)
 
 TASKS = TaskSet(4096, seed=0, prompt_group_every=4)
 
@@ -220,10 +225,9 @@ def main() -> None:
         spec = WorkerSpec(
             kind="simulated",
             shards=plane.layout,
-            task_size=4096,
-            task_seed=0,
-            prompt_group_every=4,
             seed=0,
+            task=TaskConfig(dataset_size=4096, prompt_group_every=4),
+            generation=GenerationConfig(call_latency_s=0.0, latency_jitter=0.0),
         )
         pool = RayGenerationBackend(
             spec=spec,

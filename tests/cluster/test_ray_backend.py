@@ -30,8 +30,8 @@ from rollout_recovery.cluster import (
 from rollout_recovery.dataplane import reconcile_staging
 from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError, GenerationError
 from rollout_recovery.ledger import RolloutRecoveryLedger
-from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
-from rollout_recovery.rollout import AttemptRequest, AttemptResult
+from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
+from rollout_recovery.rollout import AttemptRequest, AttemptResult, GenerationConfig
 
 pytestmark = pytest.mark.ray
 
@@ -50,12 +50,9 @@ def _backend(
     spec = WorkerSpec(
         kind="simulated",
         shards=plane.layout,
-        task_size=64,
-        task_seed=2,
-        prompt_group_every=4,
-        seed=0,
-        thinking_calls=thinking_calls,
-        call_latency_s=latency,
+        seed=2,  # TASKS' seed: the worker grades the prompts the tests send
+        task=TaskConfig(dataset_size=64, prompt_group_every=4, thinking_calls=thinking_calls),
+        generation=GenerationConfig(call_latency_s=latency, latency_jitter=0.0),
     )
     return RayGenerationBackend(
         spec=spec,

@@ -21,21 +21,20 @@ import numpy.typing as npt
 
 from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
 from ..errors import InvalidArgumentTypeError
-from ..policy import VOCAB_SIZE, PolicySnapshot, TaskSet
+from ..policy import VOCAB_SIZE, PolicySnapshot, TaskConfig, TaskSet
 from ..rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
     AttemptRequest,
     AttemptResult,
-    DialectName,
     FaultSettings,
+    GenerationConfig,
     HttpBackendSettings,
+    HttpConfig,
     HttpGenerationBackend,
     PoolSettings,
     SimulatedAgentBackend,
-    WeightSyncName,
 )
-from ..serve import DEFAULT_MODEL_NAME
 from ._sharded_plane import RayShardedDataPlane, ShardDirectory
 
 __all__ = ["GenerationWorker", "Params", "WorkerSpec", "snapshot_params"]
@@ -45,24 +44,20 @@ Params = dict[str, npt.NDArray[np.float64]]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
-    """Everything a worker needs to build itself on another node (picklable)."""
+    """Everything a worker needs to build itself on another node (picklable): the job's
+    own config sections, built by the same builders as the job's in-process backends,
+    never restated field by field."""
 
     kind: Literal["simulated", "http"]
     shards: ShardDirectory
-    task_size: int
-    task_seed: int
-    prompt_group_every: int
     seed: int
-    #: The digit task's episode: thinking calls before the answer, tokens per thought.
-    thinking_calls: int = 1
-    reasoning_tokens: int = 4
-    call_latency_s: float = 0.0
-    latency_jitter: float = 0.0
+    task: TaskConfig = field(default_factory=TaskConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    #: The simulated environment's faults (a worker crash is a real actor death here).
     faults: FaultSettings = field(default_factory=FaultSettings)
-    http_servers: tuple[str, ...] = ()
-    http_dialect: DialectName = "vllm-completions"
-    http_weight_sync: WeightSyncName = "policy"
-    #: The job's [http] settings, for a worker that proxies to servers.
+    http: HttpConfig = field(default_factory=HttpConfig)
+    #: The job's HTTP backend settings (its key resolved, the trainer's vocabulary), for a
+    #: worker that proxies to servers; None: ``[http]``'s with the numpy policy's vocabulary.
     http_settings: HttpBackendSettings | None = None
 
 
@@ -73,35 +68,28 @@ class GenerationWorker:
         version, params = target
         self._plane = RayShardedDataPlane(spec.shards, writer=writer)
         self._capture = CaptureWriter(self._plane, partition=STAGING_PARTITION)
-        tasks = TaskSet(
-            spec.task_size, seed=spec.task_seed, prompt_group_every=spec.prompt_group_every
-        )
         snapshot = PolicySnapshot(version, params)
         self._backend: SimulatedAgentBackend | HttpGenerationBackend
         if spec.kind == "simulated":
-            self._backend = SimulatedAgentBackend(
-                task_set=tasks,
+            self._backend = SimulatedAgentBackend.from_config(
                 seed=spec.seed,
-                workers=1,
-                call_latency_s=spec.call_latency_s,
-                latency_jitter=spec.latency_jitter,
+                task=spec.task,
+                generation=spec.generation,
                 faults=spec.faults,
                 initial_weights=snapshot,
                 data_plane=self._plane,
-                thinking_calls=spec.thinking_calls,
-                reasoning_tokens=spec.reasoning_tokens,
-                # Staging blocks on a shard round trip: off the actor's event loop.
-                stage_in_thread=True,
+                workers=1,
             )
         else:
+            http = spec.http
             self._backend = HttpGenerationBackend(
-                servers=list(spec.http_servers),
-                task_set=tasks,
-                dialect=DIALECTS[spec.http_dialect],
-                weight_sync=WEIGHT_SYNCS[spec.http_weight_sync],
+                servers=list(http.servers),
+                task_set=TaskSet.from_config(spec.task, seed=spec.seed),
+                dialect=DIALECTS[http.dialect],
+                weight_sync=WEIGHT_SYNCS[http.weight_sync],
                 settings=spec.http_settings
                 or HttpBackendSettings(
-                    model=DEFAULT_MODEL_NAME,
+                    model=http.model,
                     pool=PoolSettings(),
                     # The worker's weights are the numpy policy's: its vocabulary.
                     vocab_size=VOCAB_SIZE,

@@ -76,9 +76,7 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
 
         return llm_components(config, data_plane)
     job = config.job
-    dataset = TaskSet(
-        config.task.dataset_size, seed=job.seed, prompt_group_every=config.task.prompt_group_every
-    )
+    dataset = TaskSet.from_config(config.task, seed=job.seed)
     trainer = NumpyGRPOTrainer(
         seed=job.seed,
         learning_rate=config.policy.learning_rate,
@@ -90,21 +88,13 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     elif config.generation.backend == "ray":
         backend = _ray_backend(config, data_plane, trainer)
     else:
-        backend = SimulatedAgentBackend(
-            task_set=dataset,
+        backend = SimulatedAgentBackend.from_config(
             seed=job.seed,
-            workers=config.generation.workers,
-            call_latency_s=config.generation.call_latency_s,
-            latency_jitter=config.generation.latency_jitter,
-            # [faults] has exactly the backend's fault fields, so a new fault cannot be
-            # configured without reaching the backend.
-            faults=FaultSettings(**msgspec.structs.asdict(config.faults)),
+            task=config.task,
+            generation=config.generation,
+            faults=config.faults,
             initial_weights=trainer.weights(),
             data_plane=data_plane,
-            reasoning_tokens=config.task.reasoning_tokens,
-            thinking_calls=config.task.thinking_calls,
-            # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
-            stage_in_thread=True,
         )
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 
@@ -251,18 +241,11 @@ def _ray_backend(
     spec = WorkerSpec(
         kind=ray_config.worker,
         shards=data_plane.layout,
-        task_size=config.task.dataset_size,
-        task_seed=config.job.seed,
-        prompt_group_every=config.task.prompt_group_every,
         seed=config.job.seed,
-        thinking_calls=config.task.thinking_calls,
-        reasoning_tokens=config.task.reasoning_tokens,
-        call_latency_s=config.generation.call_latency_s,
-        latency_jitter=config.generation.latency_jitter,
+        task=config.task,
+        generation=config.generation,
         faults=FaultSettings(**faults),
-        http_servers=http.servers,
-        http_dialect=http.dialect,
-        http_weight_sync=http.weight_sync,
+        http=http,
         http_settings=_http_settings(config, trainer.vocab_size),
     )
     settings = ActorPoolSettings(

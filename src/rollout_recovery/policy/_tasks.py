@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._config import TaskConfig
 
 __all__ = [
     "ANSWER",
@@ -105,6 +106,12 @@ class TaskSet:
     prompt is tagged ``task_source="atomic"`` (the controller finalizes those as a whole
     prompt group) and the rest ``"arith"``.
     """
+
+    @classmethod
+    def from_config(cls, task: TaskConfig, *, seed: int) -> TaskSet:
+        """The prompt set ``[task]`` describes, drawn from the job's ``seed`` (the job and
+        every Ray worker build it here, so they agree on every prompt)."""
+        return cls(task.dataset_size, seed=seed, prompt_group_every=task.prompt_group_every)
 
     def __init__(self, size: int, *, seed: int, prompt_group_every: int) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

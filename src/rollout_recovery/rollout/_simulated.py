@@ -22,12 +22,14 @@ import hashlib
 import math
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 
 from ..capture import CaptureWriter, StagedPrefix
 from ..dataplane import DataPlane
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
-from ..policy import PolicySnapshot, TaskSet
+from ..policy import PolicySnapshot, TaskConfig, TaskSet
+from ._config import FaultsConfig, GenerationConfig
 from ._digit_task import DigitTask
 from ._episode import Completion, Sampling, run_episode
 from ._faults import FAULT_NAMES, FaultInjectingClient, FaultSettings, draw_faults
@@ -111,6 +113,39 @@ class SimulatedAgentBackend:
         self._crashes = 0
         self._fault_counts = dict.fromkeys(FAULT_NAMES, 0)
         self._closed = False
+
+    @classmethod
+    def from_config(
+        cls,
+        *,
+        seed: int,
+        task: TaskConfig,
+        generation: GenerationConfig,
+        faults: FaultsConfig | FaultSettings,
+        initial_weights: PolicySnapshot,
+        data_plane: DataPlane | None,
+        workers: int | None = None,
+    ) -> SimulatedAgentBackend:
+        """The backend ``[generation]``, ``[faults]`` and ``[task]`` describe: the one
+        builder of the job and of a Ray worker (which runs one worker: ``workers=1``).
+        Staging goes through worker threads: a durable store blocks on every put."""
+        if isinstance(faults, FaultsConfig):
+            # [faults] has exactly the backend's fault fields, so a new fault cannot be
+            # configured without reaching the backend.
+            faults = FaultSettings(**msgspec.structs.asdict(faults))
+        return cls(
+            task_set=TaskSet.from_config(task, seed=seed),
+            seed=seed,
+            workers=generation.workers if workers is None else workers,
+            call_latency_s=generation.call_latency_s,
+            latency_jitter=generation.latency_jitter,
+            faults=faults,
+            initial_weights=initial_weights,
+            data_plane=data_plane,
+            reasoning_tokens=task.reasoning_tokens,
+            thinking_calls=task.thinking_calls,
+            stage_in_thread=True,
+        )
 
     # -- configuration and introspection -------------------------------------------------
 
