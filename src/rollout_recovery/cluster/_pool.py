@@ -37,6 +37,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
+from ..policy import PolicySnapshot
 from ..rollout import AttemptRequest, AttemptResult
 from ._sharded_plane import RayShardedDataPlane
 from ._worker import GenerationWorker, Params, WorkerSpec, snapshot_params
@@ -93,7 +94,7 @@ class _Actor:
 
 
 class RayGenerationBackend:
-    """A :class:`~rollout_recovery.rollout.GenerationBackend` on a pool of Ray actors.
+    """A ``GenerationBackend[PolicySnapshot]`` on a pool of Ray actors.
 
     ``plane`` is the driver's :class:`RayShardedDataPlane` (workers stage into the same
     shards under their own writer ids). The ``capture`` an attempt is given is not used:
@@ -106,7 +107,7 @@ class RayGenerationBackend:
         spec: WorkerSpec,
         settings: ActorPoolSettings,
         plane: RayShardedDataPlane,
-        initial_weights: object,
+        initial_weights: PolicySnapshot,
     ) -> None:
         self._spec = spec
         self._settings = settings
@@ -229,7 +230,7 @@ class RayGenerationBackend:
 
     # -- weights -------------------------------------------------------------------------
 
-    def update_weights(self, version: int, weights: object) -> None:
+    def update_weights(self, version: int, weights: PolicySnapshot) -> None:
         """Push once through the object store; an actor takes work again once it holds it."""
         self._target = snapshot_params(weights)
         if not self._started:

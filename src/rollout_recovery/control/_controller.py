@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -105,6 +105,7 @@ from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
 
 T = TypeVar("T")
+Weights = TypeVar("Weights")
 
 __all__ = ["Controller", "DrainReport", "PromptDataset", "RunProgress"]
 
@@ -182,16 +183,21 @@ class _DrainRequest:
     in_flight: int
 
 
-class Controller:
-    """Owns the barrier, the ledger, the replay index and the pumps of one run."""
+class Controller(Generic[Weights]):
+    """Owns the barrier, the ledger, the replay index and the pumps of one run.
+
+    ``Weights`` is what the trainer hands the backend after every step: one type
+    parameter for both, so the type checker proves the backend can load the trainer's
+    weights (``PolicySnapshot`` for the numpy policy, ``TorchWeights`` for the torch one).
+    """
 
     def __init__(
         self,
         *,
         config: RunConfig,
         dataset: PromptDataset,
-        backend: GenerationBackend,
-        trainer: Trainer,
+        backend: GenerationBackend[Weights],
+        trainer: Trainer[Weights],
         data_plane: DataPlane,
         history: AuditTrail,
         progress: RunProgress | None = None,
@@ -956,7 +962,7 @@ class Controller:
         )
 
 
-def _train(trainer: Trainer, samples: Sequence[TrainSample], version: int) -> dict[str, float]:
+def _train(trainer: Trainer[Any], samples: Sequence[TrainSample], version: int) -> dict[str, float]:
     return trainer.train_step(samples, version=version)
 
 

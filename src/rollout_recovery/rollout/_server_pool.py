@@ -42,7 +42,7 @@ import enum
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -52,6 +52,8 @@ from ._weight_sync import WeightSync
 from ._wire import DataFailure, read_body
 
 __all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
+
+Weights = TypeVar("Weights")
 
 # What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
 # connection, never a server's idea of a large reply.
@@ -131,15 +133,16 @@ class Lease:
     version: int | None
 
 
-class ServerPool:
-    """Tracks ``urls``; see the module docstring. Use from one event loop."""
+class ServerPool(Generic[Weights]):
+    """Tracks ``urls``; see the module docstring. Use from one event loop. ``Weights`` is
+    what ``weight_sync`` pushes."""
 
     def __init__(
         self,
         urls: Sequence[str],
         *,
         settings: PoolSettings,
-        weight_sync: WeightSync,
+        weight_sync: WeightSync[Weights],
         client: httpx.AsyncClient,
         on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
     ) -> None:
@@ -163,7 +166,7 @@ class ServerPool:
         self._sync = weight_sync
         self._client = client
         self._on_event = on_event
-        self._target: tuple[int, object] | None = None
+        self._target: tuple[int, Weights] | None = None
         self._changed: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._probe_tasks: list[asyncio.Task[None]] = []
@@ -230,7 +233,7 @@ class ServerPool:
 
     # -- weights ---------------------------------------------------------------------------
 
-    def set_weights(self, version: int, weights: object) -> None:
+    def set_weights(self, version: int, weights: Weights) -> None:
         """The trainer's new weights: every reachable server gets them in the background."""
         self._target = (version, weights)
         if self._closed:
