@@ -25,7 +25,6 @@ import asyncio
 import dataclasses
 import itertools
 import os
-import time
 import uuid
 from collections import deque
 from collections.abc import Coroutine
@@ -35,6 +34,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from .._clock import monotonic
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
 from ..policy import PolicySnapshot
@@ -268,7 +268,7 @@ class RayGenerationBackend:
 
     async def _acquire(self) -> _Actor:
         condition = self._condition()
-        deadline = time.monotonic() + self._settings.no_actor_wait_s
+        deadline = monotonic() + self._settings.no_actor_wait_s
         async with condition:
             while True:
                 if self._exhausted is not None:
@@ -280,7 +280,7 @@ class RayGenerationBackend:
                     actor.in_flight += 1
                     actor.stats.attempts += 1
                     return actor
-                remaining = deadline - time.monotonic()
+                remaining = deadline - monotonic()
                 if remaining <= 0:
                     raise GenerationError(
                         "no_live_actor",

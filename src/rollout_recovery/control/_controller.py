@@ -30,13 +30,13 @@ import asyncio
 import contextlib
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
 from ..capture import STAGING_PARTITION, CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
@@ -797,7 +797,7 @@ class Controller(Generic[Weights]):
         samples, trained, rewards_seen, placeholder_reasons = self._samples(step, groups)
         # Above every version the run ever produced, rolled-back ones included.
         version = self.state.highest_weight_version + 1
-        started = time.monotonic()
+        started = monotonic()
         budget = self.config.liveness.train_step_timeout_s
         try:
             # In a thread, so a stuck step is noticed while the event loop keeps serving.
@@ -806,7 +806,7 @@ class Controller(Generic[Weights]):
             )
         except TimeoutError:
             raise LivenessError(f"trainer step {step}", budget) from None
-        train_seconds = time.monotonic() - started
+        train_seconds = monotonic() - started
         crash_point("train.before_clear")
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None
         state = self.state
@@ -1032,6 +1032,7 @@ def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(deliver, result, None)
 
+    off_loop(future)  # a virtual clock must not jump past the step's deadline meanwhile
     threading.Thread(target=work, name="trainer-step", daemon=True).start()
     return future
 
