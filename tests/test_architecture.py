@@ -41,6 +41,7 @@ LAYERS = [
     "_gc",
     "_durable",
     "_closing",
+    "_clock",
 ]
 SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "vllm", "llm"} | {
     "rollout",

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.control import (
     Controller,
@@ -88,21 +89,6 @@ def drain_config(*, max_inflight_attempts: int = 64) -> RunConfig:
             "liveness": {"step_timeout_s": 1000.0},
         }
     )
-
-
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock moves only when told (``advance``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._now = 0.0
-
-    def time(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-        self.call_soon(lambda: None)  # wake the loop: a timer may be due now
 
 
 class GatedBackend:

@@ -23,7 +23,8 @@ from run_fixtures import backend_events
 
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.job import default_components
+from rollout_recovery.errors import ConfigError
+from rollout_recovery.job import default_components, http_weight_sync
 from rollout_recovery.policy import VOCAB_SIZE
 from rollout_recovery.rollout import HttpGenerationBackend
 
@@ -316,3 +317,27 @@ def test_an_unset_api_key_env_is_refused_before_anything_is_written(
     assert caught.value.path == "$.http.api_key_env"
     assert KEY_ENV in str(caught.value)
     assert not (tmp_path / "run").exists()
+
+
+class _TorchLikeTrainer:
+    """A trainer whose weights are not the numpy policy's (what a torch trainer hands out)."""
+
+    weight_version = 0
+    vocab_size = VOCAB_SIZE
+
+    def weights(self) -> object:
+        return object()
+
+
+def test_the_policy_weight_sync_refuses_a_trainer_of_other_weights(
+    fast_config: Callable[..., RunConfig],
+) -> None:
+    """The config, not the types, picks the sync: where it picks the numpy policy's push
+    for a trainer of other weights, the job refuses it before anything is sent, naming
+    the field (the one runtime check left of the weights' type)."""
+    config = fast_config({"generation": {"backend": "http"}, "http": {"weight_sync": "policy"}})
+    with pytest.raises(ConfigError, match="PolicySnapshot") as caught:
+        http_weight_sync(config, _TorchLikeTrainer())  # type: ignore[arg-type]
+    assert caught.value.path == "$.http.weight_sync"
+    other = fast_config({"http": {"weight_sync": "version-tag"}})
+    assert http_weight_sync(other, _TorchLikeTrainer()).name == "version-tag"  # type: ignore[arg-type]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from rollout_recovery._clock import monotonic, virtual_time
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane
@@ -45,12 +45,13 @@ class TimedBackend:
         self.inner.update_weights(version, weights)
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
-        started = time.monotonic()
+        # The loop's clock: the wall's, or virtual under ``virtual_time()``.
+        started = monotonic()
         try:
             result = await self.inner.run_attempt(request, capture)
         finally:
-            self.durations.append(time.monotonic() - started)
-        self.succeeded.append(time.monotonic() - started)
+            self.durations.append(monotonic() - started)
+        self.succeeded.append(monotonic() - started)
         return result
 
     async def aclose(self) -> None:
@@ -217,17 +218,15 @@ def test_hung_attempts_are_abandoned_at_their_deadline(
 ) -> None:
     deadline = 0.5
     config = fault_config({"hang_rate": 0.2}, {"generation": {"attempt_deadline_s": deadline}})
-    started = time.monotonic()
-    trail = run_trail(config)
-    elapsed = time.monotonic() - started
+    with virtual_time():  # the deadlines run out on the loop's clock, not the machine's
+        trail = run_trail(config)
 
     assert trail.abandons("deadline_exceeded")
     assert trail.abandon_reasons() == {"deadline_exceeded"}
     assert trail.backend.inner.fault_counts["hang"] > 0
-    # Every attempt, hung or not, ended within its deadline (plus slack for a loaded
-    # machine; a hung attempt nobody cancels would never end at all).
-    assert max(trail.backend.durations) < deadline + 10.0
-    assert elapsed < 60
+    # Every attempt, hung or not, ended by its deadline, and the hung ones exactly at it
+    # (a hung attempt nobody cancels would never end at all).
+    assert max(trail.backend.durations) == pytest.approx(deadline, abs=1e-6)
     trail.assert_finished()
 
 
@@ -381,17 +380,17 @@ def test_a_step_that_cannot_fill_fails_naming_what_it_waited_for(
     tmp_path: Path, fault_config: FaultConfig
 ) -> None:
     config = fault_config(*LIVENESS)
-    started = time.monotonic()
-    with pytest.raises(LivenessError) as caught:
+    with virtual_time() as loops, pytest.raises(LivenessError) as caught:
         run_job(tmp_path / "run", config)
-    elapsed = time.monotonic() - started
+    (loop,) = loops
+    elapsed = loop.time()  # virtual seconds: the wall's only while threads worked
 
     error = caught.value
     assert error.waited_for == "the 4 groups of step 0"
     assert error.seconds == 0.5
     assert "gave up waiting for the 4 groups of step 0 after 0.5 s" in str(error)
     # Bounded by the step timeout, not by the (60 s) attempt deadline.
-    assert elapsed < 20
+    assert 0.5 <= elapsed < 60.0
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from http_support import (
 )
 from loopback_support import LoopbackServer
 
+from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import (
     STAGING_PARTITION,
     LinearizedRollout,
@@ -163,12 +164,20 @@ def test_an_exhausted_redispatch_budget_fails_the_attempt_with_nothing_staged() 
 
 
 def test_a_fleet_that_stays_down_fails_attempts_instead_of_waiting_forever() -> None:
-    rig = make_rig(2, no_server_wait_s=0.2, dead_after=1)
+    """On a virtual clock: the attempt waits ``no_server_wait_s`` for a live server,
+    then fails; not sooner, not later, however loaded the machine."""
+    wait_s = 30.0
+    rig = make_rig(2, no_server_wait_s=wait_s, dead_after=1, probe_interval_s=0.5)
     for server in rig.fleet.servers.values():
         server.alive = False
-    with pytest.raises(GenerationError) as caught:
-        run(_attempt(rig))
+    loop = VirtualClockLoop(autojump=True)
+    try:
+        with pytest.raises(GenerationError) as caught:
+            loop.run_until_complete(_attempt(rig))
+    finally:
+        loop.close()
     assert caught.value.reason == "no_live_server"
+    assert loop.time() == pytest.approx(wait_s, abs=0.5)  # aclose after it takes no time
 
 
 # ------------------------------------------------------------------------ data failures

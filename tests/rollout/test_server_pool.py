@@ -12,6 +12,7 @@ from http_support import EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from loopback_support import LoopbackServer
 from rollout_support import snapshot
 
+from rollout_recovery._clock import VirtualClockLoop, monotonic
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings, ServerPool
 
@@ -329,26 +330,39 @@ def test_refused_requests_say_nothing_about_the_server() -> None:
 
 def test_a_quarantined_server_rejoins_on_probation() -> None:
     """After its quarantine a garbage server rejoins like any dead one, but one more bad
-    reply takes it straight out again; a good reply clears its record."""
+    reply takes it straight out again; a good reply clears its record. On a virtual
+    clock: each quarantine lasts exactly ``bad_data_quarantine_s`` (up to one probe)."""
+    quarantine_s, probe_s = 30.0, 0.5
+    out_for: list[float] = []
 
     async def scenario(rig: HttpRig) -> None:
         pool, bad = rig.backend.pool, rig.fleet[0]
         pool.start()
         await _attempts_until(rig, lambda: _states(rig)[bad.url] == "dead")
+        died = monotonic()  # attempts over MockTransport take no virtual time
         # The quarantine passes; it rejoins with the current weights, and gets the next
         # call (it has had the fewest).
-        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 1, GUARD_S)
+        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 1, 2 * quarantine_s)
+        out_for.append(monotonic() - died)
         await rig.backend.run_attempt(rig.request(0), rig.writer)
         assert bad.calls == 3 and pool.stats()[bad.url].deaths == 2
+        died = monotonic()
         bad.hook = None  # fixed
-        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 2, GUARD_S)
+        await rig.events.wait(lambda: pool.stats()[bad.url].rejoins == 2, 2 * quarantine_s)
+        out_for.append(monotonic() - died)
         for i in range(6):
             await rig.backend.run_attempt(rig.request(i), rig.writer)
         assert bad.calls > 3
         await rig.backend.aclose()
 
-    rig = make_rig(2, dead_after=2, bad_data_quarantine_s=0.2)
+    rig = make_rig(2, dead_after=2, bad_data_quarantine_s=quarantine_s, probe_interval_s=probe_s)
     rig.fleet[0].hook = _html
-    asyncio.run(scenario(rig))
+    loop = VirtualClockLoop(autojump=True)
+    try:
+        loop.run_until_complete(scenario(rig))
+    finally:
+        loop.close()
+    assert len(out_for) == 2
+    assert all(quarantine_s <= seconds <= quarantine_s + 2 * probe_s for seconds in out_for)
     assert [e["in_a_row"] for _, e in rig.events.of("server_bad_data")] == [2, 3]
     assert _states(rig)[rig.fleet[0].url] == "healthy"

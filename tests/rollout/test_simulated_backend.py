@@ -210,8 +210,6 @@ def test_a_straggler_is_slower_but_succeeds() -> None:
 
 def test_update_weights_refuses_a_mismatch() -> None:
     backend = make_rig().backend
-    with pytest.raises(TypeError):
-        backend.update_weights(1, object())
     with pytest.raises(ValueError, match="version"):
         backend.update_weights(2, snapshot(version=1))
     backend.update_weights(1, snapshot(version=1))

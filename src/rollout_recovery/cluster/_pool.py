@@ -25,7 +25,6 @@ import asyncio
 import dataclasses
 import itertools
 import os
-import time
 import uuid
 from collections import deque
 from collections.abc import Coroutine
@@ -35,8 +34,10 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from .._clock import monotonic
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
+from ..policy import PolicySnapshot
 from ..rollout import AttemptRequest, AttemptResult
 from ._sharded_plane import RayShardedDataPlane
 from ._worker import GenerationWorker, Params, WorkerSpec, snapshot_params
@@ -93,7 +94,7 @@ class _Actor:
 
 
 class RayGenerationBackend:
-    """A :class:`~rollout_recovery.rollout.GenerationBackend` on a pool of Ray actors.
+    """A ``GenerationBackend[PolicySnapshot]`` on a pool of Ray actors.
 
     ``plane`` is the driver's :class:`RayShardedDataPlane` (workers stage into the same
     shards under their own writer ids). The ``capture`` an attempt is given is not used:
@@ -106,7 +107,7 @@ class RayGenerationBackend:
         spec: WorkerSpec,
         settings: ActorPoolSettings,
         plane: RayShardedDataPlane,
-        initial_weights: object,
+        initial_weights: PolicySnapshot,
     ) -> None:
         self._spec = spec
         self._settings = settings
@@ -229,7 +230,7 @@ class RayGenerationBackend:
 
     # -- weights -------------------------------------------------------------------------
 
-    def update_weights(self, version: int, weights: object) -> None:
+    def update_weights(self, version: int, weights: PolicySnapshot) -> None:
         """Push once through the object store; an actor takes work again once it holds it."""
         self._target = snapshot_params(weights)
         if not self._started:
@@ -267,7 +268,7 @@ class RayGenerationBackend:
 
     async def _acquire(self) -> _Actor:
         condition = self._condition()
-        deadline = time.monotonic() + self._settings.no_actor_wait_s
+        deadline = monotonic() + self._settings.no_actor_wait_s
         async with condition:
             while True:
                 if self._exhausted is not None:
@@ -279,7 +280,7 @@ class RayGenerationBackend:
                     actor.in_flight += 1
                     actor.stats.attempts += 1
                     return actor
-                remaining = deadline - time.monotonic()
+                remaining = deadline - monotonic()
                 if remaining <= 0:
                     raise GenerationError(
                         "no_live_actor",

@@ -20,7 +20,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
-from ..errors import InvalidArgumentTypeError
 from ..policy import VOCAB_SIZE, PolicySnapshot, TaskConfig, TaskSet
 from ..rollout import (
     DIALECTS,
@@ -69,7 +68,7 @@ class GenerationWorker:
         self._plane = RayShardedDataPlane(spec.shards, writer=writer)
         self._capture = CaptureWriter(self._plane, partition=STAGING_PARTITION)
         snapshot = PolicySnapshot(version, params)
-        self._backend: SimulatedAgentBackend | HttpGenerationBackend
+        self._backend: SimulatedAgentBackend | HttpGenerationBackend[PolicySnapshot]
         if spec.kind == "simulated":
             self._backend = SimulatedAgentBackend.from_config(
                 seed=spec.seed,
@@ -116,11 +115,7 @@ class GenerationWorker:
         return await self._backend.resume_attempt(request, self._capture, prefix)
 
 
-def snapshot_params(weights: object) -> tuple[int, Params]:
+def snapshot_params(weights: PolicySnapshot) -> tuple[int, Params]:
     """A :class:`PolicySnapshot` as what travels to workers (its tables are read-only
-    views; Ray ships copies)."""
-    if not isinstance(weights, PolicySnapshot):
-        raise InvalidArgumentTypeError(
-            f"the Ray workers take PolicySnapshot weights, got {type(weights).__name__}"
-        )
+    views; Ray ships copies, and a worker rebuilds a checked snapshot from them)."""
     return weights.version, {name: np.asarray(table) for name, table in weights.params.items()}

@@ -111,7 +111,7 @@ class _AnyCut:
         return None
 
 
-def follow_journal(controller: Controller) -> None:
+def follow_journal(controller: Controller[Any]) -> None:
     """Start the controller's snapshot builder at the journal's current end.
 
     Call once the controller's state is what the journal says up to there (a fresh start
@@ -128,7 +128,7 @@ def follow_journal(controller: Controller) -> None:
 
 
 async def take_checkpoint(
-    controller: Controller, store: CheckpointStore, *, delete_deferred: bool = True
+    controller: Controller[Any], store: CheckpointStore, *, delete_deferred: bool = True
 ) -> CheckpointTiming:
     """Snapshot the journal at its current position and publish it as ``step_NNNNNN``.
 
@@ -211,7 +211,7 @@ async def take_checkpoint(
 
 
 def _require_rows(
-    controller: Controller, expected_staging: frozenset[str], canonical_keys: frozenset[str]
+    controller: Controller[Any], expected_staging: frozenset[str], canonical_keys: frozenset[str]
 ) -> None:
     store = controller.data_plane
     missing_staging = expected_staging - set(store.keys(STAGING_PARTITION))
@@ -223,7 +223,7 @@ def _require_rows(
         )
 
 
-async def _trainer_state_files(controller: Controller) -> dict[str, bytes]:
+async def _trainer_state_files(controller: Controller[Any]) -> dict[str, bytes]:
     """The trainer's state as checkpoint files: its own files (safetensors, JSON) under
     ``trainer.``, or its arrays as ``policy.npz``."""
     trainer = controller.trainer
@@ -308,7 +308,7 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
 
 
 def verify_checkpoint(
-    loaded: LoadedCheckpoint, *, config: RunConfig, controller: Controller
+    loaded: LoadedCheckpoint, *, config: RunConfig, controller: Controller[Any]
 ) -> VerifiedCheckpoint:
     """Decode and check everything a restore will use; change nothing.
 
@@ -430,7 +430,9 @@ class RestoreReport:
     resume_refused: tuple[str, ...] = ()
 
 
-async def restore_controller(controller: Controller, verified: VerifiedCheckpoint) -> RestoreReport:
+async def restore_controller(
+    controller: Controller[Any], verified: VerifiedCheckpoint
+) -> RestoreReport:
     """Restore ``verified`` and replay the journal after it, in DESIGN §4 step 8's order."""
     ledger = controller.ledger
     store = controller.data_plane
@@ -570,7 +572,7 @@ async def restore_controller(controller: Controller, verified: VerifiedCheckpoin
     return report
 
 
-def _load_trainer_state(controller: Controller, verified: VerifiedCheckpoint) -> None:
+def _load_trainer_state(controller: Controller[Any], verified: VerifiedCheckpoint) -> None:
     trainer = controller.trainer
     if verified.trainer_files:
         # verify_checkpoint refused files this trainer cannot load.
@@ -588,7 +590,7 @@ def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
 
 
 def _resumable_calls(
-    controller: Controller, state: ControllerState
+    controller: Controller[Any], state: ControllerState
 ) -> tuple[list[StagedPrefix], list[str]]:
     """The staged calls of lost attempts the restore keeps for their siblings' next
     attempts (call-level resume; the reuse policy applied by the weights the restore
@@ -668,7 +670,7 @@ def _interrupted_tokens(
 
 
 def _require_survivable_shortfall(
-    controller: Controller, state: ControllerState, name: str
+    controller: Controller[Any], state: ControllerState, name: str
 ) -> None:
     """Refuse a checkpoint whose drops leave a step below its minimum: it can never train.
 

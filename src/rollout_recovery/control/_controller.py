@@ -30,13 +30,13 @@ import asyncio
 import contextlib
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
 from ..capture import STAGING_PARTITION, CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
@@ -105,6 +105,7 @@ from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
 
 T = TypeVar("T")
+Weights = TypeVar("Weights")
 
 __all__ = ["Controller", "DrainReport", "PromptDataset", "RunProgress"]
 
@@ -182,16 +183,21 @@ class _DrainRequest:
     in_flight: int
 
 
-class Controller:
-    """Owns the barrier, the ledger, the replay index and the pumps of one run."""
+class Controller(Generic[Weights]):
+    """Owns the barrier, the ledger, the replay index and the pumps of one run.
+
+    ``Weights`` is what the trainer hands the backend after every step: one type
+    parameter for both, so the type checker proves the backend can load the trainer's
+    weights (``PolicySnapshot`` for the numpy policy, ``TorchWeights`` for the torch one).
+    """
 
     def __init__(
         self,
         *,
         config: RunConfig,
         dataset: PromptDataset,
-        backend: GenerationBackend,
-        trainer: Trainer,
+        backend: GenerationBackend[Weights],
+        trainer: Trainer[Weights],
         data_plane: DataPlane,
         history: AuditTrail,
         progress: RunProgress | None = None,
@@ -791,7 +797,7 @@ class Controller:
         samples, trained, rewards_seen, placeholder_reasons = self._samples(step, groups)
         # Above every version the run ever produced, rolled-back ones included.
         version = self.state.highest_weight_version + 1
-        started = time.monotonic()
+        started = monotonic()
         budget = self.config.liveness.train_step_timeout_s
         try:
             # In a thread, so a stuck step is noticed while the event loop keeps serving.
@@ -800,7 +806,7 @@ class Controller:
             )
         except TimeoutError:
             raise LivenessError(f"trainer step {step}", budget) from None
-        train_seconds = time.monotonic() - started
+        train_seconds = monotonic() - started
         crash_point("train.before_clear")
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None
         state = self.state
@@ -956,7 +962,7 @@ class Controller:
         )
 
 
-def _train(trainer: Trainer, samples: Sequence[TrainSample], version: int) -> dict[str, float]:
+def _train(trainer: Trainer[Any], samples: Sequence[TrainSample], version: int) -> dict[str, float]:
     return trainer.train_step(samples, version=version)
 
 
@@ -1026,6 +1032,7 @@ def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(deliver, result, None)
 
+    off_loop(future)  # a virtual clock must not jump past the step's deadline meanwhile
     threading.Thread(target=work, name="trainer-step", daemon=True).start()
     return future
 

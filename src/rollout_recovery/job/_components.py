@@ -19,13 +19,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import msgspec
 
 from ..control import PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
-from ..policy import NumpyGRPOTrainer, TaskSet, Trainer
+from ..policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, Trainer
 from ..rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
@@ -42,6 +43,9 @@ from ..rundir import RunDirectory
 from ..vllm import VllmFleet, VllmWeightSync
 from ._server_fleet import LocalServerFleet
 
+if TYPE_CHECKING:  # torch is imported only when a torch job is built
+    from ..llm import TorchWeights
+
 __all__ = [
     "JobComponents",
     "configured_api_key",
@@ -54,17 +58,26 @@ __all__ = [
     "wants_servers",
 ]
 
+Weights = TypeVar("Weights")
+
 
 @dataclass(slots=True)
-class JobComponents:
-    """What a run plugs in: the dataset, a generation backend and a trainer."""
+class JobComponents(Generic[Weights]):
+    """What a run plugs in: the dataset, a generation backend and a trainer.
+
+    ``Weights`` ties the two: the backend loads what the trainer's ``weights()`` returns,
+    and the type checker refuses a backend of other weights (a numpy policy's backend
+    with a torch trainer). At run time the job does not check it.
+    """
 
     dataset: PromptDataset
-    backend: GenerationBackend
-    trainer: Trainer
+    backend: GenerationBackend[Weights]
+    trainer: Trainer[Weights]
 
 
-def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
+def default_components(
+    config: RunConfig, data_plane: DataPlane
+) -> JobComponents[PolicySnapshot] | JobComponents[TorchWeights]:
     """The embedded default: synthetic tasks, the numpy GRPO policy, and simulated agents
     (``generation.backend = "simulated"``) or HTTP generation servers (``"http"``, the
     servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
@@ -82,7 +95,7 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
         learning_rate=config.policy.learning_rate,
         clip_epsilon=config.policy.clip_epsilon,
     )
-    backend: GenerationBackend
+    backend: GenerationBackend[PolicySnapshot]
     if config.generation.backend == "http":
         backend = _http_backend(config, dataset, trainer)
     elif config.generation.backend == "ray":
@@ -171,16 +184,25 @@ def _http_settings(
     )
 
 
-def http_weight_sync(config: RunConfig, trainer: Trainer) -> WeightSync:
+def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync[Weights]:
     """How the HTTP backend's servers get ``trainer``'s weights (``[http] weight_sync``).
 
-    ``"vllm"`` writes weight files to ``[vllm] weights_dir`` (which
-    :func:`generation_servers` resolves) and needs a trainer whose weights it can write
-    (``TorchWeights``): any other is refused here, before anything is sent.
+    ``"policy"`` pushes the numpy policy (``PolicySnapshot``); ``"vllm"`` writes weight
+    files to ``[vllm] weights_dir`` (which :func:`generation_servers` resolves) and needs
+    a trainer whose weights it can write (``TorchWeights``). The config, not the types,
+    chooses the sync, so this is where a trainer of other weights is refused, with a
+    ``ConfigError``, before anything is sent; past it the types hold.
     """
     http = config.http
+    if http.weight_sync == "policy" and not isinstance(trainer.weights(), PolicySnapshot):
+        raise ConfigError(
+            'weight_sync = "policy" pushes the numpy policy\'s weights (PolicySnapshot), '
+            f"not {type(trainer.weights()).__name__}",
+            path="$.http.weight_sync",
+        )
     if http.weight_sync != "vllm":
-        return WEIGHT_SYNCS[http.weight_sync]
+        # Checked above: "policy" gets PolicySnapshot; the others take any weights.
+        return cast("WeightSync[Weights]", WEIGHT_SYNCS[http.weight_sync])
     if not config.vllm.weights_dir:
         raise ConfigError(
             "[vllm] weights_dir is resolved by the job: build the components through run_job",
@@ -194,7 +216,7 @@ def http_weight_sync(config: RunConfig, trainer: Trainer) -> WeightSync:
             f'weight_sync = "vllm" loads the trainer\'s weights into vLLM: {error}',
             path="$.http.weight_sync",
         ) from None
-    return sync
+    return cast("WeightSync[Weights]", sync)  # checked just above
 
 
 def http_backend_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
@@ -210,7 +232,7 @@ def http_backend_settings(config: RunConfig, vocab_size: int) -> HttpBackendSett
 
 def _http_backend(
     config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
-) -> HttpGenerationBackend:
+) -> HttpGenerationBackend[PolicySnapshot]:
     http = config.http
     return HttpGenerationBackend(
         servers=list(http.servers),
@@ -225,7 +247,7 @@ def _http_backend(
 
 def _ray_backend(
     config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
-) -> GenerationBackend:
+) -> GenerationBackend[PolicySnapshot]:
     from ..cluster import ActorPoolSettings, RayGenerationBackend, RayShardedDataPlane, WorkerSpec
 
     if not isinstance(data_plane, RayShardedDataPlane):

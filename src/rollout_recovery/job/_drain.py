@@ -82,7 +82,7 @@ class DrainTriggers:
 
     def __init__(
         self,
-        controller: Controller,
+        controller: Controller[Any],
         *,
         drain_file: Path,
         log: Callable[[str], None],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -22,6 +23,9 @@ from ..dataplane import DataPlane
 from ..errors import ConfigError
 from ..llm import model_digest, prepare_model, require_llm
 from ._components import JobComponents
+
+if TYPE_CHECKING:  # torch is imported only when a torch job is built
+    from ..llm import TorchWeights
 
 __all__ = ["llm_components", "resolve_model"]
 
@@ -65,7 +69,7 @@ def _vocab_size(directory: Path) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents:
+def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[TorchWeights]:
     """The torch trainer on ``[model]``, ``[task]``'s emit-token prompts and the
     transformers backend sampling the trainer's weights in process."""
     require_llm()

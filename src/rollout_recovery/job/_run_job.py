@@ -148,7 +148,7 @@ def run_job(
     config: RunConfig,
     *,
     progress: RunProgress | None = None,
-    components: Callable[[RunConfig, DataPlane], JobComponents] = default_components,
+    components: Callable[[RunConfig, DataPlane], JobComponents[Any]] = default_components,
     log: Callable[[str], None] = lambda message: None,
     drain_on_signals: bool = True,
 ) -> JobResult:
@@ -221,11 +221,11 @@ def _run_with(
     config: RunConfig,
     resolved: RunConfig,
     progress: RunProgress | None,
-    components: Callable[[RunConfig, DataPlane], JobComponents],
+    components: Callable[[RunConfig, DataPlane], JobComponents[Any]],
     inner: DataPlane,
     changes: list[str],
     wiring: _DrainWiring,
-) -> tuple[JobResult, Controller]:
+) -> tuple[JobResult, Controller[Any]]:
     history = AuditTrail(run)
     try:
         parts = components(resolved, inner)
@@ -254,7 +254,7 @@ def _run_with(
 
 async def _run(
     run: RunDirectory,
-    controller: Controller,
+    controller: Controller[Any],
     store: CheckpointStore,
     wiring: _DrainWiring,
     changes: list[str],
@@ -269,7 +269,7 @@ async def _run(
 
 async def _run_installed(
     run: RunDirectory,
-    controller: Controller,
+    controller: Controller[Any],
     store: CheckpointStore,
     log: Callable[[str], None],
     changes: list[str],
@@ -381,7 +381,7 @@ async def _run_installed(
 
 async def _checkpoint_drain(
     run: RunDirectory,
-    controller: Controller,
+    controller: Controller[Any],
     store: CheckpointStore,
     timings: list[CheckpointTiming],
     log: Callable[[str], None],
@@ -414,14 +414,14 @@ class _DrainWiring:
     def interrupted(self) -> bool:
         return self.triggers is not None and self.triggers.interrupted
 
-    def wire(self, controller: Controller) -> DrainTriggers:
+    def wire(self, controller: Controller[Any]) -> DrainTriggers:
         self.triggers = DrainTriggers(
             controller, drain_file=self.drain_file, log=self.log, signals=self.signals
         )
         return self.triggers
 
 
-async def _restore(controller: Controller, verified: VerifiedCheckpoint) -> RestoreReport:
+async def _restore(controller: Controller[Any], verified: VerifiedCheckpoint) -> RestoreReport:
     try:
         return await restore_controller(controller, verified)
     except CheckpointDirectoryError as error:
@@ -489,7 +489,7 @@ def _run_log_entries(run: RunDirectory) -> list[Any]:
         return []
 
 
-async def _start_fresh(controller: Controller) -> None:
+async def _start_fresh(controller: Controller[Any]) -> None:
     """No checkpoint and no earlier work: whatever a run killed before its first
     checkpoint left (a header, an empty store) is void."""
     store = controller.data_plane.inner
@@ -516,7 +516,7 @@ def _empty_summary() -> RunSummary:
     return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
 
 
-def _summary(run: RunDirectory, controller: Controller, wall_time: float) -> RunSummary:
+def _summary(run: RunDirectory, controller: Controller[Any], wall_time: float) -> RunSummary:
     counters = controller.state.counters
     metrics = _read_metrics(run)
     rewards = [m["mean_reward"] for m in metrics if m.get("mean_reward") is not None]

@@ -33,6 +33,7 @@ from ..rollout import Completion as CallCompletion
 from ._emit_task import EmitTokenEpisodes, EmitTokenTask
 from ._generate import Completion, generate, seed_for
 from ._skeleton import ModelSkeleton
+from ._weights import TorchWeights
 
 __all__ = ["TransformersBackend"]
 
@@ -65,7 +66,7 @@ class TransformersBackend:
         *,
         skeleton: ModelSkeleton,
         task: EmitTokenTask,
-        initial_weights: object,
+        initial_weights: TorchWeights,
         seed: int,
         max_tokens: int = 8,
         temperature: float = 1.0,
@@ -95,7 +96,7 @@ class TransformersBackend:
         """The version new calls sample from."""
         return self._current.version
 
-    def update_weights(self, version: int, weights: object) -> None:
+    def update_weights(self, version: int, weights: TorchWeights) -> None:
         """Every call that starts after this samples from ``weights``; calls in flight keep
         the model they started with."""
         checked = self._skeleton.check(weights)

@@ -15,7 +15,7 @@ from types import MappingProxyType
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import InvalidArgumentError
 from ._model_files import buffers_of, instantiate, load_causal_lm
 from ._weights import TorchWeights
 
@@ -47,12 +47,8 @@ class ModelSkeleton:
     def vocab_size(self) -> int:
         return int(self.config.vocab_size)
 
-    def check(self, weights: object) -> TorchWeights:
+    def check(self, weights: TorchWeights) -> TorchWeights:
         """``weights`` if it is a snapshot of this model (names and shapes), else an error."""
-        if not isinstance(weights, TorchWeights):
-            raise InvalidArgumentTypeError(
-                f"weights must be TorchWeights, got {type(weights).__name__}"
-            )
         shapes = {name: tuple(t.shape) for name, t in weights.tensors.items()}
         if shapes != dict(self.shapes):
             differing = sorted(set(shapes) ^ set(self.shapes)) or sorted(

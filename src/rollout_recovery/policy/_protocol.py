@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = ["FileStateTrainer", "TrainSample", "Trainer"]
+
+# What a trainer hands to generation (``PolicySnapshot``, ``TorchWeights``...). Covariant:
+# a trainer of snapshots is a trainer of objects, never of another weights type.
+Weights_co = TypeVar("Weights_co", covariant=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,7 +32,7 @@ class TrainSample:
     advantage: float
 
 
-class Trainer(Protocol):
+class Trainer(Protocol[Weights_co]):
     """Learns from GRPO samples and hands its weights to generation.
 
     ``weight_version`` names the current weights. ``train_step`` trains one step, even on
@@ -38,7 +42,9 @@ class Trainer(Protocol):
     sets of weights). ``vocab_size`` is the trainer's vocabulary: it trains token ids in
     ``[0, vocab_size)`` only, and a generation backend that receives ids from elsewhere (a
     server) refuses others before staging them. ``weights`` returns an immutable snapshot
-    a generation backend may keep while training goes on. ``state`` is everything needed
+    a generation backend may keep while training goes on; its type is the trainer's type
+    parameter, so the type checker proves a backend of the same parameter can take it
+    (``GenerationBackend[W]``). ``state`` is everything needed
     to resume bit-for-bit (plain numpy arrays, saved without pickle); ``load_state``
     restores it.
     """
@@ -49,7 +55,7 @@ class Trainer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    def weights(self) -> object: ...
+    def weights(self) -> Weights_co: ...
 
     def train_step(self, samples: Sequence[TrainSample], *, version: int) -> dict[str, float]: ...
 

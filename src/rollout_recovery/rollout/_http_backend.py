@@ -44,7 +44,7 @@ import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -70,6 +70,8 @@ from ._wire import (
 )
 
 __all__ = ["HttpBackendSettings", "HttpGenerationBackend", "classify_status"]
+
+Weights = TypeVar("Weights")
 
 # Statuses that say "this server, now" rather than "this request": resend elsewhere.
 # 401, 403 and 421 are a server that refuses this client (another key, another host
@@ -183,8 +185,10 @@ class _InfraFailure(Exception):
     pass
 
 
-class HttpGenerationBackend:
-    """Implements :class:`~rollout_recovery.rollout.GenerationBackend` over HTTP servers.
+class HttpGenerationBackend(Generic[Weights]):
+    """Implements ``GenerationBackend[Weights]`` over HTTP servers; ``Weights`` is what
+    ``weight_sync`` pushes (``PolicySnapshot`` for ``rollout-recovery serve``, anything
+    for a sync that ignores the weights).
 
     ``client`` may be given (tests pass one over ``httpx.MockTransport``); otherwise the
     backend makes its own and closes it in :meth:`aclose`. Either way the client carries
@@ -199,10 +203,10 @@ class HttpGenerationBackend:
         servers: Sequence[str],
         task_set: TaskSet,
         dialect: Dialect,
-        weight_sync: WeightSync,
+        weight_sync: WeightSync[Weights],
         settings: HttpBackendSettings,
         initial_version: int,
-        initial_weights: object,
+        initial_weights: Weights,
         client: httpx.AsyncClient | None = None,
         on_event: Callable[[str, str, dict[str, object]], None] | None = None,
     ) -> None:
@@ -233,7 +237,7 @@ class HttpGenerationBackend:
     # -- introspection -----------------------------------------------------------------------
 
     @property
-    def pool(self) -> ServerPool:
+    def pool(self) -> ServerPool[Weights]:
         return self._pool
 
     @property
@@ -271,7 +275,7 @@ class HttpGenerationBackend:
 
     # -- GenerationBackend -------------------------------------------------------------------
 
-    def update_weights(self, version: int, weights: object) -> None:
+    def update_weights(self, version: int, weights: Weights) -> None:
         """New trainer weights: pushed to every server in the background; each call is
         stamped with the version its server had confirmed at dispatch."""
         self._pool.set_weights(version, weights)
@@ -413,7 +417,7 @@ class HttpGenerationBackend:
 class _HttpClient:
     """The model client of one attempt: its calls carry the attempt's dispatch stamp."""
 
-    def __init__(self, backend: HttpGenerationBackend, request: AttemptRequest) -> None:
+    def __init__(self, backend: HttpGenerationBackend[Any], request: AttemptRequest) -> None:
         self._backend = backend
         self._request = request
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..capture import CaptureWriter, StagedPrefix
 from ..rewards import RewardChecks
@@ -24,6 +24,11 @@ __all__ = [
     "BackendTelemetry",
     "GenerationBackend",
 ]
+
+# The weights a backend loads. Contravariant: a backend that takes any object (it ignores
+# them) takes a trainer's snapshots too, and one that takes ``PolicySnapshot`` refuses
+# ``TorchWeights`` at type-check time.
+Weights_contra = TypeVar("Weights_contra", contravariant=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,10 +66,14 @@ class AttemptResult:
     resume_refused: str | None = None
 
 
-class GenerationBackend(Protocol):
-    """Runs attempts; the controller owns retries, deadlines and the ledger."""
+class GenerationBackend(Protocol[Weights_contra]):
+    """Runs attempts; the controller owns retries, deadlines and the ledger.
 
-    def update_weights(self, version: int, weights: object) -> None: ...
+    ``update_weights`` takes what the trainer's ``weights()`` returns (the type
+    parameter): the controller calls it after every step and after a restore.
+    """
+
+    def update_weights(self, version: int, weights: Weights_contra) -> None: ...
 
     async def run_attempt(
         self, request: AttemptRequest, capture: CaptureWriter

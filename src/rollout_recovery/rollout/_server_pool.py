@@ -30,7 +30,9 @@ any dead server, on probation (its streak stands, so one more bad reply and it i
 again).
 
 Every exchange has a total deadline, not only httpx's per-read timeout: a probe
-``probe_timeout_s``, a weight push ``sync_timeout_s``. Each server is probed by its own
+``probe_timeout_s``, a weight push ``sync_timeout_s``. Deadlines and quarantines are on
+the event loop's clock (``_clock.monotonic``), the one ``asyncio.timeout`` reads, so a test
+on a virtual clock controls all of them. Each server is probed by its own
 task (every ``probe_interval_s``), which also starts weight pushes to a server that lags
 behind, so one server that stalls its probes never delays another's probe or rejoin.
 """
@@ -39,13 +41,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
+from .._clock import monotonic
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import HttpConfig
 from ._server_url import server_url_problem
@@ -53,6 +55,8 @@ from ._weight_sync import WeightSync
 from ._wire import DataFailure, read_body
 
 __all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
+
+Weights = TypeVar("Weights")
 
 # What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
 # connection, never a server's idea of a large reply.
@@ -122,7 +126,7 @@ class _Server:
     in_flight: int = 0
     failures_in_a_row: int = 0
     bad_replies_in_a_row: int = 0  # reset by a good reply only, never by a probe
-    quarantined_until: float = 0.0  # time.monotonic(); no revival before
+    quarantined_until: float = 0.0  # on the loop's clock; no revival before
     version: int | None = None  # what the server last reported holding
     syncing: bool = False
     stats: ServerStats = field(default_factory=ServerStats)
@@ -136,15 +140,16 @@ class Lease:
     version: int | None
 
 
-class ServerPool:
-    """Tracks ``urls``; see the module docstring. Use from one event loop."""
+class ServerPool(Generic[Weights]):
+    """Tracks ``urls``; see the module docstring. Use from one event loop. ``Weights`` is
+    what ``weight_sync`` pushes."""
 
     def __init__(
         self,
         urls: Sequence[str],
         *,
         settings: PoolSettings,
-        weight_sync: WeightSync,
+        weight_sync: WeightSync[Weights],
         client: httpx.AsyncClient,
         on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
     ) -> None:
@@ -168,7 +173,7 @@ class ServerPool:
         self._sync = weight_sync
         self._client = client
         self._on_event = on_event
-        self._target: tuple[int, object] | None = None
+        self._target: tuple[int, Weights] | None = None
         self._changed: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._probe_tasks: list[asyncio.Task[None]] = []
@@ -235,7 +240,7 @@ class ServerPool:
 
     # -- weights ---------------------------------------------------------------------------
 
-    def set_weights(self, version: int, weights: object) -> None:
+    def set_weights(self, version: int, weights: Weights) -> None:
         """The trainer's new weights: every reachable server gets them in the background."""
         self._target = (version, weights)
         if self._closed:
@@ -275,7 +280,7 @@ class ServerPool:
                         break
                 version, weights = self._target
                 timeout = self._settings.sync_timeout_s
-                started = time.monotonic()
+                started = monotonic()
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
                         reported = await self._sync.push(
@@ -294,7 +299,7 @@ class ServerPool:
                 self._on_event(
                     "weights_loaded",
                     server.url,
-                    {"version": reported, "seconds": round(time.monotonic() - started, 4)},
+                    {"version": reported, "seconds": round(monotonic() - started, 4)},
                 )
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
@@ -321,7 +326,7 @@ class ServerPool:
             await asyncio.sleep(self._settings.probe_interval_s)
 
     def _quarantined(self, server: _Server) -> bool:
-        return server.state is ServerHealth.DEAD and time.monotonic() < server.quarantined_until
+        return server.state is ServerHealth.DEAD and monotonic() < server.quarantined_until
 
     async def _probe(self, server: _Server) -> None:
         if self._quarantined(server):
@@ -384,7 +389,7 @@ class ServerPool:
         """
         self.start()
         condition = self._condition()
-        deadline = time.monotonic() + self._settings.no_server_wait_s
+        deadline = monotonic() + self._settings.no_server_wait_s
         async with condition:
             while True:
                 if self._closed:
@@ -395,7 +400,7 @@ class ServerPool:
                     server.stats.calls += 1
                     stamp = server.version if self._sync.tracks_versions else None
                     return Lease(server.url, stamp)
-                remaining = deadline - time.monotonic()
+                remaining = deadline - monotonic()
                 if remaining <= 0:
                     raise GenerationError(
                         "no_live_server",
@@ -436,7 +441,7 @@ class ServerPool:
         in_a_row = server.bad_replies_in_a_row
         if in_a_row >= self._settings.dead_after_failures:
             quarantine = self._settings.bad_data_quarantine_s
-            server.quarantined_until = time.monotonic() + quarantine
+            server.quarantined_until = monotonic() + quarantine
             if server.state is not ServerHealth.DEAD:
                 self._on_event(
                     "server_bad_data",

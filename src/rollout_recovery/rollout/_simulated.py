@@ -64,7 +64,7 @@ def _attempt_seed(seed: int, rollout_id: str) -> list[int]:
 
 
 class SimulatedAgentBackend:
-    """Implements :class:`~rollout_recovery.rollout.GenerationBackend` in process.
+    """Implements ``GenerationBackend[PolicySnapshot]`` in process.
 
     ``data_plane`` must be the store the attempts' ``CaptureWriter`` writes to; it is only
     needed (and then required) for the tamper fault, which rewrites a staged row behind the
@@ -159,11 +159,7 @@ class SimulatedAgentBackend:
         return faults
 
     @staticmethod
-    def _checked_snapshot(version: int, weights: object) -> PolicySnapshot:
-        if not isinstance(weights, PolicySnapshot):
-            raise InvalidArgumentTypeError(
-                f"weights must be a PolicySnapshot, got {type(weights).__name__}"
-            )
+    def _checked_snapshot(version: int, weights: PolicySnapshot) -> PolicySnapshot:
         if weights.version != version:
             raise InvalidArgumentError(
                 f"weights are version {weights.version}, announced as {version}"
@@ -202,7 +198,7 @@ class SimulatedAgentBackend:
         """Attempts in flight on each worker, by name (crashed ones count until they exit)."""
         return {worker.name: worker.in_flight for worker in self._workers}
 
-    def update_weights(self, version: int, weights: object) -> None:
+    def update_weights(self, version: int, weights: PolicySnapshot) -> None:
         """Weight sync: every call that starts after this samples from ``weights``.
 
         Calls already sampled keep their version; the second call of an attempt in flight

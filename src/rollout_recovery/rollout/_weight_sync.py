@@ -23,12 +23,11 @@ failed), never an exception. The pool puts a total deadline around each push.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 import msgspec
 
-from ..errors import InvalidArgumentTypeError
 from ..policy import PolicySnapshot
 from ._wire import DataFailure, read_body
 
@@ -42,13 +41,17 @@ __all__ = [
     "parse_version",
 ]
 
+# What a sync pushes. Contravariant: a sync that ignores the weights (``object``) serves
+# any trainer; the policy sync only one of ``PolicySnapshot``.
+Weights_contra = TypeVar("Weights_contra", contravariant=True)
+
 WeightSyncName = Literal["policy", "version-tag", "none", "vllm"]
 
 # What a version route's reply may weigh: it names one version.
 _REPLY_CAP = 64 * 2**10
 
 
-class WeightSync(Protocol):
+class WeightSync(Protocol[Weights_contra]):
     name: WeightSyncName
     # False: servers hold whatever they hold and are always treated as current.
     tracks_versions: bool
@@ -58,7 +61,12 @@ class WeightSync(Protocol):
     exclusive: bool
 
     async def push(
-        self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: Weights_contra,
+        timeout: float,
     ) -> int | None:
         """Load ``weights`` as ``version`` on the server at ``url``; return the version the
         server now reports. Raises ``httpx.HTTPError`` when the server cannot be reached
@@ -114,13 +122,13 @@ class PolicyWeightSync:
     exclusive = False
 
     async def push(
-        self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: PolicySnapshot,
+        timeout: float,
     ) -> int | None:
-        if not isinstance(weights, PolicySnapshot):
-            raise InvalidArgumentTypeError(
-                f"the policy weight sync pushes PolicySnapshot weights, got "
-                f"{type(weights).__name__}"
-            )
         params = {name: array.tolist() for name, array in weights.params.items()}
         reply = await _exchange(
             client,
@@ -164,7 +172,10 @@ class NoWeightSync:
         return version
 
 
-WEIGHT_SYNCS: dict[WeightSyncName, WeightSync] = {
+# Every entry takes the numpy policy's snapshots (the version tag and no sync take any
+# weights); a trainer of other weights gets "version-tag" or "none" only, which
+# ``job.http_weight_sync`` checks where the config names one.
+WEIGHT_SYNCS: dict[WeightSyncName, WeightSync[PolicySnapshot]] = {
     "policy": PolicyWeightSync(),
     "version-tag": VersionTagSync(),
     "none": NoWeightSync(),

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgspec
@@ -43,7 +43,13 @@ from .._durable import atomic_write_bytes
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..rollout import DataFailure, WeightSyncName, parse_version, read_body
 
-__all__ = ["LOADING_TAG", "LOAD_METHOD", "VllmWeightSync", "weights_file_name"]
+__all__ = [
+    "LOADING_TAG",
+    "LOAD_METHOD",
+    "SafetensorsWeights",
+    "VllmWeightSync",
+    "weights_file_name",
+]
 
 #: The worker extension's method (``_extension/rollout_recovery_vllm_extension.py``).
 LOAD_METHOD = "rollout_recovery_load"
@@ -79,9 +85,19 @@ def _decode(raw: bytes, shape: type[Any]) -> Any:
         return None
 
 
+class SafetensorsWeights(Protocol):
+    """What this sync pushes: a versioned snapshot that renders itself as a safetensors
+    file (``llm.TorchWeights``)."""
+
+    @property
+    def version(self) -> int: ...
+
+    def safetensors_bytes(self, dtype: str) -> bytes: ...
+
+
 class VllmWeightSync:
-    """Pushes ``TorchWeights``-like snapshots (``version`` and ``safetensors_bytes(dtype)``)
-    to vLLM servers; see the module docstring.
+    """A ``WeightSync[SafetensorsWeights]`` (``TorchWeights``) for vLLM servers; see the
+    module docstring.
 
     ``directory`` holds the weight files (created if missing); the newest ``keep`` versions
     written are kept, older files are removed. ``dtype`` is the name the files are written
@@ -109,7 +125,10 @@ class VllmWeightSync:
 
     @staticmethod
     def check(version: int, weights: object) -> None:
-        """Refuse weights this sync cannot write, or of another version than announced."""
+        """Refuse weights this sync cannot write, or of another version than announced.
+
+        Takes any object: the job calls it where the config, not the types, chose this
+        sync for a trainer (``job.http_weight_sync``)."""
         found = getattr(weights, "version", None)
         if not callable(getattr(weights, "safetensors_bytes", None)) or not isinstance(found, int):
             raise InvalidArgumentTypeError(
@@ -119,13 +138,13 @@ class VllmWeightSync:
         if found != version:
             raise InvalidArgumentError(f"weights are version {found}, pushed as {version}")
 
-    def _serialize(self, weights: Any) -> bytes:
+    def _serialize(self, weights: SafetensorsWeights) -> bytes:
         data = weights.safetensors_bytes(self._dtype)
         if not isinstance(data, bytes):
             raise InvalidArgumentTypeError("safetensors_bytes() must return bytes")
         return data
 
-    def _write(self, version: int, weights: object) -> Path:
+    def _write(self, version: int, weights: SafetensorsWeights) -> Path:
         path = self._directory / weights_file_name(version)
         data = self._serialize(weights)
         self._directory.mkdir(parents=True, exist_ok=True)
@@ -145,7 +164,7 @@ class VllmWeightSync:
             if match and int(match.group(1)) not in keep:
                 entry.unlink(missing_ok=True)
 
-    async def weights_file(self, version: int, weights: object) -> Path:
+    async def weights_file(self, version: int, weights: SafetensorsWeights) -> Path:
         """The file of ``version``, written on the first call for it (shared by every
         server's push); a write that failed is retried by the next call."""
         task = self._files.get(version)
@@ -160,7 +179,12 @@ class VllmWeightSync:
     # -- one push ---------------------------------------------------------------------------
 
     async def push(
-        self, client: httpx.AsyncClient, url: str, version: int, weights: object, timeout: float
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: SafetensorsWeights,
+        timeout: float,
     ) -> int | None:
         path = await self.weights_file(version, weights)
         await _exchange(
