@@ -106,6 +106,7 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
             thinking_calls=config.task.thinking_calls,
             # SQLite fsyncs every put: staging from worker threads keeps the event loop free.
             stage_in_thread=True,
+            on_weight_update=config.generation.on_weight_update,
         )
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
 
