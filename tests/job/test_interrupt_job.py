@@ -63,6 +63,34 @@ def test_the_default_job_with_interrupt_finishes_audited_with_spans(
     assert _check_spans(rows) > 0
 
 
+def test_the_http_job_with_launched_servers_and_interrupt_finishes_audited_with_spans(
+    tmp_path: Path, trained_rows: TrainedRows
+) -> None:
+    config = config_from_builtins(
+        {
+            "job": {"steps": 10},
+            "generation": {
+                "backend": "http",
+                "on_weight_update": "interrupt",
+                "call_latency_s": 0.03,
+                "attempt_deadline_s": 10.0,
+            },
+            "http": {"launch_servers": 2, "dialect": "vllm-generate", "probe_interval_s": 0.1},
+        }
+    )
+    out = tmp_path / "run"
+    result = run_job(out, config)
+    assert result.summary.steps == 10
+    report = audit_run(out)
+    assert report.ok, report.violations
+    rows = trained_rows(out)
+    assert rows and all(row["weight_version_spans"] for row in rows if row["valid"])
+    assert _check_spans(rows) > 0  # pushes paused calls in flight, which went on
+    # The launched servers pace their tokens, so the pushes pause calls between tokens.
+    command = (out / "servers.json").read_text()
+    assert "--token-latency-s" in command
+
+
 @pytest.mark.parametrize(
     ("sections", "path"),
     [

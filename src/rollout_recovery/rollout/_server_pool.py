@@ -19,7 +19,10 @@ as vLLM does) a server gets a call only while it holds the trainer's current ver
 the moment new weights are set it takes no new call, its push starts once its calls in
 flight have ended (their tokens all come from the version they are stamped with), and it
 takes calls again once it reports the new version. A restore sets the restored weights
-before anything is dispatched, so no call reaches a server before it holds them.
+before anything is dispatched, so no call reaches a server before it holds them. With
+``on_weight_update = "interrupt"`` none of that waiting happens: a push pauses the
+server's calls between tokens, loads and resumes them (``InterruptingWeightSync``), and a
+server whose push is pending still takes calls.
 
 Bad replies (a data failure the server is to blame for: garbage, an oversize body, ids
 outside the vocabulary, a reply that disagrees with itself) count on their own streak,
@@ -42,13 +45,13 @@ import enum
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from ..errors import GenerationError, InvalidArgumentError
 from ._server_url import server_url_problem
-from ._weight_sync import WeightSync
+from ._weight_sync import InterruptingWeightSync, WeightSync
 from ._wire import DataFailure, read_body
 
 __all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
@@ -79,6 +82,9 @@ class PoolSettings:
     no_server_wait_s: float = 30.0
     # How long a server taken out for bad replies is left alone before a probe may revive it.
     bad_data_quarantine_s: float = 30.0
+    # "interrupt": a push pauses a server's calls between tokens, loads and resumes them
+    # (the sync must be an ``InterruptingWeightSync``) instead of waiting for them.
+    on_weight_update: Literal["continue", "interrupt"] = "continue"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -96,6 +102,12 @@ class PoolSettings:
         ):
             if not getattr(self, name) > 0:
                 raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
+        if self.on_weight_update not in ("continue", "interrupt"):
+            raise InvalidArgumentError(
+                f'on_weight_update must be "continue" or "interrupt", got '
+                f"{self.on_weight_update!r}",
+                path="$.on_weight_update",
+            )
 
 
 @dataclass(slots=True)
@@ -158,6 +170,13 @@ class ServerPool:
         for url in cleaned:
             if not url.startswith(("http://", "https://")):
                 raise InvalidArgumentError(f"server url {url!r} must be http(s)", path="$.servers")
+        self._interrupt = settings.on_weight_update == "interrupt"
+        if self._interrupt and not isinstance(weight_sync, InterruptingWeightSync):
+            raise InvalidArgumentError(
+                f"the {weight_sync.name!r} weight sync cannot load weights under calls in "
+                'flight: on_weight_update = "interrupt" needs "policy" or "vllm"',
+                path="$.on_weight_update",
+            )
         self._servers = {url: _Server(url) for url in cleaned}
         self._settings = settings
         self._sync = weight_sync
@@ -262,7 +281,7 @@ class ServerPool:
     async def _sync_server(self, server: _Server) -> None:
         try:
             while self._target is not None and not self._is_current(server):
-                if self._sync.exclusive:
+                if self._sync.exclusive and not self._interrupt:
                     # No new call reaches it (it is not current); the push waits for the
                     # calls in flight, so none of them sees two versions.
                     await self._drained(server)
@@ -273,9 +292,7 @@ class ServerPool:
                 started = time.monotonic()
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
-                        reported = await self._sync.push(
-                            self._client, server.url, version, weights, timeout
-                        )
+                        reported = await self._push(server, version, weights, timeout)
                 except TimeoutError:
                     await self._failed(server, f"weight push not done within {timeout} s")
                     return
@@ -307,6 +324,18 @@ class ServerPool:
             await self._notify()
         finally:
             server.syncing = False
+
+    async def _push(
+        self, server: _Server, version: int, weights: object, timeout: float
+    ) -> int | None:
+        if self._interrupt:
+            # Calls in flight are paused between tokens, not waited for: they go on under
+            # the new weights, and their spans say which tokens each version generated.
+            assert isinstance(self._sync, InterruptingWeightSync)
+            return await self._sync.push_keeping_calls(
+                self._client, server.url, version, weights, timeout
+            )
+        return await self._sync.push(self._client, server.url, version, weights, timeout)
 
     # -- probes ----------------------------------------------------------------------------
 
@@ -357,7 +386,9 @@ class ServerPool:
     # -- calls -----------------------------------------------------------------------------
 
     def _eligible(self, avoid: set[str]) -> _Server | None:
-        exclusive = self._sync.exclusive
+        # With interrupt a lagging server keeps taking calls: its push will pause them
+        # between tokens and they finish under the new weights.
+        exclusive = self._sync.exclusive and not self._interrupt
         free = [
             s
             for s in self._servers.values()
