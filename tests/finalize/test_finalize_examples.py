@@ -97,6 +97,8 @@ def test_all_valid_group_yields_n_rows_in_generation_order(
             "max_weight_version": 4,
             "weight_version": 3,
             "reason": None,
+            # Each call's generated tokens, by the version that generated them.
+            "weight_version_spans": [[3, 3, 6], [4, 9, 12]],
         }
     assert (result.min_weight_version, result.max_weight_version) == (3, 4)
     assert result.staging_keys == tuple(

@@ -105,7 +105,22 @@ def valid_configs(draw: st.DrawFn) -> RunConfig:
     data["trainer"]["kind"] = "torch" if llm else "numpy"
     data["task"]["kind"] = "emit_token" if llm else "digits"
     _hold_the_vllm_rules(data)
+    _hold_the_interrupt_rules(data)
     return config_from_builtins(data)
+
+
+def _hold_the_interrupt_rules(data: dict[str, dict[str, object]]) -> None:
+    """``on_weight_update = "interrupt"`` only where ``check_weight_update_mode`` allows it
+    (``test_interrupt_job.py`` tests the refusals)."""
+    generation, http = data["generation"], data["http"]
+    if generation["on_weight_update"] != "interrupt":
+        return
+    if generation["backend"] not in ("simulated", "http"):
+        generation["on_weight_update"] = "continue"
+    elif generation["backend"] == "http":
+        http["dialect"] = "vllm-generate"
+        if http["weight_sync"] not in ("policy", "vllm"):
+            http["weight_sync"] = "policy"
 
 
 def _hold_the_vllm_rules(data: dict[str, dict[str, object]]) -> None:

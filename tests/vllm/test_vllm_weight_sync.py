@@ -263,3 +263,42 @@ def test_weights_the_sync_cannot_write_are_refused_before_anything_is_sent(
         sync.check(0, {"w": 1})
     with pytest.raises(InvalidArgumentError, match="keep"):
         VllmWeightSync(tmp_path, keep=0)
+
+
+def test_an_interrupting_push_pauses_with_keep_and_does_not_wait_for_a_call_in_flight(
+    tmp_path: Path,
+) -> None:
+    """``on_weight_update = "interrupt"``: ``/pause?mode=keep`` (the held call stays
+    frozen, not waited for), load, name, reset the cache preempting the frozen requests
+    (recomputed under the new weights), resume."""
+
+    async def scenario(rig: Rig) -> list[str]:
+        server = rig.server
+        server.hold = asyncio.Event()
+        first = asyncio.create_task(rig.backend.run_attempt(rig.request(0), rig.writer))
+        await server.holding.wait()
+        async with httpx.AsyncClient(transport=rig.fleet.transport()) as client:
+            reported = await rig.sync.push_keeping_calls(
+                client, server.url, 1, FakeWeights(1), GUARD_S
+            )
+        assert reported == 1
+        during_hold = list(server.log)
+        server.hold.set()
+        await first
+        await rig.backend.aclose()
+        return during_hold
+
+    rig = Rig(tmp_path)
+    during_hold = asyncio.run(scenario(rig))
+    assert during_hold == [
+        *_push(0),
+        "call start",
+        "/pause?mode=keep",
+        "/update_weight_version",
+        "/collective_rpc",
+        "loaded 1",
+        "/update_weight_version",
+        "/reset_prefix_cache?reset_running_requests=true",
+        "/resume",
+        "/weight_info",
+    ]

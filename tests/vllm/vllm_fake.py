@@ -95,11 +95,13 @@ class FakeVllm:
             return httpx.Response(200)
         if path == "/v1/completions":
             return await self._complete(json.loads(request.content))
-        self.log.append(path if path != "/pause" else f"/pause?{request.url.query.decode()}")
+        query = request.url.query.decode()
+        self.log.append(f"{path}?{query}" if query and path != "/update_weight_version" else path)
         if path == "/pause":
             self.paused = True
             self._resumed.clear()
-            await self._idle.wait()  # mode=wait: running requests finish first
+            if request.url.params.get("mode") != "keep":
+                await self._idle.wait()  # mode=wait: running requests finish first
             if request.url.params.get("clear_cache") == "true":
                 self.cache.clear()
             return httpx.Response(200, json={"status": "paused"})

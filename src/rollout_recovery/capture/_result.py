@@ -45,6 +45,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
 from ..rewards import LinkSpan
+from ._spans import TokenVersionSpan
 
 __all__ = [
     "FIELD_MISMATCH_FIELDS",
@@ -145,8 +146,9 @@ class LinearizedRollout:
     tokens (whose ``logprobs`` are 0.0). ``prompt_len`` is the root's carried length.
     ``staging_keys`` lists every manifest key, dead branches included, for cleanup;
     ``min_weight_version``/``max_weight_version`` are taken over every manifest call too
-    (upstream's mixed-version policy counts dead branches), while ``weight_version_spans``
-    cover only the chain.
+    (upstream's mixed-version policy counts dead branches) and over every token's version
+    (an interrupted call's first tokens are older than its staged version), while
+    ``weight_version_spans`` and ``token_version_spans`` cover only the chain.
     """
 
     rollout_id: str
@@ -161,3 +163,7 @@ class LinearizedRollout:
     staging_keys: tuple[str, ...]
     min_weight_version: int
     max_weight_version: int
+    #: Which weight version generated each generated token (row positions; carried
+    #: tokens in none): one span per call, or several for a call that new weights
+    #: interrupted (its ``weight_version_spans`` extra).
+    token_version_spans: tuple[TokenVersionSpan, ...] = ()

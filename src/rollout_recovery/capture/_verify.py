@@ -39,6 +39,7 @@ from ._result import (
     Rejection,
     WeightVersionSpan,
 )
+from ._spans import TokenVersionSpan, call_token_versions
 from ._writer import STAGING_PARTITION
 
 __all__ = ["fetch_and_verify", "verify_and_linearize", "verify_rows"]
@@ -55,6 +56,7 @@ class _VerifiedCall:
     token_mask: npt.NDArray[np.float32]
     logprobs: npt.NDArray[np.float32]
     carry_len: int
+    extras: Mapping[str, Any] | None = None
 
 
 def verify_and_linearize(
@@ -257,6 +259,7 @@ def _check_row(rollout_id: str, record: CallRecord, row: Row) -> _VerifiedCall |
         token_mask=token_mask.astype(np.float32),
         logprobs=logprobs.astype(np.float32),
         carry_len=carry_len,
+        extras=header.extras,
     )
 
 
@@ -301,6 +304,22 @@ def _check_graph(calls: Sequence[_VerifiedCall]) -> Rejection | None:
     return None
 
 
+def _token_versions(chain: Sequence[_VerifiedCall]) -> tuple[TokenVersionSpan, ...]:
+    """Which weight version generated each generated token of the row, as spans over row
+    positions (carried tokens are in no span); equal neighbours merged."""
+    spans: list[TokenVersionSpan] = []
+    for call in chain:
+        first = call.record.prev_len + call.carry_len
+        generated = call.record.cum_len - first
+        for span in call_token_versions(call.extras, generated, call.record.weight_version):
+            start, end = first + span.start, first + span.end
+            if spans and spans[-1].version == span.version and spans[-1].end == start:
+                spans[-1] = TokenVersionSpan(span.version, spans[-1].start, end)
+            else:
+                spans.append(TokenVersionSpan(span.version, start, end))
+    return tuple(spans)
+
+
 def _linearize(receipt: Receipt, calls: Sequence[_VerifiedCall]) -> LinearizedRollout | Rejection:
     by_id = {call.record.model_call_id: call for call in calls}
     terminal = receipt.terminal_model_call_id
@@ -323,7 +342,11 @@ def _linearize(receipt: Receipt, calls: Sequence[_VerifiedCall]) -> LinearizedRo
                 f"call {call.record.model_call_id}: linearized prefix of {end} tokens does not "
                 "match its cumulative hash",
             )
+    token_versions = _token_versions(chain)
+    # An interrupted call's first tokens are older than its staged (newest) version: the
+    # row's oldest weights are its oldest token's.
     versions = [call.record.weight_version for call in calls]
+    versions += [span.version for span in token_versions]
     return LinearizedRollout(
         rollout_id=receipt.rollout_id,
         terminal_model_call_id=terminal,
@@ -348,6 +371,7 @@ def _linearize(receipt: Receipt, calls: Sequence[_VerifiedCall]) -> LinearizedRo
             for call in chain
         ),
         staging_keys=tuple(call.record.staging_key for call in calls),
+        token_version_spans=token_versions,
         min_weight_version=min(versions),
         max_weight_version=max(versions),
     )

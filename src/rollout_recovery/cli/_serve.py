@@ -127,6 +127,15 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     help="Seconds every generation waits before it answers (a request stays in flight).",
 )
 @click.option(
+    "--token-latency-s",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Seconds every generated token takes (a decode step). With it a call is generated "
+    "token by token, so POST /pause?mode=keep stops it between tokens and weights loaded "
+    "before POST /resume generate the rest (0: every token at once).",
+)
+@click.option(
     "--max-model-len",
     type=click.IntRange(min=2),
     default=512,
@@ -200,6 +209,7 @@ def serve(
     seed: int,
     model_name: str,
     call_latency_s: float,
+    token_latency_s: float,
     max_model_len: int,
     exit_with_parent: bool,
     parent_pid: int | None,
@@ -214,7 +224,9 @@ def serve(
     """Serve the numpy policy over vLLM's HTTP API, token in and token out.
 
     Routes: /v1/completions, /v1/models, /inference/v1/generate, /health, /weight_info,
-    /update_weight_version and /update_weights (load new weights; never an older version).
+    /update_weight_version and /update_weights (load new weights; never an older version),
+    /pause?mode=keep, /resume and /is_paused (calls in flight stop between tokens and go on
+    under the weights loaded meanwhile).
     Prints "serving on URL" once listening; SIGTERM or SIGINT stops it (exit 0).
     POST bodies must be declared JSON (415), cross-origin requests are refused (403).
     """
@@ -227,6 +239,7 @@ def serve(
             model_name=model_name,
             seed=seed,
             call_latency_s=call_latency_s,
+            token_latency_s=token_latency_s,
             max_model_len=max_model_len,
             max_body_bytes=max_body_bytes,
             max_inflight_body_bytes=max_inflight_body_bytes,

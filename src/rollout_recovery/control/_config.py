@@ -36,7 +36,13 @@ from ..history import ReusePolicy
 from ..llm import ModelConfig, TrainerConfig
 from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig
-from ..rollout import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
+from ..rollout import (
+    FaultsConfig,
+    GenerationConfig,
+    HttpConfig,
+    check_server_urls,
+    check_weight_update_mode,
+)
 from ..vllm import VllmConfig, check_vllm_config
 
 __all__ = [
@@ -171,6 +177,7 @@ def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
     config = _from_builtins(data, RunConfig)
     check_server_urls(config.http)
+    check_weight_update_mode(config.generation, config.http)
     check_combination(config)
     check_vllm_config(config.vllm, config.http, config.generation.backend, config.ray.worker)
     return config

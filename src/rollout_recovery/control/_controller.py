@@ -783,6 +783,7 @@ class Controller(Generic[Weights]):
                         valid=meta.valid,
                         reward=meta.reward,
                         weight_version=meta.weight_version,
+                        weight_version_spans=meta.weight_version_spans,
                     )
                 )
         return samples, trained, rewards_seen, placeholder_reasons

@@ -49,6 +49,10 @@ class CanonicalRowMeta(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     weight_version: int
     #: None for a valid row, the rejection reason for a placeholder.
     reason: str | None
+    #: ``[version, start, end]``: the weight version that generated the row's tokens
+    #: ``[start, end)`` (row positions; carried tokens are in none). A call interrupted
+    #: by new weights adds a span per version. Empty for a placeholder.
+    weight_version_spans: list[tuple[int, int, int]] = []
 
     @property
     def trainable(self) -> bool:
@@ -101,8 +105,13 @@ def canonical_row(
         max_weight_version=outcome.max_weight_version,
         weight_version=group_min_weight_version,
         reason=outcome.reason,
+        weight_version_spans=[]
+        if linearized is None
+        else [(s.version, s.start, s.end) for s in linearized.token_version_spans],
     )
     metadata: dict[str, Any] = msgspec.structs.asdict(meta)
+    # Plain lists: row metadata is stored as JSON-like data.
+    metadata["weight_version_spans"] = [list(span) for span in meta.weight_version_spans]
     if linearized is None:
         # Separate empty arrays per row: stores may keep what they are given by reference.
         return Row(

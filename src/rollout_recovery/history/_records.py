@@ -258,6 +258,9 @@ class TrainedRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     valid: bool
     reward: float
     weight_version: int
+    #: ``[version, start, end]``: which weight version generated the row's tokens
+    #: ``[start, end)`` (row positions; see ``CanonicalRowMeta``). Empty for a placeholder.
+    weight_version_spans: list[tuple[int, int, int]] = []
 
 
 class StepTrained(

@@ -168,6 +168,7 @@ def _http_settings(
         no_server_wait_s=http.no_server_wait_s,
         sync_timeout_s=http.sync_timeout_s if sync_timeout_s is None else sync_timeout_s,
         bad_data_quarantine_s=http.bad_data_quarantine_s,
+        on_weight_update=config.generation.on_weight_update,
     )
     return HttpBackendSettings(
         api_key=key if key is not None else configured_api_key(http),
@@ -358,11 +359,19 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
         return
     # Launched servers get the configured key (so an operator can restart one by hand),
     # else a random one of this job's.
+    generation = config.generation
+    # With interrupt a call must be able to stop between two tokens: the launched servers
+    # spend its latency token by token (a thinking call's as long as before) instead of
+    # all before the first.
+    interrupt = generation.on_weight_update == "interrupt"
     fleet = LocalServerFleet(
         run.root,
         http.launch_servers,
         seed=config.job.seed,
-        call_latency_s=config.generation.call_latency_s,
+        call_latency_s=0.0 if interrupt else generation.call_latency_s,
+        token_latency_s=generation.call_latency_s / config.task.reasoning_tokens
+        if interrupt
+        else 0.0,
         model=http.model,
         api_key=api_key,
         api_key_env=http.api_key_env or None,

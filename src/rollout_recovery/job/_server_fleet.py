@@ -64,6 +64,7 @@ class LocalServerFleet:
         seed: int,
         call_latency_s: float,
         model: str,
+        token_latency_s: float = 0.0,
         api_key: str | None = None,
         api_key_env: str | None = None,
         python: str = sys.executable,
@@ -74,6 +75,7 @@ class LocalServerFleet:
         self._count = count
         self._seed = seed
         self._latency = call_latency_s
+        self._token_latency = token_latency_s
         self._model = model
         self._python = python
         #: What every server requires (``api_key`` if given, else a random one).
@@ -96,6 +98,8 @@ class LocalServerFleet:
             str(self._seed),
             "--call-latency-s",
             repr(self._latency),
+            "--token-latency-s",
+            repr(self._token_latency),
             "--model-name",
             self._model,
             # This process, named: a server that read its parent only after the job died

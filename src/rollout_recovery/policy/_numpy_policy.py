@@ -208,6 +208,36 @@ class PolicySnapshot:
             return tokens[:max_tokens], logprobs[:max_tokens]
         return self.sample_reasoning(digit, max_tokens, rng)
 
+    @staticmethod
+    def continuation_length(prompt_ids: Sequence[int], max_tokens: int) -> int:
+        """How many tokens :meth:`sample_continuation` generates after ``prompt_ids``."""
+        if int(prompt_ids[-1]) == ANSWER:
+            return min(2, max_tokens)
+        return max_tokens
+
+    def sample_next(
+        self, prompt_ids: Sequence[int], generated: Sequence[int], rng: np.random.Generator
+    ) -> tuple[int, float] | None:
+        """The token at position ``len(generated)`` of the continuation of ``prompt_ids``
+        and its logprob, or None where the continuation ends (after the answer's EOS).
+
+        Token by token, the same rule and the same draws as :meth:`sample_continuation`
+        (one draw per sampled token, none for EOS): a caller may switch snapshots between
+        tokens, as a server does when new weights arrive under a call in flight.
+        """
+        digit = prompt_digit(prompt_ids)
+        if int(prompt_ids[-1]) != ANSWER:
+            table = self.thought_logprobs[digit]
+            column = _sample(table, rng)
+            return THOUGHT_BASE + column, float(table[column])
+        if not generated:
+            table = self.answer_logprobs[digit]
+            column = _sample(table, rng)
+            return digit_token(column), float(table[column])
+        if len(generated) == 1:
+            return EOS, 0.0
+        return None
+
     def token_logprobs(
         self,
         token_ids: Sequence[int] | npt.NDArray[np.integer],

@@ -16,7 +16,13 @@ samples from a :class:`~rollout_recovery.policy.PolicySnapshot` and injects the 
 :class:`WeightSync` pushes the trainer's weights to them.
 """
 
-from ._config import FaultsConfig, GenerationConfig, HttpConfig, check_server_urls
+from ._config import (
+    FaultsConfig,
+    GenerationConfig,
+    HttpConfig,
+    check_server_urls,
+    check_weight_update_mode,
+)
 from ._episode import Completion, Sampling, Turn, run_episode
 from ._faults import CAPTURE_FAILURE_REASON, FaultSettings
 from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
@@ -94,6 +100,7 @@ __all__ = [
     "WeightSync",
     "WeightSyncName",
     "check_server_urls",
+    "check_weight_update_mode",
     "classify_status",
     "parse_version",
     "read_body",

@@ -26,7 +26,19 @@ from ._server_url import server_url_problem
 from ._weight_sync import WeightSyncName
 from ._wire import DialectName
 
-__all__ = ["FaultsConfig", "GenerationConfig", "HttpConfig", "check_server_urls"]
+__all__ = [
+    "INTERRUPT_WEIGHT_SYNCS",
+    "FaultsConfig",
+    "GenerationConfig",
+    "HttpConfig",
+    "check_server_urls",
+    "check_weight_update_mode",
+]
+
+#: The weight syncs that can load weights under calls in flight and let them continue.
+INTERRUPT_WEIGHT_SYNCS = frozenset({"policy", "vllm"})
+# The backends that can interrupt a call at a weight update.
+_INTERRUPT_BACKENDS = ("simulated", "http")
 
 ServerUrl = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
 EnvVarName = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
@@ -48,6 +60,17 @@ class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields
     call_latency_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.04
     latency_jitter: Annotated[NonNegativeFloat, OPERATIONAL] = 0.5
     attempt_deadline_s: Annotated[PositiveFloat, OPERATIONAL] = 2.0
+    #: What a model call in flight does when the trainer pushes new weights. "continue":
+    #: it finishes under the weights it started with (an HTTP server whose weight sync is
+    #: exclusive, real vLLM, gets its push only once its calls have ended). "interrupt":
+    #: it stops between two tokens, the new weights are loaded, and the rest of it is
+    #: generated under them (vLLM's /pause?mode=keep, load, /resume): nothing waits and
+    #: nothing is thrown away; each token keeps the version and the logprob of the
+    #: weights that generated it (the call's extras "weight_version_spans"; its staged
+    #: version is its last token's). The simulated and http backends; http needs
+    #: [http] dialect = "vllm-generate" (per-token spans) and weight_sync = "policy" or
+    #: "vllm".
+    on_weight_update: Annotated[Literal["continue", "interrupt"], OPERATIONAL] = "continue"
 
 
 class FaultsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -114,3 +137,33 @@ def check_server_urls(http: HttpConfig) -> None:
                 "Authorization: Bearer)",
                 path=f"$.http.servers[{index}]",
             )
+
+
+def check_weight_update_mode(generation: GenerationConfig, http: HttpConfig) -> None:
+    """Refuse ``on_weight_update = "interrupt"`` where it cannot be honoured, naming the
+    field that stands in the way."""
+    if generation.on_weight_update != "interrupt":
+        return
+    if generation.backend not in _INTERRUPT_BACKENDS:
+        raise ConfigError(
+            f'on_weight_update = "interrupt" needs [generation] backend = "simulated" or '
+            f'"http"; the {generation.backend!r} backend finishes every call under the weights '
+            "it started with",
+            path="$.generation.on_weight_update",
+        )
+    if generation.backend != "http":
+        return
+    if http.dialect != "vllm-generate":
+        raise ConfigError(
+            f'on_weight_update = "interrupt" needs dialect = "vllm-generate": only its replies '
+            f"say which tokens came from which weights (per-token weight_versions); "
+            f"{http.dialect!r} does not",
+            path="$.http.dialect",
+        )
+    if http.weight_sync not in INTERRUPT_WEIGHT_SYNCS:
+        raise ConfigError(
+            f'on_weight_update = "interrupt" needs weight_sync = "policy" or "vllm" (they pause '
+            f"a server's calls, load, and resume them); {http.weight_sync!r} does not load "
+            "weights",
+            path="$.http.weight_sync",
+        )

@@ -58,7 +58,7 @@ from ._episode import Completion, Sampling, run_episode
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._server_url import bearer_headers
-from ._weight_sync import WeightSync
+from ._weight_sync import WeightSync, parse_version
 from ._wire import (
     CallSpec,
     DataFailure,
@@ -210,6 +210,14 @@ class HttpGenerationBackend(Generic[Weights]):
         client: httpx.AsyncClient | None = None,
         on_event: Callable[[str, str, dict[str, object]], None] | None = None,
     ) -> None:
+        self._interrupt = settings.pool.on_weight_update == "interrupt"
+        if self._interrupt and dialect.name != "vllm-generate":
+            raise InvalidArgumentError(
+                f'on_weight_update = "interrupt" needs the "vllm-generate" dialect (per-token '
+                f"weight_versions spans); {dialect.name!r} cannot say which tokens each "
+                "version generated",
+                path="$.dialect",
+            )
         self._task = DigitTask(
             task_set,
             reasoning_tokens=settings.reasoning_tokens,
@@ -327,11 +335,16 @@ class HttpGenerationBackend(Generic[Weights]):
             "finish_reason": reply.finish_reason,
             "redispatches": redispatches,
         }
+        version = lease.version if lease.version is not None else request.weight_version
+        if self._interrupt:
+            # Weights may have been loaded under the call: its tokens are the spans'
+            # versions (checked in _send), and the call is stamped with its newest.
+            version = _span_versions(reply)[-1]
         return Completion(
             token_ids=reply.token_ids,
             logprobs=reply.logprobs,
             # The client-side stamp: the version the server had confirmed at dispatch.
-            weight_version=lease.version if lease.version is not None else request.weight_version,
+            weight_version=version,
             extras=extras,
         )
 
@@ -411,7 +424,30 @@ class HttpGenerationBackend(Generic[Weights]):
             if failure is None:
                 raise _InfraFailure(f"{lease.url}: HTTP {status}")
             raise failure
-        return self._dialect.parse(call, raw, vocab_size=self._settings.vocab_size)
+        reply = self._dialect.parse(call, raw, vocab_size=self._settings.vocab_size)
+        if self._interrupt:
+            _span_versions(reply)  # a DataFailure here counts against the server
+        return reply
+
+
+def _span_versions(reply: ServerReply) -> list[int]:
+    """The versions of a reply's spans, oldest first: every one must name one of our
+    versions (a span we cannot place would stamp tokens with weights we cannot name)."""
+    spans = reply.weight_version_spans
+    if not spans:
+        raise DataFailure(
+            "unversioned_tokens", "the reply has no weight_versions spans", blames_server=True
+        )
+    versions = [parse_version(span["version"]) for span in spans]
+    known = [v for v in versions if v is not None]
+    if len(known) != len(versions) or known != sorted(known):
+        shown = [span["version"] for span in spans][:8]
+        raise DataFailure(
+            "unversioned_tokens",
+            f"weight_versions spans name versions {shown} (not all ours, or going backwards)",
+            blames_server=True,
+        )
+    return known
 
 
 class _HttpClient:

@@ -19,7 +19,10 @@ as vLLM does) a server gets a call only while it holds the trainer's current ver
 the moment new weights are set it takes no new call, its push starts once its calls in
 flight have ended (their tokens all come from the version they are stamped with), and it
 takes calls again once it reports the new version. A restore sets the restored weights
-before anything is dispatched, so no call reaches a server before it holds them.
+before anything is dispatched, so no call reaches a server before it holds them. With
+``on_weight_update = "interrupt"`` none of that waiting happens: a push pauses the
+server's calls between tokens, loads and resumes them (``InterruptingWeightSync``), and a
+server whose push is pending still takes calls.
 
 Bad replies (a data failure the server is to blame for: garbage, an oversize body, ids
 outside the vocabulary, a reply that disagrees with itself) count on their own streak,
@@ -43,7 +46,7 @@ import asyncio
 import enum
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import httpx
 
@@ -51,7 +54,7 @@ from .._clock import monotonic
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import HttpConfig
 from ._server_url import server_url_problem
-from ._weight_sync import WeightSync
+from ._weight_sync import InterruptingWeightSync, WeightSync
 from ._wire import DataFailure, read_body
 
 __all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
@@ -88,6 +91,9 @@ class PoolSettings:
     sync_timeout_s: float = _HTTP.sync_timeout_s
     no_server_wait_s: float = _HTTP.no_server_wait_s
     bad_data_quarantine_s: float = _HTTP.bad_data_quarantine_s
+    # "interrupt": a push pauses a server's calls between tokens, loads and resumes them
+    # (the sync must be an ``InterruptingWeightSync``) instead of waiting for them.
+    on_weight_update: Literal["continue", "interrupt"] = "continue"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -105,6 +111,12 @@ class PoolSettings:
         ):
             if not getattr(self, name) > 0:
                 raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
+        if self.on_weight_update not in ("continue", "interrupt"):
+            raise InvalidArgumentError(
+                f'on_weight_update must be "continue" or "interrupt", got '
+                f"{self.on_weight_update!r}",
+                path="$.on_weight_update",
+            )
 
 
 @dataclass(slots=True)
@@ -168,6 +180,13 @@ class ServerPool(Generic[Weights]):
         for url in cleaned:
             if not url.startswith(("http://", "https://")):
                 raise InvalidArgumentError(f"server url {url!r} must be http(s)", path="$.servers")
+        self._interrupt = settings.on_weight_update == "interrupt"
+        if self._interrupt and not isinstance(weight_sync, InterruptingWeightSync):
+            raise InvalidArgumentError(
+                f"the {weight_sync.name!r} weight sync cannot load weights under calls in "
+                'flight: on_weight_update = "interrupt" needs "policy" or "vllm"',
+                path="$.on_weight_update",
+            )
         self._servers = {url: _Server(url) for url in cleaned}
         self._settings = settings
         self._sync = weight_sync
@@ -272,7 +291,7 @@ class ServerPool(Generic[Weights]):
     async def _sync_server(self, server: _Server) -> None:
         try:
             while self._target is not None and not self._is_current(server):
-                if self._sync.exclusive:
+                if self._sync.exclusive and not self._interrupt:
                     # No new call reaches it (it is not current); the push waits for the
                     # calls in flight, so none of them sees two versions.
                     await self._drained(server)
@@ -283,9 +302,7 @@ class ServerPool(Generic[Weights]):
                 started = monotonic()
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
-                        reported = await self._sync.push(
-                            self._client, server.url, version, weights, timeout
-                        )
+                        reported = await self._push(server, version, weights, timeout)
                 except TimeoutError:
                     await self._failed(server, f"weight push not done within {timeout} s")
                     return
@@ -317,6 +334,18 @@ class ServerPool(Generic[Weights]):
             await self._notify()
         finally:
             server.syncing = False
+
+    async def _push(
+        self, server: _Server, version: int, weights: Weights, timeout: float
+    ) -> int | None:
+        if self._interrupt:
+            # Calls in flight are paused between tokens, not waited for: they go on under
+            # the new weights, and their spans say which tokens each version generated.
+            assert isinstance(self._sync, InterruptingWeightSync)
+            return await self._sync.push_keeping_calls(
+                self._client, server.url, version, weights, timeout
+            )
+        return await self._sync.push(self._client, server.url, version, weights, timeout)
 
     # -- probes ----------------------------------------------------------------------------
 
@@ -367,7 +396,9 @@ class ServerPool(Generic[Weights]):
     # -- calls -----------------------------------------------------------------------------
 
     def _eligible(self, avoid: set[str]) -> _Server | None:
-        exclusive = self._sync.exclusive
+        # With interrupt a lagging server keeps taking calls: its push will pause them
+        # between tokens and they finish under the new weights.
+        exclusive = self._sync.exclusive and not self._interrupt
         free = [
             s
             for s in self._servers.values()

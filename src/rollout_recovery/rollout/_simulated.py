@@ -9,6 +9,11 @@ the episode goes on. Every random choice of an attempt comes from a generator se
 ``(seed, rollout_id)``, so an attempt's faults, latencies and tokens do not depend on how
 attempts interleave (only worker placement and which snapshot is current do).
 
+``on_weight_update="interrupt"`` spreads a call's latency over its tokens and samples each
+token from the snapshot current when it is produced, so a weight update in flight switches
+the rest of the call to the new weights; the call's extras then carry per-token
+``weight_version_spans`` and its staged version is its last token's.
+
 Faults (:class:`FaultSettings`) are injected by a decorator around the worker's client
 (``_faults.py``): failed, hung and straggling attempts, uncaptured replies, tampered rows
 and worker crashes, which fail every attempt in flight on that worker; the worker is then
@@ -21,11 +26,12 @@ import asyncio
 import hashlib
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import msgspec
 import numpy as np
 
-from ..capture import CaptureWriter, StagedPrefix
+from ..capture import SPANS_EXTRA, CaptureWriter, StagedPrefix, version_spans
 from ..dataplane import DataPlane
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
 from ..policy import PolicySnapshot, TaskConfig, TaskSet
@@ -87,6 +93,7 @@ class SimulatedAgentBackend:
         reasoning_tokens: int = 4,
         thinking_calls: int = 1,
         stage_in_thread: bool = False,
+        on_weight_update: Literal["continue", "interrupt"] = "continue",
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidArgumentError(f"workers must be a positive int, got {workers!r}")
@@ -96,6 +103,11 @@ class SimulatedAgentBackend:
             raise InvalidArgumentError(f"call_latency_s must be >= 0, got {call_latency_s!r}")
         if not (math.isfinite(latency_jitter) and latency_jitter >= 0):
             raise InvalidArgumentError(f"latency_jitter must be >= 0, got {latency_jitter!r}")
+        if on_weight_update not in ("continue", "interrupt"):
+            raise InvalidArgumentError(
+                f'on_weight_update must be "continue" or "interrupt", got {on_weight_update!r}'
+            )
+        self._interrupt = on_weight_update == "interrupt"
         self._task = DigitTask(
             task_set, reasoning_tokens=reasoning_tokens, thinking_calls=thinking_calls
         )
@@ -145,6 +157,7 @@ class SimulatedAgentBackend:
             reasoning_tokens=task.reasoning_tokens,
             thinking_calls=task.thinking_calls,
             stage_in_thread=True,
+            on_weight_update=generation.on_weight_update,
         )
 
     # -- configuration and introspection -------------------------------------------------
@@ -204,6 +217,8 @@ class SimulatedAgentBackend:
         Calls already sampled keep their version; the second call of an attempt in flight
         may use a newer snapshot than its first, as with in-flight updates of a real
         engine. Each call's staged ``weight_version`` is the snapshot it sampled from.
+        With ``on_weight_update="interrupt"`` a call in flight generates its remaining
+        tokens from ``weights`` too (see :class:`_WorkerSession`).
         """
         self._snapshot = self._checked_snapshot(version, weights)
 
@@ -359,7 +374,36 @@ class _WorkerSession:
         self.last_latency_s = backend._latency * math.exp(
             backend._jitter * float(self._rng.standard_normal())
         )
+        if backend._interrupt:
+            return await self._generate_by_token(prompt_ids, sampling)
         await self.pause(self.last_latency_s)
         snapshot = backend._snapshot  # the newest weights when the reply is sampled
         tokens, logprobs = snapshot.sample_continuation(prompt_ids, sampling.max_tokens, self._rng)
         return Completion(token_ids=tokens, logprobs=logprobs, weight_version=snapshot.version)
+
+    async def _generate_by_token(self, prompt_ids: Sequence[int], sampling: Sampling) -> Completion:
+        """The call's latency spread evenly over its tokens, each token sampled at the end
+        of its share from the weights current then: an update in flight switches the rest
+        of the call to the new weights (same draws, so without an update the tokens are
+        those of the whole-call path). Per-token versions go into the extras."""
+        backend = self._backend
+        count = PolicySnapshot.continuation_length(prompt_ids, sampling.max_tokens)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        for _ in range(count):
+            await self.pause(self.last_latency_s / count)
+            snapshot = backend._snapshot
+            drawn = snapshot.sample_next(prompt_ids, tokens, self._rng)
+            if drawn is None:  # pragma: no cover - count is the continuation's length
+                break
+            tokens.append(drawn[0])
+            logprobs.append(drawn[1])
+            versions.append(snapshot.version)
+        return Completion(
+            token_ids=tokens,
+            logprobs=logprobs,
+            # The newest weights it saw: a reuse policy then judges every token of it.
+            weight_version=versions[-1],
+            extras={SPANS_EXTRA: version_spans(versions)},
+        )

@@ -16,6 +16,13 @@ A sync is *exclusive* when a server may switch weights under a call in flight (v
 does, silently, unless it is paused): the pool then gives a server no call while a push
 to it is pending and starts the push only once the server's calls have ended.
 
+A sync that can *interrupt* (:class:`InterruptingWeightSync`: ``policy`` and ``vllm``)
+also loads weights under calls in flight on purpose, for ``[generation] on_weight_update
+= "interrupt"``: ``/pause?mode=keep`` (calls stop between two tokens and keep their
+state), load, ``/resume`` (always): the calls go on under the new weights and their
+replies' ``weight_versions`` spans say which tokens each version generated. The pool then
+neither drains a server nor waits for its calls.
+
 A reply is read streamed under a small cap and decoded with msgspec; one that is too
 large, not JSON or of another shape reports no version (the pool then counts the push as
 failed), never an exception. The pool puts a total deadline around each push.
@@ -23,7 +30,8 @@ failed), never an exception. The pool puts a total deadline around each push.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, TypeVar
+import asyncio
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import httpx
 import msgspec
@@ -33,6 +41,7 @@ from ._wire import DataFailure, read_body
 
 __all__ = [
     "WEIGHT_SYNCS",
+    "InterruptingWeightSync",
     "NoWeightSync",
     "PolicyWeightSync",
     "VersionTagSync",
@@ -72,6 +81,38 @@ class WeightSync(Protocol[Weights_contra]):
         server now reports. Raises ``httpx.HTTPError`` when the server cannot be reached
         or refuses."""
         ...
+
+
+@runtime_checkable
+class InterruptingWeightSync(Protocol[Weights_contra]):
+    """Optional: a sync that loads weights while the server's calls are paused between
+    tokens (``/pause?mode=keep``, load, ``/resume``), so the calls go on under them."""
+
+    async def push_keeping_calls(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: Weights_contra,
+        timeout: float,
+    ) -> int | None:
+        """As ``WeightSync.push``, but calls in flight are paused, not waited for, and
+        resumed after the load (also after a failed one)."""
+        ...
+
+
+# How long the resume after a failed push may take: the push's own deadline may be spent.
+_RESUME_TIMEOUT_S = 10.0
+
+
+async def _resume_server(client: httpx.AsyncClient, url: str) -> None:
+    """``POST /resume``; a failure is left to the pool (the push already failed or its
+    calls time out, and the next push pauses and resumes again)."""
+    try:
+        async with asyncio.timeout(_RESUME_TIMEOUT_S):
+            await _exchange(client, "POST", f"{url}/resume", json={}, timeout=_RESUME_TIMEOUT_S)
+    except (httpx.HTTPError, TimeoutError):
+        pass
 
 
 def parse_version(value: object) -> int | None:
@@ -120,6 +161,21 @@ class PolicyWeightSync:
     tracks_versions = True
     # The server swaps its policy between requests, never under one.
     exclusive = False
+
+    async def push_keeping_calls(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: PolicySnapshot,
+        timeout: float,
+    ) -> int | None:
+        """Pause the server's calls between tokens, load, resume (``InterruptingWeightSync``)."""
+        await _exchange(client, "POST", f"{url}/pause?mode=keep", json={}, timeout=timeout)
+        try:
+            return await self.push(client, url, version, weights, timeout)
+        finally:
+            await _resume_server(client, url)
 
     async def push(
         self,

@@ -400,7 +400,8 @@ class _Handler(BaseHTTPRequestHandler):
                 except ConnectionError:  # the client went away while sending
                     self.close_connection = True
                     return
-                response = self.server.app.handle(method, path, body, self._headers())
+                query = self.path.partition("?")[2]
+                response = self.server.app.handle(method, path, body, self._headers(), query)
         except ApiError as error:
             response = Response(error.status, error.body(), error.headers, error.close)
         except Exception:  # an answer must go out whatever broke

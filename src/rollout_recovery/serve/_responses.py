@@ -182,6 +182,19 @@ def _generate_logprobs(request: SamplingRequest, generation: Generation) -> dict
     return {"content": content}
 
 
+def _version_spans(generation: Generation) -> list[dict[str, Any]]:
+    versions = generation.token_versions
+    if not versions:  # vLLM's shape for no tokens: one empty span at the version
+        return [{"version": version_label(generation.weight_version), "start": 0, "end": 0}]
+    spans: list[dict[str, Any]] = []
+    start = 0
+    for index in range(1, len(versions) + 1):
+        if index == len(versions) or versions[index] != versions[start]:
+            spans.append({"version": version_label(versions[start]), "start": start, "end": index})
+            start = index
+    return spans
+
+
 def generate_body(
     *,
     request_id: str,
@@ -192,14 +205,10 @@ def generate_body(
 ) -> dict[str, Any]:
     """``POST /inference/v1/generate``: vLLM 0.32's token-out ``GenerateResponse``.
 
-    ``weight_versions`` sits on the choice; sampling is instantaneous here, so one span
-    covers every token.
+    ``weight_versions`` sits on the choice: one span per run of tokens one weight version
+    generated (two or more when new weights were loaded while the call was paused).
     """
-    span = {
-        "version": version_label(generation.weight_version),
-        "start": 0,
-        "end": len(generation.token_ids),
-    }
+    spans = _version_spans(generation)
     choice = {
         "index": 0,
         "finish_reason": generation.finish_reason,
@@ -207,7 +216,7 @@ def generate_body(
         "token_ids": list(generation.token_ids),
         "routed_experts": None,
         "sampling_mask": None,
-        "weight_versions": [span],
+        "weight_versions": spans,
         "logprobs": None if request.top_k is None else _generate_logprobs(request, generation),
     }
     return {

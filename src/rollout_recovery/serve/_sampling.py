@@ -37,6 +37,7 @@ __all__ = [
     "Generation",
     "check_prompt",
     "generate",
+    "generation_of",
 ]
 
 # vLLM's default --max-logprobs: the most top logprobs one position may ask for.
@@ -65,6 +66,9 @@ class Generation:
     top_logprobs: list[list[tuple[int, float, int]]] | None
     finish_reason: str
     weight_version: int
+    #: The weight version of each token (a call paused and resumed under new weights
+    #: holds two or more); ``weight_version`` is the last token's.
+    token_versions: list[int]
 
 
 def check_prompt(prompt: Sequence[int], *, param: str) -> int:
@@ -140,6 +144,32 @@ def generate(
     ``ignore_eos`` (EOS then stops nothing: ``max_tokens`` does, as in vLLM).
     """
     tokens, logprobs = snapshot.sample_continuation(prompt, max_tokens, rng)
+    return generation_of(
+        prompt,
+        tokens,
+        logprobs,
+        [snapshot] * len(tokens),
+        digit=digit,
+        top_k=top_k,
+        ignore_eos=ignore_eos,
+        last=snapshot,
+    )
+
+
+def generation_of(
+    prompt: Sequence[int],
+    tokens: list[int],
+    logprobs: list[float],
+    snapshots: Sequence[PolicySnapshot],
+    *,
+    digit: int,
+    top_k: int | None,
+    ignore_eos: bool,
+    last: PolicySnapshot,
+) -> Generation:
+    """The :class:`Generation` of ``tokens``, token ``i`` sampled from ``snapshots[i]``
+    (ranks and candidates read from that snapshot's tables); ``last`` names the version
+    of a generation without tokens."""
     if prompt[-1] == ANSWER:
         stopped = tokens[-1] == EOS and not ignore_eos
         finish = FINISH_STOP if stopped else FINISH_LENGTH
@@ -147,7 +177,7 @@ def generate(
         finish = FINISH_LENGTH
     ranks, top = None, None
     if top_k is not None:
-        rows = [_row(snapshot, digit, t) for t in tokens]
+        rows = [_row(snap, digit, t) for snap, t in zip(snapshots, tokens, strict=True)]
         ranks = [_rank(row, t) for row, t in zip(rows, tokens, strict=True)]
         top = [_top(row, top_k) for row in rows]
     return Generation(
@@ -156,5 +186,6 @@ def generate(
         ranks=ranks,
         top_logprobs=top,
         finish_reason=finish,
-        weight_version=snapshot.version,
+        weight_version=snapshots[-1].version if snapshots else last.version,
+        token_versions=[snap.version for snap in snapshots],
     )

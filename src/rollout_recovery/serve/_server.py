@@ -44,7 +44,9 @@ class PolicyServer:
     ``initial_weights`` defaults to ``NumpyGRPOTrainer(seed=settings.seed).weights()``
     (version 0). ``on_admitted`` is a test seam: it is called in a generation request's
     thread once the request holds its weight snapshot, before the call latency and the
-    sampling, so a test can hold a request in flight without sleeping.
+    sampling, so a test can hold a request in flight without sleeping. ``on_token`` (with
+    ``settings.token_latency_s``) is called after each generated token with its position,
+    so a test can pause the server at a chosen token.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class PolicyServer:
         *,
         initial_weights: PolicySnapshot | None = None,
         on_admitted: Callable[[], None] | None = None,
+        on_token: Callable[[int], None] | None = None,
     ) -> None:
         self._settings = settings if settings is not None else ServeSettings()
         snapshot = (
@@ -62,10 +65,14 @@ class PolicyServer:
         )
         self._weights = WeightStore(snapshot)
         self._stopping = threading.Event()
-        app = ServeApp(
-            self._settings, self._weights, stopping=self._stopping, on_admitted=on_admitted
+        self._app = ServeApp(
+            self._settings,
+            self._weights,
+            stopping=self._stopping,
+            on_admitted=on_admitted,
+            on_token=on_token,
         )
-        self._http = make_http_server(self._settings, app)
+        self._http = make_http_server(self._settings, self._app)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -130,6 +137,7 @@ class PolicyServer:
             self._closed = True
             thread = self._thread
         self._stopping.set()
+        self._app.close()  # requests waiting out a pause answer 503
         if thread is not None:
             self._http.shutdown()
             thread.join()

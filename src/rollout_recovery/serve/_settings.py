@@ -67,7 +67,10 @@ class ServeSettings:
     ``port`` 0 picks a free port. ``seed`` seeds the initial weights (those of
     ``NumpyGRPOTrainer(seed=seed)``, version 0) and the generator of requests that carry no
     ``seed``. ``call_latency_s`` is waited by every generation request between taking its
-    weight snapshot and sampling, as a real server's decode time would be.
+    weight snapshot and sampling, as a real server's prefill time would be.
+    ``token_latency_s`` is waited before each generated token (a decode step): with it a
+    call is generated token by token, so ``/pause?mode=keep`` can stop it between two
+    tokens and weights loaded meanwhile generate the rest (0: every token at once).
 
     Transport limits: ``max_body_bytes`` per request; ``max_inflight_body_bytes`` for
     every body being read or handled at once (a request that would pass it is refused with
@@ -87,6 +90,7 @@ class ServeSettings:
     model_name: str = DEFAULT_MODEL_NAME
     seed: int = 0
     call_latency_s: float = 0.0
+    token_latency_s: float = 0.0
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
@@ -110,6 +114,7 @@ class ServeSettings:
             )
         _non_negative_int("seed", self.seed)
         _seconds("call_latency_s", self.call_latency_s, positive=False)
+        _seconds("token_latency_s", self.token_latency_s, positive=False)
         for name in ("keep_alive_timeout_s", "read_timeout_s", "write_timeout_s"):
             _seconds(name, getattr(self, name), positive=True)
         _non_negative_int("max_model_len", self.max_model_len)

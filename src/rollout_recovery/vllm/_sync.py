@@ -19,6 +19,11 @@ package's worker extension, see :func:`server_command`):
 6. ``POST /resume`` (always, even after a failure: a paused server would hold every
    later call), and ``GET /weight_info``: the version the server now names.
 
+With ``[generation] on_weight_update = "interrupt"`` (:meth:`VllmWeightSync.push_keeping_calls`)
+step 2 is ``/pause?mode=keep`` (requests in flight freeze between tokens) and step 5 resets
+with ``reset_running_requests=true`` (the frozen requests are preempted and recomputed under
+the new weights on resume); the pool then does not drain the server first.
+
 The third trap, a load while a request runs (its later tokens would come from the new
 weights under the old stamp), is why this sync is *exclusive*: the pool sends a server no
 call while its push is pending and starts the push once its calls have ended (and step 2
@@ -186,12 +191,39 @@ class VllmWeightSync:
         weights: SafetensorsWeights,
         timeout: float,
     ) -> int | None:
+        return await self._push(client, url, version, weights, timeout, keep_calls=False)
+
+    async def push_keeping_calls(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: SafetensorsWeights,
+        timeout: float,
+    ) -> int | None:
+        """The push of ``on_weight_update = "interrupt"`` (``InterruptingWeightSync``):
+        ``/pause?mode=keep`` freezes the requests in flight between two tokens, and the
+        prefix-cache reset preempts them (``reset_running_requests``), so vLLM recomputes
+        their KV under the new weights when they resume; their later tokens are the new
+        version's, and their ``weight_versions`` spans say from which token."""
+        return await self._push(client, url, version, weights, timeout, keep_calls=True)
+
+    async def _push(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        version: int,
+        weights: SafetensorsWeights,
+        timeout: float,
+        *,
+        keep_calls: bool,
+    ) -> int | None:
         path = await self.weights_file(version, weights)
         await _exchange(
             client,
             "POST",
             f"{url}/pause",
-            params={"mode": "wait", "clear_cache": "true"},
+            params={"mode": "keep"} if keep_calls else {"mode": "wait", "clear_cache": "true"},
             timeout=timeout,
         )
         try:
@@ -207,7 +239,15 @@ class VllmWeightSync:
                 return None
             await _tag(client, url, str(version), timeout)
             reset = _decode(
-                await _exchange(client, "POST", f"{url}/reset_prefix_cache", timeout=timeout),
+                await _exchange(
+                    client,
+                    "POST",
+                    f"{url}/reset_prefix_cache",
+                    # Paused requests hold KV blocks: the reset preempts them (they are
+                    # recomputed on resume), or it would fail while they run.
+                    params={"reset_running_requests": "true"} if keep_calls else None,
+                    timeout=timeout,
+                ),
                 _ResetReply,
             )
             if reset is None or not reset.success:
