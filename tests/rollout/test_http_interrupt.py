@@ -84,6 +84,7 @@ def _backend(
             vocab_size=VOCAB_SIZE,
             pool=PoolSettings(probe_interval_s=0.05, on_weight_update=mode),  # type: ignore[arg-type]
             reasoning_tokens=REASONING,
+            thinking_calls=1,  # a thought, then the answer
         ),
         initial_version=0,
         initial_weights=V0,

@@ -9,17 +9,27 @@ import dataclasses
 from rollout_recovery.control import config_from_builtins
 from rollout_recovery.job._components import _http_settings
 from rollout_recovery.policy import TaskConfig
-from rollout_recovery.rollout import HttpBackendSettings, HttpConfig, PoolSettings
+from rollout_recovery.rollout import (
+    GenerationConfig,
+    HttpBackendSettings,
+    HttpConfig,
+    PoolSettings,
+)
 
 # The pool's field names against [http]'s, where they differ.
 _POOL_TO_HTTP = {"concurrency": "per_server_concurrency"}
+# The pool's fields another section owns.
+_NOT_HTTP = {"on_weight_update"}
 
 
 def test_the_pool_and_backend_defaults_are_the_toml_defaults() -> None:
     http, task = HttpConfig(), TaskConfig()
     pool = PoolSettings()
     for field in dataclasses.fields(PoolSettings):
+        if field.name in _NOT_HTTP:
+            continue
         assert getattr(pool, field.name) == getattr(http, _POOL_TO_HTTP.get(field.name, field.name))
+    assert pool.on_weight_update == GenerationConfig().on_weight_update
     settings = HttpBackendSettings(model="m", pool=pool, vocab_size=8)
     for name in ("request_timeout_s", "call_redispatch_budget", "redispatch_backoff_s"):
         assert getattr(settings, name) == getattr(http, name), name
@@ -43,5 +53,7 @@ def test_every_pool_knob_is_set_from_toml() -> None:
     config = config_from_builtins({"http": changed})
     pool = _http_settings(config, vocab_size=8).pool
     for field in dataclasses.fields(PoolSettings):
+        if field.name in _NOT_HTTP:
+            continue
         http_name = _POOL_TO_HTTP.get(field.name, field.name)
         assert getattr(pool, field.name) == changed[http_name], field.name

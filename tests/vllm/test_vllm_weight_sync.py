@@ -68,6 +68,7 @@ class Rig:
                 pool=PoolSettings(concurrency=4, probe_interval_s=0.01, dead_after_failures=2),
                 vocab_size=VOCAB_SIZE,
                 redispatch_backoff_s=0.0,
+                thinking_calls=1,  # two calls an episode: the tests read the call log
             ),
             initial_version=version,
             initial_weights=FakeWeights(version),

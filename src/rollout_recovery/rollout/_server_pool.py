@@ -52,7 +52,7 @@ import httpx
 
 from .._clock import monotonic
 from ..errors import GenerationError, InvalidArgumentError
-from ._config import HttpConfig
+from ._config import GenerationConfig, HttpConfig
 from ._server_url import server_url_problem
 from ._weight_sync import InterruptingWeightSync, WeightSync
 from ._wire import DataFailure, read_body
@@ -77,6 +77,7 @@ class ServerHealth(enum.Enum):
 # ``[http]``'s defaults are the pool's and the backend's: a knob's default is written once,
 # next to its TOML field (``_config.py``), never restated here.
 _HTTP = HttpConfig()
+_GENERATION = GenerationConfig()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +94,7 @@ class PoolSettings:
     bad_data_quarantine_s: float = _HTTP.bad_data_quarantine_s
     # "interrupt": a push pauses a server's calls between tokens, loads and resumes them
     # (the sync must be an ``InterruptingWeightSync``) instead of waiting for them.
-    on_weight_update: Literal["continue", "interrupt"] = "continue"
+    on_weight_update: Literal["continue", "interrupt"] = _GENERATION.on_weight_update
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
