@@ -336,6 +336,7 @@ SURFACES: dict[str, set[str]] = {
         "SMOLLM2_GGUF",
         "TRAINER_STATE_FILE",
         "Completion",
+        "EmitTokenEpisodes",
         "EmitTokenTask",
         "ModelConfig",
         "ModelSkeleton",

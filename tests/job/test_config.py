@@ -100,11 +100,13 @@ def valid_configs(draw: st.DrawFn) -> RunConfig:
     data: dict[str, dict[str, object]] = {}
     for section, field, kind in LEAVES:
         data.setdefault(section, {})[field] = draw(_value_strategy(kind))
-    # The trainer and task the drawn backend serves.
-    llm = data["generation"]["backend"] == "transformers"
+    _hold_the_vllm_rules(data)
+    # The trainer and task the drawn backend serves: on HTTP servers, the torch trainer
+    # with the vLLM weight sync and the numpy one with the others.
+    backend = data["generation"]["backend"]
+    llm = backend == "transformers" or (backend == "http" and data["http"]["weight_sync"] == "vllm")
     data["trainer"]["kind"] = "torch" if llm else "numpy"
     data["task"]["kind"] = "emit_token" if llm else "digits"
-    _hold_the_vllm_rules(data)
     _hold_the_interrupt_rules(data)
     return config_from_builtins(data)
 
@@ -548,6 +550,14 @@ LLM_JOB = {
     "task": {"kind": "emit_token"},
 }
 
+#: The LLM job on vLLM servers: the HTTP backend, the vLLM weight sync, listed servers.
+LLM_ON_HTTP = {
+    "generation": {"backend": "http"},
+    "trainer": {"kind": "torch"},
+    "task": {"kind": "emit_token"},
+    "http": {"weight_sync": "vllm", "servers": ["http://127.0.0.1:8000"]},
+}
+
 
 @pytest.mark.parametrize(
     ("sections", "path", "message"),
@@ -566,12 +576,17 @@ LLM_JOB = {
         (
             {"trainer": {"kind": "torch"}},
             "$.trainer.kind",
-            "trainer kind 'torch' works with [generation] backend = 'transformers'",
+            "trainer kind 'torch' works with [generation] backend = 'http' or 'transformers'",
         ),
         (
             {"task": {"kind": "emit_token"}, "generation": {"backend": "http"}},
             "$.task.kind",
-            "generation backend 'http' needs [task] kind = 'digits'",
+            "generation backend 'http' with trainer kind 'numpy' needs [task] kind = 'digits'",
+        ),
+        (
+            {**LLM_ON_HTTP, "task": {"kind": "digits"}},
+            "$.task.kind",
+            "generation backend 'http' with trainer kind 'torch' needs [task] kind = 'emit_token'",
         ),
         (
             {**LLM_JOB, "generation": {"backend": "ray"}},
@@ -587,6 +602,41 @@ def test_a_backend_refuses_a_trainer_or_task_it_cannot_serve(
         config_from_builtins(sections)
     assert refused.value.path == path
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("sync", ["policy", "version-tag", "none"])
+def test_the_torch_trainer_on_http_servers_needs_the_vllm_weight_sync(sync: str) -> None:
+    """Any other sync would leave the servers sampling the initial weights while the
+    trainer moves on: refused, naming the field and the value to set."""
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins({**LLM_ON_HTTP, "http": {"weight_sync": sync}})
+    assert refused.value.path == "$.http.weight_sync"
+    assert 'weight_sync = "vllm"' in str(refused.value)
+    assert f"not {sync!r}" in str(refused.value)
+
+
+def test_the_numpy_trainer_on_http_servers_cannot_use_the_vllm_weight_sync() -> None:
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins({**LLM_ON_HTTP, "trainer": {"kind": "numpy"}, "task": {}})
+    assert refused.value.path == "$.http.weight_sync"
+    assert "'policy' or 'version-tag' or 'none', not 'vllm'" in str(refused.value)
+
+
+def test_the_weight_sync_is_not_checked_without_http_servers() -> None:
+    """``[http]`` is ignored by a job that generates without HTTP servers."""
+    for backend in ("simulated", "ray"):
+        config_from_builtins({"generation": {"backend": backend}, "http": {"weight_sync": "none"}})
+    config_from_builtins({**LLM_JOB, "http": {"weight_sync": "policy"}})
+
+
+def test_the_llm_job_on_vllm_servers_is_a_valid_combination() -> None:
+    config = config_from_builtins(LLM_ON_HTTP)
+    assert (config.generation.backend, config.http.weight_sync) == ("http", "vllm")
+    # Launched servers: an empty [vllm] model is the torch trainer's own.
+    launched = config_from_builtins(
+        {**LLM_ON_HTTP, "http": {"weight_sync": "vllm"}, "vllm": {"launch": 2, "python": "p"}}
+    )
+    assert (launched.vllm.launch, launched.vllm.model) == (2, "")
 
 
 def test_the_llm_job_is_a_valid_combination() -> None:

@@ -22,9 +22,11 @@ import httpx
 import msgspec
 import pytest
 
-from rollout_recovery.control import load_config
+from rollout_recovery.control import RunConfig, config_from_builtins, load_config
+from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import ConfigError, GenerationError
-from rollout_recovery.job import run_job
+from rollout_recovery.job import JobComponents, http_weight_sync, run_job
+from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import HttpConfig
 from rollout_recovery.vllm import (
     EXTENSION_CLASS,
@@ -239,16 +241,28 @@ def test_vllm_settings_that_work_pass() -> None:
     check_vllm_config(VllmConfig(), HttpConfig(weight_sync="vllm", servers=("http://h:1",)), "http")
     check_vllm_config(VllmConfig(), HttpConfig(), "simulated")
     check_vllm_config(launched, HttpConfig(), "simulated")  # no HTTP servers: ignored
+    # No model: the torch trainer's own (it has one; check_combination knows which).
+    check_vllm_config(
+        VllmConfig(launch=1, python="p"), HttpConfig(weight_sync="vllm"), "http", trainer_model=True
+    )
+
+
+#: The LLM job on launched vLLM servers, as a config file states it (``{python}``,
+#: ``{model}``: the ``[vllm] python`` and the trainer's ``[model] source``).
+LLM_ON_VLLM = (
+    '[trainer]\nkind = "torch"\n[task]\nkind = "emit_token"\n'
+    '[generation]\nbackend = "http"\n[http]\nweight_sync = "vllm"\n'
+    '[model]\nsource = "{model}"\n[vllm]\nlaunch = 1\npython = "{python}"\n'
+)
 
 
 def test_a_job_with_a_missing_vllm_venv_is_refused_before_it_writes_anything(
     tmp_path: Path,
 ) -> None:
+    """Refused before the trainer's model is even looked at: ``[vllm] model`` is empty,
+    so the servers would serve the trainer's (here a directory that does not exist)."""
     path = tmp_path / "job.toml"
-    path.write_text(
-        '[generation]\nbackend = "http"\n[http]\nweight_sync = "vllm"\n'
-        f'[vllm]\nlaunch = 1\npython = "{tmp_path / "nope"}"\nmodel = "{tmp_path}"\n'
-    )
+    path.write_text(LLM_ON_VLLM.format(model=tmp_path / "no-model", python=tmp_path / "nope"))
     out = tmp_path / "run"
     with pytest.raises(ConfigError) as error:
         run_job(out, load_config(path))
@@ -256,18 +270,43 @@ def test_a_job_with_a_missing_vllm_venv_is_refused_before_it_writes_anything(
     assert not out.exists()
 
 
+def test_a_numpy_job_cannot_use_the_vllm_weight_sync() -> None:
+    """The default job's numpy policy cannot be loaded into vLLM: refused when the config
+    is read, naming the field, before any server starts."""
+    with pytest.raises(ConfigError) as error:
+        config_from_builtins(
+            {
+                "generation": {"backend": "http"},
+                "http": {"weight_sync": "vllm"},
+                "vllm": {"launch": 1, "python": "p", "model": "m"},
+            }
+        )
+    assert error.value.path == "$.http.weight_sync"
+    assert "numpy" in str(error.value)
+
+
 def test_the_vllm_weight_sync_refuses_a_trainer_whose_weights_it_cannot_load(
     tmp_path: Path, fake_dir: Path
 ) -> None:
-    """The default job's numpy policy cannot be loaded into vLLM: refused before any
-    weights are sent, naming the field."""
+    """Components a user plugs in get the same check: a trainer whose weights are not
+    ``TorchWeights`` is refused before any weights are sent, naming the field, and the
+    launched server (started from the trainer's model) is stopped."""
+    pytest.importorskip("torch")  # the LLM job's config passes through resolve_model
+    model = _model(tmp_path)
+    (model / "model.safetensors").write_bytes(b"")  # hashed for the digest, never loaded
     path = tmp_path / "job.toml"
-    path.write_text(
-        '[generation]\nbackend = "http"\n[http]\nweight_sync = "vllm"\n'
-        f'[vllm]\nlaunch = 1\npython = "{_fake_python(tmp_path)}"\nmodel = "{_model(tmp_path)}"\n'
-    )
+    path.write_text(LLM_ON_VLLM.format(model=model, python=_fake_python(tmp_path)))
+
+    def numpy_trainer_on_vllm(config: RunConfig, data_plane: DataPlane) -> JobComponents:
+        http_weight_sync(config, NumpyGRPOTrainer(seed=0))
+        raise AssertionError("the numpy trainer's weights were accepted")
+
     with pytest.raises(ConfigError) as error:
-        run_job(tmp_path / "run", load_config(path))
+        run_job(tmp_path / "run", load_config(path), components=numpy_trainer_on_vllm)
     assert error.value.path == "$.http.weight_sync"
     assert "PolicySnapshot" in str(error.value)
-    assert len(list(fake_dir.glob("*.terminated"))) == 1  # the launched server was stopped
+    # The server was launched from the trainer's model ([vllm] model is empty) and stopped.
+    [record] = _records(fake_dir)
+    argv = record["argv"]
+    assert isinstance(argv, list) and argv[argv.index("--model") + 1] == str(model.resolve())
+    assert len(list(fake_dir.glob("*.terminated"))) == 1

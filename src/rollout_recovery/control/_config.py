@@ -13,8 +13,9 @@ each field (``_settings.OPERATIONAL``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 from msgspec import Meta
@@ -179,40 +180,93 @@ def config_from_builtins(data: object) -> RunConfig:
     check_server_urls(config.http)
     check_weight_update_mode(config.generation, config.http)
     check_combination(config)
-    check_vllm_config(config.vllm, config.http, config.generation.backend, config.ray.worker)
+    check_vllm_config(
+        config.vllm,
+        config.http,
+        config.generation.backend,
+        config.ray.worker,
+        trainer_model=config.trainer.kind == "torch",
+    )
     return config
 
 
-# What each generation backend samples from and runs: its trainer kinds and task kinds.
-# The simulated agents and the Ray workers generate from the numpy policy's snapshot, the
-# HTTP backend runs the digit task and pushes the numpy policy to its servers, and the
-# transformers backend samples the torch trainer's model for the emit-token task.
-_BACKEND_PARTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "simulated": (frozenset({"numpy"}), frozenset({"digits"})),
-    "ray": (frozenset({"numpy"}), frozenset({"digits"})),
-    "http": (frozenset({"numpy"}), frozenset({"digits"})),
-    "transformers": (frozenset({"torch"}), frozenset({"emit_token"})),
+class _Parts(NamedTuple):
+    """A trainer and task kind a backend serves together, and (for the HTTP backend) the
+    ``[http] weight_sync`` values that carry that trainer's weights to its servers."""
+
+    trainer: str
+    task: str
+    weight_syncs: tuple[str, ...] | None = None
+
+
+# What each generation backend samples from and runs. The simulated agents and the Ray
+# workers generate from the numpy policy's snapshot; the HTTP backend runs the digit task
+# and pushes the numpy policy to its servers, or runs "emit token X" on vLLM servers that
+# load the torch trainer's weights (only the vLLM sync can: the others would leave the
+# servers sampling the initial weights while the trainer moves on); the transformers
+# backend samples the torch trainer's model in process.
+_NUMPY_SYNCS = ("policy", "version-tag", "none")
+_BACKEND_PARTS: dict[str, tuple[_Parts, ...]] = {
+    "simulated": (_Parts("numpy", "digits"),),
+    "ray": (_Parts("numpy", "digits"),),
+    "http": (
+        _Parts("numpy", "digits", _NUMPY_SYNCS),
+        _Parts("torch", "emit_token", ("vllm",)),
+    ),
+    "transformers": (_Parts("torch", "emit_token"),),
 }
 
 
+def _choices(values: Iterable[str]) -> str:
+    """``'a' or 'b'``: each value once, in the table's order."""
+    return " or ".join(map(repr, dict.fromkeys(values)))
+
+
 def check_combination(config: RunConfig) -> None:
-    """Refuse a trainer or task the generation backend cannot serve, naming the field."""
-    backend = config.generation.backend
-    for part, kind, path in (
-        ("trainer", config.trainer.kind, "$.trainer.kind"),
-        ("task", config.task.kind, "$.task.kind"),
-    ):
-        index = 0 if part == "trainer" else 1
-        accepted = _BACKEND_PARTS[backend][index]
-        if kind in accepted:
-            continue
-        serving = [name for name, parts in _BACKEND_PARTS.items() if kind in parts[index]]
+    """Refuse a trainer, task or weight sync the generation backend cannot serve, naming
+    the field (the trainer's, then the task's, then ``[http] weight_sync``)."""
+    backend, trainer, task = config.generation.backend, config.trainer.kind, config.task.kind
+    parts = _BACKEND_PARTS[backend]
+    with_trainer = [part for part in parts if part.trainer == trainer]
+    if not with_trainer:
+        serving = [
+            name for name, ps in _BACKEND_PARTS.items() if trainer in (p.trainer for p in ps)
+        ]
         raise ConfigError(
-            f"generation backend {backend!r} needs [{part}] kind = "
-            f"{' or '.join(map(repr, sorted(accepted)))}; {part} kind {kind!r} works with "
-            f"[generation] backend = {' or '.join(map(repr, serving))}",
-            path=path,
+            f"generation backend {backend!r} needs [trainer] kind = "
+            f"{_choices(p.trainer for p in parts)}; trainer kind {trainer!r} works with "
+            f"[generation] backend = {_choices(serving)}",
+            path="$.trainer.kind",
         )
+    fitting = [part for part in with_trainer if part.task == task]
+    if not fitting:
+        # Name the trainer only where the backend serves more than one.
+        which = f" with trainer kind {trainer!r}" if len(parts) > 1 else ""
+        serving = [name for name, ps in _BACKEND_PARTS.items() if task in (p.task for p in ps)]
+        raise ConfigError(
+            f"generation backend {backend!r}{which} needs [task] kind = "
+            f"{_choices(p.task for p in with_trainer)}; task kind {task!r} works with "
+            f"[generation] backend = {_choices(serving)}",
+            path="$.task.kind",
+        )
+    syncs, sync = fitting[0].weight_syncs, config.http.weight_sync
+    if syncs is None or sync in syncs:
+        return
+    if trainer == "torch":
+        why = (
+            "the torch trainer generates on HTTP servers only through vLLM servers that load "
+            'its weights after every step: set [http] weight_sync = "vllm" (with [vllm] '
+            "launch, or vLLM servers in [http] servers)"
+        )
+    else:
+        why = (
+            f'weight_sync = "vllm" loads a torch trainer\'s weights into vLLM; the {trainer} '
+            f"trainer's servers take {_choices(syncs)}"
+        )
+    raise ConfigError(
+        f"generation backend {backend!r} with trainer kind {trainer!r}: {why}, not {sync!r}",
+        path="$.http.weight_sync",
+    )
 
 
 def config_differences(a: RunConfig, b: RunConfig, *, which: str = "all") -> list[str]:

@@ -6,7 +6,8 @@ policy, and simulated agents, HTTP generation servers or Ray actors as
 and :func:`generation_servers` starts local ``serve`` processes when the HTTP backend
 has no server list (local vLLM servers with ``[vllm] launch``). ``[trainer] kind =
 "torch"`` builds the LLM job instead (``_llm_parts``: a causal LM, the emit-token task,
-in-process transformers sampling).
+in-process transformers sampling or, with ``[generation] backend = "http"``, vLLM servers
+kept in sync by ``[http] weight_sync = "vllm"``).
 A user plugs their own dataset, backend and trainer in through ``run_job(components=...)``.
 """
 
@@ -26,6 +27,7 @@ import msgspec
 from ..control import PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
+from ..llm import model_directory
 from ..policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, Trainer
 from ..rollout import (
     DIALECTS,
@@ -326,8 +328,9 @@ def require_ray(config: RunConfig) -> None:
 def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
     """The config the components see: with local servers started (and stopped on exit)
     when the HTTP backend has no server list (``[vllm] launch`` vLLM servers, else
-    ``rollout-recovery serve`` processes), and ``[vllm] weights_dir`` resolved for the
-    vLLM weight sync. The job's own config keeps the empty list, so a resume, which starts
+    ``rollout-recovery serve`` processes), ``[vllm] weights_dir`` resolved for the vLLM
+    weight sync, and an empty ``[vllm] model`` resolved to the torch trainer's. The job's
+    own config keeps the empty list, so a resume, which starts
     new servers on new ports, is still the same job."""
     http = config.http
     if not wants_servers(config):
@@ -345,6 +348,13 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
             yield config
         return
     if config.vllm.launch:
+        if not config.vllm.model:
+            # The torch trainer's own model (resolve_model prepared it): the servers must
+            # start from the weights the trainer starts from.
+            model = str(model_directory(config.model).resolve())
+            config = msgspec.structs.replace(
+                config, vllm=msgspec.structs.replace(config.vllm, model=model)
+            )
         vllm_fleet = VllmFleet(
             run.servers_dir,
             run.servers_file,

@@ -4,13 +4,17 @@
 model on first use and records the digest of its files in ``[model] digest``, so the
 digest is part of the job's identity (``job.toml``, every checkpoint) and a rerun against
 other model files is refused. :func:`llm_components` builds the torch trainer on that
-model, the emit-token dataset and the in-process transformers backend. torch is imported
+model, the emit-token dataset and its generation backend: the in-process transformers
+backend, or (``[generation] backend = "http"``, which ``check_combination`` allows only
+with ``[http] weight_sync = "vllm"``) the HTTP backend running the emit-token episodes on
+vLLM servers that load every new version of the trainer's weights. torch is imported
 only here, and only for a torch job; a default install without it gets a ``ConfigError``
 naming the ``[llm]`` extra.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +25,9 @@ import msgspec
 from ..control import RunConfig
 from ..dataplane import DataPlane
 from ..errors import ConfigError
-from ..llm import model_digest, prepare_model, require_llm
-from ._components import JobComponents
+from ..llm import EmitTokenEpisodes, model_digest, prepare_model, require_llm
+from ..rollout import DIALECTS, GenerationBackend, HttpGenerationBackend
+from ._components import JobComponents, http_backend_settings, http_weight_sync
 
 if TYPE_CHECKING:  # torch is imported only when a torch job is built
     from ..llm import TorchWeights
@@ -70,8 +75,10 @@ def _vocab_size(directory: Path) -> int | None:
 
 
 def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[TorchWeights]:
-    """The torch trainer on ``[model]``, ``[task]``'s emit-token prompts and the
-    transformers backend sampling the trainer's weights in process."""
+    """The torch trainer on ``[model]``, ``[task]``'s emit-token prompts, and the backend
+    sampling the trainer's weights: in process (``"transformers"``) or on vLLM servers
+    (``"http"``, the servers of ``[http] servers``, which :func:`run_job` fills in when it
+    launches them)."""
     require_llm()
     import torch
 
@@ -98,12 +105,29 @@ def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[To
         target_token=task_config.target_token,
         bos_token_id=bos if isinstance(bos, int) and 0 <= bos < trainer.vocab_size else 0,
     )
-    backend = TransformersBackend(
-        skeleton=trainer.skeleton,
-        task=dataset,
-        initial_weights=trainer.weights(),
-        seed=seed,
-        max_tokens=task_config.max_tokens,
-        temperature=trainer.temperature,
-    )
+    backend: GenerationBackend[TorchWeights]
+    if config.generation.backend == "http":
+        # The trainer's temperature: its recomputed logprobs are of the distribution the
+        # servers sampled from only if they sample at the same one.
+        settings = dataclasses.replace(
+            http_backend_settings(config, trainer.vocab_size), temperature=trainer.temperature
+        )
+        backend = HttpGenerationBackend(
+            servers=list(config.http.servers),
+            episodes=EmitTokenEpisodes(dataset, max_tokens=task_config.max_tokens),
+            dialect=DIALECTS[config.http.dialect],
+            weight_sync=http_weight_sync(config, trainer),
+            settings=settings,
+            initial_version=trainer.weight_version,
+            initial_weights=trainer.weights(),
+        )
+    else:
+        backend = TransformersBackend(
+            skeleton=trainer.skeleton,
+            task=dataset,
+            initial_weights=trainer.weights(),
+            seed=seed,
+            max_tokens=task_config.max_tokens,
+            temperature=trainer.temperature,
+        )
     return JobComponents(dataset=dataset, backend=backend, trainer=trainer)

@@ -167,7 +167,9 @@ def run_job(
     if wants_servers(config):
         configured_api_key(config.http)  # an unset variable is refused before any write
     if config.vllm.launch:
-        check_launch_paths(config.vllm)  # a missing vLLM venv or model, likewise
+        # A missing vLLM venv or model, likewise (an empty [vllm] model is the torch
+        # trainer's, which resolve_model checks).
+        check_launch_paths(config.vllm, model=bool(config.vllm.model))
     check_sinks_installed(config.metrics)
     _refuse_foreign_path(run)
     # The model's digest is part of the job: known before the directory is compared.

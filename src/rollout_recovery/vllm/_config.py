@@ -38,7 +38,8 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     launch: Annotated[NonNegativeInt, OPERATIONAL] = 0
     #: The python of the venv vLLM is installed in.
     python: Annotated[str, OPERATIONAL] = ""
-    #: The model directory the launched servers start from: the trainer's model dir.
+    #: The model directory the launched servers start from; "" with the torch trainer is
+    #: its own (``[model]``), which is what the servers must serve.
     model: Annotated[str, OPERATIONAL] = ""
     #: The launched servers' dtype; weight files are written in it.
     dtype: VllmDtype = "bfloat16"
@@ -63,11 +64,17 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
 
 
 def check_vllm_config(
-    vllm: VllmConfig, http: HttpConfig, backend: str, ray_worker: str = "simulated"
+    vllm: VllmConfig,
+    http: HttpConfig,
+    backend: str,
+    ray_worker: str = "simulated",
+    *,
+    trainer_model: bool = False,
 ) -> None:
     """Refuse a combination of ``[vllm]``, ``[http]`` and the backend that cannot work,
     naming the field to change (before anything is written). Like ``[http]``, ``[vllm]``
-    is ignored by a job that generates without HTTP servers."""
+    is ignored by a job that generates without HTTP servers. ``trainer_model``: the
+    trainer has a model directory of its own, which an empty ``[vllm] model`` means."""
     if backend == "ray" and ray_worker == "http" and http.weight_sync == "vllm":
         raise ConfigError(
             'weight_sync = "vllm" is for the HTTP backend; Ray workers cannot load weights '
@@ -88,6 +95,8 @@ def check_vllm_config(
                 path="$.http.weight_sync",
             )
         for field in ("python", "model"):
+            if field == "model" and trainer_model:
+                continue
             if not getattr(vllm, field):
                 raise ConfigError(
                     f"[vllm] launch needs {field} (the vLLM venv's python and the trainer's "

@@ -266,14 +266,15 @@ class VllmFleet:
         self._processes.clear()
 
 
-def check_launch_paths(config: VllmConfig) -> None:
+def check_launch_paths(config: VllmConfig, *, model: bool = True) -> None:
     """Refuse a ``[vllm]`` python or model that is not there (a ``ConfigError`` naming
-    the field), so a job can check before it writes anything."""
-    python, model = Path(config.python).expanduser(), Path(config.model).expanduser()
+    the field), so a job can check before it writes anything. ``model=False`` checks the
+    python only (the model is the trainer's, checked where it is prepared)."""
+    python, directory = Path(config.python).expanduser(), Path(config.model).expanduser()
     if not python.is_file():
         raise ConfigError(f"no python at {python}", path="$.vllm.python")
-    if not (model / "config.json").is_file():
-        raise ConfigError(f"{model} holds no model (no config.json)", path="$.vllm.model")
+    if model and not (directory / "config.json").is_file():
+        raise ConfigError(f"{directory} holds no model (no config.json)", path="$.vllm.model")
 
 
 def _expanded(config: VllmConfig) -> VllmConfig:

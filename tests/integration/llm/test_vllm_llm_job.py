@@ -1,7 +1,9 @@
 """The LLM job against real vLLM servers it launches (``bash .ci/vllm-integration``).
 
 The torch trainer on the tiny Llama learns "emit token X" from samples vLLM generates,
-every new version loaded into the server after its step (``vllm_llm_job.py``). The job is
+every new version loaded into the server after its step (``vllm_llm_job.py``: the job
+built from its config alone, ``[generation] backend = "http"`` with ``[http] weight_sync
+= "vllm"``). The job is
 SIGKILLed after a checkpoint: its servers end with it (their guard sees the job die), the
 rerun launches new ones, loads the restored weights into them before anything is sent,
 and finishes; the audit passes and the reward rose from the first tenth to the last.

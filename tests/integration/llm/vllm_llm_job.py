@@ -5,11 +5,10 @@ A script, so a test can SIGKILL it in a process group of its own::
 
     python vllm_llm_job.py OUT --vllm-python PY --model DIR [--steps N] [--servers K]
 
-The job itself launches the servers (``[vllm] launch``) and keeps them in sync
-(``[http] weight_sync = "vllm"``); this file only plugs in the trainer and a one-call
-"emit token" episode over the HTTP backend. That episode is a stand-in until the HTTP
-backend runs the LLM task's episodes itself: it reuses the backend's call path (pool,
-redispatch, capture) through its private ``_call_and_stage``.
+Built from the config alone, as a user's job is (``[trainer] kind = "torch"``, ``[task]
+kind = "emit_token"``, ``[generation] backend = "http"``, ``[http] weight_sync = "vllm"``,
+``[vllm] launch``): the job launches the servers from the trainer's model and keeps them
+in sync; nothing is plugged in.
 
 It prints one flushed line per step (``step S reward R checkpoints C``) and a final
 ``done steps=... first=... last=...``.
@@ -18,32 +17,15 @@ It prints one flushed line per step (``step S reward R checkpoints C``) and a fi
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from rollout_recovery.capture import CaptureWriter, assemble_receipt
 from rollout_recovery.control import RunConfig, load_config
-from rollout_recovery.dataplane import DataPlane
-from rollout_recovery.job import JobComponents, http_backend_settings, http_weight_sync, run_job
-from rollout_recovery.llm import EmitTokenTask, TorchGRPOTrainer
-from rollout_recovery.policy import TaskSet
-from rollout_recovery.rollout import (
-    DIALECTS,
-    AttemptRequest,
-    AttemptResult,
-    CallSpec,
-    HttpGenerationBackend,
-)
-from rollout_recovery.rollout._http_backend import _DataFailed
+from rollout_recovery.job import run_job
 
-#: As in tests/llm/llm_job.py: the tiny model's most likely start token is not it
-#: (p about 0.004), two clipped epochs at lr 5e-3 learn it in about 20 steps.
+#: As in examples/tiny-llama-emit-token.toml: the tiny model's most likely start token is
+#: not it (p about 0.004), two clipped epochs at lr 5e-3 learn it in about 20 steps.
 TARGET = 313
-LEARNING_RATE = 5e-3
-EPOCHS = 2
-MAX_TOKENS = 8
 
 JOB_TOML = """
 [job]
@@ -52,6 +34,21 @@ prompts_per_step = 8
 generations_per_prompt = 4
 staleness_window = 0
 seed = 0
+
+[task]
+kind = "emit_token"
+target_token = {target}
+max_tokens = 8
+
+[model]
+source = "{model}"
+
+[trainer]
+kind = "torch"
+learning_rate = 5e-3
+epochs = 2
+# The servers need the cores more than a 338k-parameter step.
+threads = 1
 
 [generation]
 backend = "http"
@@ -70,7 +67,6 @@ no_server_wait_s = 120.0
 [vllm]
 launch = {servers}
 python = "{python}"
-model = "{model}"
 max_model_len = 512
 max_num_seqs = 32
 
@@ -84,69 +80,20 @@ train_step_timeout_s = 120.0
 """
 
 
-def job_config(directory: Path, *, python: str, model: str, steps: int, servers: int) -> RunConfig:
+def job_config(
+    directory: Path,
+    *,
+    python: str,
+    model: str,
+    steps: int,
+    servers: int,
+    target: int = TARGET,
+) -> RunConfig:
+    """The job's config, written to ``directory`` and loaded as a user's file is."""
     path = directory / "vllm-llm-job.toml"
-    path.write_text(JOB_TOML.format(steps=steps, servers=servers, python=python, model=model))
+    text = JOB_TOML.format(steps=steps, servers=servers, python=python, model=model, target=target)
+    path.write_text(text)
     return load_config(path)
-
-
-class EmitTokenHttpBackend(HttpGenerationBackend):
-    """One call per attempt: the task's prompt, ``MAX_TOKENS`` sampled tokens, the share
-    equal to the target as the reward."""
-
-    def __init__(self, *, task: EmitTokenTask, temperature: float, **kwargs: object) -> None:
-        super().__init__(task_set=TaskSet(1, seed=0, prompt_group_every=1), **kwargs)  # type: ignore[arg-type]
-        self._task = task
-        self._temperature = temperature
-
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
-        prompt = self._task.prompt_ids(request.prompt)
-        call_id = "gen-" + hashlib.sha256(request.rollout_id.encode()).hexdigest()[:16]
-        call = CallSpec(
-            prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=self._temperature
-        )
-        try:
-            record, tokens = await self._call_and_stage(
-                request, capture, call, call_id, parent=None
-            )
-        except _DataFailed as failed:
-            return self._failed_attempt(request.rollout_id, [], failed)
-        reward = self._task.reward(tokens)
-        receipt = assemble_receipt(
-            request.rollout_id, [record], terminal_model_call_id=call_id, reward=reward
-        )
-        return AttemptResult(
-            rollout_id=request.rollout_id,
-            receipt=receipt,
-            reward=reward,
-            mask_sample=False,
-            reward_checks=None,
-            generated_tokens=len(tokens),
-        )
-
-
-def components(
-    model_dir: Path, *, target: int = TARGET
-) -> Callable[[RunConfig, DataPlane], JobComponents]:
-    """The job's parts: the trainer on ``model_dir``, the task rewarding ``target``."""
-
-    def build(config: RunConfig, data_plane: DataPlane) -> JobComponents:
-        seed = config.job.seed
-        trainer = TorchGRPOTrainer(model_dir, seed=seed, learning_rate=LEARNING_RATE, epochs=EPOCHS)
-        task = EmitTokenTask(4096, seed=seed, vocab_size=trainer.vocab_size, target_token=target)
-        backend = EmitTokenHttpBackend(
-            task=task,
-            temperature=trainer.temperature,
-            servers=list(config.http.servers),
-            dialect=DIALECTS[config.http.dialect],
-            weight_sync=http_weight_sync(config, trainer),
-            settings=http_backend_settings(config, trainer.vocab_size),
-            initial_version=trainer.weight_version,
-            initial_weights=trainer.weights(),
-        )
-        return JobComponents(dataset=task, backend=backend, trainer=trainer)
-
-    return build
 
 
 class LineProgress:
@@ -176,9 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--servers", type=int, default=1)
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)  # the servers need the cores more than a 338k-parameter step
     config = job_config(
         args.out.parent,
         python=args.vllm_python,
@@ -190,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         config,
         progress=LineProgress(),
-        components=components(args.model),
         log=lambda message: print(message, flush=True),
     )
     summary = result.summary
