@@ -83,7 +83,9 @@ def test_the_clock_does_not_jump_while_a_thread_works_for_the_loop() -> None:
     loop = VirtualClockLoop(autojump=True)
     try:
         assert loop.run_until_complete(main()) == _cpu_work()
-        assert 0.0 < loop.time() < 3600.0
+        # Wall pace: a few milliseconds at most (0.0 when the thread finished before the
+        # loop next looked at its clock), never the deadline an idle loop would jump to.
+        assert 0.0 <= loop.time() < 3600.0
     finally:
         loop.close()
 

@@ -162,7 +162,9 @@ def test_a_garbage_server_beside_a_good_one_is_taken_out_and_the_valid_fraction_
     assert all(e["reason"] == "malformed_reply" for e in bad)
     servers = metrics[-1]["backend"]["servers"]
     assert servers[html_server]["deaths"] >= 1
-    assert servers[html_server]["data_failures"] == servers[html_server]["calls"]
+    # Every reply it sent was refused; a call still in flight when its attempt's deadline
+    # cancelled it (a loaded machine) got no reply, so it counts as a call only.
+    assert 0 < servers[html_server]["data_failures"] <= servers[html_server]["calls"]
     assert servers[good_server]["state"] == "healthy"
     assert servers[good_server]["data_failures"] == 0
     report = audit_run(out)
