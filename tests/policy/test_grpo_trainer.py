@@ -14,7 +14,6 @@ from policy_support import grpo_run
 
 from rollout_recovery.policy import (
     ANSWER,
-    BOS,
     DIGIT_BASE,
     EOS,
     PARAM_SHAPES,
@@ -24,8 +23,9 @@ from rollout_recovery.policy import (
     NumpyGRPOTrainer,
     Trainer,
     TrainSample,
-    initial_params,
 )
+from rollout_recovery.policy._numpy_policy import initial_params
+from rollout_recovery.policy._tasks import BOS
 
 EPS = 0.2
 

@@ -12,22 +12,23 @@ from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import (
     ANSWER,
-    BOS,
     DIGIT_BASE,
     EOS,
-    KIND_ANSWER,
-    KIND_FIXED,
-    KIND_PROMPT,
-    KIND_THOUGHT,
     PARAM_SHAPES,
     THINK,
     THOUGHT_BASE,
     PolicySnapshot,
     TaskSet,
-    correct_answer,
+)
+from rollout_recovery.policy._numpy_policy import (
+    KIND_ANSWER,
+    KIND_FIXED,
+    KIND_PROMPT,
+    KIND_THOUGHT,
     initial_params,
     row_token_contexts,
 )
+from rollout_recovery.policy._tasks import BOS, correct_answer
 
 
 def _snapshot(seed: int, spread: float = 2.0, version: int = 0) -> PolicySnapshot:

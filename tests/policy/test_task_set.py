@@ -8,19 +8,17 @@ from hypothesis import strategies as st
 
 from rollout_recovery.policy import (
     ANSWER,
-    BOS,
     DIGIT_BASE,
     EOS,
-    FILLER_BASE,
     NUM_DIGITS,
     THINK,
     THOUGHT_BASE,
     VOCAB_SIZE,
     TaskSet,
-    correct_answer,
     prompt_digit,
     render,
 )
+from rollout_recovery.policy._tasks import BOS, FILLER_BASE, correct_answer
 
 SIZE = 1_000
 

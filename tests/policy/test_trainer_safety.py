@@ -17,10 +17,8 @@ from hypothesis import strategies as st
 from rollout_recovery.errors import RolloutRecoveryError, TrainingDivergedError
 from rollout_recovery.policy import (
     ANSWER,
-    BOS,
     DIGIT_BASE,
     EOS,
-    MAX_LOG_RATIO,
     NUM_THOUGHT,
     PARAM_SHAPES,
     THINK,
@@ -29,6 +27,8 @@ from rollout_recovery.policy import (
     PolicySnapshot,
     TrainSample,
 )
+from rollout_recovery.policy._tasks import BOS
+from rollout_recovery.policy._trainer import MAX_LOG_RATIO
 
 # What vLLM reports as the logprob of a token it considers impossible.
 VLLM_IMPOSSIBLE = -9999.0

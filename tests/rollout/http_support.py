@@ -25,9 +25,9 @@ from rollout_recovery.policy import (
     THOUGHT_BASE,
     VOCAB_SIZE,
     TaskSet,
-    correct_answer,
     prompt_digit,
 )
+from rollout_recovery.policy._tasks import correct_answer
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,

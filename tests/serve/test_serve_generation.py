@@ -13,10 +13,8 @@ from hypothesis import strategies as st
 
 from rollout_recovery.policy import (
     ANSWER,
-    BOS,
     DIGIT_BASE,
     EOS,
-    FILLER_BASE,
     NUM_DIGITS,
     NUM_THOUGHT,
     THINK,
@@ -24,10 +22,11 @@ from rollout_recovery.policy import (
     VOCAB_SIZE,
     NumpyGRPOTrainer,
     PolicySnapshot,
-    digit_token,
     render,
 )
-from rollout_recovery.serve import WEIGHT_VERSION_HEADER, PolicyServer, ServeSettings
+from rollout_recovery.policy._tasks import BOS, FILLER_BASE, digit_token
+from rollout_recovery.serve import PolicyServer, ServeSettings
+from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 SEED = 3
 PROMPT = [BOS, FILLER_BASE + 1, digit_token(6), FILLER_BASE + 5, THINK]

@@ -26,13 +26,8 @@ from rollout_recovery.control import load_config
 from rollout_recovery.errors import ConfigError, GenerationError
 from rollout_recovery.job import run_job
 from rollout_recovery.rollout import HttpConfig
-from rollout_recovery.vllm import (
-    EXTENSION_CLASS,
-    EXTENSION_DIR,
-    VllmConfig,
-    VllmFleet,
-    check_vllm_config,
-)
+from rollout_recovery.vllm import VllmConfig, VllmFleet, check_vllm_config
+from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR
 
 FAKE = Path(__file__).with_name("fake_vllm_server.py")
 #: Bounds on waits for processes to appear or vanish: generous for a loaded machine.

@@ -11,16 +11,14 @@ unsealed attempt's staged calls back as a verified :class:`StagedPrefix`, which 
 attempt of the same sibling continues. Digests, key patterns and record codecs are private.
 """
 
-from ._keys import staging_key
 from ._prefix import StagedCall, StagedPrefix, read_staged_prefix
 from ._receipt import CaptureFailure, Receipt, assemble_receipt
 from ._records import CallRecord
-from ._result import REJECTION_CODES, LinearizedRollout, Rejection
+from ._result import LinearizedRollout, Rejection
 from ._verify import fetch_and_verify, verify_and_linearize
 from ._writer import STAGING_PARTITION, CaptureWriter
 
 __all__ = [
-    "REJECTION_CODES",
     "STAGING_PARTITION",
     "CallRecord",
     "CaptureFailure",
@@ -33,6 +31,5 @@ __all__ = [
     "assemble_receipt",
     "fetch_and_verify",
     "read_staged_prefix",
-    "staging_key",
     "verify_and_linearize",
 ]

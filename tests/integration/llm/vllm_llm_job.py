@@ -26,17 +26,13 @@ from pathlib import Path
 from rollout_recovery.capture import CaptureWriter, assemble_receipt
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.dataplane import DataPlane
-from rollout_recovery.job import JobComponents, http_backend_settings, http_weight_sync, run_job
+from rollout_recovery.job import JobComponents, run_job
+from rollout_recovery.job._components import http_backend_settings, http_weight_sync
 from rollout_recovery.llm import EmitTokenTask, TorchGRPOTrainer
 from rollout_recovery.policy import TaskSet
-from rollout_recovery.rollout import (
-    DIALECTS,
-    AttemptRequest,
-    AttemptResult,
-    CallSpec,
-    HttpGenerationBackend,
-)
+from rollout_recovery.rollout import DIALECTS, AttemptRequest, AttemptResult, HttpGenerationBackend
 from rollout_recovery.rollout._http_backend import _DataFailed
+from rollout_recovery.rollout._wire import CallSpec
 
 #: As in tests/llm/llm_job.py: the tiny model's most likely start token is not it
 #: (p about 0.004), two clipped epochs at lr 5e-3 learn it in about 20 steps.
