@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import rollout_recovery
+from rollout_recovery import errors
 
 PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
 REPO_ROOT = PACKAGE_ROOT.parent.parent
@@ -384,3 +385,9 @@ def test_no_name_is_exported_for_tests_only() -> None:
     assert not unused, "exported but imported by no other package, README or example: " + str(
         unused
     )
+
+
+def test_errors_holds_exception_classes_only() -> None:
+    for name in errors.__all__:
+        value = getattr(errors, name)
+        assert isinstance(value, type) and issubclass(value, Exception), name

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ..errors import split_validation_path
+from .._messages import split_validation_path
 from ..policy import ANSWER, ANSWER_TOKENS
 from ._api_error import ApiError, bad_request, schema_error
 from ._sampling import MAX_TOP_LOGPROBS, check_prompt
