@@ -178,8 +178,8 @@ from rollout_recovery.ledger import (
     RolloutAttemptStatus,
     RolloutRecoveryLedger,
 )
-from rollout_recovery.policy import ANSWER, EOS, THOUGHT_BASE, TaskSet, TrainSample
-from rollout_recovery.policy._tasks import digit_token
+from rollout_recovery.policy import TaskSet, TrainSample
+from rollout_recovery.policy._tasks import ANSWER, EOS, THOUGHT_BASE, digit_token
 from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 

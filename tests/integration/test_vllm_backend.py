@@ -27,7 +27,8 @@ from rollout_recovery.capture import (
     fetch_and_verify,
 )
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import ANSWER, TaskSet
+from rollout_recovery.policy import TaskSet
+from rollout_recovery.policy._tasks import ANSWER
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,

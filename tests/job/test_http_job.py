@@ -24,7 +24,7 @@ from run_fixtures import backend_events
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.job import default_components
-from rollout_recovery.policy import VOCAB_SIZE
+from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import HttpGenerationBackend
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

@@ -10,16 +10,7 @@ from policy_support import REASONING_TOKENS, direct_episode, staged_episode
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import (
-    ANSWER,
-    DIGIT_BASE,
-    EOS,
-    PARAM_SHAPES,
-    THINK,
-    THOUGHT_BASE,
-    PolicySnapshot,
-    TaskSet,
-)
+from rollout_recovery.policy import PARAM_SHAPES, PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import (
     KIND_ANSWER,
     KIND_FIXED,
@@ -28,7 +19,15 @@ from rollout_recovery.policy._numpy_policy import (
     initial_params,
     row_token_contexts,
 )
-from rollout_recovery.policy._tasks import BOS, correct_answer
+from rollout_recovery.policy._tasks import (
+    ANSWER,
+    BOS,
+    DIGIT_BASE,
+    EOS,
+    THINK,
+    THOUGHT_BASE,
+    correct_answer,
+)
 
 
 def _snapshot(seed: int, spread: float = 2.0, version: int = 0) -> PolicySnapshot:

@@ -18,16 +18,15 @@ import httpx
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import (
+from rollout_recovery.policy import TaskSet, prompt_digit
+from rollout_recovery.policy._tasks import (
     ANSWER,
     DIGIT_BASE,
     EOS,
     THOUGHT_BASE,
     VOCAB_SIZE,
-    TaskSet,
-    prompt_digit,
+    correct_answer,
 )
-from rollout_recovery.policy._tasks import correct_answer
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,

@@ -17,8 +17,7 @@ from rollout_recovery.capture import (
     fetch_and_verify,
 )
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import ANSWER, DIGIT_BASE, EOS
-from rollout_recovery.policy._tasks import correct_answer
+from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks
 from rollout_recovery.rollout import (
     AttemptResult,

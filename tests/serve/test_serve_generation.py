@@ -11,20 +11,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.policy import (
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, render
+from rollout_recovery.policy._tasks import (
     ANSWER,
+    BOS,
     DIGIT_BASE,
     EOS,
+    FILLER_BASE,
     NUM_DIGITS,
     NUM_THOUGHT,
     THINK,
     THOUGHT_BASE,
     VOCAB_SIZE,
-    NumpyGRPOTrainer,
-    PolicySnapshot,
-    render,
+    digit_token,
 )
-from rollout_recovery.policy._tasks import BOS, FILLER_BASE, digit_token
 from rollout_recovery.serve import PolicyServer, ServeSettings
 from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from rollout_recovery.policy import THINK, THOUGHT_BASE
-from rollout_recovery.policy._tasks import BOS, digit_token
+from rollout_recovery.policy._tasks import BOS, THINK, THOUGHT_BASE, digit_token
 from rollout_recovery.serve import DEFAULT_MODEL_NAME, PolicyServer
 from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 

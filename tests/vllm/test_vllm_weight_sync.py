@@ -27,7 +27,7 @@ from vllm_fake import FakeVllm, FakeVllmFleet, FakeWeights, file_version, logpro
 from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
-from rollout_recovery.policy import VOCAB_SIZE
+from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import (
     DIALECTS,
     AttemptRequest,

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
 from ..errors import InvalidArgumentTypeError
-from ..policy import VOCAB_SIZE, PolicySnapshot, TaskSet
+from ..policy import PolicySnapshot, TaskSet
 from ..rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
@@ -104,7 +104,7 @@ class GenerationWorker:
                     model=DEFAULT_MODEL_NAME,
                     pool=PoolSettings(),
                     # The worker's weights are the numpy policy's: its vocabulary.
-                    vocab_size=VOCAB_SIZE,
+                    vocab_size=PolicySnapshot.vocab_size,
                     stage_in_thread=True,
                 ),
                 initial_version=version,

@@ -12,7 +12,7 @@ generates thought tokens, carries an ``ANSWER`` tag, and generates ``DIGIT(answe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -105,6 +105,27 @@ class TaskSet:
     prompt is tagged ``task_source="atomic"`` (the controller finalizes those as a whole
     prompt group) and the rest ``"arith"``.
     """
+
+    # The turns of an episode in the task's own tokens, so an environment asks for them
+    # without knowing the vocabulary: how many tokens an answer is...
+    answer_tokens: ClassVar[int] = ANSWER_TOKENS
+
+    @staticmethod
+    def thinking_prompt(token_ids: Sequence[int]) -> list[int]:
+        """``token_ids`` (everything so far) extended to ask for more thinking."""
+        return [*token_ids, THINK]
+
+    @staticmethod
+    def answer_prompt(token_ids: Sequence[int]) -> list[int]:
+        """``token_ids`` (everything so far) extended to ask for the answer."""
+        return [*token_ids, ANSWER]
+
+    @staticmethod
+    def answer_digit(answer: Sequence[int]) -> int | None:
+        """The digit an answer's first token says, or None (no token, or not a digit)."""
+        if not answer or not DIGIT_BASE <= int(answer[0]) < DIGIT_BASE + NUM_DIGITS:
+            return None
+        return int(answer[0]) - DIGIT_BASE
 
     def __init__(self, size: int, *, seed: int, prompt_group_every: int) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
