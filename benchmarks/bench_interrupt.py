@@ -26,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.control import config_from_builtins
-from rollout_recovery.history import check_trail
+from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.history._trail_check import check_trail
 from rollout_recovery.job import run_job
 
 MODES = ("continue", "interrupt")

@@ -38,7 +38,7 @@ from rollout_recovery.cluster import (
     ShardDirectory,
     WorkerSpec,
 )
-from rollout_recovery.control import config_from_builtins
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet

@@ -37,8 +37,9 @@ import pytest
 from rollout_recovery._crashpoints import CRASH_AT_ENV, reset_crash_points_for_tests
 from rollout_recovery.control import RunConfig
 from rollout_recovery.control._config import config_from_builtins
-from rollout_recovery.history import check_trail
-from rollout_recovery.job import JobResult, run_job
+from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.job import run_job
+from rollout_recovery.job._run_job import JobResult
 
 Sections = Mapping[str, Mapping[str, Any]]
 

@@ -10,6 +10,7 @@ import pytest
 
 import rollout_recovery
 from rollout_recovery import errors
+from rollout_recovery._messages import join_path
 
 PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
 BARE = {"ValueError", "TypeError", "RuntimeError", "KeyError"}
@@ -83,8 +84,8 @@ def test_the_location_is_rendered_once_by_str() -> None:
     assert error.message == "bad status"
     assert str(error) == "bad status (at $.groups[3].status in /c/x)"
     assert str(errors.InvalidStateError("plain")) == "plain"
-    assert errors.join_path("$.groups[3]", "$.status") == "$.groups[3].status"
-    assert errors.join_path("$.groups[3]", None) == "$.groups[3]"
+    assert join_path("$.groups[3]", "$.status") == "$.groups[3].status"
+    assert join_path("$.groups[3]", None) == "$.groups[3]"
 
 
 def test_a_path_is_always_rooted() -> None:

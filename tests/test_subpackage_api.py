@@ -1,42 +1,53 @@
-"""Pins every subpackage's public surface: what a user of each layer imports.
+"""Pins every subpackage's public surface: what another package or a user imports.
 
-A name added to or dropped from a facade must be added or dropped here too, on purpose.
+A name added to or dropped from a facade must be added or dropped here too, on purpose. A
+facade exports a name only when another package of ``src/``, the README, ``examples/`` or
+``benchmarks/`` imports it; tests import what only they need from the private module.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 
+import rollout_recovery
+from rollout_recovery import errors
+
+PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
+REPO_ROOT = PACKAGE_ROOT.parent.parent
+# The distinct names all facades export together; lower it when the surface shrinks.
+MAX_DISTINCT_EXPORTS = 218
+
 SURFACES: dict[str, set[str]] = {
     "ledger": {
+        "ROLLOUT_RECOVERY_SCHEMA_VERSION",
+        "ROLLOUT_RECOVERY_STATE_FILENAME",
+        "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
         "MutationCut",
         "ParsedRolloutRecoveryState",
         "PromptGroupPhase",
         "PromptGroupRecoveryRecord",
         "PromptGroupStatus",
-        "PromptPayload",
         "PromptRef",
-        "ROLLOUT_RECOVERY_SCHEMA_VERSION",
-        "ROLLOUT_RECOVERY_STATE_FILENAME",
         "RecoveryGranularity",
         "RolloutAttemptRecord",
         "RolloutAttemptStatus",
         "RolloutRecoveryLedger",
         "RolloutRecoveryState",
         "RolloutSiblingRecord",
-        "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
         "SiblingSealResult",
         "build_rollout_recovery_state",
         "parse_rollout_recovery_state",
     },
     "checkpoint": {
-        "LoadedSidecar",
         "SIDECAR_FILENAMES",
+        "LoadedSidecar",
         "SidecarFormat",
         "SidecarFormatError",
-        "SidecarProblem",
         "decode_sidecar",
         "encode_native_checkpoint",
         "encode_sidecar",
@@ -65,31 +76,24 @@ SURFACES: dict[str, set[str]] = {
         "split_snapshot",
     },
     "capture": {
+        "STAGING_PARTITION",
         "CallRecord",
         "CaptureFailure",
         "CaptureWriter",
         "LinearizedRollout",
-        "REJECTION_CODES",
         "Receipt",
         "Rejection",
         "SPANS_EXTRA",
-        "STAGING_PARTITION",
         "StagedCall",
         "StagedPrefix",
-        "TokenVersionSpan",
         "assemble_receipt",
         "fetch_and_verify",
-        "parse_version_name",
         "read_staged_prefix",
-        "staging_key",
         "verify_and_linearize",
         "version_spans",
     },
     "finalize": {
-        "ADVANTAGE_EPSILON",
         "CanonicalRowMeta",
-        "FinalizedGroup",
-        "SiblingOutcome",
         "finalize_group",
         "grpo_advantages",
         "publish_finalized_group",
@@ -101,73 +105,41 @@ SURFACES: dict[str, set[str]] = {
         "LinkSpan",
         "RewardChecks",
         "RewardLogContext",
-        "aggregate_capture_reward_metrics",
         "compute_reward_checks",
         "finalize_capture_reward",
         "group_reward_metrics",
         "parse_reward_log_context",
     },
     "policy": {
-        "ANSWER",
-        "ANSWER_TOKENS",
-        "BOS",
-        "DEFAULT_CLIP_EPSILON",
-        "DEFAULT_DIVERGED_AFTER",
-        "DEFAULT_LEARNING_RATE",
-        "DIGIT_BASE",
-        "EOS",
-        "FILLER_BASE",
-        "FileStateTrainer",
-        "KIND_ANSWER",
-        "KIND_FIXED",
-        "KIND_PROMPT",
-        "KIND_THOUGHT",
-        "MAX_LOG_RATIO",
-        "NUM_DIGITS",
-        "NUM_FILLER",
-        "NUM_THOUGHT",
-        "NumpyGRPOTrainer",
         "PARAM_SHAPES",
+        "FileStateTrainer",
+        "NumpyGRPOTrainer",
         "PolicyConfig",
         "PolicySnapshot",
-        "THINK",
-        "THOUGHT_BASE",
         "TaskConfig",
         "TaskSet",
         "TrainSample",
         "Trainer",
-        "VOCAB_SIZE",
-        "correct_answer",
-        "digit_token",
-        "initial_params",
-        "log_softmax",
         "prompt_digit",
         "render",
-        "row_token_contexts",
     },
     "serve": {
         "DEFAULT_MODEL_NAME",
         "PolicyServer",
         "ServeSettings",
-        "ServerReady",
-        "TransportStats",
-        "WEIGHT_VERSION_HEADER",
         "read_ready_file",
     },
     "rollout": {
+        "DIALECTS",
+        "WEIGHT_SYNCS",
         "AttemptFailure",
         "AttemptRequest",
         "AttemptResult",
         "BackendResume",
         "BackendStartup",
         "BackendTelemetry",
-        "CAPTURE_FAILURE_REASON",
-        "CallSpec",
         "Completion",
-        "DIALECTS",
         "DataFailure",
-        "Dialect",
-        "DialectName",
         "FailureReason",
         "FaultSettings",
         "FaultsConfig",
@@ -176,36 +148,23 @@ SURFACES: dict[str, set[str]] = {
         "HttpBackendSettings",
         "HttpConfig",
         "HttpGenerationBackend",
-        "NoWeightSync",
-        "PolicyWeightSync",
         "PoolSettings",
-        "ServerHealth",
-        "ServerPool",
-        "ServerReply",
         "Sampling",
-        "ServerStats",
-        "SglangGenerate",
         "SimulatedAgentBackend",
         "Turn",
-        "VersionTagSync",
-        "VllmCompletions",
-        "VllmGenerate",
-        "WEIGHT_SYNCS",
         "WeightSync",
         "WeightSyncName",
         "check_server_urls",
         "check_weight_update_mode",
-        "classify_status",
         "parse_version",
         "read_body",
         "run_episode",
-        "server_url_problem",
     },
     "history": {
+        "RECORD_TYPES",
         "AbandonedAttempt",
         "AttemptResumed",
         "AttemptsAbandoned",
-        "AuditReport",
         "AuditTrail",
         "BackendEvent",
         "BatchAdmitted",
@@ -215,16 +174,13 @@ SURFACES: dict[str, set[str]] = {
         "FreshAttempt",
         "GroupPublished",
         "GroupSealed",
-        "HISTORY_VERSION",
         "HistoryRecord",
-        "JournalCorruptError",
         "JournalEntry",
         "JournalReport",
         "JournalScan",
         "JournalWriter",
         "PromptDropped",
         "PromptTaken",
-        "RECORD_TYPES",
         "Restored",
         "ReusePolicy",
         "RewardChecksRecord",
@@ -234,24 +190,20 @@ SURFACES: dict[str, set[str]] = {
         "SiblingSealed",
         "StepTrained",
         "TrailLineError",
-        "TrailReport",
         "TrainedRow",
         "audit_run",
-        "check_trail",
         "cut_torn_tail",
         "inspect_journal",
-        "read_entries",
         "read_json_lines",
         "read_records",
         "scan_journal",
     },
     "rundir": {
         "CHECKPOINT_FILES",
+        "PRIVATE_FILE_MODE",
         "CheckpointStore",
         "LoadedCheckpoint",
-        "PRIVATE_FILE_MODE",
         "RunDirectory",
-        "RunLogEntry",
         "SkippedCheckpoint",
         "append_run_log",
         "is_locked",
@@ -270,7 +222,6 @@ SURFACES: dict[str, set[str]] = {
         "RunProgress",
         "VerifiedCheckpoint",
         "config_differences",
-        "config_from_builtins",
         "follow_journal",
         "load_config",
         "restore_controller",
@@ -279,98 +230,54 @@ SURFACES: dict[str, set[str]] = {
     },
     "job": {
         "JobComponents",
-        "JobResult",
         "RunReporter",
-        "RunSummary",
-        "StopRequest",
         "default_components",
-        "http_backend_settings",
-        "http_weight_sync",
         "render_summary",
         "request_stop",
         "run_job",
         "silence_closed_stdout",
     },
     "vllm": {
-        "EXTENSION_CLASS",
-        "EXTENSION_DIR",
-        "LOADING_TAG",
-        "LOAD_METHOD",
-        "LaunchedServer",
         "VllmConfig",
-        "VllmDtype",
         "VllmFleet",
         "VllmWeightSync",
         "check_launch_paths",
         "check_vllm_config",
-        "server_command",
-        "server_environment",
-        "weights_file_name",
     },
     "chaos": {
         "ChaosReport",
-        "plan_kills",
         "run_chaos",
     },
     "cli": {
-        "cli",
         "main",
     },
     "metrics": {
-        "SINK_NAMES",
-        "MarkerField",
         "MetricsConfig",
-        "MetricsFanout",
         "MetricsSink",
-        "Scalar",
-        "SinkName",
         "check_sinks_installed",
         "flatten_scalars",
         "open_metrics",
     },
     "llm": {
-        "DEFAULT_MAX_LOG_RATIO",
-        "EMIT_TOKEN_TASK",
-        "MODEL_STATE_FILE",
-        "OPTIMIZER_STATE_FILE",
-        "SMOLLM2_GGUF",
-        "TRAINER_STATE_FILE",
-        "Completion",
         "EmitTokenEpisodes",
         "EmitTokenTask",
         "ModelConfig",
-        "ModelSkeleton",
-        "TinyLlamaSpec",
         "TorchGRPOTrainer",
-        "TorchWeights",
         "TrainerConfig",
         "TransformersBackend",
-        "build_tiny_llama",
-        "convert_smollm2",
-        "find_smollm2_gguf",
-        "generate",
-        "load_causal_lm",
         "model_digest",
         "model_directory",
         "prepare_model",
         "require_llm",
-        "seed_for",
-        "write_model_dir",
     },
     "cluster": {
         "ActorPoolSettings",
-        "ActorStats",
-        "DataShard",
-        "FENCE_PARTITION",
-        "GenerationWorker",
         "RayConfig",
         "RayGenerationBackend",
         "RayShardedDataPlane",
         "ShardDirectory",
         "WorkerSpec",
-        "group_of",
         "ray_session",
-        "shard_of",
     },
 }
 
@@ -394,3 +301,93 @@ def test_codecs_and_storage_stay_private() -> None:
             assert not name.endswith("State") or package == "ledger", (package, name)
     assert "GroupState" not in SURFACES["ledger"]
     assert len(SURFACES["checkpoint"]) <= 13
+
+
+def test_the_synthetic_vocabulary_stays_private() -> None:
+    # Other packages ask TaskSet and PolicySnapshot, never for token ids.
+    assert {name for name in SURFACES["policy"] if name.isupper()} == {"PARAM_SHAPES"}
+
+
+def _facade_exports() -> dict[str, list[str]]:
+    """Each subpackage's ``__all__``, read from the source (no extra needs to be installed)."""
+    exports = {}
+    for init in sorted(PACKAGE_ROOT.glob("*/__init__.py")):
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+            ):
+                assert isinstance(node.value, ast.List)
+                exports[init.parent.name] = [ast.literal_eval(e) for e in node.value.elts]
+    return exports
+
+
+def _imported_names(code: str, package_parts: tuple[str, ...]) -> set[tuple[str, str]]:
+    """(subpackage, name) for every ``from rollout_recovery.<sub> import name`` in ``code``."""
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = list(package_parts[: len(package_parts) - node.level + 1])
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        parts = target.split(".")
+        if parts[0] == "rollout_recovery" and len(parts) == 2:
+            found |= {(parts[1], alias.name) for alias in node.names}
+    return found
+
+
+def _outside_users() -> dict[tuple[str, str], set[str]]:
+    """Who imports each facade name: another package of src/, README, examples, benchmarks."""
+    users: dict[tuple[str, str], set[str]] = {}
+    for module in PACKAGE_ROOT.rglob("*.py"):
+        relative = module.relative_to(PACKAGE_ROOT)
+        own = relative.parts[0] if len(relative.parts) > 1 else None
+        parts = module.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts[:-1]
+        for package, name in _imported_names(module.read_text(), parts):
+            if package != own:
+                users.setdefault((package, name), set()).add(f"src/{relative}")
+    readme = (REPO_ROOT / "README.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+        for key in _imported_names(block, ()):
+            users.setdefault(key, set()).add("README.md")
+    for folder in ("examples", "benchmarks"):
+        for script in (REPO_ROOT / folder).rglob("*.py"):
+            for key in _imported_names(script.read_text(), ()):
+                users.setdefault(key, set()).add(folder)
+    return users
+
+
+def test_facades_are_read_from_the_source() -> None:
+    # Guards the guards below: every facade's __all__ is found, and it is the pinned one.
+    assert {package: set(names) for package, names in _facade_exports().items()} == SURFACES
+
+
+def test_the_surface_stays_small() -> None:
+    distinct = {name for names in _facade_exports().values() for name in names}
+    assert len(distinct) <= MAX_DISTINCT_EXPORTS, (
+        f"{len(distinct)} distinct names exported by the subpackages (at most "
+        f"{MAX_DISTINCT_EXPORTS}): export only what another package or a user needs"
+    )
+
+
+def test_no_name_is_exported_for_tests_only() -> None:
+    """A facade name has a user outside its package; tests import private modules."""
+    users = _outside_users()
+    assert ("capture", "CaptureWriter") in users  # the scan sees imports
+    unused = [
+        f"rollout_recovery.{package}.{name}"
+        for package, names in _facade_exports().items()
+        for name in names
+        if (package, name) not in users
+    ]
+    assert not unused, "exported but imported by no other package, README or example: " + str(
+        unused
+    )
+
+
+def test_errors_holds_exception_classes_only() -> None:
+    for name in errors.__all__:
+        value = getattr(errors, name)
+        assert isinstance(value, type) and issubclass(value, Exception), name

@@ -30,7 +30,8 @@ import msgspec
 from msgspec import Meta
 
 from ._bounds import INT64_MAX
-from .errors import ConfigError, InvalidArgumentTypeError, split_validation_path
+from ._messages import split_validation_path
+from .errors import ConfigError, InvalidArgumentTypeError
 
 __all__ = [
     "OPERATIONAL",

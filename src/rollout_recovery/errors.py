@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from ._messages import format_keys
+
 __all__ = [
-    "MAX_LISTED_KEYS",
     "ActorPoolExhaustedError",
     "BareStringError",
     "BarrierNestingError",
@@ -60,61 +61,7 @@ __all__ = [
     "TrainingDivergedError",
     "UnknownGroupError",
     "UnknownMutationKindError",
-    "format_keys",
-    "is_utf8_text",
-    "join_path",
-    "refuse_bare_string",
-    "split_validation_path",
 ]
-
-# Messages list at most this many ids: enough to debug, bounded for a 10^5-key inventory.
-MAX_LISTED_KEYS = 10
-
-
-def split_validation_path(message: str) -> tuple[str, str | None]:
-    """Split msgspec's ``"... - at `$.a[0].b`"`` into the message and its JSON path.
-
-    The path is ``None`` when the message names none.
-    """
-    head, marker, tail = message.rpartition(" - at `")
-    if not marker or not tail.endswith("`"):
-        return message, None
-    # A bad mapping key reads "- at `key` in `$.path`": the path is the mapping's.
-    tail = tail.removeprefix("key` in `")
-    if tail.startswith("$"):
-        return head, tail[:-1]
-    return message, None
-
-
-def join_path(prefix: str, child: str | None) -> str:
-    """``$.groups[3]`` + ``$.status`` -> ``$.groups[3].status``: a rooted path inside another.
-
-    ``child`` is rooted at the value ``prefix`` names; ``None`` (no location) gives ``prefix``.
-    """
-    if child is None or child == "$":
-        return prefix
-    return prefix + child.removeprefix("$")
-
-
-def is_utf8_text(text: str) -> bool:
-    """Whether ``text`` can be encoded as UTF-8 (no lone surrogates).
-
-    Every file and store the library writes holds UTF-8; a string that cannot be encoded is
-    refused where it comes in rather than failing at the next write or use.
-    """
-    if text.isascii():  # the common case, checked in C without encoding
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def format_keys(keys: Sequence[str]) -> str:
-    """``['a', 'b'] (total=2)``: the first few keys of a list, for error messages."""
-    shown = sorted(keys)[:MAX_LISTED_KEYS]
-    return f"{shown!r} (total={len(keys)})"
 
 
 class RolloutRecoveryError(Exception):
@@ -378,15 +325,6 @@ class BareStringError(InvalidArgumentTypeError):
 
     Iterating it would address one-character ids, so it is refused; wrap it in a list.
     """
-
-
-def refuse_bare_string(value: object, *, what: str, operation: str) -> None:
-    """Raise :class:`BareStringError` if ``value`` is a str or bytes, not a collection."""
-    if isinstance(value, str | bytes | bytearray):
-        raise BareStringError(
-            f"{operation}: {what} must be a collection of str, got a single "
-            f"{type(value).__name__} {value!r}; wrap it in a list"
-        )
 
 
 class GenerationError(RolloutRecoveryError, RuntimeError):

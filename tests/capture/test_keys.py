@@ -6,8 +6,12 @@ import pytest
 from capture_support import identifiers
 from hypothesis import given
 
-from rollout_recovery.capture import staging_key
-from rollout_recovery.capture._keys import is_identifier, new_model_call_id, parse_staging_key
+from rollout_recovery.capture._keys import (
+    is_identifier,
+    new_model_call_id,
+    parse_staging_key,
+    staging_key,
+)
 from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
 
 

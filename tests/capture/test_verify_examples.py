@@ -10,7 +10,6 @@ import pytest
 from capture_support import Built, DictDataPlane, forge, simple_rollout, with_row
 
 from rollout_recovery.capture import (
-    REJECTION_CODES,
     STAGING_PARTITION,
     CaptureFailure,
     LinearizedRollout,
@@ -21,7 +20,7 @@ from rollout_recovery.capture import (
     verify_and_linearize,
 )
 from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
-from rollout_recovery.capture._result import REBUILD_CODES, WeightVersionSpan
+from rollout_recovery.capture._result import REBUILD_CODES, REJECTION_CODES, WeightVersionSpan
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.rewards import LinkSpan
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rollout_recovery.checkpoint._torch_pt import read_torch_pt
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 from rollout_recovery.ledger import parse_rollout_recovery_state
 
 STEPS = (

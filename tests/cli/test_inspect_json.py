@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from rollout_recovery import FinalizedReward, RolloutRecoveryLedger, build_rollout_recovery_state
 from rollout_recovery.checkpoint import write_sidecar
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 
 
 class _Cut:

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig
-from rollout_recovery.history import RECORD_TYPES, Restored, read_entries
+from rollout_recovery.history import RECORD_TYPES, Restored
+from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.rundir import CheckpointStore
 
 Snapshot = Callable[[Path], dict[str, tuple[int, int, str]]]

@@ -13,7 +13,7 @@ from sidecar_fixtures import rich_state
 
 from rollout_recovery.checkpoint import encode_sidecar, write_sidecar
 from rollout_recovery.checkpoint._sidecar_io import NATIVE_SIDECAR_FILENAME, read_sidecar
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 
 STATE = rich_state()
 

@@ -254,7 +254,8 @@ def test_no_live_actor_and_none_startable_fails_loudly(new_plane: NewPlane) -> N
 def test_an_actor_takes_work_only_once_it_holds_the_current_weights(
     new_plane: NewPlane,
 ) -> None:
-    from rollout_recovery.policy import PolicySnapshot, initial_params
+    from rollout_recovery.policy import PolicySnapshot
+    from rollout_recovery.policy._numpy_policy import initial_params
 
     plane = new_plane(2)
     backend = _backend(plane)

@@ -23,13 +23,8 @@ import pytest
 
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter
-from rollout_recovery.control import (
-    Controller,
-    RunConfig,
-    config_from_builtins,
-    follow_journal,
-    take_checkpoint,
-)
+from rollout_recovery.control import Controller, RunConfig, follow_journal, take_checkpoint
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.history import (
@@ -44,8 +39,8 @@ from rollout_recovery.history import (
     RunStarted,
     SiblingSealed,
     audit_run,
-    read_entries,
 )
+from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import default_components, run_job
 from rollout_recovery.job._run_job import claim_run_directory
 from rollout_recovery.ledger import RecoveryGranularity

@@ -168,9 +168,9 @@ from rollout_recovery.history import (
     SiblingSealed,
     StepTrained,
     TrainedRow,
-    check_trail,
-    read_entries,
 )
+from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job._run_job import _start_fresh
 from rollout_recovery.ledger import (
     PromptGroupPhase,
@@ -178,7 +178,8 @@ from rollout_recovery.ledger import (
     RolloutAttemptStatus,
     RolloutRecoveryLedger,
 )
-from rollout_recovery.policy import ANSWER, EOS, THOUGHT_BASE, TaskSet, TrainSample, digit_token
+from rollout_recovery.policy import TaskSet, TrainSample
+from rollout_recovery.policy._tasks import ANSWER, EOS, THOUGHT_BASE, digit_token
 from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 

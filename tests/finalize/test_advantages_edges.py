@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.finalize import ADVANTAGE_EPSILON, grpo_advantages
+from rollout_recovery.finalize import grpo_advantages
+from rollout_recovery.finalize._advantages import ADVANTAGE_EPSILON
 
 
 def _seed_grpo_advantages(

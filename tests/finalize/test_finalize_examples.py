@@ -21,20 +21,21 @@ from finalize_support import (
 from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.errors import DataPlaneClosedError, InvalidTransitionError
-from rollout_recovery.finalize import FinalizedGroup, finalize_group
+from rollout_recovery.finalize import finalize_group
 from rollout_recovery.finalize._metrics import (
     INVALID_ROW_RATE,
     REWARD_PROCESSING,
     failure_reason_metric,
 )
+from rollout_recovery.finalize._result import FinalizedGroup
 from rollout_recovery.ledger import PromptGroupStatus, RolloutRecoveryLedger
 from rollout_recovery.rewards import (
     CaptureRewardSettings,
     FinalizedReward,
     RewardChecks,
     RewardLogContext,
-    aggregate_capture_reward_metrics,
 )
+from rollout_recovery.rewards._metrics import aggregate_capture_reward_metrics
 
 PLAIN = CaptureRewardSettings()
 

@@ -27,7 +27,8 @@ from rollout_recovery.errors import (
     InvalidTransitionError,
     UnknownGroupError,
 )
-from rollout_recovery.finalize import FinalizedGroup, publish_finalized_group
+from rollout_recovery.finalize import publish_finalized_group
+from rollout_recovery.finalize._result import FinalizedGroup
 from rollout_recovery.ledger import MutationCut, PromptGroupStatus, RolloutRecoveryLedger
 from rollout_recovery.rewards import CaptureRewardSettings
 

@@ -22,7 +22,8 @@ import msgspec
 import pytest
 
 from rollout_recovery.checkpoint import SIDECAR_FILENAMES, decode_sidecar
-from rollout_recovery.control import Controller, RunConfig, config_from_builtins
+from rollout_recovery.control import Controller, RunConfig
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.history import (
     AttemptsAbandoned,
     GroupSealed,
@@ -31,10 +32,10 @@ from rollout_recovery.history import (
     SiblingSealed,
     StepTrained,
     TrainedRow,
-    read_entries,
 )
 from rollout_recovery.history._auditor import _decode
 from rollout_recovery.history._records import encode_record
+from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import _run_job as job_module
 from rollout_recovery.ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 from rollout_recovery.rundir import CheckpointStore

@@ -33,11 +33,12 @@ from click.testing import CliRunner
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV, reset_crash_points_for_tests
 from rollout_recovery.capture import STAGING_PARTITION
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
 from rollout_recovery.dataplane import CANONICAL_PARTITION, SqliteDataPlane
 from rollout_recovery.errors import NotARunDirectoryError
-from rollout_recovery.history import AuditReport, StepTrained, audit_run
+from rollout_recovery.history import StepTrained, audit_run
+from rollout_recovery.history._auditor import AuditReport
 from rollout_recovery.job import run_job
 from rollout_recovery.rundir import CheckpointStore
 

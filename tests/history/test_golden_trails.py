@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_recovery.history import Restored, StepTrained, check_trail, read_records
+from rollout_recovery.history import Restored, StepTrained, read_records
+from rollout_recovery.history._trail_check import check_trail
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "history"
 GOOD = FIXTURES / "good" / "events.jsonl"

@@ -25,14 +25,13 @@ from trail_builders import good_history
 
 from rollout_recovery.errors import StorageFullError
 from rollout_recovery.history import (
-    JournalCorruptError,
     JournalWriter,
     PromptTaken,
     _journal,
     cut_torn_tail,
     scan_journal,
 )
-from rollout_recovery.history._journal import frame_record, unframe_line
+from rollout_recovery.history._journal import JournalCorruptError, frame_record, unframe_line
 
 
 def taken(number: int, pad: str = "") -> PromptTaken:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.history import AuditReport, audit_run
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._auditor import AuditReport
 
 STEPS = 40
 

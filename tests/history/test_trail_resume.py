@@ -21,9 +21,8 @@ from rollout_recovery.history import (
     RoundStarted,
     Seal,
     SiblingSealed,
-    TrailReport,
-    check_trail,
 )
+from rollout_recovery.history._trail_check import TrailReport, check_trail
 
 LOST, FRESH, OTHER = "g5_g0_a1", "g5_g0_a2", "g5_g1_a1"
 

@@ -30,8 +30,9 @@ from typing import Protocol
 import httpx
 import pytest
 
-from rollout_recovery.vllm import EXTENSION_DIR, VllmConfig
-from rollout_recovery.vllm import server_command as vllm_server_command
+from rollout_recovery.vllm import VllmConfig
+from rollout_recovery.vllm._fleet import EXTENSION_DIR
+from rollout_recovery.vllm._fleet import server_command as vllm_server_command
 
 PYTHON_ENV = "ROLLOUT_RECOVERY_VLLM_PYTHON"
 MODEL_ENV = "ROLLOUT_RECOVERY_VLLM_MODEL"

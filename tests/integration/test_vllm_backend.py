@@ -27,18 +27,19 @@ from rollout_recovery.capture import (
     fetch_and_verify,
 )
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import ANSWER, TaskSet
+from rollout_recovery.policy import TaskSet
+from rollout_recovery.policy._tasks import ANSWER
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
     AttemptRequest,
     AttemptResult,
-    DialectName,
     HttpBackendSettings,
     HttpGenerationBackend,
     PoolSettings,
     WeightSyncName,
 )
+from rollout_recovery.rollout._wire import DialectName
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory

@@ -24,8 +24,9 @@ from run_fixtures import backend_events
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import ConfigError
-from rollout_recovery.job import default_components, http_weight_sync
-from rollout_recovery.policy import VOCAB_SIZE
+from rollout_recovery.job import default_components
+from rollout_recovery.job._components import http_weight_sync
+from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import HttpGenerationBackend
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

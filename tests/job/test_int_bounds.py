@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from rollout_recovery._bounds import INT64_MAX
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.errors import ConfigError
 from rollout_recovery.job import run_job

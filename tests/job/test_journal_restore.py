@@ -32,9 +32,9 @@ from rollout_recovery.history import (
     SiblingSealed,
     StepTrained,
     audit_run,
-    check_trail,
-    read_entries,
 )
+from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.rollout import FailureReason
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

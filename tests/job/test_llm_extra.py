@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rollout_recovery.cli import cli
-from rollout_recovery.control import config_from_builtins
+from rollout_recovery.cli._main import cli
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.errors import ConfigError
 from rollout_recovery.job import run_job
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig
 from rollout_recovery.history import (
     AttemptsAbandoned,
@@ -39,8 +39,8 @@ from rollout_recovery.history import (
     SiblingSealed,
     StepTrained,
     audit_run,
-    read_entries,
 )
+from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import run_job
 from rollout_recovery.rundir import RunDirectory, lock_holder, read_run_log
 

@@ -18,10 +18,11 @@ import pytest
 from click.testing import CliRunner
 
 from rollout_recovery.checkpoint import SIDECAR_FILENAMES
-from rollout_recovery.cli import cli
+from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.history._trail_check import check_trail
-from rollout_recovery.job import JobResult, run_job
+from rollout_recovery.job import run_job
+from rollout_recovery.job._run_job import JobResult
 from rollout_recovery.rundir import CheckpointStore
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

@@ -18,7 +18,8 @@ from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import SqliteDataPlane
-from rollout_recovery.history import audit_run, check_trail
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_check import check_trail
 from rollout_recovery.job import run_job
 from rollout_recovery.rundir import RunDirectory
 

@@ -33,8 +33,9 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_dir(model_cache: Path) -> Path:
     """The default tiny Llama (vocab 333, 2 layers, seed 1234), weights stored in fp32:
     what ``[model] source = "tiny-llama"`` trains."""
-    from rollout_recovery.llm import ModelConfig, TinyLlamaSpec, model_directory
-    from rollout_recovery.llm._model_source import TINY_LLAMA_SPEC
+    from rollout_recovery.llm import ModelConfig
+    from rollout_recovery.llm._model_source import TINY_LLAMA_SPEC, model_directory
+    from rollout_recovery.llm._tiny_llama import TinyLlamaSpec
 
     assert TinyLlamaSpec(dtype="float32") == TINY_LLAMA_SPEC
     return model_directory(ModelConfig(source="tiny-llama", cache_dir=str(model_cache)))

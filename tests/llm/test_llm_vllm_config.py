@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from vllm_fake import FakeVllmFleet
 
-from rollout_recovery.control import config_from_builtins
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.job import default_components, run_job
@@ -29,7 +29,8 @@ from rollout_recovery.llm import (
     TorchGRPOTrainer,
     model_directory,
 )
-from rollout_recovery.policy import THOUGHT_BASE, TaskSet
+from rollout_recovery.policy import TaskSet
+from rollout_recovery.policy._tasks import THOUGHT_BASE
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,

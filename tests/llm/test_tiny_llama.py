@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.llm import TinyLlamaSpec, build_tiny_llama, load_causal_lm
-from rollout_recovery.llm._tiny_llama import is_complete
+from rollout_recovery.llm._model_files import load_causal_lm
+from rollout_recovery.llm._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "vllm" / "build_tiny_model.py"

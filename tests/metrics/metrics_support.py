@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rollout_recovery.metrics import MetricsConfig, MetricsFanout, open_metrics
+from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics._fanout import MetricsFanout
 
 RESUME = 6
 RESTORED = {"checkpoint": "step_000006", "tokens_lost": 402, "seals_lost": 3}

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import pytest
 
 from rollout_recovery.errors import ClosedResourceError, LivenessError
-from rollout_recovery.metrics import MarkerField, Scalar
 from rollout_recovery.metrics._background import BackgroundSink
+from rollout_recovery.metrics._protocol import MarkerField, Scalar
 
 
 class Gated:

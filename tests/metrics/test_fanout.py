@@ -12,7 +12,8 @@ from rollout_recovery.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
 )
-from rollout_recovery.metrics import MarkerField, MetricsFanout, Scalar
+from rollout_recovery.metrics._fanout import MetricsFanout
+from rollout_recovery.metrics._protocol import MarkerField, Scalar
 
 
 class Recorder:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from metrics_support import RESTORED, RESUME, restart
 
-from rollout_recovery.metrics import MetricsConfig, MetricsFanout, open_metrics
+from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics._fanout import MetricsFanout
 
 RETRAINED = {step: (100.0 + step if step >= RESUME else float(step)) for step in range(13)}
 FIRST_WINS = {step: (100.0 + step if step >= 10 else float(step)) for step in range(13)}

@@ -16,14 +16,8 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.finalize import grpo_advantages
-from rollout_recovery.policy import (
-    ANSWER,
-    DIGIT_BASE,
-    NumpyGRPOTrainer,
-    PolicySnapshot,
-    TaskSet,
-    TrainSample,
-)
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, TrainSample
+from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE
 
 REASONING_TOKENS = 4
 

@@ -12,19 +12,16 @@ import numpy.typing as npt
 import pytest
 from policy_support import grpo_run
 
-from rollout_recovery.policy import (
+from rollout_recovery.policy import PARAM_SHAPES, NumpyGRPOTrainer, Trainer, TrainSample
+from rollout_recovery.policy._numpy_policy import initial_params
+from rollout_recovery.policy._tasks import (
     ANSWER,
     BOS,
     DIGIT_BASE,
     EOS,
-    PARAM_SHAPES,
     THINK,
     THOUGHT_BASE,
     VOCAB_SIZE,
-    NumpyGRPOTrainer,
-    Trainer,
-    TrainSample,
-    initial_params,
 )
 
 EPS = 0.2

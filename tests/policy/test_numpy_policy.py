@@ -10,23 +10,23 @@ from policy_support import REASONING_TOKENS, direct_episode, staged_episode
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import (
-    ANSWER,
-    BOS,
-    DIGIT_BASE,
-    EOS,
+from rollout_recovery.policy import PARAM_SHAPES, PolicySnapshot, TaskSet
+from rollout_recovery.policy._numpy_policy import (
     KIND_ANSWER,
     KIND_FIXED,
     KIND_PROMPT,
     KIND_THOUGHT,
-    PARAM_SHAPES,
-    THINK,
-    THOUGHT_BASE,
-    PolicySnapshot,
-    TaskSet,
-    correct_answer,
     initial_params,
     row_token_contexts,
+)
+from rollout_recovery.policy._tasks import (
+    ANSWER,
+    BOS,
+    DIGIT_BASE,
+    EOS,
+    THINK,
+    THOUGHT_BASE,
+    correct_answer,
 )
 
 

@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.policy import (
+from rollout_recovery.policy import TaskSet, prompt_digit, render
+from rollout_recovery.policy._tasks import (
     ANSWER,
+    ANSWER_TOKENS,
     BOS,
     DIGIT_BASE,
     EOS,
@@ -16,10 +18,7 @@ from rollout_recovery.policy import (
     THINK,
     THOUGHT_BASE,
     VOCAB_SIZE,
-    TaskSet,
     correct_answer,
-    prompt_digit,
-    render,
 )
 
 SIZE = 1_000
@@ -90,3 +89,13 @@ def test_render_names_every_token_kind() -> None:
     assert render(ids) == "<bos> w3 5 <think> hmm <answer> 0 <eos>"
     assert render([VOCAB_SIZE]) == f"<unk:{VOCAB_SIZE}>"
     assert render([]) == ""
+
+
+def test_an_episode_asks_for_thinking_and_the_answer_without_knowing_the_ids() -> None:
+    assert TaskSet.thinking_prompt([5, 6]) == [5, 6, THINK]
+    assert TaskSet.answer_prompt((5, 6)) == [5, 6, ANSWER]
+    assert TaskSet.answer_tokens == ANSWER_TOKENS
+    assert TaskSet.answer_digit([DIGIT_BASE + 7, 99]) == 7
+    assert TaskSet.answer_digit([]) is None
+    assert TaskSet.answer_digit([THINK]) is None
+    assert TaskSet.answer_digit([DIGIT_BASE + 10]) is None

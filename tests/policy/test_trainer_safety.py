@@ -15,20 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_recovery.errors import RolloutRecoveryError, TrainingDivergedError
-from rollout_recovery.policy import (
+from rollout_recovery.policy import PARAM_SHAPES, NumpyGRPOTrainer, PolicySnapshot, TrainSample
+from rollout_recovery.policy._tasks import (
     ANSWER,
     BOS,
     DIGIT_BASE,
     EOS,
-    MAX_LOG_RATIO,
     NUM_THOUGHT,
-    PARAM_SHAPES,
     THINK,
     THOUGHT_BASE,
-    NumpyGRPOTrainer,
-    PolicySnapshot,
-    TrainSample,
 )
+from rollout_recovery.policy._trainer import MAX_LOG_RATIO
 
 # What vLLM reports as the logprob of a token it considers impossible.
 VLLM_IMPOSSIBLE = -9999.0

@@ -20,11 +20,13 @@ from rollout_recovery.rewards import (
     FinalizedReward,
     RewardChecks,
     RewardLogContext,
-    aggregate_capture_reward_metrics,
     finalize_capture_reward,
     group_reward_metrics,
 )
-from rollout_recovery.rewards._metrics import capture_reward_result_tables
+from rollout_recovery.rewards._metrics import (
+    aggregate_capture_reward_metrics,
+    capture_reward_result_tables,
+)
 
 NO_COUNTS = {"duplicated_reasoning": 0, "empty_final_answer": 0, "unwanted_token": 0}
 

@@ -18,26 +18,25 @@ import httpx
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import (
+from rollout_recovery.policy import TaskSet, prompt_digit
+from rollout_recovery.policy._tasks import (
     ANSWER,
     DIGIT_BASE,
     EOS,
     THOUGHT_BASE,
     VOCAB_SIZE,
-    TaskSet,
     correct_answer,
-    prompt_digit,
 )
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
     AttemptRequest,
-    DialectName,
     HttpBackendSettings,
     HttpGenerationBackend,
     PoolSettings,
     WeightSyncName,
 )
+from rollout_recovery.rollout._wire import DialectName
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)
 LOGPROB = -0.25

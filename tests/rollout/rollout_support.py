@@ -9,7 +9,8 @@ from typing import Any
 
 from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import PolicySnapshot, TaskSet, initial_params
+from rollout_recovery.policy import PolicySnapshot, TaskSet
+from rollout_recovery.policy._numpy_policy import initial_params
 from rollout_recovery.rollout import AttemptRequest, FaultSettings, SimulatedAgentBackend
 
 LATENCY_S = 0.001

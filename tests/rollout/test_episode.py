@@ -22,7 +22,8 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import ANSWER, THINK, PolicySnapshot
+from rollout_recovery.policy import PolicySnapshot
+from rollout_recovery.policy._tasks import ANSWER, THINK
 from rollout_recovery.rollout import (
     AttemptRequest,
     AttemptResult,

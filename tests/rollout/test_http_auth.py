@@ -27,10 +27,10 @@ from rollout_recovery.rollout import (
     HttpBackendSettings,
     HttpGenerationBackend,
     PoolSettings,
-    ServerPool,
-    classify_status,
-    server_url_problem,
 )
+from rollout_recovery.rollout._http_backend import classify_status
+from rollout_recovery.rollout._server_pool import ServerPool
+from rollout_recovery.rollout._server_url import server_url_problem
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 KEY = "job-key_0123456789abcdef"

@@ -26,8 +26,9 @@ from rollout_recovery.capture import (
     fetch_and_verify,
 )
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import ANSWER, ANSWER_TOKENS, VOCAB_SIZE
-from rollout_recovery.rollout import AttemptResult, CallSpec
+from rollout_recovery.policy._tasks import ANSWER, ANSWER_TOKENS, VOCAB_SIZE
+from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.rollout._wire import CallSpec
 
 # How long a test waits for what it expects: generous, for a loaded 2-core machine.
 GUARD_S = 30.0

@@ -21,7 +21,9 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.policy import VOCAB_SIZE, PolicySnapshot, TaskSet, initial_params
+from rollout_recovery.policy import PolicySnapshot, TaskSet
+from rollout_recovery.policy._numpy_policy import initial_params
+from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import (
     DIALECTS,
     WEIGHT_SYNCS,

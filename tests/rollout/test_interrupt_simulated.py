@@ -14,9 +14,9 @@ from rollout_support import TASKS, SignallingWriter, run, snapshot
 from rollout_recovery.capture import (
     STAGING_PARTITION,
     LinearizedRollout,
-    TokenVersionSpan,
     fetch_and_verify,
 )
+from rollout_recovery.capture._spans import TokenVersionSpan
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TrainSample

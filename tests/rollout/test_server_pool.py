@@ -14,7 +14,8 @@ from rollout_support import snapshot
 
 from rollout_recovery._clock import VirtualClockLoop, monotonic
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings, ServerPool
+from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings
+from rollout_recovery.rollout._server_pool import ServerPool
 
 # How long a test waits for a state it expects: generous, for a loaded 2-core machine.
 GUARD_S = 30.0
@@ -136,7 +137,8 @@ def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
     ids=["none", "duplicate", "not-http"],
 )
 def test_bad_server_lists_are_refused(servers: list[str]) -> None:
-    from rollout_recovery.rollout import WEIGHT_SYNCS, ServerPool
+    from rollout_recovery.rollout import WEIGHT_SYNCS
+    from rollout_recovery.rollout._server_pool import ServerPool
 
     with pytest.raises(InvalidArgumentError, match=r"servers|url"):
         ServerPool(

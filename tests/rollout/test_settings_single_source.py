@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollout_recovery.control import config_from_builtins
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.job._components import _http_settings
 from rollout_recovery.policy import TaskConfig
 from rollout_recovery.rollout import (

@@ -17,15 +17,15 @@ from rollout_recovery.capture import (
     fetch_and_verify,
 )
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import ANSWER, DIGIT_BASE, EOS, correct_answer
+from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks
 from rollout_recovery.rollout import (
-    CAPTURE_FAILURE_REASON,
     AttemptResult,
     FaultSettings,
     GenerationBackend,
     SimulatedAgentBackend,
 )
+from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON
 
 
 def _verify(rig: Rig, result: AttemptResult) -> LinearizedRollout | Rejection:

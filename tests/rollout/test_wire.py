@@ -12,15 +12,15 @@ from http_support import completion
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.rollout import (
+from rollout_recovery.rollout import DataFailure
+from rollout_recovery.rollout._http_backend import classify_status
+from rollout_recovery.rollout._wire import (
     CallSpec,
-    DataFailure,
     Dialect,
     ServerReply,
     SglangGenerate,
     VllmCompletions,
     VllmGenerate,
-    classify_status,
 )
 
 CALL = CallSpec(prompt_token_ids=[0, 5, 22, 1], max_tokens=4, seed=7)

@@ -18,7 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.policy import NUM_DIGITS, NUM_THOUGHT, PARAM_SHAPES
+from rollout_recovery.policy import PARAM_SHAPES
+from rollout_recovery.policy._tasks import NUM_DIGITS, NUM_THOUGHT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 # Long enough for any test, short enough to surface a hang as a failure.

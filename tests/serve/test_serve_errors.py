@@ -12,15 +12,8 @@ import httpx
 import pytest
 from serve_support import peaked_params
 
-from rollout_recovery.policy import (
-    ANSWER,
-    BOS,
-    FILLER_BASE,
-    THINK,
-    VOCAB_SIZE,
-    NumpyGRPOTrainer,
-    digit_token,
-)
+from rollout_recovery.policy import NumpyGRPOTrainer
+from rollout_recovery.policy._tasks import ANSWER, BOS, FILLER_BASE, THINK, VOCAB_SIZE, digit_token
 from rollout_recovery.serve import PolicyServer, ServeSettings
 from rollout_recovery.serve._app import ServeApp
 from rollout_recovery.serve._weights import WeightStore

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.policy import (
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, render
+from rollout_recovery.policy._tasks import (
     ANSWER,
     BOS,
     DIGIT_BASE,
@@ -22,12 +23,10 @@ from rollout_recovery.policy import (
     THINK,
     THOUGHT_BASE,
     VOCAB_SIZE,
-    NumpyGRPOTrainer,
-    PolicySnapshot,
     digit_token,
-    render,
 )
-from rollout_recovery.serve import WEIGHT_VERSION_HEADER, PolicyServer, ServeSettings
+from rollout_recovery.serve import PolicyServer, ServeSettings
+from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 SEED = 3
 PROMPT = [BOS, FILLER_BASE + 1, digit_token(6), FILLER_BASE + 5, THINK]

@@ -24,7 +24,8 @@ from serve_support import WAIT_S
 
 from rollout_recovery._bounds import INT64_MAX
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.policy import BOS, FILLER_BASE, THINK, NumpyGRPOTrainer, digit_token
+from rollout_recovery.policy import NumpyGRPOTrainer
+from rollout_recovery.policy._tasks import BOS, FILLER_BASE, THINK, digit_token
 from rollout_recovery.serve import PolicyServer, ServeSettings
 from rollout_recovery.serve._app import ServeApp
 from rollout_recovery.serve._weights import WeightStore

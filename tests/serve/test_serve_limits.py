@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from serve_support import WAIT_S
 
-from rollout_recovery.policy import BOS, FILLER_BASE, THINK, digit_token
+from rollout_recovery.policy._tasks import BOS, FILLER_BASE, THINK, digit_token
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 PROMPT = [BOS, FILLER_BASE, digit_token(4), FILLER_BASE + 3, THINK]

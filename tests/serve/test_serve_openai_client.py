@@ -5,8 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from rollout_recovery.policy import BOS, THINK, THOUGHT_BASE, digit_token
-from rollout_recovery.serve import DEFAULT_MODEL_NAME, WEIGHT_VERSION_HEADER, PolicyServer
+from rollout_recovery.policy._tasks import BOS, THINK, THOUGHT_BASE, digit_token
+from rollout_recovery.serve import DEFAULT_MODEL_NAME, PolicyServer
+from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 PROMPT = [BOS, digit_token(7), THINK]
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from serve_support import WAIT_S, peaked_params
 
-from rollout_recovery.policy import BOS, THINK, THOUGHT_BASE, PolicySnapshot, digit_token
-from rollout_recovery.serve import WEIGHT_VERSION_HEADER, PolicyServer, ServeSettings
+from rollout_recovery.policy import PolicySnapshot
+from rollout_recovery.policy._tasks import BOS, THINK, THOUGHT_BASE, digit_token
+from rollout_recovery.serve import PolicyServer, ServeSettings
+from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 PROMPT = [BOS, digit_token(1), THINK]
 TOKENS = 8

@@ -16,7 +16,8 @@ import httpx
 import pytest
 from serve_support import FIXTURES, expand, load_fixture, load_fixture_text, shape
 
-from rollout_recovery.serve import WEIGHT_VERSION_HEADER, PolicyServer, ServeSettings
+from rollout_recovery.serve import PolicyServer, ServeSettings
+from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 MODEL = "tiny"
 

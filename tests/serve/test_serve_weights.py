@@ -12,14 +12,10 @@ import pytest
 from serve_support import WAIT_S, Gate, peaked_params
 
 from rollout_recovery.errors import InvalidOperationError
-from rollout_recovery.policy import (
-    BOS,
-    THINK,
-    THOUGHT_BASE,
-    NumpyGRPOTrainer,
-    digit_token,
-)
-from rollout_recovery.serve import WEIGHT_VERSION_HEADER, PolicyServer, ServeSettings
+from rollout_recovery.policy import NumpyGRPOTrainer
+from rollout_recovery.policy._tasks import BOS, THINK, THOUGHT_BASE, digit_token
+from rollout_recovery.serve import PolicyServer, ServeSettings
+from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 PROMPT = [BOS, digit_token(1), THINK]
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from rollout_recovery.vllm import EXTENSION_CLASS, EXTENSION_DIR, LOAD_METHOD
+from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR
+from rollout_recovery.vllm._sync import LOAD_METHOD
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")

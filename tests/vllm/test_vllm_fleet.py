@@ -22,19 +22,16 @@ import httpx
 import msgspec
 import pytest
 
-from rollout_recovery.control import RunConfig, config_from_builtins, load_config
+from rollout_recovery.control import RunConfig, load_config
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import ConfigError, GenerationError
-from rollout_recovery.job import JobComponents, http_weight_sync, run_job
+from rollout_recovery.job import JobComponents, run_job
+from rollout_recovery.job._components import http_weight_sync
 from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import HttpConfig
-from rollout_recovery.vllm import (
-    EXTENSION_CLASS,
-    EXTENSION_DIR,
-    VllmConfig,
-    VllmFleet,
-    check_vllm_config,
-)
+from rollout_recovery.vllm import VllmConfig, VllmFleet, check_vllm_config
+from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR
 
 FAKE = Path(__file__).with_name("fake_vllm_server.py")
 #: Bounds on waits for processes to appear or vanish: generous for a loaded machine.

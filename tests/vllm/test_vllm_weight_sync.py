@@ -27,7 +27,7 @@ from vllm_fake import FakeVllm, FakeVllmFleet, FakeWeights, file_version, logpro
 from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
-from rollout_recovery.policy import VOCAB_SIZE
+from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import (
     DIALECTS,
     AttemptRequest,
@@ -36,7 +36,8 @@ from rollout_recovery.rollout import (
     HttpGenerationBackend,
     PoolSettings,
 )
-from rollout_recovery.vllm import LOADING_TAG, VllmWeightSync, weights_file_name
+from rollout_recovery.vllm import VllmWeightSync
+from rollout_recovery.vllm._sync import LOADING_TAG, weights_file_name
 
 GUARD_S = 30.0
 PUSH = [

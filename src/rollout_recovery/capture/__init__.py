@@ -11,22 +11,15 @@ unsealed attempt's staged calls back as a verified :class:`StagedPrefix`, which 
 attempt of the same sibling continues. Digests, key patterns and record codecs are private.
 """
 
-from ._keys import staging_key
 from ._prefix import StagedCall, StagedPrefix, read_staged_prefix
 from ._receipt import CaptureFailure, Receipt, assemble_receipt
 from ._records import CallRecord
-from ._result import REJECTION_CODES, LinearizedRollout, Rejection
-from ._spans import (
-    SPANS_EXTRA,
-    TokenVersionSpan,
-    parse_version_name,
-    version_spans,
-)
+from ._result import LinearizedRollout, Rejection
+from ._spans import SPANS_EXTRA, version_spans
 from ._verify import fetch_and_verify, verify_and_linearize
 from ._writer import STAGING_PARTITION, CaptureWriter
 
 __all__ = [
-    "REJECTION_CODES",
     "SPANS_EXTRA",
     "STAGING_PARTITION",
     "CallRecord",
@@ -37,12 +30,9 @@ __all__ = [
     "Rejection",
     "StagedCall",
     "StagedPrefix",
-    "TokenVersionSpan",
     "assemble_receipt",
     "fetch_and_verify",
-    "parse_version_name",
     "read_staged_prefix",
-    "staging_key",
     "verify_and_linearize",
     "version_spans",
 ]

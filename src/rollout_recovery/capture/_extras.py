@@ -22,7 +22,8 @@ import struct
 from typing import Any
 
 from .._bounds import INT64_MAX, MAX_PLAIN_DEPTH, PLAIN_INT_MIN
-from ..errors import InvalidStateError, is_utf8_text
+from .._checks import is_utf8_text
+from ..errors import InvalidStateError
 from ._digest import _text, _u64
 
 __all__ = ["EMPTY_EXTRAS_DIGEST", "compute_extras_digest"]

@@ -30,7 +30,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from .._bounds import INT64_MAX
-from ..errors import InvalidStateError, split_validation_path
+from .._messages import split_validation_path
+from ..errors import InvalidStateError
 
 __all__ = [
     "CallRecord",

@@ -12,7 +12,7 @@ codecs themselves are private.
 
 from ._errors import SidecarFormatError
 from ._native import encode_native_checkpoint
-from ._problems import SidecarProblem, find_sidecar_problems
+from ._problems import find_sidecar_problems
 from ._sidecar_io import (
     SIDECAR_FILENAMES,
     LoadedSidecar,
@@ -30,7 +30,6 @@ __all__ = [
     "LoadedSidecar",
     "SidecarFormat",
     "SidecarFormatError",
-    "SidecarProblem",
     "decode_sidecar",
     "encode_native_checkpoint",
     "encode_sidecar",

@@ -33,7 +33,8 @@ from typing import Any, Final, Generic, TypeVar, Union, Unpack, cast, get_args, 
 import msgspec
 
 from .. import __version__
-from ..errors import InvalidStateError, InvalidStateTypeError, split_validation_path
+from .._messages import split_validation_path
+from ..errors import InvalidStateError, InvalidStateTypeError
 from ..ledger import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryLedger
 from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
 from ._errors import SidecarFormatError

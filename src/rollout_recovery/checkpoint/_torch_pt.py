@@ -34,14 +34,10 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 from .._bounds import MAX_PLAIN_DEPTH, RECEIPT_DEPTH_IN_SIDECAR
+from .._checks import is_utf8_text
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import (
-    InvalidArgumentError,
-    InvalidStateError,
-    InvalidStateTypeError,
-    is_utf8_text,
-)
+from ..errors import InvalidArgumentError, InvalidStateError, InvalidStateTypeError
 from ._errors import SidecarFormatError
 from ._regular_file import open_regular_file
 

@@ -1,5 +1,5 @@
 """The ``rollout-recovery`` command line: one click group, one module per command."""
 
-from ._main import cli, main
+from ._main import main
 
-__all__ = ["cli", "main"]
+__all__ = ["main"]

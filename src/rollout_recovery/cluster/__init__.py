@@ -17,27 +17,19 @@ from typing import TYPE_CHECKING, Any
 from ._config import RayConfig
 
 if TYPE_CHECKING:
-    from ._pool import ActorPoolSettings, ActorStats, RayGenerationBackend
-    from ._routing import group_of, shard_of
+    from ._pool import ActorPoolSettings, RayGenerationBackend
     from ._runtime import ray_session
-    from ._shard import FENCE_PARTITION, DataShard
     from ._sharded_plane import RayShardedDataPlane, ShardDirectory
-    from ._worker import GenerationWorker, WorkerSpec
+    from ._worker import WorkerSpec
 
 __all__ = [
-    "FENCE_PARTITION",
     "ActorPoolSettings",
-    "ActorStats",
-    "DataShard",
-    "GenerationWorker",
     "RayConfig",
     "RayGenerationBackend",
     "RayShardedDataPlane",
     "ShardDirectory",
     "WorkerSpec",
-    "group_of",
     "ray_session",
-    "shard_of",
 ]
 
 # Name -> the private module that defines it (each of them imports Ray).

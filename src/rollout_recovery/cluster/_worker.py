@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
-from ..policy import VOCAB_SIZE, PolicySnapshot, TaskConfig, TaskSet
+from ..policy import PolicySnapshot, TaskConfig, TaskSet
 from ..rollout import (
     DIALECTS,
     WEIGHT_SYNCS,
@@ -91,7 +91,7 @@ class GenerationWorker:
                     model=http.model,
                     pool=PoolSettings(),
                     # The worker's weights are the numpy policy's: its vocabulary.
-                    vocab_size=VOCAB_SIZE,
+                    vocab_size=PolicySnapshot.vocab_size,
                     stage_in_thread=True,
                 ),
                 initial_version=version,

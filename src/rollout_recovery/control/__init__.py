@@ -15,7 +15,7 @@ from ._checkpointing import (
     take_checkpoint,
     verify_checkpoint,
 )
-from ._config import RunConfig, config_differences, config_from_builtins, load_config
+from ._config import RunConfig, config_differences, load_config
 from ._controller import Controller, DrainReport, PromptDataset, RunProgress
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "RunProgress",
     "VerifiedCheckpoint",
     "config_differences",
-    "config_from_builtins",
     "follow_journal",
     "load_config",
     "restore_controller",

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..errors import InvalidStateError, split_validation_path
+from .._messages import split_validation_path
+from ..errors import InvalidStateError
 from ..history import (
     AttemptsAbandoned,
     CheckpointCommitted,

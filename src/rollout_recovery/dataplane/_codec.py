@@ -16,8 +16,9 @@ import msgspec
 import numpy as np
 
 from .._bounds import MAX_PLAIN_DEPTH
+from .._checks import is_utf8_text, refuse_bare_string
 from .._cut import MutationCut
-from ..errors import InvalidRowError, MissingRowError, is_utf8_text, refuse_bare_string
+from ..errors import InvalidRowError, MissingRowError
 from ._protocol import Row
 
 __all__ = [

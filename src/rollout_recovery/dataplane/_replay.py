@@ -27,15 +27,14 @@ from typing import Any
 
 import msgspec
 
+from .._checks import refuse_bare_string
 from .._cut import MutationCut
+from .._messages import format_keys, split_validation_path
 from ..errors import (
     InvalidArgumentError,
     InvalidStateError,
     InvalidTransitionError,
     UnknownGroupError,
-    format_keys,
-    refuse_bare_string,
-    split_validation_path,
 )
 from ._protocol import DataPlane
 

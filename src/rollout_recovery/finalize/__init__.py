@@ -7,17 +7,13 @@ the caller's ``group_commits`` cut and hands ownership from the ledger to the re
 :func:`grpo_advantages` computes one group's advantages with placeholders masked out.
 """
 
-from ._advantages import ADVANTAGE_EPSILON, grpo_advantages
+from ._advantages import grpo_advantages
 from ._group import finalize_group
 from ._publish import publish_finalized_group
-from ._result import FinalizedGroup, SiblingOutcome
 from ._rows import CanonicalRowMeta
 
 __all__ = [
-    "ADVANTAGE_EPSILON",
     "CanonicalRowMeta",
-    "FinalizedGroup",
-    "SiblingOutcome",
     "finalize_group",
     "grpo_advantages",
     "publish_finalized_group",

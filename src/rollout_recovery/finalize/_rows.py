@@ -13,9 +13,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .._messages import split_validation_path
 from ..capture import LinearizedRollout
 from ..dataplane import Row
-from ..errors import InvalidArgumentError, InvalidStateError, split_validation_path
+from ..errors import InvalidArgumentError, InvalidStateError
 from ._result import SiblingOutcome
 
 __all__ = ["CanonicalRowMeta", "canonical_row"]

@@ -6,18 +6,10 @@ append Structs and readers decode into the union, refusing a line that is not a 
 with its ``file:line``.
 """
 
-from ._auditor import AuditReport, audit_run
-from ._journal import (
-    JournalCorruptError,
-    JournalEntry,
-    JournalScan,
-    JournalWriter,
-    cut_torn_tail,
-    scan_journal,
-)
+from ._auditor import audit_run
+from ._journal import JournalEntry, JournalScan, JournalWriter, cut_torn_tail, scan_journal
 from ._journal_report import RECORD_TYPES, JournalReport, inspect_journal
 from ._records import (
-    HISTORY_VERSION,
     AbandonedAttempt,
     AttemptResumed,
     AttemptsAbandoned,
@@ -43,16 +35,13 @@ from ._records import (
     TrainedRow,
 )
 from ._trail import AuditTrail
-from ._trail_check import TrailReport, check_trail
-from ._trail_reader import TrailLineError, read_entries, read_json_lines, read_records
+from ._trail_reader import TrailLineError, read_json_lines, read_records
 
 __all__ = [
-    "HISTORY_VERSION",
     "RECORD_TYPES",
     "AbandonedAttempt",
     "AttemptResumed",
     "AttemptsAbandoned",
-    "AuditReport",
     "AuditTrail",
     "BackendEvent",
     "BatchAdmitted",
@@ -63,7 +52,6 @@ __all__ = [
     "GroupPublished",
     "GroupSealed",
     "HistoryRecord",
-    "JournalCorruptError",
     "JournalEntry",
     "JournalReport",
     "JournalScan",
@@ -79,13 +67,10 @@ __all__ = [
     "SiblingSealed",
     "StepTrained",
     "TrailLineError",
-    "TrailReport",
     "TrainedRow",
     "audit_run",
-    "check_trail",
     "cut_torn_tail",
     "inspect_journal",
-    "read_entries",
     "read_json_lines",
     "read_records",
     "scan_journal",

@@ -20,7 +20,6 @@ from ._enums import (
 from ._ledger import RolloutRecoveryLedger
 from ._records import (
     PromptGroupRecoveryRecord,
-    PromptPayload,
     PromptRef,
     RolloutAttemptRecord,
     RolloutSiblingRecord,
@@ -43,7 +42,6 @@ __all__ = [
     "PromptGroupPhase",
     "PromptGroupRecoveryRecord",
     "PromptGroupStatus",
-    "PromptPayload",
     "PromptRef",
     "RecoveryGranularity",
     "RolloutAttemptRecord",

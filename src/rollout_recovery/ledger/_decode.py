@@ -21,7 +21,8 @@ from typing import Any, NoReturn
 import msgspec
 
 from .._bounds import MAX_PLAIN_DEPTH
-from ..errors import InvalidStateError, InvalidStateTypeError, join_path
+from .._messages import join_path
+from ..errors import InvalidStateError, InvalidStateTypeError
 from ..rewards import RewardChecks, parse_reward_log_context
 from ._constants import (
     ATTEMPT_STATE_FIELDS,

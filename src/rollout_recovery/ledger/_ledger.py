@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, Self
 
 from .._bounds import INT64_MAX
+from .._checks import is_utf8_text, refuse_bare_string
 from .._cut import MutationCut
 from .._gc import paused_gc
 from ..errors import (
@@ -23,8 +24,6 @@ from ..errors import (
     InvalidStateError,
     InvalidTransitionError,
     UnknownGroupError,
-    is_utf8_text,
-    refuse_bare_string,
 )
 from ..rewards import RewardChecks, RewardLogContext
 from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION

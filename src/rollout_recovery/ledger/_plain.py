@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._bounds import MAX_PLAIN_DEPTH, PLAIN_INT_MAX, PLAIN_INT_MIN
-from ..errors import InvalidStateError, is_utf8_text
+from .._checks import is_utf8_text
+from ..errors import InvalidStateError
 
 __all__ = ["any_nested_deeper_than", "nested_deeper_than", "validated_plain_copy"]
 

@@ -11,15 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Required, TypedDict, Unpack
 
 from .._bounds import INT64_MAX
+from .._checks import is_utf8_text, refuse_bare_string
 from .._gc import paused_gc
-from ..errors import (
-    InvalidArgumentTypeError,
-    InvalidStateError,
-    InvalidStateTypeError,
-    is_utf8_text,
-    join_path,
-    refuse_bare_string,
-)
+from .._messages import join_path
+from ..errors import InvalidArgumentTypeError, InvalidStateError, InvalidStateTypeError
 from ..rewards import CaptureRewardSettings, FinalizedReward
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,

@@ -23,73 +23,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._config import LLM_EXTRA_HINT, ModelConfig, TrainerConfig, require_llm
-from ._emit_task import EMIT_TOKEN_TASK, EmitTokenEpisodes, EmitTokenTask
+from ._emit_task import EmitTokenEpisodes, EmitTokenTask
 from ._model_source import model_digest, model_directory, prepare_model
-from ._tiny_llama import TinyLlamaSpec, build_tiny_llama
 
 if TYPE_CHECKING:
     from ._backend import TransformersBackend
-    from ._generate import Completion, generate, seed_for
-    from ._model_files import load_causal_lm, write_model_dir
-    from ._skeleton import ModelSkeleton
-    from ._smollm2 import SMOLLM2_GGUF, convert_smollm2, find_smollm2_gguf
-    from ._trainer import (
-        DEFAULT_MAX_LOG_RATIO,
-        MODEL_STATE_FILE,
-        OPTIMIZER_STATE_FILE,
-        TRAINER_STATE_FILE,
-        TorchGRPOTrainer,
-    )
-    from ._weights import TorchWeights
+    from ._trainer import TorchGRPOTrainer
 
 __all__ = [
-    "DEFAULT_MAX_LOG_RATIO",
-    "EMIT_TOKEN_TASK",
-    "MODEL_STATE_FILE",
-    "OPTIMIZER_STATE_FILE",
-    "SMOLLM2_GGUF",
-    "TRAINER_STATE_FILE",
-    "Completion",
     "EmitTokenEpisodes",
     "EmitTokenTask",
     "ModelConfig",
-    "ModelSkeleton",
-    "TinyLlamaSpec",
     "TorchGRPOTrainer",
-    "TorchWeights",
     "TrainerConfig",
     "TransformersBackend",
-    "build_tiny_llama",
-    "convert_smollm2",
-    "find_smollm2_gguf",
-    "generate",
-    "load_causal_lm",
     "model_digest",
     "model_directory",
     "prepare_model",
     "require_llm",
-    "seed_for",
-    "write_model_dir",
 ]
 
 # Names that import torch or transformers, by the module that defines them.
 _HEAVY: dict[str, str] = {
     "TransformersBackend": "._backend",
-    "Completion": "._generate",
-    "generate": "._generate",
-    "seed_for": "._generate",
-    "load_causal_lm": "._model_files",
-    "write_model_dir": "._model_files",
-    "ModelSkeleton": "._skeleton",
-    "SMOLLM2_GGUF": "._smollm2",
-    "convert_smollm2": "._smollm2",
-    "find_smollm2_gguf": "._smollm2",
-    "DEFAULT_MAX_LOG_RATIO": "._trainer",
-    "MODEL_STATE_FILE": "._trainer",
-    "OPTIMIZER_STATE_FILE": "._trainer",
-    "TRAINER_STATE_FILE": "._trainer",
     "TorchGRPOTrainer": "._trainer",
-    "TorchWeights": "._weights",
 }
 
 

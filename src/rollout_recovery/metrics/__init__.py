@@ -9,20 +9,14 @@ A restart opens them again at the restored step; no sink shows a step twice. The
 packages are optional extras, imported only when their sink is opened.
 """
 
-from ._config import SINK_NAMES, MetricsConfig, SinkName
-from ._fanout import MetricsFanout
+from ._config import MetricsConfig
 from ._keys import flatten_scalars
 from ._open import check_sinks_installed, open_metrics
-from ._protocol import MarkerField, MetricsSink, Scalar
+from ._protocol import MetricsSink
 
 __all__ = [
-    "SINK_NAMES",
-    "MarkerField",
     "MetricsConfig",
-    "MetricsFanout",
     "MetricsSink",
-    "Scalar",
-    "SinkName",
     "check_sinks_installed",
     "flatten_scalars",
     "open_metrics",

@@ -12,9 +12,10 @@ first token. So both read the *same* precomputed log-softmax tables, and a token
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -22,11 +23,13 @@ import numpy.typing as npt
 from ..errors import InvalidArgumentError
 from ._tasks import (
     ANSWER,
+    ANSWER_TOKENS,
     DIGIT_BASE,
     EOS,
     NUM_DIGITS,
     NUM_THOUGHT,
     THOUGHT_BASE,
+    VOCAB_SIZE,
     correct_answer,
     digit_token,
     prompt_digit,
@@ -140,6 +143,9 @@ class PolicySnapshot:
 
     __slots__ = ("_logprobs", "_params", "_version")
 
+    # The ids a prompt may hold and the policy may emit: 0 to vocab_size - 1.
+    vocab_size: ClassVar[int] = VOCAB_SIZE
+
     def __init__(self, version: int, params: Mapping[str, npt.ArrayLike]) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise InvalidArgumentError(f"version must be a non-negative int, got {version!r}")
@@ -211,9 +217,8 @@ class PolicySnapshot:
     @staticmethod
     def continuation_length(prompt_ids: Sequence[int], max_tokens: int) -> int:
         """How many tokens :meth:`sample_continuation` generates after ``prompt_ids``."""
-        if int(prompt_ids[-1]) == ANSWER:
-            return min(2, max_tokens)
-        return max_tokens
+        answer = PolicySnapshot.answer_length(prompt_ids)
+        return max_tokens if answer is None else min(answer, max_tokens)
 
     def sample_next(
         self, prompt_ids: Sequence[int], generated: Sequence[int], rng: np.random.Generator
@@ -237,6 +242,25 @@ class PolicySnapshot:
         if len(generated) == 1:
             return EOS, 0.0
         return None
+
+    @staticmethod
+    def answer_length(prompt_ids: Sequence[int]) -> int | None:
+        """How many tokens the policy answers after ``prompt_ids`` (its answer ends with its
+        EOS), or None when the prompt does not ask for the answer (the policy then thinks
+        for as many tokens as it is given)."""
+        return ANSWER_TOKENS if int(prompt_ids[-1]) == ANSWER else None
+
+    def logprob_row(self, digit: int, token: int) -> npt.NDArray[np.float64]:
+        """The full-vocabulary log distribution the policy sampled ``token`` from, after a
+        prompt with ``digit``: ``-inf`` for every token it could not emit there."""
+        row = np.full(VOCAB_SIZE, -math.inf)
+        if THOUGHT_BASE <= token < THOUGHT_BASE + NUM_THOUGHT:
+            row[THOUGHT_BASE : THOUGHT_BASE + NUM_THOUGHT] = self.thought_logprobs[digit]
+        elif DIGIT_BASE <= token < DIGIT_BASE + NUM_DIGITS:
+            row[DIGIT_BASE : DIGIT_BASE + NUM_DIGITS] = self.answer_logprobs[digit]
+        else:  # EOS after the answer: deterministic
+            row[EOS] = 0.0
+        return row
 
     def token_logprobs(
         self,

@@ -12,7 +12,7 @@ generates thought tokens, carries an ``ANSWER`` tag, and generates ``DIGIT(answe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -112,6 +112,27 @@ class TaskSet:
         """The prompt set ``[task]`` describes, drawn from the job's ``seed`` (the job and
         every Ray worker build it here, so they agree on every prompt)."""
         return cls(task.dataset_size, seed=seed, prompt_group_every=task.prompt_group_every)
+
+    # The turns of an episode in the task's own tokens, so an environment asks for them
+    # without knowing the vocabulary: how many tokens an answer is...
+    answer_tokens: ClassVar[int] = ANSWER_TOKENS
+
+    @staticmethod
+    def thinking_prompt(token_ids: Sequence[int]) -> list[int]:
+        """``token_ids`` (everything so far) extended to ask for more thinking."""
+        return [*token_ids, THINK]
+
+    @staticmethod
+    def answer_prompt(token_ids: Sequence[int]) -> list[int]:
+        """``token_ids`` (everything so far) extended to ask for the answer."""
+        return [*token_ids, ANSWER]
+
+    @staticmethod
+    def answer_digit(answer: Sequence[int]) -> int | None:
+        """The digit an answer's first token says, or None (no token, or not a digit)."""
+        if not answer or not DIGIT_BASE <= int(answer[0]) < DIGIT_BASE + NUM_DIGITS:
+            return None
+        return int(answer[0]) - DIGIT_BASE
 
     def __init__(self, size: int, *, seed: int, prompt_group_every: int) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

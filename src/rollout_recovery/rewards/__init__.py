@@ -9,7 +9,7 @@ verified row (walking its :class:`LinkSpan`\ s) under the run's
 
 from ._checks import compute_reward_checks
 from ._final_reward import CaptureRewardOutcome, LinkSpan, finalize_capture_reward
-from ._metrics import aggregate_capture_reward_metrics, group_reward_metrics
+from ._metrics import group_reward_metrics
 from ._records import FinalizedReward, RewardChecks, RewardLogContext, parse_reward_log_context
 from ._settings import CaptureRewardSettings
 
@@ -20,7 +20,6 @@ __all__ = [
     "LinkSpan",
     "RewardChecks",
     "RewardLogContext",
-    "aggregate_capture_reward_metrics",
     "compute_reward_checks",
     "finalize_capture_reward",
     "group_reward_metrics",

@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidStateError, is_utf8_text
+from .._checks import is_utf8_text
+from ..errors import InvalidStateError
 
 __all__ = [
     "FinalizedReward",

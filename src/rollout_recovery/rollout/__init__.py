@@ -24,8 +24,8 @@ from ._config import (
     check_weight_update_mode,
 )
 from ._episode import Completion, Sampling, Turn, run_episode
-from ._faults import CAPTURE_FAILURE_REASON, FaultSettings
-from ._http_backend import HttpBackendSettings, HttpGenerationBackend, classify_status
+from ._faults import FaultSettings
+from ._http_backend import HttpBackendSettings, HttpGenerationBackend
 from ._outcomes import AttemptFailure, FailureReason
 from ._protocol import (
     AttemptRequest,
@@ -35,33 +35,12 @@ from ._protocol import (
     BackendTelemetry,
     GenerationBackend,
 )
-from ._server_pool import PoolSettings, ServerHealth, ServerPool, ServerStats
-from ._server_url import server_url_problem
+from ._server_pool import PoolSettings
 from ._simulated import SimulatedAgentBackend
-from ._weight_sync import (
-    WEIGHT_SYNCS,
-    NoWeightSync,
-    PolicyWeightSync,
-    VersionTagSync,
-    WeightSync,
-    WeightSyncName,
-    parse_version,
-)
-from ._wire import (
-    DIALECTS,
-    CallSpec,
-    DataFailure,
-    Dialect,
-    DialectName,
-    ServerReply,
-    SglangGenerate,
-    VllmCompletions,
-    VllmGenerate,
-    read_body,
-)
+from ._weight_sync import WEIGHT_SYNCS, WeightSync, WeightSyncName, parse_version
+from ._wire import DIALECTS, DataFailure, read_body
 
 __all__ = [
-    "CAPTURE_FAILURE_REASON",
     "DIALECTS",
     "WEIGHT_SYNCS",
     "AttemptFailure",
@@ -70,11 +49,8 @@ __all__ = [
     "BackendResume",
     "BackendStartup",
     "BackendTelemetry",
-    "CallSpec",
     "Completion",
     "DataFailure",
-    "Dialect",
-    "DialectName",
     "FailureReason",
     "FaultSettings",
     "FaultsConfig",
@@ -83,27 +59,15 @@ __all__ = [
     "HttpBackendSettings",
     "HttpConfig",
     "HttpGenerationBackend",
-    "NoWeightSync",
-    "PolicyWeightSync",
     "PoolSettings",
     "Sampling",
-    "ServerHealth",
-    "ServerPool",
-    "ServerReply",
-    "ServerStats",
-    "SglangGenerate",
     "SimulatedAgentBackend",
     "Turn",
-    "VersionTagSync",
-    "VllmCompletions",
-    "VllmGenerate",
     "WeightSync",
     "WeightSyncName",
     "check_server_urls",
     "check_weight_update_mode",
-    "classify_status",
     "parse_version",
     "read_body",
     "run_episode",
-    "server_url_problem",
 ]

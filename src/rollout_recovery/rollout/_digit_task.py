@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..policy import ANSWER, ANSWER_TOKENS, DIGIT_BASE, THINK, TaskSet, prompt_digit, render
+from ..policy import TaskSet, render
 from ..rewards import RewardChecks, compute_reward_checks
 from ._episode import Completion, Sampling, Turn
 
@@ -51,7 +51,7 @@ def task_prompt(task_set: TaskSet, prompt: Mapping[str, Any]) -> TaskPrompt:
     messages = prompt.get("messages", task["messages"])
     return TaskPrompt(
         token_ids=token_ids,
-        digit=prompt_digit(token_ids),
+        digit=int(task["digit"]),
         expected=int(task["answer"]),
         messages=list(messages),
     )
@@ -61,7 +61,7 @@ def grade(
     task: TaskPrompt, thoughts: Sequence[int], answer: Sequence[int]
 ) -> tuple[float, RewardChecks]:
     """The episode's reward and its reward checks (computed on the rendered response)."""
-    reward = 1.0 if answer and answer[0] - DIGIT_BASE == task.expected else 0.0
+    reward = 1.0 if TaskSet.answer_digit(answer) == task.expected else 0.0
     result = {
         "response": {
             "output": [
@@ -108,14 +108,16 @@ class DigitEpisode:
         if self._calls == 0:
             prompt = list(self._tokens)
         elif self._calls < self._thinking_calls:
-            prompt = [*self._tokens, THINK]
+            prompt = TaskSet.thinking_prompt(self._tokens)
         else:
-            prompt = [*self._tokens, ANSWER]
+            prompt = TaskSet.answer_prompt(self._tokens)
         thinking = self._calls < self._thinking_calls
         return Turn(
             kind="reason" if thinking else "answer",
             prompt_ids=prompt,
-            sampling=Sampling(max_tokens=self._reasoning_tokens if thinking else ANSWER_TOKENS),
+            sampling=Sampling(
+                max_tokens=self._reasoning_tokens if thinking else TaskSet.answer_tokens
+            ),
         )
 
     def observe(self, completion: Completion) -> None:

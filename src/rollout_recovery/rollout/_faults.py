@@ -35,7 +35,6 @@ import numpy as np
 from ..capture import CaptureWriter, Receipt
 from ..dataplane import DataPlane, Row
 from ..errors import GenerationError, InvalidArgumentError
-from ..policy import DIGIT_BASE, NUM_DIGITS
 from ._episode import CallFailed, Completion, ModelClient, Sampling
 from ._protocol import AttemptResult
 
@@ -195,14 +194,11 @@ class FaultInjectingClient:
 def _tamper(data_plane: DataPlane, partition: str, key: str) -> None:
     (row,) = data_plane.get(partition, [key])
     token_ids = np.array(row.token_ids, dtype=np.int32)
-    # Swap the first generated token for another plausible one (the answer digit for
-    # another digit): unchanged metadata, so only the digest check can notice.
+    # Swap the first generated token for a neighbour id (its low bit flipped), a plausible
+    # one in the synthetic task's vocabulary (a digit stays a digit, a thought a thought):
+    # unchanged metadata, so only the digest check can notice.
     position = int(np.flatnonzero(row.token_mask == 1.0)[0])
-    token = int(token_ids[position])
-    if DIGIT_BASE <= token < DIGIT_BASE + NUM_DIGITS:
-        token_ids[position] = DIGIT_BASE + (token - DIGIT_BASE + 1) % NUM_DIGITS
-    else:
-        token_ids[position] = token ^ 1
+    token_ids[position] ^= 1
     altered = Row(
         token_ids=token_ids,
         token_mask=row.token_mask,

@@ -11,18 +11,13 @@ the HTTP generation backend's tests); the command runs one per process and annou
 through a ready file (:func:`read_ready_file`).
 """
 
-from ._app import WEIGHT_VERSION_HEADER
-from ._http import TransportStats
-from ._ready import ServerReady, read_ready_file
+from ._ready import read_ready_file
 from ._server import PolicyServer
 from ._settings import DEFAULT_MODEL_NAME, ServeSettings
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
-    "WEIGHT_VERSION_HEADER",
     "PolicyServer",
     "ServeSettings",
-    "ServerReady",
-    "TransportStats",
     "read_ready_file",
 ]

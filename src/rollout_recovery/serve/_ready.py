@@ -12,7 +12,8 @@ from pathlib import Path
 import msgspec
 
 from .._durable import atomic_write_bytes
-from ..errors import InvalidStateError, split_validation_path
+from .._messages import split_validation_path
+from ..errors import InvalidStateError
 
 __all__ = ["ServerReady", "read_ready_file", "write_ready_file"]
 

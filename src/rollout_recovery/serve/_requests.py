@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ..errors import split_validation_path
-from ..policy import ANSWER, ANSWER_TOKENS
+from .._messages import split_validation_path
+from ..policy import PolicySnapshot
 from ._api_error import ApiError, bad_request, schema_error
 from ._sampling import MAX_TOP_LOGPROBS, check_prompt
 
@@ -264,10 +264,11 @@ def _sampling_request(
     # Past the context, vLLM 0.32 generates what fits and finishes for "length".
     budget = _generate_budget if generate_route else _completion_budget
     max_tokens = budget(len(prompt), fields.max_tokens, max_model_len)
-    if fields.ignore_eos and prompt[-1] == ANSWER and max_tokens > ANSWER_TOKENS:
+    answer_length = PolicySnapshot.answer_length(prompt)
+    if fields.ignore_eos and answer_length is not None and max_tokens > answer_length:
         raise bad_request(
             f"ignore_eos with max_tokens {max_tokens} is not supported after <answer>: the "
-            f"policy has no token after its answer's EOS (send max_tokens <= {ANSWER_TOKENS})",
+            f"policy has no token after its answer's EOS (send max_tokens <= {answer_length})",
             param=f"{prefix}ignore_eos",
         )
     return SamplingRequest(

@@ -8,7 +8,6 @@ own table, so it is the logprob the trainer recomputes for that token.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,17 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
-from ..policy import (
-    ANSWER,
-    DIGIT_BASE,
-    EOS,
-    NUM_DIGITS,
-    NUM_THOUGHT,
-    THOUGHT_BASE,
-    VOCAB_SIZE,
-    PolicySnapshot,
-    prompt_digit,
-)
+from ..policy import PolicySnapshot, prompt_digit
 from ._api_error import bad_request, schema_error
 
 __all__ = [
@@ -86,31 +75,19 @@ def check_prompt(prompt: Sequence[int], *, param: str) -> int:
                 f"Input should be greater than or equal to 0 ({param}[{position}] is {token})",
                 field=f"{param}.{position}",
             )
-        if token >= VOCAB_SIZE:
+        if token >= PolicySnapshot.vocab_size:
             raise bad_request(
                 f"Token id {token} is out of vocabulary ({param}[{position}]; the policy's "
-                f"ids are 0 to {VOCAB_SIZE - 1})"
+                f"ids are 0 to {PolicySnapshot.vocab_size - 1})"
             )
     try:
         return prompt_digit(prompt)
     except InvalidArgumentError:
         raise bad_request(
-            f"{param} holds no digit token (ids {DIGIT_BASE} to {DIGIT_BASE + NUM_DIGITS - 1}): "
-            "the policy conditions every token on the prompt's digit",
+            f"{param} holds no digit token: the policy conditions every token on the "
+            "prompt's digit",
             param=param,
         ) from None
-
-
-def _row(snapshot: PolicySnapshot, digit: int, token: int) -> npt.NDArray[np.float64]:
-    """The full-vocabulary log distribution the policy sampled ``token`` from."""
-    row = np.full(VOCAB_SIZE, -math.inf)
-    if THOUGHT_BASE <= token < THOUGHT_BASE + NUM_THOUGHT:
-        row[THOUGHT_BASE : THOUGHT_BASE + NUM_THOUGHT] = snapshot.thought_logprobs[digit]
-    elif DIGIT_BASE <= token < DIGIT_BASE + NUM_DIGITS:
-        row[DIGIT_BASE : DIGIT_BASE + NUM_DIGITS] = snapshot.answer_logprobs[digit]
-    else:  # EOS after the answer: deterministic
-        row[EOS] = 0.0
-    return row
 
 
 def _clamped(logprob: float) -> float:
@@ -170,14 +147,16 @@ def generation_of(
     """The :class:`Generation` of ``tokens``, token ``i`` sampled from ``snapshots[i]``
     (ranks and candidates read from that snapshot's tables); ``last`` names the version
     of a generation without tokens."""
-    if prompt[-1] == ANSWER:
-        stopped = tokens[-1] == EOS and not ignore_eos
+    answer_length = last.answer_length(prompt)
+    if answer_length is not None:
+        # An answer stops at its EOS, its last token: a shorter one was cut by max_tokens.
+        stopped = len(tokens) == answer_length and not ignore_eos
         finish = FINISH_STOP if stopped else FINISH_LENGTH
     else:
         finish = FINISH_LENGTH
     ranks, top = None, None
     if top_k is not None:
-        rows = [_row(snap, digit, t) for snap, t in zip(snapshots, tokens, strict=True)]
+        rows = [snap.logprob_row(digit, t) for snap, t in zip(snapshots, tokens, strict=True)]
         ranks = [_rank(row, t) for row, t in zip(rows, tokens, strict=True)]
         top = [_top(row, top_k) for row in rows]
     return Generation(

@@ -8,31 +8,14 @@ clear the prefix cache, resume), handling the traps of vLLM on CPU (a stale tied
 torch or vLLM: the loading itself runs inside vLLM's worker (``_extension/``).
 """
 
-from ._config import VllmConfig, VllmDtype, check_vllm_config
-from ._fleet import (
-    EXTENSION_CLASS,
-    EXTENSION_DIR,
-    LaunchedServer,
-    VllmFleet,
-    check_launch_paths,
-    server_command,
-    server_environment,
-)
-from ._sync import LOAD_METHOD, LOADING_TAG, VllmWeightSync, weights_file_name
+from ._config import VllmConfig, check_vllm_config
+from ._fleet import VllmFleet, check_launch_paths
+from ._sync import VllmWeightSync
 
 __all__ = [
-    "EXTENSION_CLASS",
-    "EXTENSION_DIR",
-    "LOADING_TAG",
-    "LOAD_METHOD",
-    "LaunchedServer",
     "VllmConfig",
-    "VllmDtype",
     "VllmFleet",
     "VllmWeightSync",
     "check_launch_paths",
     "check_vllm_config",
-    "server_command",
-    "server_environment",
-    "weights_file_name",
 ]

@@ -39,8 +39,10 @@ from vllm_weights_support import (
     write_fresh_model,
 )
 
-from rollout_recovery.llm import ModelSkeleton, TorchWeights
-from rollout_recovery.vllm import LOAD_METHOD, VllmWeightSync
+from rollout_recovery.llm._skeleton import ModelSkeleton
+from rollout_recovery.llm._weights import TorchWeights
+from rollout_recovery.vllm import VllmWeightSync
+from rollout_recovery.vllm._sync import LOAD_METHOD
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory

@@ -18,7 +18,9 @@ import httpx
 import numpy as np
 import torch
 
-from rollout_recovery.llm import ModelSkeleton, TorchWeights, load_causal_lm, write_model_dir
+from rollout_recovery.llm._model_files import load_causal_lm, write_model_dir
+from rollout_recovery.llm._skeleton import ModelSkeleton
+from rollout_recovery.llm._weights import TorchWeights
 
 #: Files of the model directory besides config and weights (the tokenizer vLLM loads).
 _EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
