@@ -20,7 +20,7 @@ from rollout_recovery import errors
 PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
 REPO_ROOT = PACKAGE_ROOT.parent.parent
 # The distinct names all facades export together; lower it when the surface shrinks.
-MAX_DISTINCT_EXPORTS = 218
+MAX_DISTINCT_EXPORTS = 219
 
 SURFACES: dict[str, set[str]] = {
     "ledger": {
@@ -120,6 +120,7 @@ SURFACES: dict[str, set[str]] = {
         "TaskSet",
         "TrainSample",
         "Trainer",
+        "item_rng",
         "prompt_digit",
         "render",
     },

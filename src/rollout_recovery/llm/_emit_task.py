@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import InvalidArgumentError
+from ..policy import item_rng
 from ..rewards import RewardChecks
 from ..rollout import Completion, Sampling, Turn
 
@@ -84,13 +85,7 @@ class EmitTokenTask:
         )
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
-        if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
-            raise InvalidArgumentTypeError(f"task index must be an int, got {type(idx).__name__}")
-        idx = int(idx)
-        if not 0 <= idx < self._size:
-            raise IndexError(f"task index {idx} out of range for {self._size} tasks")
-        # One generator per (seed, idx): an item never depends on which items came before.
-        rng = np.random.default_rng([self._seed, idx])
+        idx, rng = item_rng(idx, size=self._size, seed=self._seed)
         length = int(rng.integers(self._length[0], self._length[1] + 1))
         body = rng.integers(self._first, self._vocab, size=length)
         return {

@@ -13,7 +13,7 @@ declares training diverged after too many skipped steps in a row. The task's voc
 from ._config import PolicyConfig, TaskConfig
 from ._numpy_policy import PARAM_SHAPES, PolicySnapshot
 from ._protocol import FileStateTrainer, Trainer, TrainSample
-from ._tasks import TaskSet, prompt_digit, render
+from ._tasks import TaskSet, item_rng, prompt_digit, render
 from ._trainer import NumpyGRPOTrainer
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "TaskSet",
     "TrainSample",
     "Trainer",
+    "item_rng",
     "prompt_digit",
     "render",
 ]

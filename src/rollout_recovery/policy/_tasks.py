@@ -35,6 +35,7 @@ __all__ = [
     "TaskSet",
     "correct_answer",
     "digit_token",
+    "item_rng",
     "prompt_digit",
     "render",
 ]
@@ -95,6 +96,19 @@ def _render_one(token: int) -> str:
 def render(token_ids: Iterable[int] | np.ndarray[Any, Any]) -> str:
     """Readable text for token ids, space separated; unknown ids render as ``<unk:id>``."""
     return " ".join(_render_one(int(token)) for token in token_ids)
+
+
+def item_rng(idx: object, *, size: int, seed: int) -> tuple[int, np.random.Generator]:
+    """Item ``idx`` of a map-style dataset of ``size`` items, checked, and the generator
+    that draws it: one per ``(seed, idx)``, so an item never depends on which items were
+    read before it, or in which process (the controller rebuilds prompts after a restart
+    and the ledger checks them)."""
+    if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
+        raise InvalidArgumentTypeError(f"task index must be an int, got {type(idx).__name__}")
+    idx = int(idx)
+    if not 0 <= idx < size:
+        raise IndexError(f"task index {idx} out of range for {size} tasks")
+    return idx, np.random.default_rng([seed, idx])
 
 
 class TaskSet:
@@ -169,14 +183,7 @@ class TaskSet:
         )
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
-        if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
-            raise InvalidArgumentTypeError(f"task index must be an int, got {type(idx).__name__}")
-        idx = int(idx)
-        if not 0 <= idx < self._size:
-            raise IndexError(f"task index {idx} out of range for {self._size} tasks")
-        # One generator per (seed, idx): an item never depends on which items were read
-        # before it, or in which process.
-        rng = np.random.default_rng([self._seed, idx])
+        idx, rng = item_rng(idx, size=self._size, seed=self._seed)
         digit = int(rng.integers(NUM_DIGITS))
         filler = rng.integers(FILLER_BASE, FILLER_BASE + NUM_FILLER, size=_MAX_FILLER)
         count = int(rng.integers(_MIN_FILLER, _MAX_FILLER + 1))

@@ -434,21 +434,8 @@ class CheckpointStore:
         manifest JSON or field, a missing or unreadable file, or a size or sha256 mismatch.
         """
         directory = checkpoint.directory
-
-        def fail(message: str) -> CheckpointDirectoryError:
-            return CheckpointDirectoryError(message, directory=str(directory))
-
-        raw = _read_or_fail(
-            directory / COMMITTED_FILENAME,
-            fail,
-            missing=f"missing {COMMITTED_FILENAME} marker (incomplete checkpoint)",
-            unreadable=f"cannot read {COMMITTED_FILENAME}",
-        )
-        try:
-            manifest = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise fail(f"{COMMITTED_FILENAME} is not valid JSON: {exc}") from None
-        entries = _check_manifest(manifest, checkpoint.step, fail)
+        fail = _failure_in(directory)
+        manifest, entries = _read_manifest(checkpoint, fail)
         files: dict[str, bytes] = {}
         for file_name, (size, sha256) in entries.items():
             data = _read_or_fail(
@@ -475,22 +462,8 @@ class CheckpointStore:
         weights, perhaps) are neither read nor hashed. Raises
         :class:`~rollout_recovery.errors.CheckpointDirectoryError` as :meth:`load` does.
         """
-        directory = checkpoint.directory
-
-        def fail(message: str) -> CheckpointDirectoryError:
-            return CheckpointDirectoryError(message, directory=str(directory))
-
-        raw = _read_or_fail(
-            directory / COMMITTED_FILENAME,
-            fail,
-            missing=f"missing {COMMITTED_FILENAME} marker (incomplete checkpoint)",
-            unreadable=f"cannot read {COMMITTED_FILENAME}",
-        )
-        try:
-            manifest = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise fail(f"{COMMITTED_FILENAME} is not valid JSON: {exc}") from None
-        _check_manifest(manifest, checkpoint.step, fail)
+        fail = _failure_in(checkpoint.directory)
+        manifest, _ = _read_manifest(checkpoint, fail)
         return _manifest_marks(manifest, fail)
 
     def newest_loadable(
@@ -540,6 +513,33 @@ class CheckpointStore:
             "no loadable checkpoint: " + "; ".join(str(s) for s in skipped),
             directory=str(self.directory),
         )
+
+
+def _failure_in(directory: Path) -> Callable[[str], CheckpointDirectoryError]:
+    """The error of a damaged checkpoint, naming its directory."""
+
+    def fail(message: str) -> CheckpointDirectoryError:
+        return CheckpointDirectoryError(message, directory=str(directory))
+
+    return fail
+
+
+def _read_manifest(
+    checkpoint: CommittedCheckpoint, fail: Callable[[str], CheckpointDirectoryError]
+) -> tuple[dict[str, Any], dict[str, tuple[int, str]]]:
+    """``checkpoint``'s ``COMMITTED`` manifest, parsed and checked, and its file entries."""
+    raw = _read_or_fail(
+        checkpoint.directory / COMMITTED_FILENAME,
+        fail,
+        missing=f"missing {COMMITTED_FILENAME} marker (incomplete checkpoint)",
+        unreadable=f"cannot read {COMMITTED_FILENAME}",
+    )
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise fail(f"{COMMITTED_FILENAME} is not valid JSON: {exc}") from None
+    entries = _check_manifest(manifest, checkpoint.step, fail)
+    return manifest, entries
 
 
 def _read_or_fail(
