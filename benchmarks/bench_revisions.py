@@ -12,9 +12,10 @@ Measurements (``--only`` picks some):
   (``from_state_dict`` + rebinding every prompt), sidecar build + parse.
 - ``job``: the default job (``rollout-recovery run``, fresh, 100 steps), steps per second.
   The default job of the two trees need not be the same job: compare ``job`` against the
-  job each tree ships, and ``job-2calls`` for the same episode shape.
-- ``job-2calls``: the after tree's job with ``[task] thinking_calls = 1`` (two calls an
-  episode, the before tree's default shape); the before tree runs its default.
+  job each tree ships, and ``job-same`` for the same job.
+- ``job-same``: the after tree's job shaped like ``e894b17``'s default (``[task]
+  thinking_calls = 1``: two calls an episode; ``[generation] call_latency_s = 0.08``);
+  the before tree runs its default.
 - ``http``: ``bench_generation.py`` (the simulated backend and two local ``serve``
   processes), attempts per second of each backend.
 
@@ -39,6 +40,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # The last commit before the rooms were redesigned (issue 16) and the journal added.
 DEFAULT_BEFORE = "e894b17"
+# The after tree's job shaped like e894b17's default job.
+SAME_JOB = "[task]\nthinking_calls = 1\n[generation]\ncall_latency_s = 0.08\n"
 
 
 def _run(
@@ -92,14 +95,16 @@ def _http(tree: Path, scratch: Path) -> dict[str, float]:
     done = _run(tree, [sys.executable, "benchmarks/bench_generation.py", "--json", str(out)])
     if done.returncode != 0:
         raise RuntimeError(f"bench_generation failed in {tree}: {done.stderr[-2000:]}")
-    return _numbers(json.loads(out.read_text()))
+    # One row per backend and store.
+    rows = json.loads(out.read_text())
+    return _numbers({f"{row['backend']} {row['store']}": row for row in rows})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=DEFAULT_BEFORE)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--only", default="ledger,job,job-2calls,http")
+    parser.add_argument("--only", default="ledger,job,job-same,http")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     wanted = args.only.split(",")
@@ -115,9 +120,7 @@ def main() -> None:
             measures: dict[str, Callable[[Path], dict[str, float]]] = {
                 "ledger": lambda tree: _ledger(tree, scratch),
                 "job": lambda tree: _job(tree, scratch, None),
-                "job-2calls": lambda tree: _job(
-                    tree, scratch, None if tree == before else "[task]\nthinking_calls = 1\n"
-                ),
+                "job-same": lambda tree: _job(tree, scratch, None if tree == before else SAME_JOB),
                 "http": lambda tree: _http(tree, scratch),
             }
             results: dict[str, dict[str, dict[str, list[float]]]] = {}
