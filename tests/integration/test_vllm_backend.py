@@ -80,6 +80,7 @@ def _backend(
             call_redispatch_budget=2,
             redispatch_backoff_s=0.05,
             reasoning_tokens=reasoning_tokens,
+            thinking_calls=1,  # a thought, then the answer: the tests count two calls
         ),
         initial_version=0,
         initial_weights=None,

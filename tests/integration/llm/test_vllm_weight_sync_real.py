@@ -195,6 +195,8 @@ class _Stream:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.first_token = asyncio.Event()
+        #: Set once MID_REQUEST_TOKENS tokens have arrived.
+        self.mid_request = asyncio.Event()
         self.finished = False
 
     async def run(self) -> Answer:
@@ -221,6 +223,8 @@ class _Stream:
                 self.logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
                 if self.ids:
                     self.first_token.set()
+                if len(self.ids) >= MID_REQUEST_TOKENS:
+                    self.mid_request.set()
         self.finished = True
         return Answer(self.prompt, self.ids, self.logprobs)
 
@@ -313,7 +317,9 @@ def test_an_interrupting_push_splits_a_request_between_two_versions_with_exact_s
                 c.post(f"{url}/inference/v1/generate", json=_generate_body(SHORT, tokens))
             )
             streamed = asyncio.create_task(stream.run())
-            await stream.first_token.wait()
+            # Both requests decode in one batch: once the streamed one has MID_REQUEST_TOKENS
+            # tokens the other is as far along, so the push meets it mid-way.
+            await stream.mid_request.wait()
             assert await sync.push_keeping_calls(c, url, 2, versions[2], PUSH_TIMEOUT_S) == 2
             reply = await generate
             await streamed
@@ -330,9 +336,11 @@ def test_an_interrupting_push_splits_a_request_between_two_versions_with_exact_s
         for span in choice["weight_versions"]
     ]
     assert len(ids) == tokens
+    _report("interrupting push: spans", len(spans))
+    print(f"measured interrupting push spans: {choice['weight_versions']}")
     assert len(spans) == 2, spans
     (first, start, split), (second, split_again, end) = spans
-    assert (first, second) == (1, 2)
+    assert (first, second) == (1, 2), spans
     assert start == 0 and split == split_again and end == tokens
     assert 0 < split < tokens, "the push did not meet the request mid-way"
     _report("interrupting push: the request's tokens under the old version (of 480)", split)
