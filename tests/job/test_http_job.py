@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from run_fixtures import backend_events
+from serve_process import running_serve
 
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import MemoryDataPlane
@@ -41,7 +42,6 @@ KILL_AT_STEP = 5
 # A key the test knows (the job's own is random): the key is found nowhere it must not be.
 KEY_ENV = "RR_TEST_SERVER_KEY"
 KEY = "test-key_" + "k" * 32
-SERVE = [sys.executable, "-m", "rollout_recovery", "serve"]
 
 
 def _servers(out: Path) -> list[dict[str, Any]]:
@@ -242,26 +242,10 @@ def test_launched_servers_require_the_jobs_random_key_found_in_no_argv_and_no_fi
 def _keyed_server(tmp_path: Path) -> Iterator[str]:
     """A ``rollout-recovery serve`` the user runs, requiring KEY; yields its URL."""
     log = tmp_path / "user-server.log"
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(
-            [*SERVE, "--port", "0", "--api-key-env", KEY_ENV],
-            stdout=subprocess.PIPE,
-            stderr=handle,
-            text=True,
-            env={**os.environ, KEY_ENV: KEY},
-            start_new_session=True,
-        )
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # "serving on URL", once it listens
-        assert line.startswith("serving on "), log.read_text()
-        yield line.split()[-1]
+        with running_serve(log, "--api-key-env", KEY_ENV, env={**os.environ, KEY_ENV: KEY}) as url:
+            yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
         assert KEY.encode() not in log.read_bytes()
 
 

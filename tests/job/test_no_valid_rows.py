@@ -17,11 +17,7 @@ probes).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +26,7 @@ from typing import Any
 
 import pytest
 from run_fixtures import backend_events
+from serve_process import running_serve
 
 from rollout_recovery.control import RunConfig
 from rollout_recovery.history import audit_run
@@ -74,25 +71,8 @@ def html_server() -> Iterator[str]:
 @pytest.fixture
 def good_server(tmp_path: Path) -> Iterator[str]:
     """A real ``rollout-recovery serve`` in its own process group."""
-    with open(tmp_path / "serve.log", "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollout_recovery", "serve", "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,
-        )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # "serving on URL", once it listens
-        assert line.startswith("serving on "), (tmp_path / "serve.log").read_text()
-        yield line.split()[-1]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    with running_serve(tmp_path / "serve.log") as url:
+        yield url
 
 
 def _http_job(servers: list[str], **http: Any) -> dict[str, dict[str, Any]]:

@@ -12,15 +12,14 @@ rerun with another identity is refused naming the field, and nothing changes.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from serve_process import running_serve
 
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.errors import JobMismatchError
@@ -150,31 +149,12 @@ def test_an_identity_change_is_refused_naming_the_field_and_nothing_changes(
 
 # -- an HTTP run whose server comes back on another address --------------------------------
 
-SERVE = [sys.executable, "-m", "rollout_recovery", "serve"]
-
 
 @contextlib.contextmanager
 def _server(log: Path) -> Iterator[str]:
     """A ``rollout-recovery serve`` on a free port, in its own process group; its URL."""
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(
-            [*SERVE, "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=handle,
-            text=True,
-            start_new_session=True,
-        )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # "serving on URL", once it listens
-        assert line.startswith("serving on "), log.read_text()
-        yield line.split()[-1]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    with running_serve(log) as url:
+        yield url
 
 
 @pytest.mark.slow

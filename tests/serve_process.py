@@ -1,0 +1,39 @@
+"""A real ``rollout-recovery serve`` for job tests: one helper instead of a copy per file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+SERVE = [sys.executable, "-m", "rollout_recovery", "serve"]
+
+
+@contextlib.contextmanager
+def running_serve(log: Path, *args: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """``rollout-recovery serve --port 0 ARGS`` in its own process group, its stderr in
+    ``log``; yields its URL once it listens, and SIGKILLs the group on the way out."""
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(
+            [*SERVE, "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=handle,
+            text=True,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # "serving on URL", once it listens
+        assert line.startswith("serving on "), log.read_text()
+        yield line.split()[-1]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
