@@ -42,7 +42,7 @@ LAYERS = [
     "_cut",
     "_gc",
     "_durable",
-    "_closing",
+    "_lifecycle",
     "_clock",
 ]
 SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "vllm", "llm"} | {

@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-from .._closing import Closing
 from .._cut import MutationCut
 from .._durable import fsync_directory, publish_directory, remove_stale_temporaries
+from .._lifecycle import Resource
 from ..errors import (
     DataPlaneBusyError,
     DataPlaneClosedError,
@@ -286,7 +286,7 @@ def read_snapshot(directory: Path) -> list[tuple[str, str, EncodedRow]]:
         conn.close()
 
 
-class SqliteDataPlane(Closing):
+class SqliteDataPlane(Resource):
     """The :class:`~rollout_recovery.dataplane.DataPlane` on one SQLite file.
 
     ``path`` is the database file (created if missing; its ``-wal`` and ``-shm`` files sit

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .._closing import Closing
+from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 
 __all__ = ["RunReporter", "RunSummary", "render_summary", "silence_closed_stdout"]
@@ -46,7 +46,7 @@ def _format_reward(reward: float | None) -> str:
     return f"{reward:.3f}"
 
 
-class RunReporter(Closing):
+class RunReporter(Resource):
     """Live progress of one run.
 
     On a terminal (``console.is_terminal``) it shows a rich progress bar with the step

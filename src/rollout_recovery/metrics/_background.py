@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._closing import Closing
+from .._lifecycle import Resource
 from ..errors import ClosedResourceError, LivenessError
 from ._protocol import MarkerField, MetricsSink, Scalar
 
@@ -47,7 +47,7 @@ class _Barrier:
 _Item = _Step | _Marker | _Barrier
 
 
-class BackgroundSink(Closing):
+class BackgroundSink(Resource):
     """Runs ``sink``'s calls, in order, on a daemon thread."""
 
     __slots__ = ("_closed", "_failure", "_name", "_queue", "_sink", "_thread", "_timeout_s")

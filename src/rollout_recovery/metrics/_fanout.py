@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 
-from .._closing import Closing
+from .._lifecycle import Resource
 from ..errors import ClosedResourceError, InvalidArgumentError
 from ._keys import check_fields, check_kind, check_step, check_values
 from ._protocol import MarkerField, MetricsSink, Scalar
@@ -30,7 +30,7 @@ __all__ = ["MetricsFanout"]
 _log = logging.getLogger("rollout_recovery.metrics")
 
 
-class MetricsFanout(Closing):
+class MetricsFanout(Resource):
     """``MetricsSink`` over several named sinks; see the module docstring."""
 
     __slots__ = ("_closed", "_failures", "_last_step", "_lock", "_resume_step", "_sinks")

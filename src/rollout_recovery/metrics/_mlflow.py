@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .._closing import Closing
+from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 from ._extras import require
 from ._markers import marker_scalars, marker_text
@@ -46,7 +46,7 @@ _BATCH: Final = 1000  # MLflow's limit of metrics per log_batch
 _RESTARTS_TAG: Final = "rollout_recovery.restarts"
 
 
-class MlflowSink(Closing):
+class MlflowSink(Resource):
     """Logs each step's values as MLflow metrics at ``step`` = the training step."""
 
     __slots__ = ("_Metric", "_client", "_high_water", "_restarts", "_run_id")

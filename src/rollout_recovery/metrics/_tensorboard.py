@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .._closing import Closing
+from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 from ._extras import require
 from ._markers import marker_scalars, marker_text
@@ -40,7 +40,7 @@ TENSORBOARD_DIR: Final = "tensorboard"
 _DT_STRING: Final = 7  # tensorflow.DataType.DT_STRING
 
 
-class TensorBoardSink(Closing):
+class TensorBoardSink(Resource):
     """One event file per session in ``run_dir / "tensorboard"``."""
 
     __slots__ = ("_Event", "_Summary", "_TensorProto", "_text_metadata", "_writer")

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._closing import Closing
+from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 from ._extras import require
 from ._markers import PendingMarkers, marker_text
@@ -60,7 +60,7 @@ def _known_high_water(run_dir: Path, state: SinkRunState) -> tuple[SinkRunState,
     return updated, max(sessions.values(), default=-1)
 
 
-class WandbSink(Closing):
+class WandbSink(Resource):
     """Logs each step as one W&B history row, ``step`` = the training step."""
 
     __slots__ = ("_alert_level", "_high_water", "_pending", "_run")
