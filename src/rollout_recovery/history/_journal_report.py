@@ -13,7 +13,7 @@ they are read); nothing is written, not even a lock file. A live run may be appe
 so its last line may be a write in progress: the report says the run is live.
 
 The JSON document (:meth:`JournalReport.to_json`) is versioned (``format``,
-``version``); its fields are documented in ``docs/ARCHITECTURE.md`` ("The journal").
+``version``); its fields are documented in ``docs/journal-json.md``.
 """
 
 from __future__ import annotations

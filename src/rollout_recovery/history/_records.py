@@ -6,7 +6,7 @@ line back into its Struct or refuses it with the reason, so nobody reads a recor
 string key. A record carries every id and version it names, so the history alone tells
 what happened to each prompt, sibling and attempt, and what each training step used.
 
-The schema is documented in ``docs/ARCHITECTURE.md`` ("The history"); a change to a record
+The schema is documented in ``docs/journal.md`` ("Records"); a change to a record
 is a new :data:`HISTORY_VERSION`. Reasons are enums, not free text.
 """
 
