@@ -4,7 +4,8 @@ Checks out ``--before`` (default: the commit before the redesign of issue 16) in
 temporary git worktree and runs each measurement on both trees, interleaved (before,
 after, before, after, ...), each tree's own code on ``PYTHONPATH`` and each tree's own
 benchmark script, so a slow minute of a shared machine hits both columns alike. The
-ratio after / before is what to read; single runs move with the machine's load.
+ratio after / before of the medians is what to read; single runs move with the machine's
+load (``--json`` keeps every run's value as well, to see the spread).
 
 Measurements (``--only`` picks some):
 
@@ -209,7 +210,14 @@ def main() -> None:
             b = statistics.median(sides["before"][key])
             a = statistics.median(sides["after"][key])
             ratio = a / b if b else float("nan")
-            table[f"{name}.{key}"] = {"before": b, "after": a, "ratio": ratio}
+            table[f"{name}.{key}"] = {
+                "before": b,
+                "after": a,
+                "ratio": ratio,
+                # Every run's value, in run order: the spread is the noise to read against.
+                "before_runs": sides["before"][key],
+                "after_runs": sides["after"][key],
+            }
             print(f"{name + '.' + key:<58}{b:>12.4g}{a:>12.4g}{ratio:>14.3f}")
     if args.json:
         args.json.write_text(
