@@ -10,7 +10,7 @@
    the hold should not grow with Ray.
 4. Controller cost per seal (backend-independent, the number the 64-node estimate in
    ``docs/ARCHITECTURE.md`` rests on): one ``sibling_seals`` barrier section, the ledger
-   seal of a two-call receipt, and its audit line, with ``--groups`` groups of 16 in the
+   seal of a two-call receipt, and its journal record, with ``--groups`` groups of 16 in the
    ledger.
 
 Run: ``pip install -e '.[ray]' && python benchmarks/bench_ray.py [--json out.json]``.
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
+from rollout_recovery import DataPlaneCheckpointBarrier, RolloutRecoveryLedger
+from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, assemble_receipt
 from rollout_recovery.cluster import (
     ActorPoolSettings,
     RayGenerationBackend,
@@ -39,7 +40,8 @@ from rollout_recovery.cluster import (
     WorkerSpec,
 )
 from rollout_recovery.control._config import config_from_builtins
-from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
+from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, Row, SqliteDataPlane
+from rollout_recovery.history import AuditTrail, Seal, SiblingSealed
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
 from rollout_recovery.rollout import (
@@ -48,8 +50,14 @@ from rollout_recovery.rollout import (
     GenerationConfig,
     SimulatedAgentBackend,
 )
+from rollout_recovery.rundir import RunDirectory
 
-TASKS = TaskSet(4096, seed=0, prompt_group_every=4)
+# One episode shape for both backends, written once: two calls (one thinking call and the
+# answer), the episode of the embedded backend's default and of e894b17's Ray worker, so
+# ``bench_revisions.py --only ray`` compares like with like. The Ray worker builds its
+# episode from ``[task]``, whose default is four calls.
+TASK = TaskConfig(dataset_size=4096, prompt_group_every=4, thinking_calls=1)
+TASKS = TaskSet.from_config(TASK, seed=0)
 
 
 async def _attempts(backend: Any, writer: CaptureWriter, count: int, concurrency: int) -> float:
@@ -119,12 +127,8 @@ def _longest_hold(out: Path, backend: str, steps: int) -> float:
 
 
 async def _seal_cost(groups: int, siblings: int = 16) -> float:
-    """Seconds per sealed sibling on the controller (no I/O but the audit line)."""
-    from rollout_recovery import DataPlaneCheckpointBarrier, RolloutRecoveryLedger
-    from rollout_recovery.capture import assemble_receipt
-    from rollout_recovery.control import AuditTrail
-    from rollout_recovery.dataplane import MemoryDataPlane
-
+    """Seconds per sealed sibling on the controller: what ``Controller._seal_sibling``
+    does before it awaits the group-committed flush (no I/O but the journal's write)."""
     barrier = DataPlaneCheckpointBarrier()
     ledger = RolloutRecoveryLedger()
     writer = CaptureWriter(MemoryDataPlane())
@@ -163,7 +167,7 @@ async def _seal_cost(groups: int, siblings: int = 16) -> float:
             receipt = assemble_receipt(gate, [first, second], terminal_model_call_id="c1")
             receipts.append((f"grp{g}", index, gate, receipt))
     with tempfile.TemporaryDirectory() as tmp:
-        audit = AuditTrail(Path(tmp))
+        trail = AuditTrail(RunDirectory(Path(tmp)))
         started = time.perf_counter()
         for group_id, index, gate, receipt in receipts:
             async with barrier.mutation(kind="sibling_seals") as cut:
@@ -176,15 +180,18 @@ async def _seal_cost(groups: int, siblings: int = 16) -> float:
                     reward=1.0,
                     mask_sample=False,
                 )
-                audit.event(
-                    "sibling_sealed",
-                    group_id=group_id,
+                seal = Seal(
                     generation_index=index,
                     rollout_id=gate,
+                    receipt=receipt,
+                    reward=1.0,
+                    mask_sample=False,
                     tokens=3,
+                    weight_versions=[0, 0],
                 )
+                trail.append(SiblingSealed(group_id=group_id, seal=seal))
         elapsed = time.perf_counter() - started
-        audit.close()
+        trail.close()
     return elapsed / len(receipts)
 
 
@@ -216,6 +223,8 @@ def main() -> None:
             latency_jitter=0.0,
             faults=FaultSettings(),
             initial_weights=weights,
+            reasoning_tokens=TASK.reasoning_tokens,
+            thinking_calls=TASK.thinking_calls,
             stage_in_thread=True,
         )
         results["embedded attempts/s"] = asyncio.run(
@@ -226,7 +235,7 @@ def main() -> None:
             kind="simulated",
             shards=plane.layout,
             seed=0,
-            task=TaskConfig(dataset_size=4096, prompt_group_every=4),
+            task=TASK,
             generation=GenerationConfig(call_latency_s=0.0, latency_jitter=0.0),
         )
         pool = RayGenerationBackend(
