@@ -36,6 +36,7 @@ LAYERS = [
     "_settings",
     "_crashpoints",
     "_checks",
+    "_workers",
     "errors",
     "_messages",
     "_bounds",

@@ -27,14 +27,14 @@ import itertools
 import os
 import uuid
 from collections import deque
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from .._clock import monotonic
+from .._lifecycle import AsyncResource
+from .._workers import Worker, WorkerHealth, WorkerPool
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
 from ..policy import PolicySnapshot
@@ -83,17 +83,20 @@ class ActorStats:
     replaces: str | None = None
 
 
-@dataclass(slots=True, eq=False)
-class _Actor:
-    name: str
+@dataclass(eq=False, slots=True, kw_only=True)
+class _Actor(Worker):
+    """A live actor in the pool (``healthy`` once it answered its first ping)."""
+
     handle: Any
     stats: ActorStats
     version: int | None = None
-    in_flight: int = 0
-    dead: bool = False
 
 
-class RayGenerationBackend:
+def _closed_error() -> GenerationError:
+    return GenerationError("backend_closed", "the Ray backend is closed")
+
+
+class RayGenerationBackend(AsyncResource):
     """A ``GenerationBackend[PolicySnapshot]`` on a pool of Ray actors.
 
     ``plane`` is the driver's :class:`RayShardedDataPlane` (workers stage into the same
@@ -117,13 +120,10 @@ class RayGenerationBackend:
         self._target_ref: Any = None
         self._prefix = f"rr-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._names = itertools.count()
-        self._actors: dict[str, _Actor] = {}
+        # Live actors only: a dead one is removed (its stats retired) and replaced.
+        self._actors: WorkerPool[_Actor] = WorkerPool(closed_error=_closed_error)
         self._retired: dict[str, ActorStats] = {}
-        self._changed: asyncio.Condition | None = None
-        self._background: set[asyncio.Task[Any]] = set()
         self._started = False
-        self._closed = False
-        self._exhausted: ActorPoolExhaustedError | None = None
         self.replacements = 0
         self._events: deque[dict[str, Any]] = deque(maxlen=10_000)
 
@@ -138,7 +138,7 @@ class RayGenerationBackend:
         return events
 
     def telemetry(self) -> dict[str, Any]:
-        actors = {name: dataclasses.asdict(a.stats) for name, a in self._actors.items()}
+        actors = {a.name: dataclasses.asdict(a.stats) for a in self._actors}
         actors.update({name: dataclasses.asdict(s) for name, s in self._retired.items()})
         return {
             "actors": actors,
@@ -148,29 +148,17 @@ class RayGenerationBackend:
 
     def actor_load(self) -> dict[str, int]:
         """Attempts in flight on each live actor, by name."""
-        return {name: a.in_flight for name, a in self._actors.items() if not a.dead}
+        return {
+            name: a["in_flight"]
+            for name, a in self._actors.snapshot().items()
+            if a["health"] != WorkerHealth.DEAD  # being fenced: no longer counts
+        }
 
     def live_actors(self) -> dict[str, Any]:
         """Handles of the live actors, by name (for tests and operators)."""
-        return {name: a.handle for name, a in self._actors.items() if not a.dead}
+        return {a.name: a.handle for a in self._actors if a.health is not WorkerHealth.DEAD}
 
     # -- lifecycle -----------------------------------------------------------------------
-
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
-
-    async def _notify(self) -> None:
-        condition = self._condition()
-        async with condition:
-            condition.notify_all()
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coroutine, name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
 
     async def start(self) -> None:
         """Start the pool: ``actors_per_node`` actors per alive node, then the health loop.
@@ -187,9 +175,10 @@ class RayGenerationBackend:
             *(self._start_actor(replaces=None) for _ in range(count)), return_exceptions=True
         )
         if not any(isinstance(s, _Actor) for s in started):
-            self._exhausted = ActorPoolExhaustedError(f"no actor started: {started[0]!r}")
-            raise self._exhausted
-        self._spawn(self._health_loop(), "ray-health")
+            exhausted = ActorPoolExhaustedError(f"no actor started: {started[0]!r}")
+            self._actors.fail(exhausted)
+            raise exhausted
+        self._actors.spawn(self._health_loop(), "ray-health")
 
     async def _start_actor(self, *, replaces: str | None) -> _Actor:
         name = f"{self._prefix}-gen-{next(self._names)}"
@@ -201,7 +190,12 @@ class RayGenerationBackend:
             # Across nodes first: one node's loss takes as few actors as possible.
             scheduling_strategy="SPREAD",
         ).remote(self._spec, name, self._target_ref)
-        actor = _Actor(name=name, handle=handle, stats=ActorStats(replaces=replaces))
+        actor = _Actor(
+            name=name,
+            capacity=self._settings.per_actor_concurrency,
+            handle=handle,
+            stats=ActorStats(replaces=replaces),
+        )
         try:
             async with asyncio.timeout(self._settings.actor_start_timeout_s):
                 actor.stats.pid = await handle.ping.remote()
@@ -210,23 +204,18 @@ class RayGenerationBackend:
             raise ActorPoolExhaustedError(f"actor {name} did not start: {error!r}") from error
         actor.version = version
         actor.stats.state = "live"
-        self._actors[name] = actor
+        actor.health = WorkerHealth.HEALTHY
+        self._actors.add(actor)
         self._event("actor_started", actor=name, pid=actor.stats.pid, replaces=replaces)
         if actor.version != self._target[0]:  # weights moved on while it started
             self._push(actor)
-        await self._notify()
         return actor
 
     async def aclose(self) -> None:
-        self._closed = True
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
-        for actor in self._actors.values():
-            if not actor.dead:
+        await self._actors.aclose()
+        for actor in self._actors:
+            if actor.health is not WorkerHealth.DEAD:
                 ray.kill(actor.handle, no_restart=True)
-        if self._changed is not None:
-            await self._notify()
 
     # -- weights -------------------------------------------------------------------------
 
@@ -236,8 +225,8 @@ class RayGenerationBackend:
         if not self._started:
             return
         self._target_ref = ray.put(self._target)
-        for actor in self._actors.values():
-            if not actor.dead:
+        for actor in self._actors:
+            if actor.health is not WorkerHealth.DEAD:
                 self._push(actor)
 
     def _push(self, actor: _Actor) -> None:
@@ -249,48 +238,28 @@ class RayGenerationBackend:
                 await self._declare_dead(actor, "actor_died")
                 return
             actor.version = loaded
-            await self._notify()
+            self._actors.wake()  # it holds the current weights: it may take work now
 
-        self._spawn(push(), f"push-{actor.name}")
+        self._actors.spawn(push(), f"push-{actor.name}")
 
     # -- attempts ------------------------------------------------------------------------
 
-    def _eligible(self) -> _Actor | None:
-        version = self._target[0]
-        ready = [
-            a
-            for a in self._actors.values()
-            if not a.dead
-            and a.version == version
-            and a.in_flight < self._settings.per_actor_concurrency
-        ]
-        return min(ready, key=lambda a: (a.in_flight, a.stats.attempts)) if ready else None
-
     async def _acquire(self) -> _Actor:
-        condition = self._condition()
-        deadline = monotonic() + self._settings.no_actor_wait_s
-        async with condition:
-            while True:
-                if self._exhausted is not None:
-                    raise self._exhausted
-                if self._closed:
-                    raise GenerationError("backend_closed", "the Ray backend is closed")
-                actor = self._eligible()
-                if actor is not None:
-                    actor.in_flight += 1
-                    actor.stats.attempts += 1
-                    return actor
-                remaining = deadline - monotonic()
-                if remaining <= 0:
-                    raise GenerationError(
-                        "no_live_actor",
-                        f"no actor with the current weights for {self._settings.no_actor_wait_s} s",
-                    )
-                try:
-                    async with asyncio.timeout(remaining):
-                        await condition.wait()
-                except TimeoutError:
-                    continue
+        version = self._target[0]
+
+        def timed_out() -> GenerationError:
+            return GenerationError(
+                "no_live_actor",
+                f"no actor with the current weights for {self._settings.no_actor_wait_s} s",
+            )
+
+        actor = await self._actors.acquire(
+            wait_s=self._settings.no_actor_wait_s,
+            timed_out=timed_out,
+            eligible=lambda a: a.version == version,
+        )
+        actor.stats.attempts += 1
+        return actor
 
     async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
         return await self.resume_attempt(request, capture, None)
@@ -324,18 +293,16 @@ class RayGenerationBackend:
             # The controller's deadline: an actor that does not answer in time is
             # declared dead with everything it runs.
             actor.stats.failures += 1
-            self._spawn(self._declare_dead(actor, "deadline_missed"), f"dead-{actor.name}")
+            self._actors.spawn(self._declare_dead(actor, "deadline_missed"), f"dead-{actor.name}")
             raise
         finally:
-            actor.in_flight -= 1
-            await self._notify()  # a slot is free: wake an attempt waiting for one
+            self._actors.release(actor)  # a slot is free: wakes an attempt waiting for one
 
     # -- deaths and replacements -----------------------------------------------------------
 
     async def _declare_dead(self, actor: _Actor, why: str) -> None:
-        if actor.dead:
-            return
-        actor.dead = True
+        if self._actors.mark(actor, WorkerHealth.DEAD) is None:
+            return  # declared dead already
         actor.stats.state = "dead"
         ray.kill(actor.handle, no_restart=True)
         try:
@@ -345,14 +312,13 @@ class RayGenerationBackend:
         finally:
             # Even if the fence failed: the actor is gone and its capacity is replaced.
             self._retired[actor.name] = actor.stats
-            del self._actors[actor.name]
+            self._actors.remove(actor.name)
             self._event("actor_dead", actor=actor.name, why=why, pid=actor.stats.pid)
-            await self._notify()
-            if not self._closed:
-                self._spawn(self._replace(actor.name), f"replace-{actor.name}")
+            if not self._actors.closed:
+                self._actors.spawn(self._replace(actor.name), f"replace-{actor.name}")
 
     async def _replace(self, dead: str) -> None:
-        while not self._closed:
+        while not self._actors.closed:
             if self.replacements >= self._settings.max_replacements:
                 detail = f"the replacement budget ({self._settings.max_replacements}) is spent"
             else:
@@ -362,16 +328,15 @@ class RayGenerationBackend:
                     return
                 except ActorPoolExhaustedError as error:
                     detail = error.detail
-            if not any(not a.dead for a in self._actors.values()):
-                self._exhausted = ActorPoolExhaustedError(detail)
+            if not self._actors.any_alive():
+                self._actors.fail(ActorPoolExhaustedError(detail))
                 self._event("actor_pool_exhausted", detail=detail)
-                await self._notify()
                 return
             if self.replacements >= self._settings.max_replacements:
                 return  # others still live: run on with fewer actors
 
     async def _health_loop(self) -> None:
-        while not self._closed:
+        while not self._actors.closed:
             await asyncio.sleep(self._settings.ping_interval_s)
             try:
                 await self._health_round()
@@ -382,8 +347,8 @@ class RayGenerationBackend:
                 self._event("health_check_failed", error=repr(error))
 
     async def _health_round(self) -> None:
-        for actor in list(self._actors.values()):
-            if actor.dead:
+        for actor in self._actors:
+            if actor.health is WorkerHealth.DEAD:
                 continue
             try:
                 async with asyncio.timeout(self._settings.ping_timeout_s):

@@ -50,6 +50,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from .._bounds import INT32_MAX
+from .._lifecycle import AsyncResource
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import GenerationError, InvalidArgumentError
 from ..policy import TaskConfig, TaskSet
@@ -186,7 +187,7 @@ class _InfraFailure(Exception):
     pass
 
 
-class HttpGenerationBackend(Generic[Weights]):
+class HttpGenerationBackend(AsyncResource, Generic[Weights]):
     """Implements ``GenerationBackend[Weights]`` over HTTP servers; ``Weights`` is what
     ``weight_sync`` pushes (``PolicySnapshot`` for ``rollout-recovery serve``, anything
     for a sync that ignores the weights).

@@ -43,35 +43,28 @@ behind, so one server that stalls its probes never delays another's probe or rej
 from __future__ import annotations
 
 import asyncio
-import enum
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import httpx
 
 from .._clock import monotonic
+from .._lifecycle import AsyncResource
+from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import GenerationConfig, HttpConfig
 from ._server_url import server_url_problem
 from ._weight_sync import InterruptingWeightSync, WeightSync
 from ._wire import DataFailure, read_body
 
-__all__ = ["PoolSettings", "ServerHealth", "ServerPool", "ServerStats"]
+__all__ = ["PoolSettings", "ServerPool", "ServerStats"]
 
 Weights = TypeVar("Weights")
 
 # What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
 # connection, never a server's idea of a large reply.
 _PROBE_BODY_CAP = 64 * 2**10
-
-
-class ServerHealth(enum.Enum):
-    JOINING = "joining"
-    HEALTHY = "healthy"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-    RECOVERING = "recovering"
 
 
 # ``[http]``'s defaults are the pool's and the backend's: a knob's default is written once,
@@ -132,17 +125,20 @@ class ServerStats:
     weight_pushes: int = 0
 
 
-@dataclass(slots=True)
-class _Server:
-    url: str
-    state: ServerHealth = ServerHealth.JOINING
-    in_flight: int = 0
+@dataclass(eq=False, slots=True, kw_only=True)
+class _Server(Worker):
+    """A server in the pool (its name is its url): health and load are the pool's."""
+
     failures_in_a_row: int = 0
     bad_replies_in_a_row: int = 0  # reset by a good reply only, never by a probe
     quarantined_until: float = 0.0  # on the loop's clock; no revival before
     version: int | None = None  # what the server last reported holding
     syncing: bool = False
     stats: ServerStats = field(default_factory=ServerStats)
+
+    @property
+    def url(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +149,7 @@ class Lease:
     version: int | None
 
 
-class ServerPool(Generic[Weights]):
+class ServerPool(AsyncResource, Generic[Weights]):
     """Tracks ``urls``; see the module docstring. Use from one event loop. ``Weights`` is
     what ``weight_sync`` pushes."""
 
@@ -188,71 +184,49 @@ class ServerPool(Generic[Weights]):
                 'flight: on_weight_update = "interrupt" needs "policy" or "vllm"',
                 path="$.on_weight_update",
             )
-        self._servers = {url: _Server(url) for url in cleaned}
+        self._workers: WorkerPool[_Server] = WorkerPool(
+            closed_error=lambda: GenerationError("backend_closed", "the HTTP backend is closed")
+        )
+        for url in cleaned:
+            self._workers.add(_Server(name=url, capacity=settings.concurrency))
         self._settings = settings
         self._sync = weight_sync
         self._client = client
         self._on_event = on_event
         self._target: tuple[int, Weights] | None = None
-        self._changed: asyncio.Condition | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._probe_tasks: list[asyncio.Task[None]] = []
-        self._closed = False
+        self._started = False
 
     # -- introspection ---------------------------------------------------------------------
 
     def states(self) -> dict[str, str]:
-        return {url: server.state.value for url, server in self._servers.items()}
+        return {url: server["health"] for url, server in self._workers.snapshot().items()}
 
     def stats(self) -> dict[str, ServerStats]:
-        return {url: server.stats for url, server in self._servers.items()}
+        return {server.url: server.stats for server in self._workers}
 
     def versions(self) -> dict[str, int | None]:
-        return {url: server.version for url, server in self._servers.items()}
+        return {server.url: server.version for server in self._workers}
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
-
     def start(self) -> None:
         """Start one probe loop per server (idempotent; needs a running loop)."""
-        if self._probe_tasks or self._closed:
+        if self._started or self._workers.closed:
             return
-        loop = asyncio.get_running_loop()
-        self._probe_tasks = [
-            loop.create_task(self._probe_loop(server), name=f"probe-{server.url}")
-            for server in self._servers.values()
-        ]
+        self._started = True
+        for server in self._workers:
+            self._workers.spawn(self._probe_loop(server), f"probe-{server.url}")
 
     async def aclose(self) -> None:
-        self._closed = True
-        tasks = [*self._tasks, *self._probe_tasks]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._notify()
+        await self._workers.aclose()
 
-    async def _notify(self) -> None:
-        condition = self._condition()
-        async with condition:
-            condition.notify_all()
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _move(self, server: _Server, state: ServerHealth, **detail: object) -> None:
-        if server.state is state:
+    def _move(self, server: _Server, state: WorkerHealth, **detail: object) -> None:
+        previous = self._workers.mark(server, state)
+        if previous is None:
             return
-        previous = server.state
-        server.state = state
-        if state is ServerHealth.DEAD:
+        if state is WorkerHealth.DEAD:
             server.stats.deaths += 1
-        if state is ServerHealth.HEALTHY and previous is ServerHealth.RECOVERING:
+        if state is WorkerHealth.HEALTHY and previous is WorkerHealth.RECOVERING:
             server.stats.rejoins += 1
         self._on_event(
             "server_state", server.url, {"from": previous.value, "to": state.value, **detail}
@@ -263,14 +237,14 @@ class ServerPool(Generic[Weights]):
     def set_weights(self, version: int, weights: Weights) -> None:
         """The trainer's new weights: every reachable server gets them in the background."""
         self._target = (version, weights)
-        if self._closed:
+        if self._workers.closed:
             return
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             return  # before the loop runs: the first probes sync every server
-        for server in self._servers.values():
-            if server.state is not ServerHealth.DEAD:
+        for server in self._workers:
+            if server.health is not WorkerHealth.DEAD:
                 self._start_sync(server)
 
     def _is_current(self, server: _Server) -> bool:
@@ -281,13 +255,11 @@ class ServerPool(Generic[Weights]):
     def _start_sync(self, server: _Server) -> None:
         if not server.syncing and not self._is_current(server):
             server.syncing = True
-            self._spawn(self._sync_server(server), f"sync-{server.url}")
+            self._workers.spawn(self._sync_server(server), f"sync-{server.url}")
 
     async def _drained(self, server: _Server) -> None:
         """Wait until no call is in flight on ``server`` (each has a total deadline)."""
-        condition = self._condition()
-        async with condition:
-            await condition.wait_for(lambda: server.in_flight == 0 or self._closed)
+        await self._workers.wait_until(lambda: server.in_flight == 0)
 
     async def _sync_server(self, server: _Server) -> None:
         try:
@@ -296,7 +268,7 @@ class ServerPool(Generic[Weights]):
                     # No new call reaches it (it is not current); the push waits for the
                     # calls in flight, so none of them sees two versions.
                     await self._drained(server)
-                    if self._closed or self._target is None or self._is_current(server):
+                    if self._workers.closed or self._target is None or self._is_current(server):
                         break
                 version, weights = self._target
                 timeout = self._settings.sync_timeout_s
@@ -305,12 +277,12 @@ class ServerPool(Generic[Weights]):
                     async with asyncio.timeout(timeout):  # the whole push, not each read
                         reported = await self._push(server, version, weights, timeout)
                 except TimeoutError:
-                    await self._failed(server, f"weight push not done within {timeout} s")
+                    self._failed(server, f"weight push not done within {timeout} s")
                     return
                 except (httpx.HTTPError, OSError) as error:
                     # OSError: the push's own local work failed (a weights file not
                     # written); the next probe retries like after a refused push.
-                    await self._failed(server, f"weight push failed: {error!r}")
+                    self._failed(server, f"weight push failed: {error!r}")
                     return
                 server.stats.weight_pushes += 1
                 server.version = reported
@@ -322,17 +294,15 @@ class ServerPool(Generic[Weights]):
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
                     # syncs it.
-                    await self._failed(
-                        server, f"reports version {reported} after pushing {version}"
-                    )
+                    self._failed(server, f"reports version {reported} after pushing {version}")
                     return
             if (
-                server.state is not ServerHealth.HEALTHY
+                server.health is not WorkerHealth.HEALTHY
                 and server.failures_in_a_row == 0
                 and not self._quarantined(server)
             ):
-                self._move(server, ServerHealth.HEALTHY, version=server.version)
-            await self._notify()
+                self._move(server, WorkerHealth.HEALTHY, version=server.version)
+            self._workers.wake()  # it holds the current version now: eligible if exclusive
         finally:
             server.syncing = False
 
@@ -351,12 +321,12 @@ class ServerPool(Generic[Weights]):
     # -- probes ----------------------------------------------------------------------------
 
     async def _probe_loop(self, server: _Server) -> None:
-        while not self._closed:
+        while not self._workers.closed:
             await self._probe(server)
             await asyncio.sleep(self._settings.probe_interval_s)
 
     def _quarantined(self, server: _Server) -> bool:
-        return server.state is ServerHealth.DEAD and monotonic() < server.quarantined_until
+        return server.health is WorkerHealth.DEAD and monotonic() < server.quarantined_until
 
     async def _probe(self, server: _Server) -> None:
         if self._quarantined(server):
@@ -372,45 +342,33 @@ class ServerPool(Generic[Weights]):
                     response.raise_for_status()
                     await read_body(response, _PROBE_BODY_CAP)
         except (httpx.HTTPError, DataFailure, TimeoutError) as error:
-            if server.state is not ServerHealth.DEAD:
-                await self._failed(server, f"probe failed: {type(error).__name__}")
+            if server.health is not WorkerHealth.DEAD:
+                self._failed(server, f"probe failed: {type(error).__name__}")
             return
         server.failures_in_a_row = 0
-        if server.state is ServerHealth.DEAD:
+        if server.health is WorkerHealth.DEAD:
             # It answers again: refit it before it takes traffic.
             server.version = None
-            self._move(server, ServerHealth.RECOVERING)
+            self._move(server, WorkerHealth.RECOVERING)
         if not self._is_current(server):
             self._start_sync(server)  # the sync admits it once it holds the current version
-        elif server.state is not ServerHealth.HEALTHY:
-            self._move(server, ServerHealth.HEALTHY, version=server.version)
-            await self._notify()
+        elif server.health is not WorkerHealth.HEALTHY:
+            self._move(server, WorkerHealth.HEALTHY, version=server.version)
 
-    async def _failed(self, server: _Server, why: str) -> None:
+    def _failed(self, server: _Server, why: str) -> None:
         server.failures_in_a_row += 1
         if server.failures_in_a_row >= self._settings.dead_after_failures:
-            self._move(server, ServerHealth.DEAD, why=why)
-        elif server.state is ServerHealth.HEALTHY:
-            self._move(server, ServerHealth.SUSPECT, why=why)
-        await self._notify()
+            self._move(server, WorkerHealth.DEAD, why=why)
+        elif server.health is WorkerHealth.HEALTHY:
+            self._move(server, WorkerHealth.SUSPECT, why=why)
 
     # -- calls -----------------------------------------------------------------------------
 
-    def _eligible(self, avoid: set[str]) -> _Server | None:
+    def _admits(self, server: _Server) -> bool:
         # With interrupt a lagging server keeps taking calls: its push will pause them
         # between tokens and they finish under the new weights.
         exclusive = self._sync.exclusive and not self._interrupt
-        free = [
-            s
-            for s in self._servers.values()
-            if s.state is ServerHealth.HEALTHY
-            and s.in_flight < self._settings.concurrency
-            and (not exclusive or self._is_current(s))
-        ]
-        preferred = [s for s in free if s.url not in avoid] or free
-        if not preferred:
-            return None
-        return min(preferred, key=lambda s: (s.in_flight, s.stats.calls))
+        return not exclusive or self._is_current(server)
 
     async def acquire(self, avoid: set[str]) -> Lease:
         """A healthy server with a free slot (avoiding ``avoid`` when another is free).
@@ -420,37 +378,33 @@ class ServerPool(Generic[Weights]):
         never makes them wait forever.
         """
         self.start()
-        condition = self._condition()
-        deadline = monotonic() + self._settings.no_server_wait_s
-        async with condition:
-            while True:
-                if self._closed:
-                    raise GenerationError("backend_closed", "the HTTP backend is closed")
-                server = self._eligible(avoid)
-                if server is not None:
-                    server.in_flight += 1
-                    server.stats.calls += 1
-                    stamp = server.version if self._sync.tracks_versions else None
-                    return Lease(server.url, stamp)
-                remaining = deadline - monotonic()
-                if remaining <= 0:
-                    raise GenerationError(
-                        "no_live_server",
-                        f"no healthy server with a free slot for {self._settings.no_server_wait_s}"
-                        f" s; states: {self.states()}",
-                    )
-                try:
-                    async with asyncio.timeout(remaining):
-                        await condition.wait()
-                except TimeoutError:
-                    continue
+
+        def choose(free: Sequence[_Server]) -> _Server:
+            return least_loaded([s for s in free if s.url not in avoid] or free)
+
+        def timed_out() -> GenerationError:
+            return GenerationError(
+                "no_live_server",
+                f"no healthy server with a free slot for {self._settings.no_server_wait_s}"
+                f" s; states: {self.states()}",
+            )
+
+        server = await self._workers.acquire(
+            wait_s=self._settings.no_server_wait_s,
+            timed_out=timed_out,
+            eligible=self._admits,
+            choose=choose,
+        )
+        server.stats.calls += 1
+        stamp = server.version if self._sync.tracks_versions else None
+        return Lease(server.url, stamp)
 
     async def release(self, lease: Lease, *, outcome: str, reason: str = "") -> None:
         """End a call: ``ok``; ``data`` (the request was refused: no verdict on the
         server); ``bad_data`` (the server's reply was unusable, ``reason`` says how);
         ``infra``; or ``cancelled`` (the caller gave up: no verdict on the server)."""
-        server = self._servers[lease.url]
-        server.in_flight -= 1
+        server = self._workers[lease.url]
+        self._workers.release(server)
         if outcome == "cancelled":
             pass
         elif outcome == "ok":
@@ -464,9 +418,7 @@ class ServerPool(Generic[Weights]):
             self._bad_reply(server, reason)
         else:
             server.stats.infra_failures += 1
-            await self._failed(server, "call failed")
-            return
-        await self._notify()
+            self._failed(server, "call failed")
 
     def _bad_reply(self, server: _Server, reason: str) -> None:
         server.bad_replies_in_a_row += 1
@@ -474,12 +426,12 @@ class ServerPool(Generic[Weights]):
         if in_a_row >= self._settings.dead_after_failures:
             quarantine = self._settings.bad_data_quarantine_s
             server.quarantined_until = monotonic() + quarantine
-            if server.state is not ServerHealth.DEAD:
+            if server.health is not WorkerHealth.DEAD:
                 self._on_event(
                     "server_bad_data",
                     server.url,
                     {"reason": reason, "in_a_row": in_a_row, "quarantine_s": quarantine},
                 )
-                self._move(server, ServerHealth.DEAD, why=f"{in_a_row} bad replies: {reason}")
-        elif server.state is ServerHealth.HEALTHY:
-            self._move(server, ServerHealth.SUSPECT, why=f"bad reply: {reason}")
+                self._move(server, WorkerHealth.DEAD, why=f"{in_a_row} bad replies: {reason}")
+        elif server.health is WorkerHealth.HEALTHY:
+            self._move(server, WorkerHealth.SUSPECT, why=f"bad reply: {reason}")

@@ -26,11 +26,14 @@ import asyncio
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
 import numpy as np
 
+from .._lifecycle import AsyncResource
+from .._workers import Worker, WorkerHealth, WorkerPool
 from ..capture import SPANS_EXTRA, CaptureWriter, StagedPrefix, version_spans
 from ..dataplane import DataPlane
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
@@ -53,15 +56,17 @@ class _Life:
         self.crashed = asyncio.Event()
 
 
-class _Worker:
-    __slots__ = ("in_flight", "index", "life", "name", "up")
+@dataclass(eq=False, slots=True, kw_only=True)
+class _Worker(Worker):
+    """A simulated worker: up (``healthy``) or crashed (``dead``) until it restarts, with
+    unbounded capacity."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.name = f"worker-{index}"
-        self.up = True
-        self.in_flight = 0
-        self.life = _Life()
+    index: int
+    life: _Life = field(default_factory=_Life)
+
+
+def _closed_error() -> GenerationError:
+    return GenerationError("backend_closed", "the simulated backend is closed")
 
 
 def _attempt_seed(seed: int, rollout_id: str) -> list[int]:
@@ -69,7 +74,7 @@ def _attempt_seed(seed: int, rollout_id: str) -> list[int]:
     return [seed, int.from_bytes(digest[:16], "little")]
 
 
-class SimulatedAgentBackend:
+class SimulatedAgentBackend(AsyncResource):
     """Implements ``GenerationBackend[PolicySnapshot]`` in process.
 
     ``data_plane`` must be the store the attempts' ``CaptureWriter`` writes to; it is only
@@ -118,13 +123,14 @@ class SimulatedAgentBackend:
         self._stage_in_thread = stage_in_thread
         self._faults = self._checked_faults(faults)
         self._snapshot = self._checked_snapshot(initial_weights.version, initial_weights)
-        self._workers = [_Worker(i) for i in range(workers)]
+        self._workers: WorkerPool[_Worker] = WorkerPool(closed_error=_closed_error)
+        for index in range(workers):
+            self._workers.add(
+                _Worker(name=f"worker-{index}", index=index, health=WorkerHealth.HEALTHY)
+            )
         self._next_worker = 0
-        self._worker_changed: asyncio.Condition | None = None
-        self._restarts: set[asyncio.Task[None]] = set()
         self._crashes = 0
         self._fault_counts = dict.fromkeys(FAULT_NAMES, 0)
-        self._closed = False
 
     @classmethod
     def from_config(
@@ -205,11 +211,14 @@ class SimulatedAgentBackend:
 
     def worker_status(self) -> dict[str, bool]:
         """Whether each worker is up, by name."""
-        return {worker.name: worker.up for worker in self._workers}
+        return {
+            name: w["health"] == WorkerHealth.HEALTHY
+            for name, w in self._workers.snapshot().items()
+        }
 
     def worker_load(self) -> dict[str, int]:
         """Attempts in flight on each worker, by name (crashed ones count until they exit)."""
-        return {worker.name: worker.in_flight for worker in self._workers}
+        return {name: w["in_flight"] for name, w in self._workers.snapshot().items()}
 
     def update_weights(self, version: int, weights: PolicySnapshot) -> None:
         """Weight sync: every call that starts after this samples from ``weights``.
@@ -224,52 +233,29 @@ class SimulatedAgentBackend:
 
     # -- workers --------------------------------------------------------------------------
 
-    def _condition(self) -> asyncio.Condition:
-        # Created lazily inside the running loop: the backend may be built outside one.
-        if self._worker_changed is None:
-            self._worker_changed = asyncio.Condition()
-        return self._worker_changed
-
-    def _closed_error(self) -> GenerationError:
-        return GenerationError("backend_closed", "the simulated backend is closed")
-
     async def _acquire_worker(self) -> _Worker:
         """The least loaded worker that is up (round robin among equals); waits if none."""
-        condition = self._condition()
-        async with condition:
-            await condition.wait_for(
-                lambda: self._closed or any(worker.up for worker in self._workers)
-            )
-            if self._closed:
-                raise self._closed_error()
-            count = len(self._workers)
-            worker = min(
-                (w for w in self._workers if w.up),
-                key=lambda w: (w.in_flight, (w.index - self._next_worker) % count),
-            )
-            self._next_worker = (worker.index + 1) % count
-            worker.in_flight += 1
-            return worker
+        count = len(self._workers)
+
+        def round_robin(up: Sequence[_Worker]) -> _Worker:
+            return min(up, key=lambda w: (w.in_flight, (w.index - self._next_worker) % count))
+
+        worker = await self._workers.acquire(wait_s=None, choose=round_robin)
+        self._next_worker = (worker.index + 1) % count
+        return worker
 
     def _crash(self, worker: _Worker) -> None:
         """End the worker's current life; a restart task brings up a new one."""
         self._crashes += 1
         self._fault_counts["worker_crash"] += 1
-        worker.up = False
+        self._workers.mark(worker, WorkerHealth.DEAD)
         worker.life.crashed.set()
-        task = asyncio.get_running_loop().create_task(
-            self._restart(worker), name=f"restart-{worker.name}"
-        )
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
+        self._workers.spawn(self._restart(worker), f"restart-{worker.name}")
 
     async def _restart(self, worker: _Worker) -> None:
         await asyncio.sleep(self._faults.worker_restart_s)
         worker.life = _Life()
-        worker.up = True
-        condition = self._condition()
-        async with condition:
-            condition.notify_all()
+        self._workers.mark(worker, WorkerHealth.HEALTHY)
 
     @staticmethod
     def _crashed_error(worker: _Worker) -> GenerationError:
@@ -303,8 +289,8 @@ class SimulatedAgentBackend:
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
     ) -> AttemptResult:
         """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
-        if self._closed:
-            raise self._closed_error()
+        if self._workers.closed:
+            raise _closed_error()
         rng = np.random.default_rng(_attempt_seed(self._seed, request.rollout_id))
         faults = draw_faults(rng, self._faults)
         if "straggler" in faults:
@@ -329,19 +315,12 @@ class SimulatedAgentBackend:
             await session.pause(0.0)  # crashed by another attempt while the last call staged
             client.after_episode(result, capture, self._data_plane)
         finally:
-            worker.in_flight -= 1
+            self._workers.release(worker)
         return result
 
     async def aclose(self) -> None:
         """Stop: cancel pending worker restarts and wake attempts waiting for a worker."""
-        self._closed = True
-        restarts = list(self._restarts)
-        for task in restarts:
-            task.cancel()
-        await asyncio.gather(*restarts, return_exceptions=True)
-        if self._worker_changed is not None:
-            async with self._worker_changed:
-                self._worker_changed.notify_all()
+        await self._workers.aclose()
 
 
 class _WorkerSession:
