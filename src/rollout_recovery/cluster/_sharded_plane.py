@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._cut import MutationCut
+from .._lifecycle import Resource
 from ..dataplane import (
     Row,
     check_keys_argument,
@@ -86,10 +87,11 @@ def _fresh(row: Row) -> Row:
     )
 
 
-class RayShardedDataPlane:
+class RayShardedDataPlane(Resource):
     """See the module docstring. ``writer`` is None for the driver (which owns the shards
     and restarts them), a worker id for a generation actor (fenced when it is declared
-    dead)."""
+    dead). The plane :meth:`start` returns owns the shards: closing it stops them (their
+    files stay); closing an attached plane only stops its own calls."""
 
     def __init__(self, layout: ShardDirectory, *, writer: str | None = None) -> None:
         self._layout = layout
@@ -99,6 +101,7 @@ class RayShardedDataPlane:
         # The controller's loop and the health loop's thread both replace dead shards.
         self._lock = threading.RLock()
         self._closed = False
+        self._owns_shards = False
         self.restarts = 0
 
     # -- shards ------------------------------------------------------------------------------
@@ -108,6 +111,7 @@ class RayShardedDataPlane:
         """The driver's store: start (or adopt, after a driver restart) every shard."""
         Path(layout.directory).mkdir(parents=True, exist_ok=True)
         plane = cls(layout)
+        plane._owns_shards = True
         for index in range(layout.shards):
             plane._handles[index] = plane._create(index)
         return plane
@@ -318,12 +322,14 @@ class RayShardedDataPlane:
                 self._call(index, "restore", str(part))
 
     def close(self) -> None:
-        self._closed = True
-
-    def shutdown(self) -> None:
-        """Driver only: stop every shard actor (their files stay)."""
+        """No call after this; the owning plane also stops every shard actor (their files
+        stay). Closing again is a no-op."""
         with self._lock:  # not while the health loop's thread restarts one
+            if self._closed:
+                return
             self._closed = True
+            if not self._owns_shards:
+                return
             for index in range(self._layout.shards):
                 handle = self._handles.pop(index, None)
                 if handle is not None:

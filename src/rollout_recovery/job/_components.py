@@ -306,11 +306,8 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
             shards=ray_config.data_shards,
             cpus_per_shard=ray_config.cpus_per_shard,
         )
-        plane = RayShardedDataPlane.start(layout)
-        try:
+        with RayShardedDataPlane.start(layout) as plane:
             yield plane
-        finally:
-            plane.shutdown()
 
 
 def require_ray(config: RunConfig) -> None:
@@ -362,7 +359,8 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
             served_model_name=http.model,
             api_key=api_key,
         )
-        with vllm_fleet as urls, _presenting(vllm_fleet.api_key):
+        with vllm_fleet, _presenting(vllm_fleet.api_key):
+            urls = vllm_fleet.start()
             yield msgspec.structs.replace(
                 config, http=msgspec.structs.replace(http, servers=tuple(urls))
             )
@@ -386,7 +384,8 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
         api_key=api_key,
         api_key_env=http.api_key_env or None,
     )
-    with fleet as urls, _presenting(fleet.api_key):
+    with fleet, _presenting(fleet.api_key):
+        urls = fleet.start()
         yield msgspec.structs.replace(
             config, http=msgspec.structs.replace(http, servers=tuple(urls))
         )
