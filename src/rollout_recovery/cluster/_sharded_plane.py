@@ -90,8 +90,8 @@ def _fresh(row: Row) -> Row:
 class RayShardedDataPlane(Resource):
     """See the module docstring. ``writer`` is None for the driver (which owns the shards
     and restarts them), a worker id for a generation actor (fenced when it is declared
-    dead). The plane :meth:`start` returns owns the shards: closing it stops them (their
-    files stay); closing an attached plane only stops its own calls."""
+    dead). ``close()`` ends this plane's calls; the driver's ``close(stop_shards=True)``
+    also stops the shard actors (their files stay)."""
 
     def __init__(self, layout: ShardDirectory, *, writer: str | None = None) -> None:
         self._layout = layout
@@ -101,7 +101,6 @@ class RayShardedDataPlane(Resource):
         # The controller's loop and the health loop's thread both replace dead shards.
         self._lock = threading.RLock()
         self._closed = False
-        self._owns_shards = False
         self.restarts = 0
 
     # -- shards ------------------------------------------------------------------------------
@@ -111,7 +110,6 @@ class RayShardedDataPlane(Resource):
         """The driver's store: start (or adopt, after a driver restart) every shard."""
         Path(layout.directory).mkdir(parents=True, exist_ok=True)
         plane = cls(layout)
-        plane._owns_shards = True
         for index in range(layout.shards):
             plane._handles[index] = plane._create(index)
         return plane
@@ -321,14 +319,13 @@ class RayShardedDataPlane(Resource):
             for index, part in enumerate(parts):
                 self._call(index, "restore", str(part))
 
-    def close(self) -> None:
-        """No call after this; the owning plane also stops every shard actor (their files
-        stay). Closing again is a no-op."""
+    def close(self, *, stop_shards: bool = False) -> None:
+        """No call after this. ``stop_shards`` (the driver, at the job's end): stop every
+        shard actor too (their files stay); a plane that other planes still use, such as a
+        test's shared shards, is closed without. Closing again stops nothing new."""
         with self._lock:  # not while the health loop's thread restarts one
-            if self._closed:
-                return
             self._closed = True
-            if not self._owns_shards:
+            if not stop_shards:
                 return
             for index in range(self._layout.shards):
                 handle = self._handles.pop(index, None)

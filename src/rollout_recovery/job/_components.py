@@ -306,8 +306,11 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
             shards=ray_config.data_shards,
             cpus_per_shard=ray_config.cpus_per_shard,
         )
-        with RayShardedDataPlane.start(layout) as plane:
+        plane = RayShardedDataPlane.start(layout)
+        try:
             yield plane
+        finally:
+            plane.close(stop_shards=True)
 
 
 def require_ray(config: RunConfig) -> None:
