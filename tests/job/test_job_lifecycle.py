@@ -169,3 +169,27 @@ def test_a_refused_restore_closes_the_backend_too(
         run_job(out, config, components=closes.components)
     # Refused before the metrics sinks were opened: everything else is closed.
     _assert_all_closed(closes, out, metrics=False)
+
+
+def test_ctrl_c_while_the_job_opens_interrupts_it_at_once_and_closes_what_was_opened(
+    tmp_path: Path, fast_config: MakeConfig, closes: Closes
+) -> None:
+    """Opening is synchronous (servers, a Ray session block): a Ctrl-C then raises
+    ``KeyboardInterrupt`` where the job is, as outside an event loop, rather than waiting
+    for the first ``await`` of the job's loop."""
+    went_on: list[bool] = []
+
+    def components(config: RunConfig, data_plane: DataPlane) -> JobComponents[Any]:
+        parts = closes.components(config, data_plane)
+        os.kill(os.getpid(), signal.SIGINT)
+        went_on.append(True)
+        return parts
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_job(out, fast_config({"job": {"steps": 2}}), components=components)
+    assert went_on == []
+    # The backend was built but not yet on the stack: the trail and the store are closed.
+    assert closes.order == ["trail", "data plane"]
+    assert not is_locked(RunDirectory(out).lock_file)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +180,8 @@ def run_job(
         # Another job's directory is refused before even the lock file is touched.
         _identity_changes(run, config)
     wiring = _DrainWiring(drain_file_of(run, config), log, drain_on_signals)
+    if threading.current_thread() is threading.main_thread():
+        wiring.outer_sigint = signal.getsignal(signal.SIGINT)
     try:
         result, controller = asyncio.run(_job(run, config, progress, components, wiring))
     except asyncio.CancelledError:
@@ -205,43 +209,76 @@ async def _job(
     """
     log = wiring.log
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(run_directory_lock(run))
-        changes = claim_run_directory(run, config)
-        if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
-            # Before any store, trail or server is opened: a refused run changes nothing.
-            _refuse_lost_checkpoints(run)
-        if remove_stale_drain_request(wiring.drain_file):
-            # Written after the previous job had stopped reading it (or with none running).
-            log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
-        if config.generation.backend == "http":
-            log("backend http: [faults] is not injected; the servers' own failures are the faults")
-        # Synchronous starts (servers, a Ray session) block the loop: nothing else runs yet.
-        resolved = stack.enter_context(generation_servers(run, config))
-        if resolved.http.servers != config.http.servers:
-            count = len(resolved.http.servers)
-            log(f"started {count} local generation servers (listed in {run.servers_file.name})")
-        inner = _open_data_plane(stack, run, config)
-        history = stack.enter_context(AuditTrail(run))
-        # The drain triggers, once wired, stay until the backend has closed: a Ctrl-C in
-        # its close still finds the job's handler.
-        stack.callback(wiring.unwire)
-        parts = components(resolved, inner)
-        stack.push_async_callback(parts.backend.aclose)
-        controller = Controller(
-            config=config,
-            dataset=parts.dataset,
-            backend=parts.backend,
-            trainer=parts.trainer,
-            data_plane=inner,
-            history=history,
-            progress=progress,
-        )
-        store = CheckpointStore(run.root, keep=config.checkpoint.keep)
-        store.remove_stale()  # what a save killed mid-way left behind
+        with _outer_sigint(wiring):
+            controller, store, changes = _open_job(stack, run, config, progress, components, wiring)
         wiring.wire(controller).install()
         result = await _run_installed(run, controller, store, log, changes, stack)
         result.config_changes = changes
     return result, controller
+
+
+@contextlib.contextmanager
+def _outer_sigint(wiring: _DrainWiring) -> Iterator[None]:
+    """While the job opens its resources, Ctrl-C does what it did before ``run_job``
+    (``KeyboardInterrupt`` at once, by default). ``asyncio.run``'s own handler would only
+    cancel the job at its first ``await``, after blocking starts (servers, a Ray session)
+    had run to their end."""
+    outer = wiring.outer_sigint
+    if outer is None:  # not the main thread, or a handler not set from Python
+        yield
+        return
+    inner = signal.signal(signal.SIGINT, outer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inner)
+
+
+def _open_job(
+    stack: contextlib.AsyncExitStack,
+    run: RunDirectory,
+    config: RunConfig,
+    progress: RunProgress | None,
+    components: Callable[[RunConfig, DataPlane], JobComponents[Any]],
+    wiring: _DrainWiring,
+) -> tuple[Controller[Any], CheckpointStore, list[str]]:
+    """Take the lock, claim the directory and open the job's resources on ``stack``, each
+    as soon as it is built; returns the controller, the checkpoint store and the
+    operational changes. Synchronous: nothing else runs on the loop yet."""
+    log = wiring.log
+    stack.enter_context(run_directory_lock(run))
+    changes = claim_run_directory(run, config)
+    if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
+        # Before any store, trail or server is opened: a refused run changes nothing.
+        _refuse_lost_checkpoints(run)
+    if remove_stale_drain_request(wiring.drain_file):
+        # Written after the previous job had stopped reading it (or with none running).
+        log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
+    if config.generation.backend == "http":
+        log("backend http: [faults] is not injected; the servers' own failures are the faults")
+    resolved = stack.enter_context(generation_servers(run, config))
+    if resolved.http.servers != config.http.servers:
+        count = len(resolved.http.servers)
+        log(f"started {count} local generation servers (listed in {run.servers_file.name})")
+    inner = _open_data_plane(stack, run, config)
+    history = stack.enter_context(AuditTrail(run))
+    # The drain triggers, once wired, stay until the backend has closed: a Ctrl-C in
+    # its close still finds the job's handler.
+    stack.callback(wiring.unwire)
+    parts = components(resolved, inner)
+    stack.push_async_callback(parts.backend.aclose)
+    controller = Controller(
+        config=config,
+        dataset=parts.dataset,
+        backend=parts.backend,
+        trainer=parts.trainer,
+        data_plane=inner,
+        history=history,
+        progress=progress,
+    )
+    store = CheckpointStore(run.root, keep=config.checkpoint.keep)
+    store.remove_stale()  # what a save killed mid-way left behind
+    return controller, store, changes
 
 
 def _open_data_plane(
@@ -397,6 +434,8 @@ class _DrainWiring:
     log: Callable[[str], None]
     signals: bool
     triggers: DrainTriggers | None = None
+    #: The SIGINT handler the process had before the job's event loop.
+    outer_sigint: Any = None
 
     @property
     def interrupted(self) -> bool:
