@@ -253,8 +253,8 @@ def main() -> None:
         plane2 = RayShardedDataPlane.start(_layout(scratch / "put-shards", args.shards))
         worker = RayShardedDataPlane(plane2.layout, writer="bench-worker")
         results["ray staged MB/s"] = _staged_mb_per_s(worker, args.rows, args.tokens)
-        plane.shutdown()
-        plane2.shutdown()
+        plane.close(stop_shards=True)
+        plane2.close(stop_shards=True)
         results["embedded longest hold ms"] = 1000 * _longest_hold(
             scratch / "job-embedded", "simulated", args.steps
         )

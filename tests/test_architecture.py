@@ -203,3 +203,123 @@ def test_the_default_install_never_imports_torch() -> None:
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- one lifecycle: every resource is closed by one verb -----------------------------------
+
+#: Verbs no class may define: a resource's one verb is ``aclose`` or ``close``.
+FORBIDDEN_VERBS = {"stop", "shutdown"}
+#: Classes whose ``close``/``aclose`` is not a resource's, with why.
+NOT_RESOURCES = {
+    "_JumpingSelector": "a selectors.BaseSelector: close() is that API's, called by the loop",
+    # An AsyncResource has async methods, and Ray makes an actor with any async method an
+    # asyncio actor (one event loop for every call): the driver's resource is the plane.
+    "DataShard": "a Ray actor's body, closed through RayShardedDataPlane",
+}
+#: Backends and pools the `pool` task converts to AsyncResource (issue 16): empty this set
+#: once that branch is merged.
+POOL_TASK_CLASSES = {
+    "ServerPool",
+    "HttpGenerationBackend",
+    "SimulatedAgentBackend",
+    "RayGenerationBackend",
+    "TransformersBackend",
+}
+
+
+def _classes() -> list[tuple[Path, ast.ClassDef]]:
+    found = []
+    for module in sorted(PACKAGE_ROOT.rglob("*.py")):
+        tree = ast.parse(module.read_text(), filename=str(module))
+        found += [(module, node) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    return found
+
+
+def _base_names(node: ast.ClassDef) -> set[str]:
+    names = set()
+    for base in node.bases:
+        if isinstance(base, ast.Subscript):  # Generic[T], Protocol[T]
+            base = base.value
+        if isinstance(base, ast.Name):
+            names.add(base.id)
+        elif isinstance(base, ast.Attribute):
+            names.add(base.attr)
+    return names
+
+
+def lifecycle_violations(classes: list[tuple[Path, ast.ClassDef]]) -> list[str]:
+    """Every class that breaks the one-verb rule, as ``file: Class: why``."""
+    bases = {node.name: _base_names(node) for _, node in classes}
+
+    def reaches(name: str, target: str, seen: frozenset[str] = frozenset()) -> bool:
+        if name == target:
+            return True
+        return any(
+            reaches(base, target, seen | {name})
+            for base in bases.get(name, set())
+            if base not in seen
+        )
+
+    violations = []
+    for module, node in classes:
+        where = f"{module.relative_to(PACKAGE_ROOT)}: {node.name}"
+        methods = {
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        violations += [f"{where} defines {verb}()" for verb in sorted(methods & FORBIDDEN_VERBS)]
+        if node.name in {"AsyncResource", "Resource"}:
+            continue
+        sync = reaches(node.name, "Resource")
+        resource = sync or reaches(node.name, "AsyncResource")
+        protocol = "Protocol" in bases[node.name]
+        exempt = node.name in NOT_RESOURCES or node.name in POOL_TASK_CLASSES or protocol
+        if sync and "aclose" in methods:
+            violations.append(f"{where} is a Resource (verb close) and overrides aclose()")
+        if resource and not sync and "close" in methods:
+            violations.append(f"{where} is an AsyncResource (verb aclose) and defines close()")
+        if not exempt and "close" in methods and not resource:
+            violations.append(f"{where} defines close() but is no Resource")
+        if not exempt and "aclose" in methods and not resource:
+            violations.append(f"{where} defines aclose() but is no AsyncResource")
+    return violations
+
+
+def test_every_resource_has_one_shutdown_verb() -> None:
+    """One lifecycle (issue 16): a resource derives from ``AsyncResource`` (verb ``aclose``)
+    or ``Resource`` (verb ``close``), so one exit stack closes any mix of them; nothing is
+    stopped or shut down by another name. A command function such as ``cli.stop`` is no
+    method and is not concerned."""
+    assert not lifecycle_violations(_classes())
+
+
+def test_the_lifecycle_checker_sees_each_kind_of_violation() -> None:
+    source = """
+class Fleet:
+    def stop(self) -> None: ...
+class Plane(Resource):
+    def close(self) -> None: ...
+    def shutdown(self) -> None: ...
+class Sub(Plane):
+    async def aclose(self) -> None: ...
+class Pool(AsyncResource):
+    async def aclose(self) -> None: ...
+    def close(self) -> None: ...
+class Loose:
+    def close(self) -> None: ...
+class Looser:
+    async def aclose(self) -> None: ...
+class Fine(Resource):
+    def close(self) -> None: ...
+"""
+    classes = [(PACKAGE_ROOT / "x.py", n) for n in ast.walk(ast.parse(source))]
+    found = lifecycle_violations([(p, n) for p, n in classes if isinstance(n, ast.ClassDef)])
+    assert found == [
+        "x.py: Fleet defines stop()",
+        "x.py: Plane defines shutdown()",
+        "x.py: Sub is a Resource (verb close) and overrides aclose()",
+        "x.py: Pool is an AsyncResource (verb aclose) and defines close()",
+        "x.py: Loose defines close() but is no Resource",
+        "x.py: Looser defines aclose() but is no AsyncResource",
+    ]

@@ -223,7 +223,8 @@ def test_launched_servers_require_the_jobs_random_key_found_in_no_argv_and_no_fi
     assert fleets[0].api_key != fleets[1].api_key  # one per job
     fleet = fleets[0]
     (tmp_path / "run0").mkdir()
-    with fleet as (url,):
+    with fleet:
+        (url,) = fleet.start()
         (server,) = fleet.servers
         key = fleet.api_key.encode()
         assert key not in Path(f"/proc/{server.pid}/cmdline").read_bytes()
@@ -236,6 +237,9 @@ def test_launched_servers_require_the_jobs_random_key_found_in_no_argv_and_no_fi
     for path in (tmp_path / "run0").rglob("*"):
         if path.is_file():
             assert key not in path.read_bytes(), path
+    with pytest.raises(ProcessLookupError):  # stopped and reaped by the close
+        os.kill(server.pid, 0)
+    fleet.close()  # closing again is a no-op
 
 
 @contextlib.contextmanager

@@ -194,7 +194,8 @@ def test_a_request_waiting_out_a_pause_is_answered_at_shutdown() -> None:
     # Paused: the request is being handled (its body held) but waits before its first
     # token; shutdown releases it with a 503.
     assert server.wait_for_transport(lambda stats: stats.body_bytes > 0, WAIT_S)
-    assert server.shutdown(grace_s=WAIT_S)
+    server.close(grace_s=WAIT_S)
+    assert server.finished_in_grace
     thread.join(WAIT_S)
     assert not admitted.is_set()
     assert [reply.status_code for reply in replies] == [503]

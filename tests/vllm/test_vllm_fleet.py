@@ -103,7 +103,8 @@ def test_the_fleet_starts_listed_servers_with_the_jobs_key_and_stops_every_proce
     fleet = VllmFleet(
         run / "servers", run / "servers.json", _config(tmp_path), served_model_name="m"
     )
-    with fleet as urls:
+    with fleet:
+        urls = fleet.start()
         assert len(urls) == 2
         for url in urls:
             assert httpx.get(f"{url}/health", timeout=5.0).status_code == 200
@@ -127,6 +128,8 @@ def test_the_fleet_starts_listed_servers_with_the_jobs_key_and_stops_every_proce
     # that ignores SIGTERM was killed; nothing of either group is left.
     assert len(list(fake_dir.glob("*.terminated"))) == 2
     assert not [pid for pid in processes if _alive(pid)]
+    fleet.close()  # closing again is a no-op
+    assert len(list(fake_dir.glob("*.terminated"))) == 2
 
 
 JOB = """
@@ -136,7 +139,8 @@ import msgspec
 from rollout_recovery.vllm import VllmConfig, VllmFleet
 config = msgspec.json.decode(sys.argv[1], type=VllmConfig)
 run = Path(sys.argv[2])
-with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as urls:
+with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as fleet:
+    fleet.start()
     print("ready", flush=True)
     threading.Event().wait()
 """
@@ -177,7 +181,7 @@ def test_a_server_that_exits_before_it_is_ready_fails_the_start_with_its_log(
         run / "servers", run / "servers.json", _config(tmp_path), served_model_name="m"
     )
     with pytest.raises(GenerationError, match=r"exited with 3.*exiting on purpose"), fleet:
-        pass
+        fleet.start()
     assert not (run / "servers.json").exists()
 
 
@@ -189,14 +193,14 @@ def test_a_missing_vllm_python_or_model_is_refused_naming_the_field(tmp_path: Pa
         served_model_name="m",
     )
     with pytest.raises(ConfigError) as error, fleet:
-        pass
+        fleet.start()
     assert error.value.path == "$.vllm.python"
     config = msgspec.structs.replace(_config(tmp_path), model=str(tmp_path / "no-model"))
     with (
         pytest.raises(ConfigError) as error,
-        VllmFleet(tmp_path / "s", tmp_path / "s.json", config, served_model_name="m"),
+        VllmFleet(tmp_path / "s", tmp_path / "s.json", config, served_model_name="m") as fleet,
     ):
-        pass
+        fleet.start()
     assert error.value.path == "$.vllm.model"
     assert not (tmp_path / "s").exists()
 

@@ -293,7 +293,7 @@ def serve(
         while not stop.wait(1.0):
             pass
     finally:
-        server.shutdown()
+        server.close()
         if ready_file is not None:
             _remove_own_ready_file(ready_file)
         for sig, handler in previous.items():

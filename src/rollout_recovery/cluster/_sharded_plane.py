@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._cut import MutationCut
+from .._lifecycle import Resource
 from ..dataplane import (
     Row,
     check_keys_argument,
@@ -86,10 +87,11 @@ def _fresh(row: Row) -> Row:
     )
 
 
-class RayShardedDataPlane:
+class RayShardedDataPlane(Resource):
     """See the module docstring. ``writer`` is None for the driver (which owns the shards
     and restarts them), a worker id for a generation actor (fenced when it is declared
-    dead)."""
+    dead). ``close()`` ends this plane's calls; the driver's ``close(stop_shards=True)``
+    also stops the shard actors (their files stay)."""
 
     def __init__(self, layout: ShardDirectory, *, writer: str | None = None) -> None:
         self._layout = layout
@@ -317,13 +319,14 @@ class RayShardedDataPlane:
             for index, part in enumerate(parts):
                 self._call(index, "restore", str(part))
 
-    def close(self) -> None:
-        self._closed = True
-
-    def shutdown(self) -> None:
-        """Driver only: stop every shard actor (their files stay)."""
+    def close(self, *, stop_shards: bool = False) -> None:
+        """No call after this. ``stop_shards`` (the driver, at the job's end): stop every
+        shard actor too (their files stay); a plane that other planes still use, such as a
+        test's shared shards, is closed without. Closing again stops nothing new."""
         with self._lock:  # not while the health loop's thread restarts one
             self._closed = True
+            if not stop_shards:
+                return
             for index in range(self._layout.shards):
                 handle = self._handles.pop(index, None)
                 if handle is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from .._lifecycle import Resource
 from ..dataplane import DataPlane, Row, check_keys_argument, check_partition
 from ..errors import InvalidArgumentError
 from ..ledger import MutationCut
@@ -29,7 +30,7 @@ from ..ledger import MutationCut
 __all__ = ["DeferredDeletionDataPlane"]
 
 
-class DeferredDeletionDataPlane:
+class DeferredDeletionDataPlane(Resource):
     """A :class:`DataPlane` whose ``clear`` waits for the checkpoints that need the rows.
 
     Reads, puts, snapshots and restores go straight to ``inner``. ``clear`` checks the cut
@@ -81,6 +82,7 @@ class DeferredDeletionDataPlane:
         self._pending.clear()
 
     def close(self) -> None:
+        # Closes the store it wraps: the two are one resource to whoever holds this one.
         self.inner.close()
 
     def checkpoint_captured(self) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .._cut import MutationCut
+from .._lifecycle import Resource
 from ..errors import DataPlaneClosedError
 from ._codec import (
     EncodedRow,
@@ -30,7 +31,7 @@ from ._sqlite import read_snapshot, write_snapshot
 __all__ = ["MemoryDataPlane"]
 
 
-class MemoryDataPlane:
+class MemoryDataPlane(Resource):
     """The :class:`~rollout_recovery.dataplane.DataPlane` in a dict; not durable.
 
     Thread-safe through one lock, like :class:`~rollout_recovery.dataplane.SqliteDataPlane`,

@@ -38,6 +38,7 @@ from typing import BinaryIO
 import msgspec
 
 from .._crashpoints import crash_point
+from .._lifecycle import Resource
 from ..errors import InvalidStateError, StorageFullError
 from ..rundir import PRIVATE_FILE_MODE
 from ._records import HistoryRecord, decode_record, encode_record
@@ -235,7 +236,7 @@ def cut_torn_tail(path: Path, end: int) -> None:
         os.close(fd)
 
 
-class JournalWriter:
+class JournalWriter(Resource):
     """Appends records to one journal file; group-commits their durability."""
 
     def __init__(self, path: Path, *, sync_in_thread: bool = True) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from .._lifecycle import Resource
 from ..errors import CheckpointDirectoryError, StorageFullError
 from ..rundir import PRIVATE_FILE_MODE, RunDirectory
 from ._journal import JournalWriter
@@ -42,7 +43,7 @@ def strict_json_line(record: Mapping[str, Any]) -> bytes:
     return _ENCODER.encode(dict(record)) + b"\n"
 
 
-class AuditTrail:
+class AuditTrail(Resource):
     """Appends history records to the journal and metrics lines to their sink."""
 
     def __init__(self, run: RunDirectory) -> None:

@@ -310,7 +310,7 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
         try:
             yield plane
         finally:
-            plane.shutdown()
+            plane.close(stop_shards=True)
 
 
 def require_ray(config: RunConfig) -> None:
@@ -362,7 +362,8 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
             served_model_name=http.model,
             api_key=api_key,
         )
-        with vllm_fleet as urls, _presenting(vllm_fleet.api_key):
+        with vllm_fleet, _presenting(vllm_fleet.api_key):
+            urls = vllm_fleet.start()
             yield msgspec.structs.replace(
                 config, http=msgspec.structs.replace(http, servers=tuple(urls))
             )
@@ -386,7 +387,8 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
         api_key=api_key,
         api_key_env=http.api_key_env or None,
     )
-    with fleet as urls, _presenting(fleet.api_key):
+    with fleet, _presenting(fleet.api_key):
+        urls = fleet.start()
         yield msgspec.structs.replace(
             config, http=msgspec.structs.replace(http, servers=tuple(urls))
         )

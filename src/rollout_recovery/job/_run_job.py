@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,34 +179,110 @@ def run_job(
     if run.job_file.exists():
         # Another job's directory is refused before even the lock file is touched.
         _identity_changes(run, config)
-    with run_directory_lock(run):
-        changes = claim_run_directory(run, config)
-        if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
-            # Before any store, trail or server is opened: a refused run changes nothing.
-            _refuse_lost_checkpoints(run)
-        drain_file = drain_file_of(run, config)
-        if remove_stale_drain_request(drain_file):
-            # Written after the previous job had stopped reading it (or with none running).
-            log(f"removed a stale drain request ({drain_file}) from before this job started")
-        if config.generation.backend == "http":
-            log("backend http: [faults] is not injected; the servers' own failures are the faults")
-        with generation_servers(run, config) as resolved:
-            if resolved.http.servers != config.http.servers:
-                count = len(resolved.http.servers)
-                log(f"started {count} local generation servers (listed in {run.servers_file.name})")
-            with contextlib.ExitStack() as stack:
-                inner = _open_data_plane(stack, run, config)
-                wiring = _DrainWiring(drain_file, log, drain_on_signals)
-                result, controller = _run_with(
-                    run, config, resolved, progress, components, inner, changes, wiring
-                )
+    wiring = _DrainWiring(drain_file_of(run, config), log, drain_on_signals)
+    if threading.current_thread() is threading.main_thread():
+        wiring.outer_sigint = signal.getsignal(signal.SIGINT)
+    try:
+        result, controller = asyncio.run(_job(run, config, progress, components, wiring))
+    except asyncio.CancelledError:
+        if wiring.interrupted:  # a second SIGINT cancelled the job's main task
+            raise KeyboardInterrupt from None
+        raise
     result.summary = _summary(run, controller, time.monotonic() - started)
     _plot(run, config)
     return result
 
 
+async def _job(
+    run: RunDirectory,
+    config: RunConfig,
+    progress: RunProgress | None,
+    components: Callable[[RunConfig, DataPlane], JobComponents[Any]],
+    wiring: _DrainWiring,
+) -> tuple[JobResult, Controller[Any]]:
+    """The job between its checks and its summary, every resource on one exit stack.
+
+    Each resource is entered as soon as it is built, so whatever ends the job (its end, a
+    drain, an error, a cancellation) closes what was opened, in reverse order: the metrics
+    sinks, the backend, the drain triggers' signal handlers, the trail, the data plane, the
+    launched servers, the directory's lock.
+    """
+    log = wiring.log
+    async with contextlib.AsyncExitStack() as stack:
+        with _outer_sigint(wiring):
+            controller, store, changes = _open_job(stack, run, config, progress, components, wiring)
+        wiring.wire(controller).install()
+        result = await _run_installed(run, controller, store, log, changes, stack)
+        result.config_changes = changes
+    return result, controller
+
+
+@contextlib.contextmanager
+def _outer_sigint(wiring: _DrainWiring) -> Iterator[None]:
+    """While the job opens its resources, Ctrl-C does what it did before ``run_job``
+    (``KeyboardInterrupt`` at once, by default). ``asyncio.run``'s own handler would only
+    cancel the job at its first ``await``, after blocking starts (servers, a Ray session)
+    had run to their end."""
+    outer = wiring.outer_sigint
+    if outer is None:  # not the main thread, or a handler not set from Python
+        yield
+        return
+    inner = signal.signal(signal.SIGINT, outer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inner)
+
+
+def _open_job(
+    stack: contextlib.AsyncExitStack,
+    run: RunDirectory,
+    config: RunConfig,
+    progress: RunProgress | None,
+    components: Callable[[RunConfig, DataPlane], JobComponents[Any]],
+    wiring: _DrainWiring,
+) -> tuple[Controller[Any], CheckpointStore, list[str]]:
+    """Take the lock, claim the directory and open the job's resources on ``stack``, each
+    as soon as it is built; returns the controller, the checkpoint store and the
+    operational changes. Synchronous: nothing else runs on the loop yet."""
+    log = wiring.log
+    stack.enter_context(run_directory_lock(run))
+    changes = claim_run_directory(run, config)
+    if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
+        # Before any store, trail or server is opened: a refused run changes nothing.
+        _refuse_lost_checkpoints(run)
+    if remove_stale_drain_request(wiring.drain_file):
+        # Written after the previous job had stopped reading it (or with none running).
+        log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
+    if config.generation.backend == "http":
+        log("backend http: [faults] is not injected; the servers' own failures are the faults")
+    resolved = stack.enter_context(generation_servers(run, config))
+    if resolved.http.servers != config.http.servers:
+        count = len(resolved.http.servers)
+        log(f"started {count} local generation servers (listed in {run.servers_file.name})")
+    inner = _open_data_plane(stack, run, config)
+    history = stack.enter_context(AuditTrail(run))
+    # The drain triggers, once wired, stay until the backend has closed: a Ctrl-C in
+    # its close still finds the job's handler.
+    stack.callback(wiring.unwire)
+    parts = components(resolved, inner)
+    stack.push_async_callback(parts.backend.aclose)
+    controller = Controller(
+        config=config,
+        dataset=parts.dataset,
+        backend=parts.backend,
+        trainer=parts.trainer,
+        data_plane=inner,
+        history=history,
+        progress=progress,
+    )
+    store = CheckpointStore(run.root, keep=config.checkpoint.keep)
+    store.remove_stale()  # what a save killed mid-way left behind
+    return controller, store, changes
+
+
 def _open_data_plane(
-    stack: contextlib.ExitStack[Any], run: RunDirectory, config: RunConfig
+    stack: contextlib.AsyncExitStack, run: RunDirectory, config: RunConfig
 ) -> DataPlane:
     """The job's store, entered on ``stack``; a store that cannot be opened (a corrupt or
     torn file) stops the run as one a rerun cannot continue."""
@@ -218,63 +296,13 @@ def _open_data_plane(
         ) from error
 
 
-def _run_with(
-    run: RunDirectory,
-    config: RunConfig,
-    resolved: RunConfig,
-    progress: RunProgress | None,
-    components: Callable[[RunConfig, DataPlane], JobComponents[Any]],
-    inner: DataPlane,
-    changes: list[str],
-    wiring: _DrainWiring,
-) -> tuple[JobResult, Controller[Any]]:
-    history = AuditTrail(run)
-    try:
-        parts = components(resolved, inner)
-        controller = Controller(
-            config=config,
-            dataset=parts.dataset,
-            backend=parts.backend,
-            trainer=parts.trainer,
-            data_plane=inner,
-            history=history,
-            progress=progress,
-        )
-        store = CheckpointStore(run.root, keep=config.checkpoint.keep)
-        store.remove_stale()  # what a save killed mid-way left behind
-        try:
-            result = asyncio.run(_run(run, controller, store, wiring, changes))
-        except asyncio.CancelledError:
-            if wiring.interrupted:  # a second SIGINT cancelled the job's main task
-                raise KeyboardInterrupt from None
-            raise
-        result.config_changes = changes
-    finally:
-        history.close()
-    return result, controller
-
-
-async def _run(
-    run: RunDirectory,
-    controller: Controller[Any],
-    store: CheckpointStore,
-    wiring: _DrainWiring,
-    changes: list[str],
-) -> JobResult:
-    triggers = wiring.wire(controller)
-    triggers.install()
-    try:
-        return await _run_installed(run, controller, store, wiring.log, changes)
-    finally:
-        triggers.uninstall()
-
-
 async def _run_installed(
     run: RunDirectory,
     controller: Controller[Any],
     store: CheckpointStore,
     log: Callable[[str], None],
     changes: list[str],
+    stack: contextlib.AsyncExitStack,
 ) -> JobResult:
     config = controller.config
     try:
@@ -291,86 +319,81 @@ async def _run_installed(
     timings: list[CheckpointTiming] = []
     restored: RestoreReport | None = None
     skipped: list[SkippedCheckpoint] = []
-    try:
-        if found is None:
-            if controller.progress is not None:
-                controller.progress.start(config.job.steps, None)
-            await _start_fresh(controller)
-            append_run_log(run, "start", step=0)
-        else:
-            _, verified, skipped = found
-            for skip in skipped:
-                log(f"skipping checkpoint {skip}")
-            assert isinstance(verified, VerifiedCheckpoint)
-            restored = await _restore(controller, verified)
-            if controller.progress is not None:
-                controller.progress.start(config.job.steps, restored.step)
-            append_run_log(
-                run,
-                "resume",
-                step=restored.step,
-                checkpoint=restored.checkpoint,
-                config_changes=changes,
-            )
-            log(
-                f"resumed from {restored.checkpoint}: step {restored.step}, "
-                f"{restored.groups_in_ledger} groups in the ledger, "
-                f"{restored.sealed_siblings_kept} sealed siblings kept "
-                f"({restored.tokens_reused} tokens reused), "
-                f"{restored.canonical_groups} canonical groups, "
-                f"shortfall {restored.shortfall or '{}'}"
-            )
-        for change in changes:
-            log(f"config changed on resume: {change}")
-        if changes:
-            # The operational change is accepted: job.toml says what the run runs with now.
-            atomic_write_bytes(run.job_file, config_to_toml(config).encode())
-        controller.record(
-            RunStarted(
-                pid=os.getpid(),
-                resumed_from=restored.checkpoint if restored is not None else None,
-                step=controller.step,
-                steps=config.job.steps,
-                prompts_per_step=config.job.prompts_per_step,
-                group_size=config.job.generations_per_prompt,
-                config_changes=changes,
-            )
+    if found is None:
+        if controller.progress is not None:
+            controller.progress.start(config.job.steps, None)
+        await _start_fresh(controller)
+        append_run_log(run, "start", step=0)
+    else:
+        _, verified, skipped = found
+        for skip in skipped:
+            log(f"skipping checkpoint {skip}")
+        assert isinstance(verified, VerifiedCheckpoint)
+        restored = await _restore(controller, verified)
+        if controller.progress is not None:
+            controller.progress.start(config.job.steps, restored.step)
+        append_run_log(
+            run,
+            "resume",
+            step=restored.step,
+            checkpoint=restored.checkpoint,
+            config_changes=changes,
         )
-        # From here the snapshot builder follows the journal on its own.
-        follow_journal(controller)
-        controller.metrics = open_metrics(
-            _tool_sinks(config), run.root, resume_step=controller.step
+        log(
+            f"resumed from {restored.checkpoint}: step {restored.step}, "
+            f"{restored.groups_in_ledger} groups in the ledger, "
+            f"{restored.sealed_siblings_kept} sealed siblings kept "
+            f"({restored.tokens_reused} tokens reused), "
+            f"{restored.canonical_groups} canonical groups, "
+            f"shortfall {restored.shortfall or '{}'}"
         )
-        if restored is not None:
-            controller.metrics.log_marker(
-                restored.step,
-                "restored",
-                {
-                    "checkpoint": restored.checkpoint,
-                    "replayed_records": restored.replayed_records,
-                    "seals_lost": restored.seals_discarded,
-                    "tokens_lost": restored.tokens_discarded + restored.tokens_in_flight_lost,
-                    "tokens_reused": restored.tokens_reused,
-                    "rolled_back_steps": len(restored.rolled_back_steps),
-                },
-            )
+    for change in changes:
+        log(f"config changed on resume: {change}")
+    if changes:
+        # The operational change is accepted: job.toml says what the run runs with now.
+        atomic_write_bytes(run.job_file, config_to_toml(config).encode())
+    controller.record(
+        RunStarted(
+            pid=os.getpid(),
+            resumed_from=restored.checkpoint if restored is not None else None,
+            step=controller.step,
+            steps=config.job.steps,
+            prompts_per_step=config.job.prompts_per_step,
+            group_size=config.job.generations_per_prompt,
+            config_changes=changes,
+        )
+    )
+    # From here the snapshot builder follows the journal on its own.
+    follow_journal(controller)
+    controller.metrics = open_metrics(_tool_sinks(config), run.root, resume_step=controller.step)
+    # A sink may block on its tool (a flush, a network call): closed off the loop.
+    stack.push_async_callback(asyncio.to_thread, controller.metrics.close)
+    if restored is not None:
+        controller.metrics.log_marker(
+            restored.step,
+            "restored",
+            {
+                "checkpoint": restored.checkpoint,
+                "replayed_records": restored.replayed_records,
+                "seals_lost": restored.seals_discarded,
+                "tokens_lost": restored.tokens_discarded + restored.tokens_in_flight_lost,
+                "tokens_reused": restored.tokens_reused,
+                "rolled_back_steps": len(restored.rolled_back_steps),
+            },
+        )
 
-        async def checkpoint() -> None:
-            timing = await take_checkpoint(controller, store)
-            timings.append(timing)
+    async def checkpoint() -> None:
+        timing = await take_checkpoint(controller, store)
+        timings.append(timing)
 
-        if found is None:
-            await checkpoint()  # the bootstrap anchor: every later start can resume
-        controller.set_checkpointer(checkpoint)
-        await controller.run()
-        drained = controller.drain_report
-        drain_checkpoint: str | None = None
-        if drained is not None:
-            drain_checkpoint = await _checkpoint_drain(run, controller, store, timings, log)
-    finally:
-        await controller.backend.aclose()
-        if controller.metrics is not None:
-            await asyncio.to_thread(controller.metrics.close)
+    if found is None:
+        await checkpoint()  # the bootstrap anchor: every later start can resume
+    controller.set_checkpointer(checkpoint)
+    await controller.run()
+    drained = controller.drain_report
+    drain_checkpoint: str | None = None
+    if drained is not None:
+        drain_checkpoint = await _checkpoint_drain(run, controller, store, timings, log)
     return JobResult(
         summary=_empty_summary(),
         restored=restored,
@@ -411,6 +434,8 @@ class _DrainWiring:
     log: Callable[[str], None]
     signals: bool
     triggers: DrainTriggers | None = None
+    #: The SIGINT handler the process had before the job's event loop.
+    outer_sigint: Any = None
 
     @property
     def interrupted(self) -> bool:
@@ -421,6 +446,11 @@ class _DrainWiring:
             controller, drain_file=self.drain_file, log=self.log, signals=self.signals
         )
         return self.triggers
+
+    def unwire(self) -> None:
+        """Put the process's signal handlers back (nothing if never wired)."""
+        if self.triggers is not None:
+            self.triggers.uninstall()
 
 
 async def _restore(controller: Controller[Any], verified: VerifiedCheckpoint) -> RestoreReport:

@@ -29,9 +29,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from .._durable import atomic_write_bytes
+from .._lifecycle import Resource
 from ..errors import GenerationError
 from ..rundir import RunDirectory
 from ..serve import read_ready_file
@@ -53,8 +53,8 @@ class LocalServer:
     restart_command: list[str]
 
 
-class LocalServerFleet:
-    """Starts ``count`` servers on enter and stops them all on exit."""
+class LocalServerFleet(Resource):
+    """Starts ``count`` servers (:meth:`start`); :meth:`close` stops them all."""
 
     def __init__(
         self,
@@ -111,13 +111,15 @@ class LocalServerFleet:
             self._key_env,
         ]
 
-    def __enter__(self) -> list[str]:
+    def start(self) -> list[str]:
+        """Start the servers and wait until each is ready; returns their urls. A server
+        that fails to start stops the ones already started and raises."""
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
             started = [self._spawn(index) for index in range(self._count)]
             self.servers = [self._await_ready(*entry) for entry in started]
         except BaseException:
-            self.stop()
+            self.close()
             raise
         listing = [
             {
@@ -130,14 +132,6 @@ class LocalServerFleet:
         ]
         atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
         return [server.url for server in self.servers]
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _spawn(self, index: int) -> tuple[int, Path, Path, subprocess.Popen[bytes]]:
         ready = self._dir / f"server-{index}.ready"
@@ -179,8 +173,9 @@ class LocalServerFleet:
         port = int(url.rsplit(":", 1)[1])
         return LocalServer(url, process.pid, log, self._command(port, ready))
 
-    def stop(self) -> None:
-        """SIGTERM every server's group, then SIGKILL what is left after a grace period."""
+    def close(self) -> None:
+        """SIGTERM every server's group, then SIGKILL what is left after a grace period;
+        closing again (or a fleet never started) stops nothing."""
         for process in self._processes:
             _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + _STOP_GRACE_S

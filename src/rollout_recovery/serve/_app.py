@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from .. import __version__
+from .._lifecycle import Resource
 from ..policy import PolicySnapshot
 from ._api_error import ApiError, bad_request, shown
 from ._guard import RequestGuard
@@ -66,7 +67,7 @@ def _json(payload: Mapping[str, Any], *, headers: tuple[tuple[str, str], ...] = 
 _Handler = Callable[["ServeApp", bytes, Mapping[str, str]], Response]
 
 
-class ServeApp:
+class ServeApp(Resource):
     """The routes of one server over its :class:`WeightStore`.
 
     A generation request waits while the server is paused, takes its weight snapshot,

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import threading
 
+from .._lifecycle import Resource
+
 __all__ = ["PauseGate"]
 
 
-class PauseGate:
+class PauseGate(Resource):
     """The paused flag, and the count of resumes that tells a request its weights may be
     stale. Thread-safe; :meth:`close` releases every waiter for good (shutdown)."""
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from types import TracebackType
+from typing import Self
 
+from .._lifecycle import Resource
 from ..errors import InvalidOperationError
 from ..policy import NumpyGRPOTrainer, PolicySnapshot
 from ._app import ServeApp
@@ -32,14 +33,14 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-class PolicyServer:
+class PolicyServer(Resource):
     """An OpenAI-compatible (vLLM-compatible) server of the numpy policy.
 
     The socket is bound when the object is built, so :attr:`url` is known at once (port 0
-    picks a free port). :meth:`start` serves from a background thread, :meth:`shutdown`
+    picks a free port). :meth:`start` serves from a background thread, :meth:`close`
     stops: it refuses new connections, cuts the call latency of requests in flight short
-    (they answer 503), waits for them, then closes every connection. As a context manager
-    it starts on entry and shuts down on exit.
+    (they answer 503), waits for them, then closes every connection. ``with`` starts it on
+    entry (a server is entered to serve; the socket is already open) and closes it on exit.
 
     ``initial_weights`` defaults to ``NumpyGRPOTrainer(seed=settings.seed).weights()``
     (version 0). ``on_admitted`` is a test seam: it is called in a generation request's
@@ -76,6 +77,9 @@ class PolicyServer:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()
+        #: Whether every request in flight finished within the grace of :meth:`close`
+        #: (None until closed).
+        self.finished_in_grace: bool | None = None
 
     def __repr__(self) -> str:
         return f"PolicyServer(url={self.url!r})"
@@ -114,10 +118,10 @@ class PolicyServer:
         write_ready_file(path, self.url)
 
     def start(self) -> None:
-        """Serve from a daemon thread until :meth:`shutdown`."""
+        """Serve from a daemon thread until :meth:`close`."""
         with self._lock:
             if self._closed or self._thread is not None:
-                raise InvalidOperationError("a PolicyServer is started once, before shutdown")
+                raise InvalidOperationError("a PolicyServer is started once, before close")
             self._thread = threading.Thread(
                 target=self._http.serve_forever,
                 kwargs={"poll_interval": _POLL_INTERVAL_S},
@@ -126,14 +130,15 @@ class PolicyServer:
             )
             self._thread.start()
 
-    def shutdown(self, *, grace_s: float = SHUTDOWN_GRACE_S) -> bool:
-        """Stop serving and close the socket; idempotent.
+    def close(self, *, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop serving and close the socket; closing again is a no-op.
 
-        Returns whether every request in flight finished within ``grace_s``.
+        Sets :attr:`finished_in_grace`: whether every request in flight finished within
+        ``grace_s``.
         """
         with self._lock:
             if self._closed:
-                return True
+                return
             self._closed = True
             thread = self._thread
         self._stopping.set()
@@ -141,18 +146,9 @@ class PolicyServer:
         if thread is not None:
             self._http.shutdown()
             thread.join()
-        finished = self._http.drain(grace_s)
+        self.finished_in_grace = self._http.drain(grace_s)
         self._http.server_close()
-        return finished
 
-    def __enter__(self) -> PolicyServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.shutdown()

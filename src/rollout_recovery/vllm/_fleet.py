@@ -26,12 +26,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 import msgspec
 
 from .._durable import atomic_write_bytes
+from .._lifecycle import Resource
 from ..errors import ConfigError, GenerationError
 from ._config import VllmConfig
 
@@ -136,9 +136,9 @@ class _Starting:
     attempts: int
 
 
-class VllmFleet:
-    """Starts ``config.launch`` servers on enter (waiting until each answers ``/health``)
-    and stops them all on exit; see the module docstring.
+class VllmFleet(Resource):
+    """Starts ``config.launch`` servers (:meth:`start`, waiting until each answers
+    ``/health``); :meth:`close` stops them all. See the module docstring.
 
     ``api_key`` is what the servers require (a random one by default); ``parent_pid`` the
     process whose death ends them (this one by default).
@@ -182,14 +182,16 @@ class VllmFleet:
         self._processes.append(process)
         return _Starting(index, port, process, log, command, attempts)
 
-    def __enter__(self) -> list[str]:
+    def start(self) -> list[str]:
+        """Start the servers and wait until each answers; returns their urls. A server
+        that fails to start stops the ones already started and raises."""
         check_launch_paths(self._config)
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
             starting = [self._spawn(index) for index in range(self._config.launch)]
             self.servers = self._await_ready(starting)
         except BaseException:
-            self.stop()
+            self.close()
             raise
         listing = [
             {"url": s.url, "pid": s.pid, "log": str(s.log), "command": s.command, "kind": "vllm"}
@@ -197,14 +199,6 @@ class VllmFleet:
         ]
         atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
         return [server.url for server in self.servers]
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _await_ready(self, starting: list[_Starting]) -> list[LaunchedServer]:
         """Wait for every server's ``/health``; a server whose port was taken starts again
@@ -246,9 +240,9 @@ class VllmFleet:
                 time.sleep(_READY_POLL_S)
         return [ready[index] for index in sorted(ready)]
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """SIGTERM every guard (it shuts its server down and ends its group); SIGKILL the
-        groups still alive after a grace period."""
+        groups still alive after a grace period. Closing again stops nothing."""
         for process in self._processes:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,226 @@
+"""One lifecycle for every resource (issue 16): every class in src deriving from
+``AsyncResource`` or ``Resource`` has exactly one shutdown verb, and closing it twice is a
+no-op. A new resource class fails here until it gets a factory below (or a reason not to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import rollout_recovery
+from rollout_recovery._lifecycle import AsyncResource, Resource
+
+Factory = Callable[[Path], AsyncResource]
+
+
+def _journal(tmp: Path) -> AsyncResource:
+    from rollout_recovery.history._journal import JournalWriter
+
+    return JournalWriter(tmp / "events.jsonl")
+
+
+def _trail(tmp: Path) -> AsyncResource:
+    from rollout_recovery.history import AuditTrail
+    from rollout_recovery.rundir import RunDirectory
+
+    return AuditTrail(RunDirectory(tmp))
+
+
+def _memory(tmp: Path) -> AsyncResource:
+    from rollout_recovery.dataplane import MemoryDataPlane
+
+    return MemoryDataPlane()
+
+
+def _sqlite(tmp: Path) -> AsyncResource:
+    from rollout_recovery.dataplane import SqliteDataPlane
+
+    return SqliteDataPlane(tmp / "rows.sqlite")
+
+
+def _deferred(tmp: Path) -> AsyncResource:
+    from rollout_recovery.control._deferred import DeferredDeletionDataPlane
+    from rollout_recovery.dataplane import SqliteDataPlane
+
+    return DeferredDeletionDataPlane(SqliteDataPlane(tmp / "rows.sqlite"), keep=1)
+
+
+def _pause_gate(tmp: Path) -> AsyncResource:
+    from rollout_recovery.serve._pause import PauseGate
+
+    return PauseGate()
+
+
+def _serve_app(tmp: Path) -> AsyncResource:
+    from rollout_recovery.policy import NumpyGRPOTrainer
+    from rollout_recovery.serve._app import ServeApp
+    from rollout_recovery.serve._settings import ServeSettings
+    from rollout_recovery.serve._weights import WeightStore
+
+    weights = WeightStore(NumpyGRPOTrainer(seed=0).weights())
+    return ServeApp(ServeSettings(), weights, stopping=threading.Event())
+
+
+def _policy_server(tmp: Path) -> AsyncResource:
+    from rollout_recovery.serve import PolicyServer
+
+    # ``with`` starts it; ``async with`` leaves it unstarted (both close it).
+    return PolicyServer()
+
+
+def _local_fleet(tmp: Path) -> AsyncResource:
+    from rollout_recovery.job._server_fleet import LocalServerFleet
+
+    # Never started: closing one stops nothing (tests/job/test_http_job.py closes a
+    # started one twice).
+    return LocalServerFleet(tmp, 1, seed=0, call_latency_s=0.0, model="m")
+
+
+def _vllm_fleet(tmp: Path) -> AsyncResource:
+    from rollout_recovery.vllm import VllmConfig, VllmFleet
+
+    # Never started (tests/vllm/test_vllm_fleet.py closes a started one twice).
+    return VllmFleet(tmp / "s", tmp / "s.json", VllmConfig(), served_model_name="m")
+
+
+def _fanout(tmp: Path) -> AsyncResource:
+    from rollout_recovery.metrics._fanout import MetricsFanout
+
+    return MetricsFanout([], resume_step=0)
+
+
+def _background(tmp: Path) -> AsyncResource:
+    from rollout_recovery.metrics._background import BackgroundSink
+    from rollout_recovery.metrics._fanout import MetricsFanout
+
+    inner = MetricsFanout([], resume_step=0)
+    return BackgroundSink(inner, name="test", queue_size=4, timeout_s=60.0)
+
+
+def _reporter(tmp: Path) -> AsyncResource:
+    import io
+
+    from rollout_recovery.job._report import RunReporter
+
+    return RunReporter(io.StringIO())
+
+
+FACTORIES: dict[str, Factory] = {
+    "JournalWriter": _journal,
+    "AuditTrail": _trail,
+    "MemoryDataPlane": _memory,
+    "SqliteDataPlane": _sqlite,
+    "DeferredDeletionDataPlane": _deferred,
+    "PauseGate": _pause_gate,
+    "ServeApp": _serve_app,
+    "PolicyServer": _policy_server,
+    "LocalServerFleet": _local_fleet,
+    "VllmFleet": _vllm_fleet,
+    "MetricsFanout": _fanout,
+    "BackgroundSink": _background,
+    "RunReporter": _reporter,
+}
+
+#: Resource classes built elsewhere, with where closing twice is tested.
+ELSEWHERE = {
+    # Their tools are extras (tensorboard, wandb, mlflow); close() drops the tool's handle
+    # before finishing it, and MetricsFanout closes each once.
+    "TensorBoardSink": "tests/metrics (with the [tensorboard] extra)",
+    "WandbSink": "tests/metrics (with the [wandb] extra)",
+    "MlflowSink": "tests/metrics (with the [mlflow] extra)",
+    # Needs a Ray cluster: the store contract closes it twice (tests/cluster, marker ray).
+    "RayShardedDataPlane": "tests/dataplane/store_contract.py via tests/cluster",
+}
+#: Backends and pools the `pool` task makes AsyncResources (issue 16): their factories
+#: come with that branch.
+POOL_TASK_CLASSES = {
+    "ServerPool",
+    "HttpGenerationBackend",
+    "SimulatedAgentBackend",
+    "RayGenerationBackend",
+    "TransformersBackend",
+}
+
+
+def _import_everything() -> None:
+    for module in pkgutil.walk_packages(rollout_recovery.__path__, "rollout_recovery."):
+        if module.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(module.name)
+        except ImportError as error:
+            if (error.name or "").startswith("rollout_recovery"):
+                raise  # ours: a real error, not an extra that is not installed
+
+
+def _subclasses(base: type) -> Iterator[type]:
+    for sub in base.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def resource_classes() -> dict[str, type[AsyncResource]]:
+    _import_everything()
+    found: dict[str, type[AsyncResource]] = {}
+    for cls in _subclasses(AsyncResource):
+        if cls.__module__.startswith("rollout_recovery.") and cls is not Resource:
+            found[cls.__name__] = cls
+    return found
+
+
+def test_every_resource_has_exactly_one_verb() -> None:
+    wrong = []
+    for name, cls in resource_classes().items():
+        for verb in ("stop", "shutdown"):
+            if hasattr(cls, verb):
+                wrong.append(f"{name} has {verb}()")
+        if issubclass(cls, Resource):
+            if cls.close is Resource.close:
+                wrong.append(f"{name} is a Resource and does not define close()")
+            if cls.aclose is not Resource.aclose:
+                wrong.append(f"{name} is a Resource and overrides aclose()")
+        else:
+            if cls.aclose is AsyncResource.aclose:
+                wrong.append(f"{name} is an AsyncResource and does not define aclose()")
+            if hasattr(cls, "close"):
+                wrong.append(f"{name} is an AsyncResource and has close()")
+    assert not wrong, wrong
+
+
+def test_every_resource_is_closed_twice_below_or_elsewhere() -> None:
+    names = set(resource_classes())
+    untested = names - set(FACTORIES) - set(ELSEWHERE) - POOL_TASK_CLASSES
+    assert not untested, f"give these a factory in FACTORIES: {sorted(untested)}"
+    # A factory of a class that is no resource any more is stale.
+    assert set(FACTORIES) <= names, sorted(set(FACTORIES) - names)
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_closing_twice_is_a_no_op(name: str, tmp_path: Path) -> None:
+    resource = FACTORIES[name](tmp_path)
+    if isinstance(resource, Resource):
+        with resource as entered:
+            assert entered is resource
+        resource.close()
+    else:
+        asyncio.run(resource.aclose())
+    asyncio.run(resource.aclose())
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_async_with_closes_and_a_later_close_is_a_no_op(name: str, tmp_path: Path) -> None:
+    resource = FACTORIES[name](tmp_path)
+
+    async def use() -> None:
+        async with resource as entered:
+            assert entered is resource
+        await resource.aclose()
+
+    asyncio.run(use())
