@@ -216,6 +216,8 @@ class RayGenerationBackend(AsyncResource):
         for actor in self._actors:
             if actor.health is not WorkerHealth.DEAD:
                 ray.kill(actor.handle, no_restart=True)
+                # Marked so a second close kills nothing again (closing twice is a no-op).
+                actor.health = WorkerHealth.DEAD
 
     # -- weights -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
+from .._lifecycle import AsyncResource
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import GenerationError, InvalidArgumentError
 from ..rollout import AttemptRequest, AttemptResult, Sampling, run_episode
@@ -48,7 +49,7 @@ class _Current:
         self.model = model
 
 
-class TransformersBackend:
+class TransformersBackend(AsyncResource):
     """One-call "emit token X" episodes on an in-process transformers model.
 
     ``skeleton`` is the model's config and buffers (``trainer.skeleton``, or
