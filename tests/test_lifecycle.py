@@ -112,7 +112,16 @@ def _reporter(tmp: Path) -> AsyncResource:
     return RunReporter(io.StringIO())
 
 
+def _worker_pool(tmp: Path) -> AsyncResource:
+    from rollout_recovery._workers import Worker, WorkerPool
+
+    pool: WorkerPool[Worker] = WorkerPool(closed_error=lambda: RuntimeError("closed"))
+    pool.add(Worker(name="w0", capacity=1))
+    return pool
+
+
 FACTORIES: dict[str, Factory] = {
+    "WorkerPool": _worker_pool,
     "JournalWriter": _journal,
     "AuditTrail": _trail,
     "MemoryDataPlane": _memory,
