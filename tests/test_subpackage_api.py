@@ -164,41 +164,18 @@ SURFACES: dict[str, set[str]] = {
         "run_episode",
     },
     "history": {
-        "RECORD_TYPES",
-        "AbandonedAttempt",
-        "AttemptResumed",
-        "AttemptsAbandoned",
         "AuditTrail",
-        "BackendEvent",
-        "BatchAdmitted",
-        "CheckpointCommitted",
-        "DiscardedSeal",
-        "DropReason",
-        "FreshAttempt",
-        "GroupPublished",
-        "GroupSealed",
-        "HistoryRecord",
         "JournalEntry",
         "JournalReport",
         "JournalScan",
         "JournalWriter",
-        "PromptDropped",
-        "PromptTaken",
-        "Restored",
-        "ReusePolicy",
-        "RewardChecksRecord",
-        "RoundStarted",
-        "RunStarted",
-        "Seal",
-        "SiblingSealed",
-        "StepTrained",
         "TrailLineError",
-        "TrainedRow",
         "audit_run",
         "cut_torn_tail",
         "inspect_journal",
         "read_json_lines",
         "read_records",
+        "records",
         "scan_journal",
     },
     "rundir": {
@@ -336,8 +313,13 @@ def _imported_names(code: str, package_parts: tuple[str, ...]) -> set[tuple[str,
         else:
             target = node.module or ""
         parts = target.split(".")
-        if parts[0] == "rollout_recovery" and len(parts) == 2:
+        if parts[0] != "rollout_recovery":
+            continue
+        if len(parts) == 2:
             found |= {(parts[1], alias.name) for alias in node.names}
+        elif len(parts) == 3 and not parts[2].startswith("_"):
+            # ``from rollout_recovery.history.records import X`` uses the public module.
+            found.add((parts[1], parts[2]))
     return found
 
 
@@ -360,6 +342,22 @@ def _outside_users() -> dict[tuple[str, str], set[str]]:
             for key in _imported_names(script.read_text(), ()):
                 users.setdefault(key, set()).add(folder)
     return users
+
+
+def test_the_only_public_submodule_is_the_history_schema() -> None:
+    # Names are counted at the facades; a public submodule would export past the count.
+    public = {
+        f"{module.parent.name}.{module.stem}"
+        for module in PACKAGE_ROOT.glob("*/*.py")
+        if not module.stem.startswith("_")
+    }
+    public |= {
+        f"{folder.parent.name}.{folder.name}"
+        for folder in PACKAGE_ROOT.glob("*/*/")
+        if not folder.name.startswith("_")
+    }
+    # ledger.codec_support predates the rule (the ledger is surface-b's): listed, not blessed.
+    assert public == {"history.records", "ledger.codec_support"}
 
 
 def test_facades_are_read_from_the_source() -> None:

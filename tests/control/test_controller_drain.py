@@ -27,9 +27,10 @@ from rollout_recovery.control import Controller, RunConfig, follow_journal, take
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.history import (
+from rollout_recovery.history import AuditTrail, audit_run
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
-    AuditTrail,
     BatchAdmitted,
     CheckpointCommitted,
     GroupPublished,
@@ -38,9 +39,7 @@ from rollout_recovery.history import (
     RoundStarted,
     RunStarted,
     SiblingSealed,
-    audit_run,
 )
-from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import default_components, run_job
 from rollout_recovery.job._run_job import claim_run_directory
 from rollout_recovery.ledger import RecoveryGranularity

@@ -24,18 +24,18 @@ import pytest
 from rollout_recovery.checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from rollout_recovery.control import Controller, RunConfig
 from rollout_recovery.control._config import config_from_builtins
-from rollout_recovery.history import (
+from rollout_recovery.history import JournalEntry
+from rollout_recovery.history._auditor import _decode
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
     GroupSealed,
     HistoryRecord,
-    JournalEntry,
     SiblingSealed,
     StepTrained,
     TrainedRow,
+    encode_record,
 )
-from rollout_recovery.history._auditor import _decode
-from rollout_recovery.history._records import encode_record
-from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import _run_job as job_module
 from rollout_recovery.ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 from rollout_recovery.rundir import CheckpointStore

@@ -32,15 +32,15 @@ from click.testing import CliRunner
 
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig
-from rollout_recovery.history import (
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
     GroupSealed,
     Restored,
     SiblingSealed,
     StepTrained,
-    audit_run,
 )
-from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import run_job
 from rollout_recovery.rundir import RunDirectory, lock_holder, read_run_log
 

@@ -65,7 +65,8 @@ from typing import Any
 from .._crashpoints import CRASH_AT_ENV, CRASH_POINTS
 from ..control import RunConfig, load_config
 from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
-from ..history import CheckpointCommitted, Restored, TrailLineError, audit_run, read_records
+from ..history import TrailLineError, audit_run, read_records
+from ..history.records import CheckpointCommitted, Restored
 from ..rundir import CheckpointStore, RunDirectory
 
 __all__ = [

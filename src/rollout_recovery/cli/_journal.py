@@ -11,7 +11,8 @@ import click
 import msgspec
 
 from ..errors import NotARunDirectoryError
-from ..history import RECORD_TYPES, JournalReport, inspect_journal
+from ..history import JournalReport, inspect_journal
+from ..history.records import RECORD_TYPES
 
 __all__ = ["journal", "render_journal_report"]
 

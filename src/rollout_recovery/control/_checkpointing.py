@@ -45,15 +45,8 @@ from ..errors import (
     JobMismatchError,
     RunNotResumableError,
 )
-from ..history import (
-    AbandonedAttempt,
-    AttemptsAbandoned,
-    CheckpointCommitted,
-    JournalScan,
-    Restored,
-    cut_torn_tail,
-    scan_journal,
-)
+from ..history import JournalScan, cut_torn_tail, scan_journal
+from ..history.records import AbandonedAttempt, AttemptsAbandoned, CheckpointCommitted, Restored
 from ..ledger import (
     ParsedRolloutRecoveryState,
     PromptGroupStatus,

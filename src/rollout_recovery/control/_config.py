@@ -33,7 +33,7 @@ from .._settings import config_differences as _differences
 from .._settings import config_from_builtins as _from_builtins
 from ..cluster import RayConfig
 from ..errors import ConfigError
-from ..history import ReusePolicy
+from ..history.records import ReusePolicy
 from ..llm import ModelConfig, TrainerConfig
 from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig

@@ -44,9 +44,9 @@ from ..errors import (
 from ..ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint, RunDirectory
 from ._journal import JournalCorruptError, scan_journal
-from ._records import Restored
 from ._trail_check import check_trail
 from ._trail_reader import TrailLineError, read_entries, read_records
+from .records import Restored
 
 __all__ = ["AuditReport", "audit_run"]
 

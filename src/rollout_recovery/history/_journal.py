@@ -40,7 +40,7 @@ import msgspec
 from .._crashpoints import crash_point
 from ..errors import InvalidStateError, StorageFullError
 from ..rundir import PRIVATE_FILE_MODE
-from ._records import HistoryRecord, decode_record, encode_record
+from .records import HistoryRecord, decode_record, encode_record
 
 __all__ = [
     "JournalCorruptError",

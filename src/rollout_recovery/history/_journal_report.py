@@ -28,12 +28,11 @@ import msgspec
 from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
 from ..rundir import CheckpointStore, RunDirectory, is_locked
 from ._journal import JournalCorruptError, JournalEntry, scan_journal
-from ._records import HISTORY_VERSION, HistoryRecord, Restored, RunStarted
+from .records import HISTORY_VERSION, RECORD_TYPES, HistoryRecord, Restored, RunStarted
 
 __all__ = [
     "JOURNAL_REPORT_FORMAT",
     "JOURNAL_REPORT_VERSION",
-    "RECORD_TYPES",
     "JournalReport",
     "inspect_journal",
 ]
@@ -41,15 +40,6 @@ __all__ = [
 JOURNAL_REPORT_FORMAT = "rollout-recovery-journal"
 #: The version of the ``--json`` document; a changed field means a new version.
 JOURNAL_REPORT_VERSION = 1
-
-
-def _record_types() -> tuple[str, ...]:
-    """Every record type's tag (``"sibling_sealed"``, ...), in the union's order."""
-    return tuple(str(member.__struct_config__.tag) for member in HistoryRecord.__args__)
-
-
-#: The ``event`` tags a journal may hold (what ``--type`` accepts).
-RECORD_TYPES: tuple[str, ...] = _record_types()
 
 
 def _tag(record: HistoryRecord) -> str:

@@ -18,7 +18,7 @@ import msgspec
 from ..errors import CheckpointDirectoryError, StorageFullError
 from ..rundir import PRIVATE_FILE_MODE, RunDirectory
 from ._journal import JournalWriter
-from ._records import HistoryRecord
+from .records import HistoryRecord
 
 __all__ = ["AuditTrail", "strict_json_line"]
 

@@ -53,14 +53,8 @@ from ..errors import (
     JobMismatchError,
     RunNotResumableError,
 )
-from ..history import (
-    AuditTrail,
-    CheckpointCommitted,
-    RunStarted,
-    TrailLineError,
-    read_json_lines,
-    read_records,
-)
+from ..history import AuditTrail, TrailLineError, read_json_lines, read_records
+from ..history.records import CheckpointCommitted, RunStarted
 from ..metrics import MetricsConfig, check_sinks_installed, open_metrics
 from ..rundir import (
     CheckpointStore,
