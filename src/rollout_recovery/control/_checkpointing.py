@@ -57,7 +57,7 @@ from ..ledger import (
 )
 from ..policy import FileStateTrainer
 from ..rollout import BackendResume, FailureReason
-from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint
+from ..rundir import CheckpointStore, LoadedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
@@ -77,6 +77,7 @@ __all__ = [
     "verify_checkpoint",
 ]
 
+CHECKPOINT_FILES = CheckpointStore.FILES
 REPLAY_FILE = CHECKPOINT_FILES.replay_index
 POLICY_FILE = CHECKPOINT_FILES.trainer_state
 CONTROLLER_STATE_FILE = CHECKPOINT_FILES.controller_state

@@ -42,7 +42,7 @@ from ..errors import (
     RolloutRecoveryError,
 )
 from ..ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
-from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint, RunDirectory
+from ..rundir import CheckpointStore, LoadedCheckpoint, RunDirectory
 from ._journal import JournalCorruptError, scan_journal
 from ._trail_check import check_trail
 from ._trail_reader import TrailLineError, read_entries, read_records
@@ -50,7 +50,7 @@ from .records import Restored
 
 __all__ = ["AuditReport", "audit_run"]
 
-REPLAY_FILE = CHECKPOINT_FILES.replay_index
+REPLAY_FILE = CheckpointStore.FILES.replay_index
 
 
 @dataclass(slots=True)

@@ -38,8 +38,8 @@ from typing import BinaryIO
 import msgspec
 
 from .._crashpoints import crash_point
+from .._durable import PRIVATE_FILE_MODE
 from ..errors import InvalidStateError, StorageFullError
-from ..rundir import PRIVATE_FILE_MODE
 from .records import HistoryRecord, decode_record, encode_record
 
 __all__ = [

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
-from ..rundir import CheckpointStore, RunDirectory, is_locked
+from ..rundir import CheckpointStore, RunDirectory
 from ._journal import JournalCorruptError, JournalEntry, scan_journal
 from .records import HISTORY_VERSION, RECORD_TYPES, HistoryRecord, Restored, RunStarted
 
@@ -317,7 +317,7 @@ def inspect_journal(
         raise InvalidArgumentError(f"--from must be a byte offset >= 0, got {start}")
     if limit is not None and limit < 0:
         raise InvalidArgumentError(f"--limit must be >= 0, got {limit}")
-    live = is_locked(run.lock_file)
+    live = run.is_locked()
     size = run.events.stat().st_size
     entries, end, torn, reason, corrupt = _scan(run.events)
     problems: list[str] = []

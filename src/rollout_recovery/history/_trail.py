@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 
+from .._durable import PRIVATE_FILE_MODE
 from ..errors import CheckpointDirectoryError, StorageFullError
-from ..rundir import PRIVATE_FILE_MODE, RunDirectory
+from ..rundir import RunDirectory
 from ._journal import JournalWriter
 from .records import HistoryRecord
 

@@ -60,9 +60,6 @@ from ..rundir import (
     CheckpointStore,
     RunDirectory,
     SkippedCheckpoint,
-    append_run_log,
-    read_run_log,
-    run_directory_lock,
 )
 from ..vllm import check_launch_paths
 from ._components import (
@@ -171,7 +168,7 @@ def run_job(
     if run.job_file.exists():
         # Another job's directory is refused before even the lock file is touched.
         _identity_changes(run, config)
-    with run_directory_lock(run):
+    with run.lock():
         changes = claim_run_directory(run, config)
         if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
             # Before any store, trail or server is opened: a refused run changes nothing.
@@ -290,7 +287,7 @@ async def _run_installed(
             if controller.progress is not None:
                 controller.progress.start(config.job.steps, None)
             await _start_fresh(controller)
-            append_run_log(run, "start", step=0)
+            run.append_run_log("start", step=0)
         else:
             _, verified, skipped = found
             for skip in skipped:
@@ -299,8 +296,7 @@ async def _run_installed(
             restored = await _restore(controller, verified)
             if controller.progress is not None:
                 controller.progress.start(config.job.steps, restored.step)
-            append_run_log(
-                run,
+            run.append_run_log(
                 "resume",
                 step=restored.step,
                 checkpoint=restored.checkpoint,
@@ -387,7 +383,7 @@ async def _checkpoint_drain(
     assert drained is not None
     timing = await take_checkpoint(controller, store, delete_deferred=False)
     timings.append(timing)
-    append_run_log(run, "drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
+    run.append_run_log("drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
     log(
         f"drained ({drained.reason}) at step {drained.step}: waited {drained.waited_s:.2f} s "
         f"of the {drained.grace_s:g} s grace for {drained.in_flight} attempts in flight, "
@@ -480,7 +476,7 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
 
 def _run_log_entries(run: RunDirectory) -> list[Any]:
     try:
-        return list(read_run_log(run))
+        return list(run.read_run_log())
     except ValueError:
         return []
 
