@@ -208,8 +208,6 @@ SURFACES: dict[str, set[str]] = {
         "VllmConfig",
         "VllmFleet",
         "VllmWeightSync",
-        "check_launch_paths",
-        "check_vllm_config",
     },
     "chaos": {
         "ChaosReport",
@@ -221,9 +219,7 @@ SURFACES: dict[str, set[str]] = {
     "metrics": {
         "MetricsConfig",
         "MetricsSink",
-        "check_sinks_installed",
         "flatten_scalars",
-        "open_metrics",
     },
     "llm": {
         "EmitTokenEpisodes",

@@ -30,7 +30,8 @@ from rollout_recovery.job import JobComponents, run_job
 from rollout_recovery.job._components import http_weight_sync
 from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import HttpConfig
-from rollout_recovery.vllm import VllmConfig, VllmFleet, check_vllm_config
+from rollout_recovery.vllm import VllmConfig, VllmFleet
+from rollout_recovery.vllm._config import check_vllm_config
 from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR
 
 FAKE = Path(__file__).with_name("fake_vllm_server.py")

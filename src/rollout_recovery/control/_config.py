@@ -44,7 +44,7 @@ from ..rollout import (
     check_server_urls,
     check_weight_update_mode,
 )
-from ..vllm import VllmConfig, check_vllm_config
+from ..vllm import VllmConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -180,8 +180,7 @@ def config_from_builtins(data: object) -> RunConfig:
     check_server_urls(config.http)
     check_weight_update_mode(config.generation, config.http)
     check_combination(config)
-    check_vllm_config(
-        config.vllm,
+    config.vllm.check(
         config.http,
         config.generation.backend,
         config.ray.worker,

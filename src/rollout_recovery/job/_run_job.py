@@ -55,13 +55,12 @@ from ..errors import (
 )
 from ..history import AuditTrail, TrailLineError, read_json_lines, read_records
 from ..history.records import CheckpointCommitted, RunStarted
-from ..metrics import MetricsConfig, check_sinks_installed, open_metrics
+from ..metrics import MetricsConfig
 from ..rundir import (
     CheckpointStore,
     RunDirectory,
     SkippedCheckpoint,
 )
-from ..vllm import check_launch_paths
 from ._components import (
     JobComponents,
     configured_api_key,
@@ -160,8 +159,8 @@ def run_job(
     if config.vllm.launch:
         # A missing vLLM venv or model, likewise (an empty [vllm] model is the torch
         # trainer's, which resolve_model checks).
-        check_launch_paths(config.vllm, model=bool(config.vllm.model))
-    check_sinks_installed(config.metrics)
+        config.vllm.check_launch_paths(model=bool(config.vllm.model))
+    config.metrics.check_installed()
     _refuse_foreign_path(run)
     # The model's digest is part of the job: known before the directory is compared.
     config = resolve_model(config, log)
@@ -328,9 +327,7 @@ async def _run_installed(
         )
         # From here the snapshot builder follows the journal on its own.
         follow_journal(controller)
-        controller.metrics = open_metrics(
-            _tool_sinks(config), run.root, resume_step=controller.step
-        )
+        controller.metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
         if restored is not None:
             controller.metrics.log_marker(
                 restored.step,

@@ -32,7 +32,7 @@ import httpx
 import msgspec
 
 from .._durable import atomic_write_bytes
-from ..errors import ConfigError, GenerationError
+from ..errors import GenerationError
 from ._config import VllmConfig
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "EXTENSION_DIR",
     "LaunchedServer",
     "VllmFleet",
-    "check_launch_paths",
     "server_command",
     "server_environment",
 ]
@@ -183,7 +182,7 @@ class VllmFleet:
         return _Starting(index, port, process, log, command, attempts)
 
     def __enter__(self) -> list[str]:
-        check_launch_paths(self._config)
+        self._config.check_launch_paths()
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
             starting = [self._spawn(index) for index in range(self._config.launch)]
@@ -264,17 +263,6 @@ class VllmFleet:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         self._processes.clear()
-
-
-def check_launch_paths(config: VllmConfig, *, model: bool = True) -> None:
-    """Refuse a ``[vllm]`` python or model that is not there (a ``ConfigError`` naming
-    the field), so a job can check before it writes anything. ``model=False`` checks the
-    python only (the model is the trainer's, checked where it is prepared)."""
-    python, directory = Path(config.python).expanduser(), Path(config.model).expanduser()
-    if not python.is_file():
-        raise ConfigError(f"no python at {python}", path="$.vllm.python")
-    if model and not (directory / "config.json").is_file():
-        raise ConfigError(f"{directory} holds no model (no config.json)", path="$.vllm.model")
 
 
 def _expanded(config: VllmConfig) -> VllmConfig:
