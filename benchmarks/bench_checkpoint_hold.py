@@ -39,7 +39,7 @@ from rollout_recovery.control import Controller, follow_journal, load_config, ta
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.history import AuditTrail
-from rollout_recovery.job import default_components
+from rollout_recovery.job._components import default_components
 from rollout_recovery.rollout import AttemptResult
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 

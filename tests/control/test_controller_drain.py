@@ -40,7 +40,8 @@ from rollout_recovery.history.records import (
     RunStarted,
     SiblingSealed,
 )
-from rollout_recovery.job import default_components, run_job
+from rollout_recovery.job import run_job
+from rollout_recovery.job._components import default_components
 from rollout_recovery.job._run_job import claim_run_directory
 from rollout_recovery.ledger import RecoveryGranularity
 from rollout_recovery.rollout import AttemptRequest, AttemptResult, GenerationBackend

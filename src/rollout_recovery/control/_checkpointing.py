@@ -45,7 +45,7 @@ from ..errors import (
     JobMismatchError,
     RunNotResumableError,
 )
-from ..history import JournalScan, cut_torn_tail, scan_journal
+from ..history import JournalScan
 from ..history.records import AbandonedAttempt, AttemptsAbandoned, CheckpointCommitted, Restored
 from ..ledger import (
     ParsedRolloutRecoveryState,
@@ -344,7 +344,7 @@ def verify_checkpoint(
         raise CheckpointDirectoryError(
             f"records no journal position for {journal.name}", directory=where
         )
-    scan = scan_journal(journal, start=position)
+    scan = JournalScan.read(journal, start=position)
     entries, torn_cut = whole_cuts(
         scan.entries, batch_size=config.job.prompts_per_step, journal=journal
     )
@@ -433,7 +433,7 @@ async def restore_controller(
     journal = controller.history.journal.path
     position, scan = verified.position, verified.scan
     if scan.torn_bytes:
-        cut_torn_tail(journal, scan.end)
+        scan.cut_torn_tail(journal)
         controller.history.journal.truncate(scan.end)
     state = verified.controller_state
     reuse = controller.config.recovery.reuse

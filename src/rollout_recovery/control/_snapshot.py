@@ -19,7 +19,7 @@ import msgspec
 
 from ..checkpoint import encode_native_checkpoint, encode_sidecar, sidecar_filename
 from ..dataplane import ReplayIndex
-from ..history import scan_journal
+from ..history import JournalScan
 from ..ledger import RolloutRecoveryLedger, build_rollout_recovery_state
 from ..rewards import CaptureRewardSettings
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane
@@ -89,7 +89,7 @@ class SnapshotBuilder:
         """Replay the journal's records from the builder's position up to ``position``."""
         if position <= self.position:
             return
-        scan = scan_journal(
+        scan = JournalScan.read(
             self._journal, start=self.position, limit=position, start_line=self._line
         )
         self.records_followed += self._replay.follow(_ReplayCut(), scan.entries)

@@ -9,8 +9,8 @@ with its ``file:line``.
 
 from . import records
 from ._auditor import audit_run
-from ._journal import JournalEntry, JournalScan, JournalWriter, cut_torn_tail, scan_journal
-from ._journal_report import JournalReport, inspect_journal
+from ._journal import JournalEntry, JournalScan
+from ._journal_report import JournalReport
 from ._trail import AuditTrail
 from ._trail_reader import TrailLineError, read_json_lines, read_records
 
@@ -19,13 +19,9 @@ __all__ = [
     "JournalEntry",
     "JournalReport",
     "JournalScan",
-    "JournalWriter",
     "TrailLineError",
     "audit_run",
-    "cut_torn_tail",
-    "inspect_journal",
     "read_json_lines",
     "read_records",
     "records",
-    "scan_journal",
 ]

@@ -192,6 +192,17 @@ class JournalReport:
             ),
         }
 
+    @staticmethod
+    def inspect(
+        run_dir: Path,
+        *,
+        start: int | str | None = None,
+        types: Collection[str] = (),
+        limit: int | None = None,
+    ) -> JournalReport:
+        """Inspect ``run_dir``'s journal (see :func:`inspect_journal`)."""
+        return inspect_journal(run_dir, start=start, types=types, limit=limit)
+
 
 def _length(entry: JournalEntry, entries: list[JournalEntry], end: int) -> int:
     """The bytes of ``entry``'s line (newline included): up to the next record."""

@@ -5,7 +5,7 @@ directory claimed and resumed, local generation servers, the summary and the plo
 and trainer through ``components=``.
 """
 
-from ._components import JobComponents, default_components
+from ._components import JobComponents
 from ._drain import request_stop
 from ._report import RunReporter, render_summary, silence_closed_stdout
 from ._run_job import run_job
@@ -13,7 +13,6 @@ from ._run_job import run_job
 __all__ = [
     "JobComponents",
     "RunReporter",
-    "default_components",
     "render_summary",
     "request_stop",
     "run_job",
