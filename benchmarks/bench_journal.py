@@ -38,10 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.control import (
-    Controller,
+from rollout_recovery.control import Controller, load_config
+from rollout_recovery.control._checkpointing import (
     VerifiedCheckpoint,
-    load_config,
     restore_controller,
     verify_checkpoint,
 )

@@ -23,7 +23,8 @@ import pytest
 
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter
-from rollout_recovery.control import Controller, RunConfig, follow_journal, take_checkpoint
+from rollout_recovery.control import Controller, RunConfig
+from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.errors import GenerationError

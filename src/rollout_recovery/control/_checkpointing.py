@@ -57,7 +57,7 @@ from ..ledger import (
 )
 from ..policy import FileStateTrainer
 from ..rollout import BackendResume, FailureReason
-from ..rundir import CheckpointStore, LoadedCheckpoint
+from ..rundir import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
@@ -68,6 +68,7 @@ from ._state import ControllerState, decode_controller_state
 __all__ = [
     "CheckpointFiles",
     "CheckpointTiming",
+    "ControllerCheckpoints",
     "RestoreReport",
     "VerifiedCheckpoint",
     "decode_checkpoint_files",
@@ -699,3 +700,48 @@ def _dispatched_attempts(ledger: RolloutRecoveryLedger) -> dict[str, list[tuple[
                     (sibling.generation_index, group.gate_rollout_id(sibling.generation_index))
                 )
     return found
+
+
+class ControllerCheckpoints:
+    """One controller's checkpoints in one store, as a job uses them: find the newest one
+    that can be restored, restore it, follow the journal from there, take new ones."""
+
+    def __init__(self, controller: Controller[Any], store: CheckpointStore) -> None:
+        self.controller = controller
+        self.store = store
+
+    def newest_restorable(self) -> tuple[VerifiedCheckpoint, list[SkippedCheckpoint]] | None:
+        """The newest committed checkpoint that verifies (see :func:`verify_checkpoint`)
+        and the newer ones skipped, with why; None when the store holds none. Changes
+        nothing; a ``CheckpointDirectoryError`` when checkpoints exist but none verifies."""
+        controller = self.controller
+        found = self.store.newest_loadable(
+            lambda loaded: verify_checkpoint(
+                loaded, config=controller.config, controller=controller
+            )
+        )
+        if found is None:
+            return None
+        _, verified, skipped = found
+        return verified, skipped
+
+    async def restore(self, verified: VerifiedCheckpoint) -> RestoreReport:
+        """Restore ``verified`` and replay the journal after it (:func:`restore_controller`);
+        a ``RunNotResumableError`` when the history is shorter than it recorded."""
+        try:
+            return await restore_controller(self.controller, verified)
+        except CheckpointDirectoryError as error:
+            # The history is shorter than the checkpoint recorded: a disk lost synced data.
+            raise RunNotResumableError(
+                str(error),
+                remedy="Restore the run directory from a backup, or start a new run in "
+                "another directory.",
+            ) from error
+
+    def follow_journal(self) -> None:
+        """Start the snapshot builder at the journal's end (:func:`follow_journal`)."""
+        follow_journal(self.controller)
+
+    async def take(self, *, delete_deferred: bool = True) -> CheckpointTiming:
+        """Snapshot the journal and publish it (:func:`take_checkpoint`)."""
+        return await take_checkpoint(self.controller, self.store, delete_deferred=delete_deferred)

@@ -152,6 +152,11 @@ class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: or drop a sink).
     metrics: Annotated[MetricsConfig, OPERATIONAL] = msgspec.field(default_factory=MetricsConfig)
 
+    def differences(self, other: RunConfig, *, which: str = "all") -> list[str]:
+        """Field-level differences from ``other``: ``["$.job.seed: 0 != 1", ...]``;
+        ``which`` is ``"identity"``, ``"operational"`` or ``"all"`` fields."""
+        return _differences(self, other, which=which)
+
 
 def load_config(
     path: Path | None, *, seed: int | None = None, backend: str | None = None

@@ -34,17 +34,12 @@ from ..capture import STAGING_PARTITION
 from ..control import (
     CheckpointTiming,
     Controller,
+    ControllerCheckpoints,
     DrainReport,
     RestoreReport,
     RunConfig,
     RunProgress,
-    VerifiedCheckpoint,
-    config_differences,
-    follow_journal,
     load_config,
-    restore_controller,
-    take_checkpoint,
-    verify_checkpoint,
 )
 from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
 from ..errors import (
@@ -121,7 +116,7 @@ def _identity_changes(run: RunDirectory, config: RunConfig) -> list[str]:
     """The operational settings ``config`` changes against ``run``'s job; refuses another
     job (an identity field differs), changing nothing."""
     saved = load_config(run.job_file)
-    identity = config_differences(saved, config, which="identity")
+    identity = saved.differences(config, which="identity")
     if identity:
         raise JobMismatchError(
             f"{run.root} holds another job's run ({run.job_file.name} differs in what the "
@@ -130,7 +125,7 @@ def _identity_changes(run: RunDirectory, config: RunConfig) -> list[str]:
             + "); rerun with the same config and seed, or choose another --out",
             differences=identity,
         )
-    return config_differences(saved, config, which="operational")
+    return saved.differences(config, which="operational")
 
 
 def run_job(
@@ -267,10 +262,9 @@ async def _run_installed(
     changes: list[str],
 ) -> JobResult:
     config = controller.config
+    checkpoints = ControllerCheckpoints(controller, store)
     try:
-        found = store.newest_loadable(
-            lambda loaded: verify_checkpoint(loaded, config=config, controller=controller)
-        )
+        found = checkpoints.newest_restorable()
     except CheckpointDirectoryError as error:
         raise RunNotResumableError(
             f"no checkpoint in {store.directory} can be restored ({error})",
@@ -288,11 +282,10 @@ async def _run_installed(
             await _start_fresh(controller)
             run.append_run_log("start", step=0)
         else:
-            _, verified, skipped = found
+            verified, skipped = found
             for skip in skipped:
                 log(f"skipping checkpoint {skip}")
-            assert isinstance(verified, VerifiedCheckpoint)
-            restored = await _restore(controller, verified)
+            restored = await checkpoints.restore(verified)
             if controller.progress is not None:
                 controller.progress.start(config.job.steps, restored.step)
             run.append_run_log(
@@ -326,7 +319,7 @@ async def _run_installed(
             )
         )
         # From here the snapshot builder follows the journal on its own.
-        follow_journal(controller)
+        checkpoints.follow_journal()
         controller.metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
         if restored is not None:
             controller.metrics.log_marker(
@@ -343,7 +336,7 @@ async def _run_installed(
             )
 
         async def checkpoint() -> None:
-            timing = await take_checkpoint(controller, store)
+            timing = await checkpoints.take()
             timings.append(timing)
 
         if found is None:
@@ -378,7 +371,7 @@ async def _checkpoint_drain(
     """The drain's checkpoint: the journal up to the drain, the trainer idle."""
     drained = controller.drain_report
     assert drained is not None
-    timing = await take_checkpoint(controller, store, delete_deferred=False)
+    timing = await ControllerCheckpoints(controller, store).take(delete_deferred=False)
     timings.append(timing)
     run.append_run_log("drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
     log(
@@ -408,18 +401,6 @@ class _DrainWiring:
             controller, drain_file=self.drain_file, log=self.log, signals=self.signals
         )
         return self.triggers
-
-
-async def _restore(controller: Controller[Any], verified: VerifiedCheckpoint) -> RestoreReport:
-    try:
-        return await restore_controller(controller, verified)
-    except CheckpointDirectoryError as error:
-        # The history is shorter than the checkpoint recorded: a disk lost synced data.
-        raise RunNotResumableError(
-            str(error),
-            remedy="Restore the run directory from a backup, or start a new run in another "
-            "directory.",
-        ) from error
 
 
 def _tool_sinks(config: RunConfig) -> MetricsConfig:
