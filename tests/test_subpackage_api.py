@@ -130,7 +130,6 @@ SURFACES: dict[str, set[str]] = {
         "DEFAULT_MODEL_NAME",
         "PolicyServer",
         "ServeSettings",
-        "read_ready_file",
     },
     "rollout": {
         "DIALECTS",
@@ -189,10 +188,8 @@ SURFACES: dict[str, set[str]] = {
     "job": {
         "JobComponents",
         "RunReporter",
-        "render_summary",
         "request_stop",
         "run_job",
-        "silence_closed_stdout",
     },
     "vllm": {
         "VllmConfig",

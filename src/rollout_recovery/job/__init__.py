@@ -7,14 +7,12 @@ and trainer through ``components=``.
 
 from ._components import JobComponents
 from ._drain import request_stop
-from ._report import RunReporter, render_summary, silence_closed_stdout
+from ._report import RunReporter
 from ._run_job import run_job
 
 __all__ = [
     "JobComponents",
     "RunReporter",
-    "render_summary",
     "request_stop",
     "run_job",
-    "silence_closed_stdout",
 ]
