@@ -47,17 +47,12 @@ SURFACES: dict[str, set[str]] = {
         "parse_rollout_recovery_state",
     },
     "checkpoint": {
-        "SIDECAR_FILENAMES",
         "LoadedSidecar",
         "SidecarFormat",
         "SidecarFormatError",
-        "decode_sidecar",
-        "encode_native_checkpoint",
-        "encode_sidecar",
         "find_sidecar_problems",
         "load_sidecar",
         "read_sidecar_bytes",
-        "sidecar_filename",
         "write_sidecar",
     },
     "dataplane": {

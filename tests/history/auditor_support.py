@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from rollout_recovery.checkpoint import SIDECAR_FILENAMES, decode_sidecar
+from rollout_recovery.checkpoint._sidecar_io import SIDECAR_FILENAMES, decode_sidecar
 from rollout_recovery.control import Controller, ControllerCheckpoints, RunConfig
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.history import JournalEntry

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from .._crashpoints import crash_point
 from .._settings import config_to_builtins, identity_fingerprint
 from ..capture import STAGING_PARTITION, StagedPrefix
-from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
+from ..checkpoint import SidecarFormat
 from ..dataplane import CANONICAL_PARTITION, ReplayIndex, reconcile_staging
 from ..errors import (
     CheckpointDirectoryError,
@@ -275,10 +275,10 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
     ``InvalidStateError`` for one that does not decode; changes nothing.
     """
     where = str(loaded.directory)
-    names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
+    names = [name for name in SidecarFormat.filenames() if name in loaded.files]
     if len(names) != 1:
         raise CheckpointDirectoryError(
-            f"expected exactly one sidecar of {list(SIDECAR_FILENAMES)}, found {names}",
+            f"expected exactly one sidecar of {list(SidecarFormat.filenames())}, found {names}",
             directory=where,
         )
     for required in (REPLAY_FILE, CONTROLLER_STATE_FILE):
@@ -292,7 +292,7 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
             f"{CHECKPOINT_FILES.trainer_file('*')} files, found {found or 'neither'}",
             directory=where,
         )
-    _, sidecar_state = decode_sidecar(loaded.files[names[0]])
+    _, sidecar_state = SidecarFormat.decode(loaded.files[names[0]])
     parsed = parse_rollout_recovery_state(sidecar_state)
     state = decode_controller_state(loaded.files[CONTROLLER_STATE_FILE])
     try:
