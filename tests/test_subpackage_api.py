@@ -192,7 +192,6 @@ SURFACES: dict[str, set[str]] = {
         "VllmWeightSync",
     },
     "chaos": {
-        "ChaosReport",
         "run_chaos",
     },
     "cli": {
