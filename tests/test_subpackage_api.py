@@ -188,8 +188,6 @@ SURFACES: dict[str, set[str]] = {
     },
     "vllm": {
         "VllmConfig",
-        "VllmFleet",
-        "VllmWeightSync",
     },
     "chaos": {
         "run_chaos",

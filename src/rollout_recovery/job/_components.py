@@ -19,7 +19,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
@@ -41,7 +40,6 @@ from ..rollout import (
     WeightSync,
 )
 from ..rundir import RunDirectory
-from ..vllm import VllmFleet, VllmWeightSync
 from ._server_fleet import LocalServerFleet
 
 __all__ = [
@@ -207,7 +205,7 @@ def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync
             "[vllm] weights_dir is resolved by the job: build the components through run_job",
             path="$.vllm.weights_dir",
         )
-    sync = VllmWeightSync(Path(config.vllm.weights_dir), dtype=config.vllm.dtype)
+    sync = config.vllm.weight_sync()
     try:
         sync.check(trainer.weight_version, trainer.weights())
     except (TypeError, ValueError) as error:
@@ -351,12 +349,8 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
             config = msgspec.structs.replace(
                 config, vllm=msgspec.structs.replace(config.vllm, model=model)
             )
-        vllm_fleet = VllmFleet(
-            run.servers_dir,
-            run.servers_file,
-            config.vllm,
-            served_model_name=http.model,
-            api_key=api_key,
+        vllm_fleet = config.vllm.fleet(
+            run.servers_dir, run.servers_file, served_model_name=http.model, api_key=api_key
         )
         with vllm_fleet as urls, _presenting(vllm_fleet.api_key):
             yield msgspec.structs.replace(

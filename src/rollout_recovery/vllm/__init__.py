@@ -9,11 +9,7 @@ torch or vLLM: the loading itself runs inside vLLM's worker (``_extension/``).
 """
 
 from ._config import VllmConfig
-from ._fleet import VllmFleet
-from ._sync import VllmWeightSync
 
 __all__ = [
     "VllmConfig",
-    "VllmFleet",
-    "VllmWeightSync",
 ]

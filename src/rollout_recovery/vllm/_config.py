@@ -14,7 +14,7 @@ logprobs); the rest may change when a run resumes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from .._settings import (
     OPERATIONAL,
@@ -25,6 +25,10 @@ from .._settings import (
 )
 from ..errors import ConfigError
 from ..rollout import HttpConfig
+from ._sync import VllmWeightSync
+
+if TYPE_CHECKING:
+    from ._fleet import VllmFleet
 
 __all__ = ["VllmConfig", "VllmDtype", "check_launch_paths", "check_vllm_config"]
 
@@ -74,6 +78,28 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
         """Refuse this section with ``[http]`` and the backend if they cannot work
         together (see :func:`check_vllm_config`)."""
         check_vllm_config(self, http, backend, ray_worker, trainer_model=trainer_model)
+
+    def weight_sync(self) -> VllmWeightSync:
+        """The weight sync that writes the trainer's weights to ``weights_dir`` in
+        ``dtype`` for the servers to load (``[http] weight_sync = "vllm"``)."""
+        return VllmWeightSync(Path(self.weights_dir), dtype=self.dtype)
+
+    def fleet(
+        self,
+        servers_dir: Path,
+        servers_file: Path,
+        *,
+        served_model_name: str,
+        api_key: str | None = None,
+    ) -> VllmFleet:
+        """The ``launch`` servers of this section, started on enter and stopped on exit
+        (see ``_fleet.VllmFleet``)."""
+        # _fleet imports this module (the section it launches from): imported here.
+        from ._fleet import VllmFleet
+
+        return VllmFleet(
+            servers_dir, servers_file, self, served_model_name=served_model_name, api_key=api_key
+        )
 
     def check_launch_paths(self, *, model: bool = True) -> None:
         """Refuse a python or model that is not there (see :func:`check_launch_paths`)."""
