@@ -35,11 +35,12 @@ import msgspec
 import numpy as np
 
 from rollout_recovery.capture import assemble_receipt
-from rollout_recovery.control import Controller, follow_journal, load_config, take_checkpoint
+from rollout_recovery.control import Controller, load_config
+from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.history import AuditTrail
-from rollout_recovery.job import default_components
+from rollout_recovery.job._components import default_components
 from rollout_recovery.rollout import AttemptResult
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 

@@ -38,24 +38,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.control import (
-    Controller,
+from rollout_recovery.control import Controller, load_config
+from rollout_recovery.control._checkpointing import (
     VerifiedCheckpoint,
-    load_config,
     restore_controller,
     verify_checkpoint,
 )
-from rollout_recovery.history import (
-    AuditTrail,
-    GroupSealed,
-    HistoryRecord,
-    JournalWriter,
-    Seal,
-    SiblingSealed,
-    _journal,
-)
-from rollout_recovery.job import default_components, run_job
-from rollout_recovery.job._components import job_data_plane
+from rollout_recovery.history import AuditTrail, _journal
+from rollout_recovery.history._journal import JournalWriter
+from rollout_recovery.history.records import GroupSealed, HistoryRecord, Seal, SiblingSealed
+from rollout_recovery.job import run_job
+from rollout_recovery.job._components import default_components, job_data_plane
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 # ------------------------------------------------------------------------ 1. group commit

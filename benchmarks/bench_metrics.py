@@ -1,7 +1,7 @@
 """What each metrics sink costs (issue 19): import, open, reopen after a restart, per step.
 
 1. Import: a fresh interpreter importing what the sink imports (median of ``--repeat``).
-2. Open: ``open_metrics`` of that one sink in a new run directory; reopen: a second
+2. Open: ``MetricsConfig.open`` of that one sink in a new run directory; reopen: a second
    session at resume step ``--steps // 2`` after a first that logged ``--steps`` steps
    (W&B reads the first session's file back there).
 3. Per step, with ``--keys`` scalars a step (the main job logs about 10; a 3-server HTTP
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics import MetricsConfig
 
 _IMPORTS = {
     "jsonl": "import msgspec",
@@ -77,7 +77,7 @@ def _per_step(metrics: Any, steps: range, keys: int) -> tuple[float, float]:
 
 def _sink_own_cost(sink: str, root: Path, steps: int, keys: int) -> float:
     """Median seconds the sink itself spends on one step (no worker thread)."""
-    metrics = open_metrics(MetricsConfig(sinks=(sink,)), root, resume_step=0)
+    metrics = MetricsConfig(sinks=(sink,)).open(root, resume_step=0)
     inner = metrics.sink(sink)
     inner = getattr(inner, "sink", inner)  # unwrap BackgroundSink
     times = []
@@ -98,7 +98,7 @@ def bench(sinks: tuple[Any, ...], args: argparse.Namespace) -> dict[str, float]:
         for directory in (first, second, own):
             directory.mkdir()
         started = time.perf_counter()
-        metrics = open_metrics(config, first, resume_step=0)
+        metrics = config.open(first, resume_step=0)
         open_s = time.perf_counter() - started
         caller_s, cpu_s = _per_step(metrics, range(args.steps), args.keys)
         flush_times = []
@@ -109,7 +109,7 @@ def bench(sinks: tuple[Any, ...], args: argparse.Namespace) -> dict[str, float]:
         metrics.close()
         resume = args.steps // 2
         started = time.perf_counter()
-        reopened = open_metrics(config, first, resume_step=resume)
+        reopened = config.open(first, resume_step=resume)
         reopen_s = time.perf_counter() - started
         reopened.log_step(resume, _values(resume, args.keys))
         reopened.close()

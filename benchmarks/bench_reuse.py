@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.history import Restored, read_records
+from rollout_recovery.history import read_records
+from rollout_recovery.history.records import Restored
 
 POLICIES = ("all", "ancestors", "none")
 BUCKETS = 10

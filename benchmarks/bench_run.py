@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rollout_recovery.control import load_config
-from rollout_recovery.history import Restored, read_records
+from rollout_recovery.history import read_records
+from rollout_recovery.history.records import Restored
 
 
 def _run_cli(out: Path, *, kill_after_step: int | None = None) -> tuple[int, float, str]:

@@ -41,14 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ledger import build_workload
 
 from rollout_recovery import build_rollout_recovery_state
-from rollout_recovery.checkpoint import (
+from rollout_recovery.checkpoint import load_sidecar, write_sidecar
+from rollout_recovery.checkpoint._native import encode_native_checkpoint
+from rollout_recovery.checkpoint._sidecar_io import (
     decode_sidecar,
-    encode_native_checkpoint,
     encode_sidecar,
-    load_sidecar,
-    write_sidecar,
+    validate_sidecar_state,
 )
-from rollout_recovery.checkpoint._sidecar_io import validate_sidecar_state
 
 
 def _best_of(repeat: int, run: Callable[[], object]) -> float:

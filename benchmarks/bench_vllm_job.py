@@ -40,8 +40,10 @@ import msgspec
 
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.dataplane import DataPlane
-from rollout_recovery.history import BackendEvent, read_records
-from rollout_recovery.job import JobComponents, default_components, run_job
+from rollout_recovery.history import read_records
+from rollout_recovery.history.records import BackendEvent
+from rollout_recovery.job import JobComponents, run_job
+from rollout_recovery.job._components import default_components
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama-vllm.toml"
 

@@ -1,8 +1,9 @@
 """Pins every subpackage's public surface: what another package or a user imports.
 
 A name added to or dropped from a facade must be added or dropped here too, on purpose. A
-facade exports a name only when another package of ``src/``, the README, ``examples/`` or
-``benchmarks/`` imports it; tests import what only they need from the private module.
+facade exports a name only when another package of ``src/``, the README or ``examples/``
+imports it; tests and ``benchmarks/`` (measurement harnesses, like tests) import what only
+they need from the private module.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PACKAGE_ROOT = Path(rollout_recovery.__file__).parent
 # is installed (CI installs it into a venv, not in editable mode).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The distinct names all facades export together; lower it when the surface shrinks.
-MAX_DISTINCT_EXPORTS = 219
+MAX_DISTINCT_EXPORTS = 155
 
 SURFACES: dict[str, set[str]] = {
     "ledger": {
@@ -46,17 +47,12 @@ SURFACES: dict[str, set[str]] = {
         "parse_rollout_recovery_state",
     },
     "checkpoint": {
-        "SIDECAR_FILENAMES",
         "LoadedSidecar",
         "SidecarFormat",
         "SidecarFormatError",
-        "decode_sidecar",
-        "encode_native_checkpoint",
-        "encode_sidecar",
         "find_sidecar_problems",
         "load_sidecar",
         "read_sidecar_bytes",
-        "sidecar_filename",
         "write_sidecar",
     },
     "dataplane": {
@@ -96,7 +92,6 @@ SURFACES: dict[str, set[str]] = {
     },
     "finalize": {
         "CanonicalRowMeta",
-        "finalize_group",
         "grpo_advantages",
         "publish_finalized_group",
     },
@@ -130,7 +125,6 @@ SURFACES: dict[str, set[str]] = {
         "DEFAULT_MODEL_NAME",
         "PolicyServer",
         "ServeSettings",
-        "read_ready_file",
     },
     "rollout": {
         "DIALECTS",
@@ -164,91 +158,38 @@ SURFACES: dict[str, set[str]] = {
         "run_episode",
     },
     "history": {
-        "RECORD_TYPES",
-        "AbandonedAttempt",
-        "AttemptResumed",
-        "AttemptsAbandoned",
         "AuditTrail",
-        "BackendEvent",
-        "BatchAdmitted",
-        "CheckpointCommitted",
-        "DiscardedSeal",
-        "DropReason",
-        "FreshAttempt",
-        "GroupPublished",
-        "GroupSealed",
-        "HistoryRecord",
         "JournalEntry",
         "JournalReport",
         "JournalScan",
-        "JournalWriter",
-        "PromptDropped",
-        "PromptTaken",
-        "Restored",
-        "ReusePolicy",
-        "RewardChecksRecord",
-        "RoundStarted",
-        "RunStarted",
-        "Seal",
-        "SiblingSealed",
-        "StepTrained",
         "TrailLineError",
-        "TrainedRow",
         "audit_run",
-        "cut_torn_tail",
-        "inspect_journal",
         "read_json_lines",
         "read_records",
-        "scan_journal",
+        "records",
     },
-    "rundir": {
-        "CHECKPOINT_FILES",
-        "PRIVATE_FILE_MODE",
-        "CheckpointStore",
-        "LoadedCheckpoint",
-        "RunDirectory",
-        "SkippedCheckpoint",
-        "append_run_log",
-        "is_locked",
-        "lock_holder",
-        "read_run_log",
-        "run_directory_lock",
-        "wait_unlocked",
-    },
+    "rundir": {"CheckpointStore", "LoadedCheckpoint", "RunDirectory", "SkippedCheckpoint"},
     "control": {
         "CheckpointTiming",
         "Controller",
+        "ControllerCheckpoints",
         "DrainReport",
         "PromptDataset",
         "RestoreReport",
         "RunConfig",
         "RunProgress",
-        "VerifiedCheckpoint",
-        "config_differences",
-        "follow_journal",
         "load_config",
-        "restore_controller",
-        "take_checkpoint",
-        "verify_checkpoint",
     },
     "job": {
         "JobComponents",
         "RunReporter",
-        "default_components",
-        "render_summary",
         "request_stop",
         "run_job",
-        "silence_closed_stdout",
     },
     "vllm": {
         "VllmConfig",
-        "VllmFleet",
-        "VllmWeightSync",
-        "check_launch_paths",
-        "check_vllm_config",
     },
     "chaos": {
-        "ChaosReport",
         "run_chaos",
     },
     "cli": {
@@ -257,22 +198,9 @@ SURFACES: dict[str, set[str]] = {
     "metrics": {
         "MetricsConfig",
         "MetricsSink",
-        "check_sinks_installed",
         "flatten_scalars",
-        "open_metrics",
     },
-    "llm": {
-        "EmitTokenEpisodes",
-        "EmitTokenTask",
-        "ModelConfig",
-        "TorchGRPOTrainer",
-        "TrainerConfig",
-        "TransformersBackend",
-        "model_digest",
-        "model_directory",
-        "prepare_model",
-        "require_llm",
-    },
+    "llm": {"LlmParts", "ModelConfig", "TrainerConfig"},
     "cluster": {
         "ActorPoolSettings",
         "RayConfig",
@@ -336,13 +264,20 @@ def _imported_names(code: str, package_parts: tuple[str, ...]) -> set[tuple[str,
         else:
             target = node.module or ""
         parts = target.split(".")
-        if parts[0] == "rollout_recovery" and len(parts) == 2:
+        if parts[0] != "rollout_recovery":
+            continue
+        if len(parts) == 2:
             found |= {(parts[1], alias.name) for alias in node.names}
+        elif len(parts) == 3 and not parts[2].startswith("_"):
+            # ``from rollout_recovery.history.records import X`` uses the public module.
+            found.add((parts[1], parts[2]))
     return found
 
 
 def _outside_users() -> dict[tuple[str, str], set[str]]:
-    """Who imports each facade name: another package of src/, README, examples, benchmarks."""
+    """Who imports each facade name: another package of src/, the README, examples.
+
+    Not benchmarks: like tests they measure internals and may import private modules."""
     users: dict[tuple[str, str], set[str]] = {}
     for module in PACKAGE_ROOT.rglob("*.py"):
         relative = module.relative_to(PACKAGE_ROOT)
@@ -355,11 +290,27 @@ def _outside_users() -> dict[tuple[str, str], set[str]]:
     for block in re.findall(r"```python\n(.*?)```", readme, re.S):
         for key in _imported_names(block, ()):
             users.setdefault(key, set()).add("README.md")
-    for folder in ("examples", "benchmarks"):
+    for folder in ("examples",):
         for script in (REPO_ROOT / folder).rglob("*.py"):
             for key in _imported_names(script.read_text(), ()):
                 users.setdefault(key, set()).add(folder)
     return users
+
+
+def test_the_only_public_submodule_is_the_history_schema() -> None:
+    # Names are counted at the facades; a public submodule would export past the count.
+    public = {
+        f"{module.parent.name}.{module.stem}"
+        for module in PACKAGE_ROOT.glob("*/*.py")
+        if not module.stem.startswith("_")
+    }
+    public |= {
+        f"{folder.parent.name}.{folder.name}"
+        for folder in PACKAGE_ROOT.glob("*/*/")
+        if not folder.name.startswith("_")
+    }
+    # ledger.codec_support predates the rule (the ledger is surface-b's): listed, not blessed.
+    assert public == {"history.records", "ledger.codec_support"}
 
 
 def test_facades_are_read_from_the_source() -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
+    "PRIVATE_FILE_MODE",
     "atomic_write_bytes",
     "fsync_directory",
     "fsync_path",
@@ -35,6 +36,10 @@ __all__ = [
     "remove_stale_temporaries",
     "write_new_file",
 ]
+
+#: Mode of every file a run creates (the umask may take more away, never add): a run's
+#: files hold prompts, rewards and server names.
+PRIVATE_FILE_MODE = 0o600
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:

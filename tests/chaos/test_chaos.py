@@ -9,6 +9,7 @@ fire whatever the seeded plan would have drawn; the CLI test uses the seeded pla
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from rollout_recovery._crashpoints import CRASH_POINTS
 from rollout_recovery.chaos._chaos import (
@@ -116,6 +118,10 @@ def test_a_crash_point_that_cannot_be_reached_is_not_a_kill(
     assert report.not_reached_by_point == {"restore.mid": 1}
     assert report.runs == 1 and report.finished
     assert report.ok, report.to_json()
+    console = Console(file=io.StringIO(), width=120)
+    report.render(console)
+    shown = console.file.getvalue()
+    assert "restore.mid" in shown and "chaos report" in shown and "audit: PASS" in shown
 
 
 @pytest.mark.slow

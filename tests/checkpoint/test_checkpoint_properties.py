@@ -23,7 +23,8 @@ from rollout_recovery import (
     SiblingSealResult,
     build_rollout_recovery_state,
 )
-from rollout_recovery.checkpoint import encode_native_checkpoint, load_sidecar
+from rollout_recovery.checkpoint import load_sidecar
+from rollout_recovery.checkpoint._native import encode_native_checkpoint
 from rollout_recovery.errors import InvalidStateError, RolloutRecoveryError
 
 

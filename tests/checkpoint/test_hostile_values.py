@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from rollout_recovery import RolloutRecoveryLedger, build_rollout_recovery_state
-from rollout_recovery.checkpoint import encode_sidecar, load_sidecar
+from rollout_recovery.checkpoint import load_sidecar
+from rollout_recovery.checkpoint._sidecar_io import encode_sidecar
 from rollout_recovery.checkpoint._torch_pt import encode_torch_pt
 from rollout_recovery.cli._main import cli
 from rollout_recovery.errors import InvalidStateError

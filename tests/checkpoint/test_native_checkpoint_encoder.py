@@ -14,8 +14,9 @@ from rollout_recovery import (
     RolloutRecoveryLedger,
     build_rollout_recovery_state,
 )
-from rollout_recovery.checkpoint import decode_sidecar, encode_native_checkpoint, load_sidecar
-from rollout_recovery.checkpoint._native import encode_native
+from rollout_recovery.checkpoint import load_sidecar
+from rollout_recovery.checkpoint._native import encode_native, encode_native_checkpoint
+from rollout_recovery.checkpoint._sidecar_io import decode_sidecar
 from rollout_recovery.errors import CheckpointUnsafeError, InvalidStateError, InvalidStateTypeError
 from rollout_recovery.rewards import CaptureRewardSettings
 

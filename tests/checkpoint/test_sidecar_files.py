@@ -15,13 +15,7 @@ from sidecar_fixtures import fresh, rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError, RolloutRecoveryError
 from rollout_recovery._durable import atomic_write_bytes
-from rollout_recovery.checkpoint import (
-    SidecarFormatError,
-    decode_sidecar,
-    encode_sidecar,
-    load_sidecar,
-    write_sidecar,
-)
+from rollout_recovery.checkpoint import SidecarFormatError, load_sidecar, write_sidecar
 from rollout_recovery.checkpoint._native import (
     FORMAT_NAME,
     MAGIC,
@@ -33,7 +27,9 @@ from rollout_recovery.checkpoint._native import (
 from rollout_recovery.checkpoint._sidecar_io import (
     NATIVE_SIDECAR_FILENAME,
     PT_SIDECAR_FILENAME,
+    decode_sidecar,
     detect_sidecar_format,
+    encode_sidecar,
     read_sidecar,
 )
 

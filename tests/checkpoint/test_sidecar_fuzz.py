@@ -19,8 +19,12 @@ from hypothesis import strategies as st
 from sidecar_fixtures import rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError
-from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar, find_sidecar_problems
-from rollout_recovery.checkpoint._sidecar_io import validate_sidecar_state
+from rollout_recovery.checkpoint import find_sidecar_problems
+from rollout_recovery.checkpoint._sidecar_io import (
+    decode_sidecar,
+    encode_sidecar,
+    validate_sidecar_state,
+)
 
 DOCUMENTED = (InvalidStateError, InvalidStateTypeError)
 STATE = rich_state()

@@ -14,8 +14,11 @@ from sidecar_fixtures import CUT
 from test_ledger_state_machine import LedgerMachine
 
 from rollout_recovery import build_rollout_recovery_state
-from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
-from rollout_recovery.checkpoint._sidecar_io import validate_sidecar_state
+from rollout_recovery.checkpoint._sidecar_io import (
+    decode_sidecar,
+    encode_sidecar,
+    validate_sidecar_state,
+)
 
 
 class SidecarRoundTripMachine(LedgerMachine):

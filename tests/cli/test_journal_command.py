@@ -18,8 +18,8 @@ from click.testing import CliRunner, Result
 
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig
-from rollout_recovery.history import RECORD_TYPES, Restored
 from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import RECORD_TYPES, Restored
 from rollout_recovery.rundir import CheckpointStore
 
 Snapshot = Callable[[Path], dict[str, tuple[int, int, str]]]

@@ -11,8 +11,12 @@ import pytest
 from click.testing import CliRunner
 from sidecar_fixtures import rich_state
 
-from rollout_recovery.checkpoint import encode_sidecar, write_sidecar
-from rollout_recovery.checkpoint._sidecar_io import NATIVE_SIDECAR_FILENAME, read_sidecar
+from rollout_recovery.checkpoint import write_sidecar
+from rollout_recovery.checkpoint._sidecar_io import (
+    NATIVE_SIDECAR_FILENAME,
+    encode_sidecar,
+    read_sidecar,
+)
 from rollout_recovery.cli._main import cli
 
 STATE = rich_state()
@@ -188,7 +192,7 @@ def test_validate_reports_a_fault_only_the_typed_decoder_sees(tmp_path: Path) ->
 
 def test_convert_keeps_an_int_reward_exactly(tmp_path: Path) -> None:
     """The loader normalizes rewards to floats; a conversion must not (found by review)."""
-    from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
+    from rollout_recovery.checkpoint._sidecar_io import decode_sidecar, encode_sidecar
     from rollout_recovery.ledger import RolloutRecoveryLedger, build_rollout_recovery_state
 
     class _Cut:
@@ -270,7 +274,7 @@ def _sealed_state(reward: float) -> dict[str, Any]:
 def test_convert_keeps_a_nan_and_succeeds(tmp_path: Path, source_format: str, target: str) -> None:
     import math
 
-    from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
+    from rollout_recovery.checkpoint._sidecar_io import decode_sidecar, encode_sidecar
 
     source = tmp_path / "source"
     source.write_bytes(encode_sidecar(_sealed_state(float("nan")), format=source_format))  # type: ignore[arg-type]
@@ -285,7 +289,7 @@ def test_convert_keeps_a_nan_and_succeeds(tmp_path: Path, source_format: str, ta
 def test_a_failed_convert_leaves_no_destination(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rollout_recovery.checkpoint import encode_sidecar
+    from rollout_recovery.checkpoint._sidecar_io import encode_sidecar
     from rollout_recovery.cli import _convert
 
     source = tmp_path / "source"

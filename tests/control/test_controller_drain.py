@@ -23,13 +23,15 @@ import pytest
 
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter
-from rollout_recovery.control import Controller, RunConfig, follow_journal, take_checkpoint
+from rollout_recovery.control import Controller, RunConfig
+from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.history import (
+from rollout_recovery.history import AuditTrail, audit_run
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
-    AuditTrail,
     BatchAdmitted,
     CheckpointCommitted,
     GroupPublished,
@@ -38,10 +40,9 @@ from rollout_recovery.history import (
     RoundStarted,
     RunStarted,
     SiblingSealed,
-    audit_run,
 )
-from rollout_recovery.history._trail_reader import read_entries
-from rollout_recovery.job import default_components, run_job
+from rollout_recovery.job import run_job
+from rollout_recovery.job._components import default_components
 from rollout_recovery.job._run_job import claim_run_directory
 from rollout_recovery.ledger import RecoveryGranularity
 from rollout_recovery.rollout import AttemptRequest, AttemptResult, GenerationBackend

@@ -18,7 +18,7 @@ from rollout_recovery.control._state import (
     encode_controller_state,
 )
 from rollout_recovery.errors import InvalidStateError
-from rollout_recovery.history import (
+from rollout_recovery.history.records import (
     AbandonedAttempt,
     AttemptsAbandoned,
     FreshAttempt,

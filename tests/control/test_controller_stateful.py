@@ -154,13 +154,14 @@ from rollout_recovery.control._replay import JournalReplay
 from rollout_recovery.control._sampler import dataset_position_to_idx
 from rollout_recovery.dataplane import CANONICAL_PARTITION, MemoryDataPlane, ReplayIndex, Row
 from rollout_recovery.errors import GenerationError, RolloutRecoveryError, StepShortfallError
-from rollout_recovery.history import (
+from rollout_recovery.history import AuditTrail, JournalEntry
+from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AbandonedAttempt,
     AttemptsAbandoned,
-    AuditTrail,
     GroupPublished,
     GroupSealed,
-    JournalEntry,
     PromptDropped,
     PromptTaken,
     Restored,
@@ -169,8 +170,6 @@ from rollout_recovery.history import (
     StepTrained,
     TrainedRow,
 )
-from rollout_recovery.history._trail_check import check_trail
-from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job._run_job import _start_fresh
 from rollout_recovery.ledger import (
     PromptGroupPhase,

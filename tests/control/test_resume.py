@@ -15,7 +15,7 @@ from rollout_recovery.control._resume import (
     version_filter,
 )
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.history import ReusePolicy
+from rollout_recovery.history.records import ReusePolicy
 from rollout_recovery.ledger import (
     PromptGroupRecoveryRecord,
     RecoveryGranularity,

@@ -17,7 +17,9 @@ from rollout_recovery.control._replay import metadata_only_plane
 from rollout_recovery.control._snapshot import SnapshotBuilder
 from rollout_recovery.control._state import ControllerState
 from rollout_recovery.dataplane import ReplayIndex
-from rollout_recovery.history import JournalWriter, PromptTaken, _journal
+from rollout_recovery.history import _journal
+from rollout_recovery.history._journal import JournalWriter
+from rollout_recovery.history.records import PromptTaken
 from rollout_recovery.ledger import RolloutRecoveryLedger
 
 N = 2

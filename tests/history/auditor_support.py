@@ -21,22 +21,21 @@ from typing import Any
 import msgspec
 import pytest
 
-from rollout_recovery.checkpoint import SIDECAR_FILENAMES, decode_sidecar
-from rollout_recovery.control import Controller, RunConfig
+from rollout_recovery.checkpoint._sidecar_io import SIDECAR_FILENAMES, decode_sidecar
+from rollout_recovery.control import Controller, ControllerCheckpoints, RunConfig
 from rollout_recovery.control._config import config_from_builtins
-from rollout_recovery.history import (
+from rollout_recovery.history import JournalEntry
+from rollout_recovery.history._auditor import _decode
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
     GroupSealed,
     HistoryRecord,
-    JournalEntry,
     SiblingSealed,
     StepTrained,
     TrainedRow,
+    encode_record,
 )
-from rollout_recovery.history._auditor import _decode
-from rollout_recovery.history._records import encode_record
-from rollout_recovery.history._trail_reader import read_entries
-from rollout_recovery.job import _run_job as job_module
 from rollout_recovery.ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 from rollout_recovery.rundir import CheckpointStore
 
@@ -90,7 +89,7 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
     (polling on the event loop) for both kinds of rows, then releases the held groups
     just before it asks for its cut; the barrier makes them wait behind the cut.
     """
-    real_checkpoint = job_module.take_checkpoint
+    real_take = ControllerCheckpoints.take
     real_publish = Controller._publish
     pending = sorted(steps)
     released: list[asyncio.Event] = []
@@ -106,7 +105,8 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             await release().wait()
         await real_publish(controller, group_id)
 
-    async def take_checkpoint(controller: Any, store: CheckpointStore) -> Any:
+    async def take(checkpoints: Any, *, delete_deferred: bool = True) -> Any:
+        controller = checkpoints.controller
         if pending and controller.step == pending[0]:
             deadline = time.monotonic() + timeout
             while not (
@@ -120,10 +120,10 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             pending.pop(0)
             release().set()  # the held publishers wake behind this checkpoint's cut
             released.clear()
-        return await real_checkpoint(controller, store)
+        return await real_take(checkpoints, delete_deferred=delete_deferred)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(job_module, "take_checkpoint", take_checkpoint)
+        patch.setattr(ControllerCheckpoints, "take", take)
         patch.setattr(Controller, "_publish", publish)
         yield
 

@@ -37,8 +37,9 @@ from rollout_recovery.cli._main import cli
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
 from rollout_recovery.dataplane import CANONICAL_PARTITION, SqliteDataPlane
 from rollout_recovery.errors import NotARunDirectoryError
-from rollout_recovery.history import StepTrained, audit_run
+from rollout_recovery.history import audit_run
 from rollout_recovery.history._auditor import AuditReport
+from rollout_recovery.history.records import StepTrained
 from rollout_recovery.job import run_job
 from rollout_recovery.rundir import CheckpointStore
 

@@ -24,14 +24,16 @@ from hypothesis import strategies as st
 from trail_builders import good_history
 
 from rollout_recovery.errors import StorageFullError
-from rollout_recovery.history import (
+from rollout_recovery.history import _journal
+from rollout_recovery.history._journal import (
+    JournalCorruptError,
     JournalWriter,
-    PromptTaken,
-    _journal,
     cut_torn_tail,
+    frame_record,
     scan_journal,
+    unframe_line,
 )
-from rollout_recovery.history._journal import JournalCorruptError, frame_record, unframe_line
+from rollout_recovery.history.records import PromptTaken
 
 
 def taken(number: int, pad: str = "") -> PromptTaken:
@@ -306,7 +308,8 @@ def test_a_flush_with_nothing_new_does_not_sync(tmp_path: Path) -> None:
 CHILD = r"""
 import asyncio, sys
 from pathlib import Path
-from rollout_recovery.history import JournalWriter, PromptTaken
+from rollout_recovery.history._journal import JournalWriter
+from rollout_recovery.history.records import PromptTaken
 path, start = Path(sys.argv[1]), int(sys.argv[2])
 writer = JournalWriter(path)
 

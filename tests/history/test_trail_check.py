@@ -23,8 +23,8 @@ from trail_builders import (
     write_trail,
 )
 
-from rollout_recovery.history import HistoryRecord, StepTrained
 from rollout_recovery.history._trail_check import TrailReport, check_trail
+from rollout_recovery.history.records import HistoryRecord, StepTrained
 
 
 def check(tmp_path: Path, records: list[HistoryRecord], *, complete: bool = True) -> TrailReport:

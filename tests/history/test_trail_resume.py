@@ -12,7 +12,8 @@ from pathlib import Path
 import msgspec
 from trail_builders import abandoned, started, write_trail
 
-from rollout_recovery.history import (
+from rollout_recovery.history._trail_check import TrailReport, check_trail
+from rollout_recovery.history.records import (
     AttemptResumed,
     FreshAttempt,
     HistoryRecord,
@@ -22,7 +23,6 @@ from rollout_recovery.history import (
     Seal,
     SiblingSealed,
 )
-from rollout_recovery.history._trail_check import TrailReport, check_trail
 
 LOST, FRESH, OTHER = "g5_g0_a1", "g5_g0_a2", "g5_g1_a1"
 

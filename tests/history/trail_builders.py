@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollout_recovery.history import (
+from rollout_recovery.history import AuditTrail
+from rollout_recovery.history.records import (
     AbandonedAttempt,
     AttemptsAbandoned,
-    AuditTrail,
     CheckpointCommitted,
     DropReason,
     GroupPublished,

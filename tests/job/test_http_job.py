@@ -25,8 +25,7 @@ from serve_process import running_serve
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import ConfigError
-from rollout_recovery.job import default_components
-from rollout_recovery.job._components import http_weight_sync
+from rollout_recovery.job._components import default_components, http_weight_sync
 from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import HttpGenerationBackend
 

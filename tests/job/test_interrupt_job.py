@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollout_recovery.control import config_differences
-from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.control._config import config_differences, config_from_builtins
 from rollout_recovery.errors import ConfigError
 from rollout_recovery.history import audit_run
 from rollout_recovery.job import run_job

@@ -20,7 +20,10 @@ import pytest
 
 from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.dataplane import SqliteDataPlane
-from rollout_recovery.history import (
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
     BatchAdmitted,
     GroupPublished,
@@ -31,10 +34,7 @@ from rollout_recovery.history import (
     RunStarted,
     SiblingSealed,
     StepTrained,
-    audit_run,
 )
-from rollout_recovery.history._trail_check import check_trail
-from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.rollout import FailureReason
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

@@ -56,17 +56,19 @@ def test_the_cli_says_what_to_install(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("without_torch")
-def test_the_llm_package_imports_and_its_heavy_names_name_the_extra(
+def test_the_llm_package_imports_and_building_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import rollout_recovery.llm as llm
+    from rollout_recovery.policy import TaskConfig
 
     # As on a default install: the trainer's module was never loaded.
     monkeypatch.delitem(sys.modules, "rollout_recovery.llm._trainer", raising=False)
 
     assert llm.TrainerConfig().kind == "numpy"
-    with pytest.raises(ImportError, match=r"\[llm\] extra"):
-        llm.__getattr__("TorchGRPOTrainer")
+    with pytest.raises(ConfigError, match=r"\[llm\] extra"):
+        llm.LlmParts.build(llm.TrainerConfig(), llm.ModelConfig(), TaskConfig(), seed=0)
+    assert "rollout_recovery.llm._trainer" not in sys.modules
 
 
 def test_a_numpy_job_never_needs_torch(tmp_path: Path, without_torch: None) -> None:

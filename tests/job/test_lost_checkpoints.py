@@ -20,7 +20,7 @@ from rollout_recovery._settings import config_to_toml
 from rollout_recovery.control import RunConfig
 from rollout_recovery.errors import RunNotResumableError
 from rollout_recovery.job import run_job
-from rollout_recovery.rundir import RunDirectory, append_run_log
+from rollout_recovery.rundir import RunDirectory
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 Snapshot = Callable[[Path], dict[str, Any]]
@@ -50,7 +50,7 @@ def _without_checkpoints(out: Path, keep: set[str]) -> None:
             path.unlink()
     if "run_log.jsonl" in keep:
         # An earlier restart: the log only ever gains lines (the finished run has a start).
-        append_run_log(RunDirectory(out), "resume", step=4, checkpoint="step_000004")
+        RunDirectory(out).append_run_log("resume", step=4, checkpoint="step_000004")
 
 
 def _without_lock(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def test_a_directory_whose_first_start_was_killed_before_its_first_checkpoint_st
     out = tmp_path / "run"
     out.mkdir()
     (out / "job.toml").write_text(config_to_toml(config))
-    append_run_log(RunDirectory(out), "start", step=0)
+    RunDirectory(out).append_run_log("start", step=0)
 
     result = run_job(out, config)
     assert result.restored is None and result.summary.steps == 2

@@ -26,7 +26,8 @@ from rollout_recovery.cluster import RayGenerationBackend, RayShardedDataPlane  
 from rollout_recovery.control import RunConfig  # noqa: E402
 from rollout_recovery.dataplane import DataPlane  # noqa: E402
 from rollout_recovery.history import audit_run  # noqa: E402
-from rollout_recovery.job import JobComponents, default_components, run_job  # noqa: E402
+from rollout_recovery.job import JobComponents, run_job  # noqa: E402
+from rollout_recovery.job._components import default_components  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

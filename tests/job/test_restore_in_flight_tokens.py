@@ -17,8 +17,9 @@ from pathlib import Path
 from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.dataplane import SqliteDataPlane
-from rollout_recovery.history import AttemptsAbandoned, GroupPublished, Restored, audit_run
+from rollout_recovery.history import audit_run
 from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import AttemptsAbandoned, GroupPublished, Restored
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -32,17 +32,17 @@ from click.testing import CliRunner
 
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig
-from rollout_recovery.history import (
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_reader import read_entries
+from rollout_recovery.history.records import (
     AttemptsAbandoned,
     GroupSealed,
     Restored,
     SiblingSealed,
     StepTrained,
-    audit_run,
 )
-from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.job import run_job
-from rollout_recovery.rundir import RunDirectory, lock_holder, read_run_log
+from rollout_recovery.rundir import RunDirectory
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -78,7 +78,7 @@ def once(action: Callable[[], None]) -> Callable[[], None]:
 
 
 def signal_the_job(out: Path, sig: signal.Signals) -> None:
-    pid = lock_holder(RunDirectory(out))
+    pid = RunDirectory(out).lock_holder()
     assert pid is not None
     os.kill(pid, sig)
 
@@ -165,7 +165,7 @@ def test_sigterm_mid_run_drains_exits_0_within_the_grace_and_the_rerun_regenerat
     step = int(drained["step"])
     assert 2 <= step < 8
     assert f"drained at step {step} of 8" in result.stdout
-    (entry,) = [e for e in read_run_log(RunDirectory(out)) if e.event == "drain"]
+    (entry,) = [e for e in RunDirectory(out).read_run_log() if e.event == "drain"]
     assert entry.reason == "SIGTERM" and entry.step == step
     assert_audit_passes(out, complete=False)
     rerun_regenerates_nothing(out, run_cli)
@@ -455,7 +455,7 @@ def test_a_second_ctrl_c_stops_at_once_and_the_run_still_resumes(
     assert "interrupted: the second Ctrl-C stops the job now" in output
     assert "stopped without draining" in output
     assert DRAINED.search(output) is None  # no wait, no drain checkpoint
-    assert [e.event for e in read_run_log(RunDirectory(out))] == ["start"]
+    assert [e.event for e in RunDirectory(out).read_run_log()] == ["start"]
 
     rerun = run_cli(["--out", str(out), "--plain"])
     assert rerun.returncode == 0, rerun.stdout

@@ -25,7 +25,8 @@ from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import LivenessError, StepShortfallError
 from rollout_recovery.history._trail_check import check_trail
-from rollout_recovery.job import JobComponents, default_components, run_job
+from rollout_recovery.job import JobComponents, run_job
+from rollout_recovery.job._components import default_components
 from rollout_recovery.job._run_job import JobResult
 from rollout_recovery.rollout import AttemptRequest, AttemptResult, SimulatedAgentBackend
 

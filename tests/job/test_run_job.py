@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from rollout_recovery.checkpoint import SIDECAR_FILENAMES
+from rollout_recovery.checkpoint._sidecar_io import SIDECAR_FILENAMES
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.history._trail_check import check_trail

@@ -15,7 +15,8 @@ import pytest
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import LivenessError
-from rollout_recovery.job import JobComponents, default_components, run_job
+from rollout_recovery.job import JobComponents, run_job
+from rollout_recovery.job._components import default_components
 from rollout_recovery.policy import TrainSample
 
 

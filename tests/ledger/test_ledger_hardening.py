@@ -21,7 +21,7 @@ from rollout_recovery import (
     SiblingSealResult,
     build_rollout_recovery_state,
 )
-from rollout_recovery.checkpoint import decode_sidecar, encode_sidecar
+from rollout_recovery.checkpoint._sidecar_io import decode_sidecar, encode_sidecar
 from rollout_recovery.errors import InvalidStateError, InvalidTransitionError
 
 CUT = LiveCut()
@@ -268,7 +268,7 @@ def test_discard_canonical_groups_refuses_a_bare_string() -> None:
 
 @pytest.mark.parametrize("canonical", ["ab", b"ab"])
 def test_checkpoints_refuse_a_bare_string_of_canonical_ids(canonical: Any) -> None:
-    from rollout_recovery.checkpoint import encode_native_checkpoint
+    from rollout_recovery.checkpoint._native import encode_native_checkpoint
     from rollout_recovery.errors import BareStringError
 
     ledger = _three_groups()

@@ -22,7 +22,8 @@ pytest.importorskip("safetensors")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``[model] cache_dir`` for the session, holding the built tiny Llama (never the
     user's ~/.cache)."""
-    from rollout_recovery.llm import ModelConfig, prepare_model
+    from rollout_recovery.llm import ModelConfig
+    from rollout_recovery.llm._model_source import prepare_model
 
     cache = tmp_path_factory.mktemp("models")
     prepare_model(ModelConfig(source="tiny-llama", cache_dir=str(cache)))

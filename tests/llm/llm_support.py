@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from rollout_recovery.finalize import grpo_advantages
-from rollout_recovery.llm import EmitTokenTask, TorchGRPOTrainer
+from rollout_recovery.llm._emit_task import EmitTokenTask
 from rollout_recovery.llm._generate import generate, seed_for
+from rollout_recovery.llm._trainer import TorchGRPOTrainer
 from rollout_recovery.policy import TrainSample
 
 #: The tiny model's (seed 1234) most likely token at the start (p about 0.004).

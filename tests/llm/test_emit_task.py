@@ -8,8 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
-from rollout_recovery.llm import EmitTokenTask
-from rollout_recovery.llm._emit_task import EMIT_TOKEN_TASK
+from rollout_recovery.llm._emit_task import EMIT_TOKEN_TASK, EmitTokenTask
 
 TASK = EmitTokenTask(1000, seed=3, vocab_size=333, target_token=313)
 

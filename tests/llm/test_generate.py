@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from llm_support import sample_row
 
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.llm import TorchGRPOTrainer
 from rollout_recovery.llm._generate import generate, seed_for
 from rollout_recovery.llm._model_files import instantiate, load_causal_lm
+from rollout_recovery.llm._trainer import TorchGRPOTrainer
 
 PROMPT = [0, 17, 42, 99, 200]
 

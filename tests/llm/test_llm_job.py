@@ -21,10 +21,11 @@ from run_fixtures import merge_sections, sections_to_toml
 
 from rollout_recovery.control import load_config
 from rollout_recovery.errors import JobMismatchError
-from rollout_recovery.history import Restored, audit_run, read_records
+from rollout_recovery.history import audit_run, read_records
+from rollout_recovery.history.records import Restored
 from rollout_recovery.job import run_job
 from rollout_recovery.job._run_job import JobResult
-from rollout_recovery.llm import model_digest
+from rollout_recovery.llm._model_source import model_digest
 from rollout_recovery.rundir import CheckpointStore
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

@@ -22,13 +22,11 @@ from vllm_fake import FakeVllmFleet
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.job import default_components, run_job
-from rollout_recovery.llm import (
-    EmitTokenEpisodes,
-    EmitTokenTask,
-    TorchGRPOTrainer,
-    model_directory,
-)
+from rollout_recovery.job import run_job
+from rollout_recovery.job._components import default_components
+from rollout_recovery.llm._emit_task import EmitTokenEpisodes, EmitTokenTask
+from rollout_recovery.llm._model_source import model_directory
+from rollout_recovery.llm._trainer import TorchGRPOTrainer
 from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import THOUGHT_BASE
 from rollout_recovery.rollout import (

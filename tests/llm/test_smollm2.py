@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from rollout_recovery.errors import InvalidOperationError
-from rollout_recovery.llm import TorchGRPOTrainer
 from rollout_recovery.llm._generate import generate
 from rollout_recovery.llm._model_files import load_causal_lm
 from rollout_recovery.llm._smollm2 import convert_smollm2, find_smollm2_gguf, load_smollm2
+from rollout_recovery.llm._trainer import TorchGRPOTrainer
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,8 +14,13 @@ import torch
 from llm_support import TARGET, assert_tensors_equal, fixed_batch, on_policy_batch, sample_row
 
 from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
-from rollout_recovery.llm import EmitTokenTask, TorchGRPOTrainer
-from rollout_recovery.llm._trainer import MODEL_STATE_FILE, OPTIMIZER_STATE_FILE, TRAINER_STATE_FILE
+from rollout_recovery.llm._emit_task import EmitTokenTask
+from rollout_recovery.llm._trainer import (
+    MODEL_STATE_FILE,
+    OPTIMIZER_STATE_FILE,
+    TRAINER_STATE_FILE,
+    TorchGRPOTrainer,
+)
 from rollout_recovery.llm._weights import TorchWeights
 from rollout_recovery.policy import Trainer, TrainSample
 

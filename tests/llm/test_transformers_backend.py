@@ -21,9 +21,11 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError
-from rollout_recovery.llm import EmitTokenTask, TorchGRPOTrainer, TransformersBackend
 from rollout_recovery.llm import _backend as backend_module
+from rollout_recovery.llm._backend import TransformersBackend
+from rollout_recovery.llm._emit_task import EmitTokenTask
 from rollout_recovery.llm._generate import generate, seed_for
+from rollout_recovery.llm._trainer import TorchGRPOTrainer
 from rollout_recovery.llm._weights import TorchWeights
 from rollout_recovery.rollout import AttemptRequest, GenerationBackend
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics import MetricsConfig
 from rollout_recovery.metrics._fanout import MetricsFanout
+from rollout_recovery.metrics._open import open_metrics
 
 RESUME = 6
 RESTORED = {"checkpoint": "step_000006", "tokens_lost": 402, "seals_lost": 3}

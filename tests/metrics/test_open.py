@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from rollout_recovery.errors import ConfigError
-from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics import MetricsConfig
+from rollout_recovery.metrics._open import open_metrics
 
 
 @pytest.mark.parametrize(
@@ -36,7 +37,8 @@ def test_a_sink_without_its_extra_is_a_config_error_before_anything_is_written(
 def test_importing_the_package_imports_no_tool() -> None:
     code = (
         "import sys, rollout_recovery, rollout_recovery.metrics; "
-        "from rollout_recovery.metrics import open_metrics, MetricsConfig; "
+        "from rollout_recovery.metrics import MetricsConfig; "
+        "from rollout_recovery.metrics._open import open_metrics; "
         "loaded = [m for m in ('wandb', 'mlflow', 'tensorboard', 'tensorboardX') "
         "if m in sys.modules]; assert not loaded, loaded"
     )

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from metrics_support import RESTORED, RESUME, restart
 
-from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics import MetricsConfig
 from rollout_recovery.metrics._fanout import MetricsFanout
+from rollout_recovery.metrics._open import open_metrics
 
 RETRAINED = {step: (100.0 + step if step >= RESUME else float(step)) for step in range(13)}
 FIRST_WINS = {step: (100.0 + step if step >= 10 else float(step)) for step in range(13)}
@@ -127,7 +128,8 @@ def test_mlflow_file_store_keeps_one_point_per_step(tmp_path: Path) -> None:
 _KILLED_SESSION = """
 import sys
 from pathlib import Path
-from rollout_recovery.metrics import MetricsConfig, open_metrics
+from rollout_recovery.metrics import MetricsConfig
+from rollout_recovery.metrics._open import open_metrics
 metrics = open_metrics(MetricsConfig(sinks=("wandb",)), Path(sys.argv[1]), resume_step=0)
 for step in range(10):
     metrics.log_step(step, {"loss": float(step)})

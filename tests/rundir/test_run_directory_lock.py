@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from rollout_recovery.errors import RunDirectoryLockedError
-from rollout_recovery.rundir import RunDirectory, is_locked, lock_holder, run_directory_lock
+from rollout_recovery.rundir import RunDirectory
 
 HOLDER = """
 import sys
-from rollout_recovery.rundir import RunDirectory, run_directory_lock
-with run_directory_lock(RunDirectory(sys.argv[1])):
+from rollout_recovery.rundir import RunDirectory
+with RunDirectory(sys.argv[1]).lock():
     print("locked", flush=True)
     sys.stdin.read()
 """
@@ -57,11 +57,11 @@ def holding(root: Path) -> Iterator[subprocess.Popen[str]]:
 def test_a_second_holder_is_refused_naming_the_pid_and_writes_nothing(tmp_path: Path) -> None:
     run = RunDirectory(tmp_path / "run")
     with holding(run.root) as holder:
-        assert lock_holder(run) == holder.pid
-        assert is_locked(run.lock_file)
+        assert run.lock_holder() == holder.pid
+        assert run.is_locked()
         before = run.lock_file.read_bytes(), run.lock_file.stat().st_mtime_ns
 
-        with pytest.raises(RunDirectoryLockedError) as caught, run_directory_lock(run):
+        with pytest.raises(RunDirectoryLockedError) as caught, run.lock():
             pytest.fail("the lock was taken twice")
 
         error = caught.value
@@ -80,17 +80,17 @@ def test_the_lock_dies_with_its_holder_even_by_sigkill(tmp_path: Path) -> None:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
         # The dead job's pid is still in the file; the kernel dropped its lock.
-        assert lock_holder(run) == holder.pid
-        assert not is_locked(run.lock_file)
-        with run_directory_lock(run):
-            assert lock_holder(run) == os.getpid()
-            assert is_locked(run.lock_file)  # seen from another open file description
-    assert not is_locked(run.lock_file)
+        assert run.lock_holder() == holder.pid
+        assert not run.is_locked()
+        with run.lock():
+            assert run.lock_holder() == os.getpid()
+            assert run.is_locked()  # seen from another open file description
+    assert not run.is_locked()
 
 
 def test_a_released_lock_is_taken_by_the_next_job(tmp_path: Path) -> None:
     run = RunDirectory(tmp_path / "run")
-    with run_directory_lock(run):
+    with run.lock():
         pass
-    with run_directory_lock(run):
-        assert lock_holder(run) == os.getpid()
+    with run.lock():
+        assert run.lock_holder() == os.getpid()

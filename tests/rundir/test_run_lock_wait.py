@@ -5,14 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from rollout_recovery.rundir import (
-    RunDirectory,
-    append_run_log,
-    is_locked,
-    read_run_log,
-    run_directory_lock,
-    wait_unlocked,
-)
+from rollout_recovery.rundir import RunDirectory
 
 
 def test_wait_unlocked_returns_once_the_holder_lets_go(tmp_path: Path) -> None:
@@ -20,7 +13,7 @@ def test_wait_unlocked_returns_once_the_holder_lets_go(tmp_path: Path) -> None:
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with run_directory_lock(run):
+        with run.lock():
             held.set()
             release.wait()
 
@@ -28,10 +21,10 @@ def test_wait_unlocked_returns_once_the_holder_lets_go(tmp_path: Path) -> None:
     holder.start()
     try:
         assert held.wait(60)
-        assert is_locked(run.lock_file)
-        assert wait_unlocked(run.lock_file, timeout=0) is False
+        assert run.is_locked()
+        assert run.wait_unlocked(timeout=0) is False
         waited: list[bool] = []
-        waiter = threading.Thread(target=lambda: waited.append(wait_unlocked(run.lock_file)))
+        waiter = threading.Thread(target=lambda: waited.append(run.wait_unlocked()))
         waiter.start()
         assert waited == []  # blocked in flock while the lock is held
         release.set()
@@ -40,9 +33,9 @@ def test_wait_unlocked_returns_once_the_holder_lets_go(tmp_path: Path) -> None:
     finally:
         release.set()
         holder.join(60)
-    assert not is_locked(run.lock_file)
-    assert wait_unlocked(run.lock_file, timeout=0) is True
-    assert wait_unlocked(tmp_path / "no-such-lock") is True
+    assert not run.is_locked()
+    assert run.wait_unlocked(timeout=0) is True
+    assert RunDirectory(tmp_path / "nowhere").wait_unlocked() is True
 
 
 def test_a_configured_path_is_relative_to_the_run_directory_unless_absolute(
@@ -56,9 +49,9 @@ def test_a_configured_path_is_relative_to_the_run_directory_unless_absolute(
 
 def test_the_run_log_records_a_drain_with_its_reason(tmp_path: Path) -> None:
     run = RunDirectory(tmp_path)
-    append_run_log(run, "start", step=0)
-    append_run_log(run, "drain", step=4, checkpoint="step_000004", reason="SIGTERM")
-    start, drain = read_run_log(run)
+    run.append_run_log("start", step=0)
+    run.append_run_log("drain", step=4, checkpoint="step_000004", reason="SIGTERM")
+    start, drain = run.read_run_log()
     assert (start.event, start.reason) == ("start", None)
     assert (drain.event, drain.step, drain.checkpoint, drain.reason) == (
         "drain",

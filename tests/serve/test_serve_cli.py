@@ -21,7 +21,8 @@ import pytest
 from serve_support import WAIT_S
 
 from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
-from rollout_recovery.serve import ServeSettings, read_ready_file
+from rollout_recovery.serve import ServeSettings
+from rollout_recovery.serve._ready import read_ready_file
 
 
 def _command() -> list[str]:

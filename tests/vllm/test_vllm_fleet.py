@@ -30,8 +30,9 @@ from rollout_recovery.job import JobComponents, run_job
 from rollout_recovery.job._components import http_weight_sync
 from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import HttpConfig
-from rollout_recovery.vllm import VllmConfig, VllmFleet, check_vllm_config
-from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR
+from rollout_recovery.vllm import VllmConfig
+from rollout_recovery.vllm._config import check_vllm_config
+from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR, VllmFleet
 
 FAKE = Path(__file__).with_name("fake_vllm_server.py")
 #: Bounds on waits for processes to appear or vanish: generous for a loaded machine.
@@ -136,7 +137,8 @@ JOB = """
 import sys, threading
 from pathlib import Path
 import msgspec
-from rollout_recovery.vllm import VllmConfig, VllmFleet
+from rollout_recovery.vllm import VllmConfig
+from rollout_recovery.vllm._fleet import VllmFleet
 config = msgspec.json.decode(sys.argv[1], type=VllmConfig)
 run = Path(sys.argv[2])
 with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as fleet:

@@ -36,8 +36,7 @@ from rollout_recovery.rollout import (
     HttpGenerationBackend,
     PoolSettings,
 )
-from rollout_recovery.vllm import VllmWeightSync
-from rollout_recovery.vllm._sync import LOADING_TAG, weights_file_name
+from rollout_recovery.vllm._sync import LOADING_TAG, VllmWeightSync, weights_file_name
 
 GUARD_S = 30.0
 PUSH = [

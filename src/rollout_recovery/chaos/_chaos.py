@@ -60,13 +60,18 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._crashpoints import CRASH_AT_ENV, CRASH_POINTS
 from ..control import RunConfig, load_config
 from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
-from ..history import CheckpointCommitted, Restored, TrailLineError, audit_run, read_records
+from ..history import TrailLineError, audit_run, read_records
+from ..history.records import CheckpointCommitted, Restored
 from ..rundir import CheckpointStore, RunDirectory
+from ._render import render_chaos_report
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
     "RANDOM",
@@ -352,6 +357,10 @@ class ChaosReport:
     @property
     def ok(self) -> bool:
         return self.finished and not self.failures and self.audit is not None and self.audit.ok
+
+    def render(self, console: Console) -> None:
+        """Print the report as tables and the audit's verdict (:func:`render_chaos_report`)."""
+        render_chaos_report(self, console)
 
     def to_json(self) -> dict[str, Any]:
         wasted, unsealed = self.tokens_wasted, self.tokens_unsealed

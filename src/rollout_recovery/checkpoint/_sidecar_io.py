@@ -24,8 +24,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Unpack
 
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
@@ -34,14 +35,17 @@ from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
     RolloutRecoveryLedger,
+    build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
+from ..ledger.codec_support import SidecarFields
 from ._errors import SidecarFormatError
 from ._native import (
     DEFAULT_MAX_FILE_BYTES,
     decode_native_payload,
     decode_native_payload_for_load,
     encode_native,
+    encode_native_checkpoint,
     looks_like_native,
     read_native_envelope,
 )
@@ -67,13 +71,53 @@ __all__ = [
     "write_sidecar",
 ]
 
-SidecarFormat = Literal["native", "pt"]
-SIDECAR_FORMATS: Final[tuple[SidecarFormat, ...]] = get_args(SidecarFormat)
 NATIVE_SIDECAR_FILENAME: Final = "rollout_recovery.sidecar"
 PT_SIDECAR_FILENAME: Final = ROLLOUT_RECOVERY_STATE_FILENAME
 # The names a checkpoint directory may hold its sidecar under. The name only finds the
 # file; its content decides how it is read.
 SIDECAR_FILENAMES: Final = (NATIVE_SIDECAR_FILENAME, PT_SIDECAR_FILENAME)
+
+
+class SidecarFormat(StrEnum):
+    """A sidecar file's format: ``native`` (a checksummed MessagePack envelope) or ``pt``
+    (NeMo-RL's torch-loadable ``rollout_recovery.pt``). A member equals its name as a
+    string, so ``"pt"`` is accepted wherever a format is."""
+
+    NATIVE = "native"
+    PT = "pt"
+
+    @property
+    def filename(self) -> str:
+        """The conventional file name of a sidecar in this format inside a checkpoint."""
+        return sidecar_filename(self)
+
+    @staticmethod
+    def filenames() -> tuple[str, ...]:
+        """Every name a checkpoint directory may hold its sidecar under."""
+        return SIDECAR_FILENAMES
+
+    def encode_state(self, state: dict[Any, Any], *, validate: bool = True) -> bytes:
+        """The bytes of a sidecar file holding ``state`` (see :func:`encode_sidecar`)."""
+        return encode_sidecar(state, format=self, validate=validate)
+
+    def encode_checkpoint(
+        self, ledger: RolloutRecoveryLedger, **fields: Unpack[SidecarFields]
+    ) -> bytes:
+        """A checkpoint's sidecar built from ``ledger`` and
+        ``build_rollout_recovery_state``'s keyword arguments: the native file straight
+        from ledger storage (:func:`encode_native_checkpoint`), a ``.pt`` from the built
+        state."""
+        if self is SidecarFormat.NATIVE:
+            return encode_native_checkpoint(ledger, **fields)
+        return encode_sidecar(dict(build_rollout_recovery_state(ledger, **fields)), format=self)
+
+    @staticmethod
+    def decode(data: bytes | bytearray | memoryview) -> tuple[SidecarFormat, dict[Any, Any]]:
+        """Detect the format and decode the bytes (see :func:`decode_sidecar`)."""
+        return decode_sidecar(data)
+
+
+SIDECAR_FORMATS: Final = tuple(format.value for format in SidecarFormat)
 
 
 @dataclass(frozen=True)
@@ -96,7 +140,7 @@ class LoadedSidecar:
     payload_checksum: str | None
 
 
-def sidecar_filename(format: SidecarFormat) -> str:
+def sidecar_filename(format: str) -> str:
     """The conventional file name for a sidecar in ``format`` inside a checkpoint."""
     _check_format(format)
     return NATIVE_SIDECAR_FILENAME if format == "native" else PT_SIDECAR_FILENAME
@@ -112,9 +156,9 @@ def _check_format(format: object) -> None:
 def detect_sidecar_format(data: bytes | bytearray | memoryview) -> SidecarFormat | None:
     """The format of a sidecar's bytes, judged on content only; ``None`` if neither."""
     if looks_like_native(data):
-        return "native"
+        return SidecarFormat.NATIVE
     if looks_like_torch_zip(data):
-        return "pt"
+        return SidecarFormat.PT
     return None
 
 
@@ -151,7 +195,7 @@ def validate_sidecar_state(
 
 
 def encode_sidecar(
-    state: dict[Any, Any], *, format: SidecarFormat = "native", validate: bool = True
+    state: dict[Any, Any], *, format: str = "native", validate: bool = True
 ) -> bytes:
     """The bytes of a sidecar file holding ``state`` in ``format``.
 
@@ -175,7 +219,7 @@ def write_sidecar(
     path: str | os.PathLike[str],
     state: dict[Any, Any],
     *,
-    format: SidecarFormat = "native",
+    format: str = "native",
     validate: bool = True,
 ) -> None:
     """Atomically write ``state`` to ``path`` in ``format`` (see :func:`encode_sidecar`).

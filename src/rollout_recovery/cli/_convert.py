@@ -5,17 +5,14 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import click
 
 from .._durable import atomic_write_bytes
 from ..checkpoint import (
     SidecarFormat,
-    decode_sidecar,
-    encode_sidecar,
     read_sidecar_bytes,
-    sidecar_filename,
 )
 from ..errors import InvalidStateError, InvalidStateTypeError
 from ._sidecar_errors import EXIT_INVALID, fail, load_or_exit, problem_line
@@ -29,12 +26,12 @@ __all__ = ["convert"]
 @click.option(
     "--to",
     "target",
-    type=click.Choice(get_args(SidecarFormat)),
+    type=click.Choice([format.value for format in SidecarFormat]),
     required=True,
     help="Format to write: native (MessagePack envelope) or pt (NeMo-RL, torch-loadable).",
 )
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
-def convert(src: Path, dst: Path, target: SidecarFormat, force: bool) -> None:
+def convert(src: Path, dst: Path, target: str, force: bool) -> None:
     """Convert the sidecar SRC (a file or checkpoint directory) to DST in another format.
 
     SRC's format is detected from content and SRC is fully validated first. DST is written
@@ -42,18 +39,19 @@ def convert(src: Path, dst: Path, target: SidecarFormat, force: bool) -> None:
     A DST directory receives the conventional file name of the target format.
     """
     loaded = load_or_exit(src)
-    destination = dst / sidecar_filename(target) if dst.is_dir() else dst
+    format = SidecarFormat(target)
+    destination = dst / format.filename if dst.is_dir() else dst
     if destination.exists() and not force:
         fail(f"{os.fspath(destination)!r} exists; pass --force to replace it", EXIT_INVALID)
     # The exact decode, not loaded.state: the loader normalizes what the ledger normalizes
     # (an int reward becomes a float), and a conversion must not change a byte of meaning.
-    _, source_state = decode_sidecar(read_sidecar_bytes(loaded.path)[1])
+    _, source_state = SidecarFormat.decode(read_sidecar_bytes(loaded.path)[1])
     try:
-        encoded = encode_sidecar(source_state, format=target)
+        encoded = format.encode_state(source_state)
     except (InvalidStateError, InvalidStateTypeError) as error:
         fail(f"cannot write {target}: {problem_line(error)}", EXIT_INVALID)
     # Verified before anything is written, so a refusal leaves no destination behind.
-    written_format, written = decode_sidecar(encoded)
+    written_format, written = SidecarFormat.decode(encoded)
     if written_format != target or not same_state(written, source_state):
         fail(f"{os.fspath(destination)!r} would not read back unchanged", EXIT_INVALID)
     try:

@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..checkpoint import decode_sidecar, write_sidecar
+from ..checkpoint import SidecarFormat, write_sidecar
 from ..dataplane import DataPlaneCheckpointBarrier, DataPlaneMutationCut
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
@@ -191,7 +191,7 @@ class _Demo:
         # The process dies here. A new controller starts from the file alone.
         self.ledger = RolloutRecoveryLedger()
         self.barrier = DataPlaneCheckpointBarrier()
-        parsed = parse_rollout_recovery_state(decode_sidecar(sidecar_path.read_bytes())[1])
+        parsed = parse_rollout_recovery_state(SidecarFormat.decode(sidecar_path.read_bytes())[1])
         async with self.barrier.mutation(kind="recovery_restore") as cut:
             self.ledger.load_state_dict(cut, parsed.ledger_state)
             self.ledger.prepare_for_restart(cut)

@@ -11,7 +11,8 @@ import click
 import msgspec
 
 from ..errors import NotARunDirectoryError
-from ..history import RECORD_TYPES, JournalReport, inspect_journal
+from ..history import JournalReport
+from ..history.records import RECORD_TYPES
 
 __all__ = ["journal", "render_journal_report"]
 
@@ -70,7 +71,7 @@ def journal(
     (each problem names its file and byte offset); 2 when RUN_DIR is not a run.
     """
     try:
-        report = inspect_journal(run_dir, start=_start(start), types=types, limit=limit)
+        report = JournalReport.inspect(run_dir, start=_start(start), types=types, limit=limit)
     except NotARunDirectoryError as error:
         click.echo(f"rollout-recovery journal: {error}", err=True)
         sys.exit(2)

@@ -17,7 +17,7 @@ from ..errors import (
     RolloutRecoveryError,
     RunDirectoryLockedError,
 )
-from ..job import RunReporter, render_summary, run_job, silence_closed_stdout
+from ..job import RunReporter, run_job
 from ..rundir import RunDirectory
 
 __all__ = ["run"]
@@ -113,7 +113,7 @@ def run(
                 reporter.log("rerun the same command to resume from the last committed checkpoint")
             sys.exit(1)
     try:
-        render_summary(result.summary, console)
+        result.summary.render(console)
         click.echo(f"audit trail, metrics and reward.png are in {out}")
         if result.drained is not None:
             click.echo(
@@ -122,4 +122,4 @@ def run(
                 f"rollout-recovery run --out {out}"
             )
     except (BrokenPipeError, ValueError):
-        silence_closed_stdout()  # the reader went away; the run itself is done
+        RunReporter.silence_closed_stdout()  # the reader went away; the run itself is done

@@ -13,7 +13,7 @@ from types import FrameType
 import click
 
 from ..errors import InvalidArgumentError, InvalidStateError
-from ..serve import DEFAULT_MODEL_NAME, PolicyServer, ServeSettings, read_ready_file
+from ..serve import DEFAULT_MODEL_NAME, PolicyServer, ServeSettings
 
 __all__ = ["serve"]
 
@@ -46,7 +46,7 @@ def _api_key(name: str | None) -> str | None:
 def _remove_own_ready_file(path: Path) -> None:
     # Only while it still names this process: a new server may have replaced it.
     with contextlib.suppress(OSError, InvalidStateError):
-        if read_ready_file(path).pid == os.getpid():
+        if PolicyServer.read_ready_file(path).pid == os.getpid():
             path.unlink()
 
 

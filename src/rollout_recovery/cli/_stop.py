@@ -14,7 +14,7 @@ import click
 
 from ..errors import NotARunDirectoryError
 from ..job import request_stop
-from ..rundir import RunDirectory, read_run_log, wait_unlocked
+from ..rundir import RunDirectory
 
 __all__ = ["stop"]
 
@@ -56,7 +56,7 @@ def stop(out: Path, wait: bool, timeout: float | None) -> None:
     if not wait:
         return
     run = RunDirectory(out)
-    if not wait_unlocked(run.lock_file, timeout=timeout):
+    if not run.wait_unlocked(timeout=timeout):
         click.echo(f"the job in {out} is still running after {timeout:g} s")
         sys.exit(3)
     click.echo(_how_it_ended(run, request.pid))
@@ -64,7 +64,7 @@ def stop(out: Path, wait: bool, timeout: float | None) -> None:
 
 def _how_it_ended(run: RunDirectory, pid: int | None) -> str:
     try:
-        entries = list(read_run_log(run))
+        entries = list(run.read_run_log())
     except ValueError:
         entries = []
     drains = [e for e in entries if e.event == "drain" and (pid is None or e.pid == pid)]

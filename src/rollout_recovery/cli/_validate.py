@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from ..checkpoint import (
+    SidecarFormat,
     SidecarFormatError,
-    decode_sidecar,
     find_sidecar_problems,
     read_sidecar_bytes,
 )
@@ -29,7 +29,7 @@ def validate(path: Path) -> None:
     """
     try:
         resolved, data = read_sidecar_bytes(path)
-        format, state = decode_sidecar(data)
+        format, state = SidecarFormat.decode(data)
     except SidecarFormatError as error:
         fail(f"unreadable sidecar {os.fspath(path)!r}: {error}", EXIT_UNREADABLE)
     except OSError as error:

@@ -8,29 +8,20 @@ trainer. The run config (:class:`RunConfig`) is the tree of every component's se
 
 from ._checkpointing import (
     CheckpointTiming,
+    ControllerCheckpoints,
     RestoreReport,
-    VerifiedCheckpoint,
-    follow_journal,
-    restore_controller,
-    take_checkpoint,
-    verify_checkpoint,
 )
-from ._config import RunConfig, config_differences, load_config
+from ._config import RunConfig, load_config
 from ._controller import Controller, DrainReport, PromptDataset, RunProgress
 
 __all__ = [
     "CheckpointTiming",
     "Controller",
+    "ControllerCheckpoints",
     "DrainReport",
     "PromptDataset",
     "RestoreReport",
     "RunConfig",
     "RunProgress",
-    "VerifiedCheckpoint",
-    "config_differences",
-    "follow_journal",
     "load_config",
-    "restore_controller",
-    "take_checkpoint",
-    "verify_checkpoint",
 ]

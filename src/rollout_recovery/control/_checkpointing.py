@@ -37,7 +37,7 @@ import numpy.typing as npt
 from .._crashpoints import crash_point
 from .._settings import config_to_builtins, identity_fingerprint
 from ..capture import STAGING_PARTITION, StagedPrefix
-from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
+from ..checkpoint import SidecarFormat
 from ..dataplane import CANONICAL_PARTITION, ReplayIndex, reconcile_staging
 from ..errors import (
     CheckpointDirectoryError,
@@ -45,15 +45,8 @@ from ..errors import (
     JobMismatchError,
     RunNotResumableError,
 )
-from ..history import (
-    AbandonedAttempt,
-    AttemptsAbandoned,
-    CheckpointCommitted,
-    JournalScan,
-    Restored,
-    cut_torn_tail,
-    scan_journal,
-)
+from ..history import JournalScan
+from ..history.records import AbandonedAttempt, AttemptsAbandoned, CheckpointCommitted, Restored
 from ..ledger import (
     ParsedRolloutRecoveryState,
     PromptGroupStatus,
@@ -64,7 +57,7 @@ from ..ledger import (
 )
 from ..policy import FileStateTrainer
 from ..rollout import BackendResume, FailureReason
-from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint
+from ..rundir import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
@@ -75,6 +68,7 @@ from ._state import ControllerState, decode_controller_state
 __all__ = [
     "CheckpointFiles",
     "CheckpointTiming",
+    "ControllerCheckpoints",
     "RestoreReport",
     "VerifiedCheckpoint",
     "decode_checkpoint_files",
@@ -84,6 +78,7 @@ __all__ = [
     "verify_checkpoint",
 ]
 
+CHECKPOINT_FILES = CheckpointStore.FILES
 REPLAY_FILE = CHECKPOINT_FILES.replay_index
 POLICY_FILE = CHECKPOINT_FILES.trainer_state
 CONTROLLER_STATE_FILE = CHECKPOINT_FILES.controller_state
@@ -280,10 +275,10 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
     ``InvalidStateError`` for one that does not decode; changes nothing.
     """
     where = str(loaded.directory)
-    names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
+    names = [name for name in SidecarFormat.filenames() if name in loaded.files]
     if len(names) != 1:
         raise CheckpointDirectoryError(
-            f"expected exactly one sidecar of {list(SIDECAR_FILENAMES)}, found {names}",
+            f"expected exactly one sidecar of {list(SidecarFormat.filenames())}, found {names}",
             directory=where,
         )
     for required in (REPLAY_FILE, CONTROLLER_STATE_FILE):
@@ -297,7 +292,7 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
             f"{CHECKPOINT_FILES.trainer_file('*')} files, found {found or 'neither'}",
             directory=where,
         )
-    _, sidecar_state = decode_sidecar(loaded.files[names[0]])
+    _, sidecar_state = SidecarFormat.decode(loaded.files[names[0]])
     parsed = parse_rollout_recovery_state(sidecar_state)
     state = decode_controller_state(loaded.files[CONTROLLER_STATE_FILE])
     try:
@@ -350,7 +345,7 @@ def verify_checkpoint(
         raise CheckpointDirectoryError(
             f"records no journal position for {journal.name}", directory=where
         )
-    scan = scan_journal(journal, start=position)
+    scan = JournalScan.read(journal, start=position)
     entries, torn_cut = whole_cuts(
         scan.entries, batch_size=config.job.prompts_per_step, journal=journal
     )
@@ -439,7 +434,7 @@ async def restore_controller(
     journal = controller.history.journal.path
     position, scan = verified.position, verified.scan
     if scan.torn_bytes:
-        cut_torn_tail(journal, scan.end)
+        scan.cut_torn_tail(journal)
         controller.history.journal.truncate(scan.end)
     state = verified.controller_state
     reuse = controller.config.recovery.reuse
@@ -705,3 +700,48 @@ def _dispatched_attempts(ledger: RolloutRecoveryLedger) -> dict[str, list[tuple[
                     (sibling.generation_index, group.gate_rollout_id(sibling.generation_index))
                 )
     return found
+
+
+class ControllerCheckpoints:
+    """One controller's checkpoints in one store, as a job uses them: find the newest one
+    that can be restored, restore it, follow the journal from there, take new ones."""
+
+    def __init__(self, controller: Controller[Any], store: CheckpointStore) -> None:
+        self.controller = controller
+        self.store = store
+
+    def newest_restorable(self) -> tuple[VerifiedCheckpoint, list[SkippedCheckpoint]] | None:
+        """The newest committed checkpoint that verifies (see :func:`verify_checkpoint`)
+        and the newer ones skipped, with why; None when the store holds none. Changes
+        nothing; a ``CheckpointDirectoryError`` when checkpoints exist but none verifies."""
+        controller = self.controller
+        found = self.store.newest_loadable(
+            lambda loaded: verify_checkpoint(
+                loaded, config=controller.config, controller=controller
+            )
+        )
+        if found is None:
+            return None
+        _, verified, skipped = found
+        return verified, skipped
+
+    async def restore(self, verified: VerifiedCheckpoint) -> RestoreReport:
+        """Restore ``verified`` and replay the journal after it (:func:`restore_controller`);
+        a ``RunNotResumableError`` when the history is shorter than it recorded."""
+        try:
+            return await restore_controller(self.controller, verified)
+        except CheckpointDirectoryError as error:
+            # The history is shorter than the checkpoint recorded: a disk lost synced data.
+            raise RunNotResumableError(
+                str(error),
+                remedy="Restore the run directory from a backup, or start a new run in "
+                "another directory.",
+            ) from error
+
+    def follow_journal(self) -> None:
+        """Start the snapshot builder at the journal's end (:func:`follow_journal`)."""
+        follow_journal(self.controller)
+
+    async def take(self, *, delete_deferred: bool = True) -> CheckpointTiming:
+        """Snapshot the journal and publish it (:func:`take_checkpoint`)."""
+        return await take_checkpoint(self.controller, self.store, delete_deferred=delete_deferred)

@@ -33,7 +33,7 @@ from .._settings import config_differences as _differences
 from .._settings import config_from_builtins as _from_builtins
 from ..cluster import RayConfig
 from ..errors import ConfigError
-from ..history import ReusePolicy
+from ..history.records import ReusePolicy
 from ..llm import ModelConfig, TrainerConfig
 from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig
@@ -44,7 +44,7 @@ from ..rollout import (
     check_server_urls,
     check_weight_update_mode,
 )
-from ..vllm import VllmConfig, check_vllm_config
+from ..vllm import VllmConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -152,6 +152,11 @@ class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: or drop a sink).
     metrics: Annotated[MetricsConfig, OPERATIONAL] = msgspec.field(default_factory=MetricsConfig)
 
+    def differences(self, other: RunConfig, *, which: str = "all") -> list[str]:
+        """Field-level differences from ``other``: ``["$.job.seed: 0 != 1", ...]``;
+        ``which`` is ``"identity"``, ``"operational"`` or ``"all"`` fields."""
+        return _differences(self, other, which=which)
+
 
 def load_config(
     path: Path | None, *, seed: int | None = None, backend: str | None = None
@@ -180,8 +185,7 @@ def config_from_builtins(data: object) -> RunConfig:
     check_server_urls(config.http)
     check_weight_update_mode(config.generation, config.http)
     check_combination(config)
-    check_vllm_config(
-        config.vllm,
+    config.vllm.check(
         config.http,
         config.generation.backend,
         config.ray.worker,

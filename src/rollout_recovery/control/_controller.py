@@ -54,10 +54,10 @@ from ..errors import (
     StepShortfallError,
 )
 from ..finalize import CanonicalRowMeta, grpo_advantages, publish_finalized_group
-from ..history import (
+from ..history import AuditTrail
+from ..history.records import (
     AbandonedAttempt,
     AttemptsAbandoned,
-    AuditTrail,
     BackendEvent,
     BatchAdmitted,
     DropReason,

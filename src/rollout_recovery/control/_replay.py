@@ -33,13 +33,13 @@ from pathlib import Path
 from .._crashpoints import crash_point
 from ..dataplane import DataPlane, ReplayIndex, Row
 from ..errors import InvalidStateError, RolloutRecoveryError
-from ..history import (
+from ..history import JournalEntry
+from ..history.records import (
     AttemptsAbandoned,
     BatchAdmitted,
     DiscardedSeal,
     GroupPublished,
     GroupSealed,
-    JournalEntry,
     PromptDropped,
     PromptTaken,
     Restored,

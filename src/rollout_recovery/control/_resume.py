@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ..capture import STAGING_PARTITION, Rejection, StagedPrefix, read_staged_prefix
 from ..dataplane import DataPlane
-from ..history import AttemptResumed, ReusePolicy
+from ..history.records import AttemptResumed, ReusePolicy
 from ..ledger import (
     PromptGroupRecoveryRecord,
     RecoveryGranularity,

@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..checkpoint import encode_native_checkpoint, encode_sidecar, sidecar_filename
+from ..checkpoint import SidecarFormat
 from ..dataplane import ReplayIndex
-from ..history import scan_journal
-from ..ledger import RolloutRecoveryLedger, build_rollout_recovery_state
+from ..history import JournalScan
+from ..ledger import RolloutRecoveryLedger
 from ..rewards import CaptureRewardSettings
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane
 from ._state import ControllerState, encode_controller_state
@@ -89,7 +89,7 @@ class SnapshotBuilder:
         """Replay the journal's records from the builder's position up to ``position``."""
         if position <= self.position:
             return
-        scan = scan_journal(
+        scan = JournalScan.read(
             self._journal, start=self.position, limit=position, start_line=self._line
         )
         self.records_followed += self._replay.follow(_ReplayCut(), scan.entries)
@@ -113,11 +113,8 @@ class SnapshotBuilder:
             "reward_settings": settings,
             "canonical_group_ids": canonical_ids,
         }
-        if sidecar_format == "native":
-            sidecar = encode_native_checkpoint(self.ledger, **fields)
-        else:
-            built = dict(build_rollout_recovery_state(self.ledger, **fields))
-            sidecar = encode_sidecar(built, format=sidecar_format)
+        format = SidecarFormat(sidecar_format)
+        sidecar = format.encode_checkpoint(self.ledger, **fields)
         state = copy.copy(self.state)
         state.config = config
         state.identity = identity
@@ -125,7 +122,7 @@ class SnapshotBuilder:
             position=self.position,
             step=self.state.step,
             weight_version=self.state.weight_version,
-            sidecar_name=sidecar_filename(sidecar_format),
+            sidecar_name=format.filename,
             sidecar=sidecar,
             replay_state=msgspec.msgpack.encode(self.replay.state_dict()),
             controller_state=encode_controller_state(state),

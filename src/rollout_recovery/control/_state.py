@@ -16,7 +16,7 @@ import msgspec
 
 from .._messages import split_validation_path
 from ..errors import InvalidStateError
-from ..history import (
+from ..history.records import (
     AttemptsAbandoned,
     CheckpointCommitted,
     GroupPublished,

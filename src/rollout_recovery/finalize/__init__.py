@@ -8,13 +8,11 @@ the caller's ``group_commits`` cut and hands ownership from the ledger to the re
 """
 
 from ._advantages import grpo_advantages
-from ._group import finalize_group
 from ._publish import publish_finalized_group
 from ._rows import CanonicalRowMeta
 
 __all__ = [
     "CanonicalRowMeta",
-    "finalize_group",
     "grpo_advantages",
     "publish_finalized_group",
 ]

@@ -33,7 +33,7 @@ import msgspec
 
 from .._settings import read_toml
 from ..capture import STAGING_PARTITION
-from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
+from ..checkpoint import SidecarFormat
 from ..dataplane import CANONICAL_PARTITION, ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
@@ -42,15 +42,15 @@ from ..errors import (
     RolloutRecoveryError,
 )
 from ..ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
-from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint, RunDirectory
+from ..rundir import CheckpointStore, LoadedCheckpoint, RunDirectory
 from ._journal import JournalCorruptError, scan_journal
-from ._records import Restored
 from ._trail_check import check_trail
 from ._trail_reader import TrailLineError, read_entries, read_records
+from .records import Restored
 
 __all__ = ["AuditReport", "audit_run"]
 
-REPLAY_FILE = CHECKPOINT_FILES.replay_index
+REPLAY_FILE = CheckpointStore.FILES.replay_index
 
 
 @dataclass(slots=True)
@@ -194,15 +194,15 @@ def _committed_checkpoints(store: CheckpointStore, violations: list[str]) -> lis
 
 
 def _decode(loaded: LoadedCheckpoint) -> _Checkpoint:
-    names = [name for name in SIDECAR_FILENAMES if name in loaded.files]
+    names = [name for name in SidecarFormat.filenames() if name in loaded.files]
     if len(names) != 1:
         raise CheckpointDirectoryError(
-            f"expected exactly one sidecar of {list(SIDECAR_FILENAMES)}, found {names}",
+            f"expected exactly one sidecar of {list(SidecarFormat.filenames())}, found {names}",
             directory=str(loaded.directory),
         )
     if REPLAY_FILE not in loaded.files:
         raise CheckpointDirectoryError(f"missing {REPLAY_FILE}", directory=str(loaded.directory))
-    _, sidecar_state = decode_sidecar(loaded.files[names[0]])
+    _, sidecar_state = SidecarFormat.decode(loaded.files[names[0]])
     parsed = parse_rollout_recovery_state(sidecar_state)
     try:
         replay_state = msgspec.msgpack.decode(loaded.files[REPLAY_FILE], type=dict[str, Any])

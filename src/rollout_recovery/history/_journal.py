@@ -38,10 +38,10 @@ from typing import BinaryIO
 import msgspec
 
 from .._crashpoints import crash_point
+from .._durable import PRIVATE_FILE_MODE
 from .._lifecycle import Resource
 from ..errors import InvalidStateError, StorageFullError
-from ..rundir import PRIVATE_FILE_MODE
-from ._records import HistoryRecord, decode_record, encode_record
+from .records import HistoryRecord, decode_record, encode_record
 
 __all__ = [
     "JournalCorruptError",
@@ -125,6 +125,18 @@ class JournalScan:
     torn_reason: str = ""
     #: The line number of the line that starts at ``end`` (the next record's).
     end_line: int = 1
+
+    @staticmethod
+    def read(
+        path: Path, *, start: int = 0, limit: int | None = None, start_line: int | None = None
+    ) -> JournalScan:
+        """Scan the journal at ``path`` (see :func:`scan_journal`)."""
+        return scan_journal(path, start=start, limit=limit, start_line=start_line)
+
+    def cut_torn_tail(self, path: Path) -> None:
+        """Cut the journal at ``path`` back to this scan's end, durably (see
+        :func:`cut_torn_tail`)."""
+        cut_torn_tail(path, self.end)
 
 
 #: Chunk size for counting the lines before a scan's start (never held whole in memory).

@@ -26,14 +26,13 @@ from typing import Any
 import msgspec
 
 from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
-from ..rundir import CheckpointStore, RunDirectory, is_locked
+from ..rundir import CheckpointStore, RunDirectory
 from ._journal import JournalCorruptError, JournalEntry, scan_journal
-from ._records import HISTORY_VERSION, HistoryRecord, Restored, RunStarted
+from .records import HISTORY_VERSION, RECORD_TYPES, HistoryRecord, Restored, RunStarted
 
 __all__ = [
     "JOURNAL_REPORT_FORMAT",
     "JOURNAL_REPORT_VERSION",
-    "RECORD_TYPES",
     "JournalReport",
     "inspect_journal",
 ]
@@ -41,15 +40,6 @@ __all__ = [
 JOURNAL_REPORT_FORMAT = "rollout-recovery-journal"
 #: The version of the ``--json`` document; a changed field means a new version.
 JOURNAL_REPORT_VERSION = 1
-
-
-def _record_types() -> tuple[str, ...]:
-    """Every record type's tag (``"sibling_sealed"``, ...), in the union's order."""
-    return tuple(str(member.__struct_config__.tag) for member in HistoryRecord.__args__)
-
-
-#: The ``event`` tags a journal may hold (what ``--type`` accepts).
-RECORD_TYPES: tuple[str, ...] = _record_types()
 
 
 def _tag(record: HistoryRecord) -> str:
@@ -202,6 +192,17 @@ class JournalReport:
             ),
         }
 
+    @staticmethod
+    def inspect(
+        run_dir: Path,
+        *,
+        start: int | str | None = None,
+        types: Collection[str] = (),
+        limit: int | None = None,
+    ) -> JournalReport:
+        """Inspect ``run_dir``'s journal (see :func:`inspect_journal`)."""
+        return inspect_journal(run_dir, start=start, types=types, limit=limit)
+
 
 def _length(entry: JournalEntry, entries: list[JournalEntry], end: int) -> int:
     """The bytes of ``entry``'s line (newline included): up to the next record."""
@@ -327,7 +328,7 @@ def inspect_journal(
         raise InvalidArgumentError(f"--from must be a byte offset >= 0, got {start}")
     if limit is not None and limit < 0:
         raise InvalidArgumentError(f"--limit must be >= 0, got {limit}")
-    live = is_locked(run.lock_file)
+    live = run.is_locked()
     size = run.events.stat().st_size
     entries, end, torn, reason, corrupt = _scan(run.events)
     problems: list[str] = []

@@ -15,11 +15,12 @@ from typing import Any
 
 import msgspec
 
+from .._durable import PRIVATE_FILE_MODE
 from .._lifecycle import Resource
 from ..errors import CheckpointDirectoryError, StorageFullError
-from ..rundir import PRIVATE_FILE_MODE, RunDirectory
+from ..rundir import RunDirectory
 from ._journal import JournalWriter
-from ._records import HistoryRecord
+from .records import HistoryRecord
 
 __all__ = ["AuditTrail", "strict_json_line"]
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..rundir import RunDirectory
 from ._journal import JournalCorruptError, JournalEntry
-from ._records import (
+from ._trail_reader import TrailLineError, read_entries
+from .records import (
     AttemptResumed,
     AttemptsAbandoned,
     GroupSealed,
@@ -45,7 +46,6 @@ from ._records import (
     StepTrained,
     TrainedRow,
 )
-from ._trail_reader import TrailLineError, read_entries
 
 __all__ = ["TrailReport", "check_trail"]
 

@@ -16,7 +16,7 @@ import msgspec
 
 from ..errors import InvalidStateError
 from ._journal import JournalEntry, scan_journal
-from ._records import HISTORY_VERSION, HistoryRecord, RunStarted
+from .records import HISTORY_VERSION, HistoryRecord, RunStarted
 
 __all__ = ["TrailLineError", "read_entries", "read_json_lines", "read_records"]
 

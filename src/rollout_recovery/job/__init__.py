@@ -5,17 +5,14 @@ directory claimed and resumed, local generation servers, the summary and the plo
 and trainer through ``components=``.
 """
 
-from ._components import JobComponents, default_components
+from ._components import JobComponents
 from ._drain import request_stop
-from ._report import RunReporter, render_summary, silence_closed_stdout
+from ._report import RunReporter
 from ._run_job import run_job
 
 __all__ = [
     "JobComponents",
     "RunReporter",
-    "default_components",
-    "render_summary",
     "request_stop",
     "run_job",
-    "silence_closed_stdout",
 ]

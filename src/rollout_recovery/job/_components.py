@@ -19,15 +19,13 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
 from ..control import PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
-from ..llm import model_directory
 from ..policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, Trainer
 from ..rollout import (
     DIALECTS,
@@ -42,11 +40,7 @@ from ..rollout import (
     WeightSync,
 )
 from ..rundir import RunDirectory
-from ..vllm import VllmFleet, VllmWeightSync
 from ._server_fleet import LocalServerFleet
-
-if TYPE_CHECKING:  # torch is imported only when a torch job is built
-    from ..llm import TorchWeights
 
 __all__ = [
     "JobComponents",
@@ -79,7 +73,7 @@ class JobComponents(Generic[Weights]):
 
 def default_components(
     config: RunConfig, data_plane: DataPlane
-) -> JobComponents[PolicySnapshot] | JobComponents[TorchWeights]:
+) -> JobComponents[PolicySnapshot] | JobComponents[Any]:
     """The embedded default: synthetic tasks, the numpy GRPO policy, and simulated agents
     (``generation.backend = "simulated"``) or HTTP generation servers (``"http"``, the
     servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
@@ -211,7 +205,7 @@ def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync
             "[vllm] weights_dir is resolved by the job: build the components through run_job",
             path="$.vllm.weights_dir",
         )
-    sync = VllmWeightSync(Path(config.vllm.weights_dir), dtype=config.vllm.dtype)
+    sync = config.vllm.weight_sync()
     try:
         sync.check(trainer.weight_version, trainer.weights())
     except (TypeError, ValueError) as error:
@@ -351,16 +345,12 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
         if not config.vllm.model:
             # The torch trainer's own model (resolve_model prepared it): the servers must
             # start from the weights the trainer starts from.
-            model = str(model_directory(config.model).resolve())
+            model = str(config.model.directory().resolve())
             config = msgspec.structs.replace(
                 config, vllm=msgspec.structs.replace(config.vllm, model=model)
             )
-        vllm_fleet = VllmFleet(
-            run.servers_dir,
-            run.servers_file,
-            config.vllm,
-            served_model_name=http.model,
-            api_key=api_key,
+        vllm_fleet = config.vllm.fleet(
+            run.servers_dir, run.servers_file, served_model_name=http.model, api_key=api_key
         )
         with vllm_fleet, _presenting(vllm_fleet.api_key):
             urls = vllm_fleet.start()

@@ -42,7 +42,7 @@ from typing import Any
 from .._durable import atomic_write_bytes
 from ..control import Controller, RunConfig, load_config
 from ..errors import ConfigError, NotARunDirectoryError
-from ..rundir import RunDirectory, is_locked, lock_holder
+from ..rundir import RunDirectory
 
 __all__ = [
     "DrainTriggers",
@@ -201,12 +201,12 @@ def request_stop(out: os.PathLike[str] | str) -> StopRequest | None:
         config = load_config(run.job_file)
     except ConfigError as error:
         raise NotARunDirectoryError(f"{run.job_file} is not a valid job file: {error}") from None
-    if not is_locked(run.lock_file):
+    if not run.is_locked():
         return None
     path = drain_file_of(run, config)
     note = f"rollout-recovery stop (pid {os.getpid()}, user {_user()}, host {socket.gethostname()})"
     atomic_write_bytes(path, (note + "\n").encode())
-    return StopRequest(drain_file=path, pid=lock_holder(run), grace_s=config.job.drain_grace_s)
+    return StopRequest(drain_file=path, pid=run.lock_holder(), grace_s=config.job.drain_grace_s)
 
 
 def _user() -> str:

@@ -61,6 +61,9 @@ class RunReporter(Resource):
     bar. ``log`` lines are printed as is, markup and highlighting off.
     """
 
+    # The reporter owns the run's output: a CLI whose reader went away asks it too.
+    silence_closed_stdout = staticmethod(silence_closed_stdout)
+
     def __init__(
         self, console: Console | TextIO | None = None, *, force_plain: bool = False
     ) -> None:
@@ -214,7 +217,7 @@ class RunReporter(Resource):
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
-    """The end-of-run numbers printed by ``render_summary``."""
+    """The end-of-run numbers printed by :meth:`render`."""
 
     steps: int
     prompts_taken: int
@@ -237,6 +240,10 @@ class RunSummary:
     parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Calls sealed attempts continued from lost attempts instead of generating them again.
     calls_resumed: int = 0
+
+    def render(self, console: Console) -> None:
+        """Print the summary as tables (see :func:`render_summary`)."""
+        render_summary(self, console)
 
 
 _SUMMARY_LABELS = {

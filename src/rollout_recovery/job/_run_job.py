@@ -36,17 +36,12 @@ from ..capture import STAGING_PARTITION
 from ..control import (
     CheckpointTiming,
     Controller,
+    ControllerCheckpoints,
     DrainReport,
     RestoreReport,
     RunConfig,
     RunProgress,
-    VerifiedCheckpoint,
-    config_differences,
-    follow_journal,
     load_config,
-    restore_controller,
-    take_checkpoint,
-    verify_checkpoint,
 )
 from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
 from ..errors import (
@@ -55,24 +50,14 @@ from ..errors import (
     JobMismatchError,
     RunNotResumableError,
 )
-from ..history import (
-    AuditTrail,
-    CheckpointCommitted,
-    RunStarted,
-    TrailLineError,
-    read_json_lines,
-    read_records,
-)
-from ..metrics import MetricsConfig, check_sinks_installed, open_metrics
+from ..history import AuditTrail, TrailLineError, read_json_lines, read_records
+from ..history.records import CheckpointCommitted, RunStarted
+from ..metrics import MetricsConfig
 from ..rundir import (
     CheckpointStore,
     RunDirectory,
     SkippedCheckpoint,
-    append_run_log,
-    read_run_log,
-    run_directory_lock,
 )
-from ..vllm import check_launch_paths
 from ._components import (
     JobComponents,
     configured_api_key,
@@ -133,7 +118,7 @@ def _identity_changes(run: RunDirectory, config: RunConfig) -> list[str]:
     """The operational settings ``config`` changes against ``run``'s job; refuses another
     job (an identity field differs), changing nothing."""
     saved = load_config(run.job_file)
-    identity = config_differences(saved, config, which="identity")
+    identity = saved.differences(config, which="identity")
     if identity:
         raise JobMismatchError(
             f"{run.root} holds another job's run ({run.job_file.name} differs in what the "
@@ -142,7 +127,7 @@ def _identity_changes(run: RunDirectory, config: RunConfig) -> list[str]:
             + "); rerun with the same config and seed, or choose another --out",
             differences=identity,
         )
-    return config_differences(saved, config, which="operational")
+    return saved.differences(config, which="operational")
 
 
 def run_job(
@@ -171,8 +156,8 @@ def run_job(
     if config.vllm.launch:
         # A missing vLLM venv or model, likewise (an empty [vllm] model is the torch
         # trainer's, which resolve_model checks).
-        check_launch_paths(config.vllm, model=bool(config.vllm.model))
-    check_sinks_installed(config.metrics)
+        config.vllm.check_launch_paths(model=bool(config.vllm.model))
+    config.metrics.check_installed()
     _refuse_foreign_path(run)
     # The model's digest is part of the job: known before the directory is compared.
     config = resolve_model(config, log)
@@ -246,7 +231,7 @@ def _open_job(
     as soon as it is built; returns the controller, the checkpoint store and the
     operational changes. Synchronous: nothing else runs on the loop yet."""
     log = wiring.log
-    stack.enter_context(run_directory_lock(run))
+    stack.enter_context(run.lock())
     changes = claim_run_directory(run, config)
     if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
         # Before any store, trail or server is opened: a refused run changes nothing.
@@ -305,10 +290,9 @@ async def _run_installed(
     stack: contextlib.AsyncExitStack,
 ) -> JobResult:
     config = controller.config
+    checkpoints = ControllerCheckpoints(controller, store)
     try:
-        found = store.newest_loadable(
-            lambda loaded: verify_checkpoint(loaded, config=config, controller=controller)
-        )
+        found = checkpoints.newest_restorable()
     except CheckpointDirectoryError as error:
         raise RunNotResumableError(
             f"no checkpoint in {store.directory} can be restored ({error})",
@@ -323,17 +307,15 @@ async def _run_installed(
         if controller.progress is not None:
             controller.progress.start(config.job.steps, None)
         await _start_fresh(controller)
-        append_run_log(run, "start", step=0)
+        run.append_run_log("start", step=0)
     else:
-        _, verified, skipped = found
+        verified, skipped = found
         for skip in skipped:
             log(f"skipping checkpoint {skip}")
-        assert isinstance(verified, VerifiedCheckpoint)
-        restored = await _restore(controller, verified)
+        restored = await checkpoints.restore(verified)
         if controller.progress is not None:
             controller.progress.start(config.job.steps, restored.step)
-        append_run_log(
-            run,
+        run.append_run_log(
             "resume",
             step=restored.step,
             checkpoint=restored.checkpoint,
@@ -364,8 +346,8 @@ async def _run_installed(
         )
     )
     # From here the snapshot builder follows the journal on its own.
-    follow_journal(controller)
-    controller.metrics = open_metrics(_tool_sinks(config), run.root, resume_step=controller.step)
+    checkpoints.follow_journal()
+    controller.metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
     # A sink may block on its tool (a flush, a network call): closed off the loop.
     stack.push_async_callback(asyncio.to_thread, controller.metrics.close)
     if restored is not None:
@@ -383,7 +365,7 @@ async def _run_installed(
         )
 
     async def checkpoint() -> None:
-        timing = await take_checkpoint(controller, store)
+        timing = await checkpoints.take()
         timings.append(timing)
 
     if found is None:
@@ -414,9 +396,9 @@ async def _checkpoint_drain(
     """The drain's checkpoint: the journal up to the drain, the trainer idle."""
     drained = controller.drain_report
     assert drained is not None
-    timing = await take_checkpoint(controller, store, delete_deferred=False)
+    timing = await ControllerCheckpoints(controller, store).take(delete_deferred=False)
     timings.append(timing)
-    append_run_log(run, "drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
+    run.append_run_log("drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
     log(
         f"drained ({drained.reason}) at step {drained.step}: waited {drained.waited_s:.2f} s "
         f"of the {drained.grace_s:g} s grace for {drained.in_flight} attempts in flight, "
@@ -451,18 +433,6 @@ class _DrainWiring:
         """Put the process's signal handlers back (nothing if never wired)."""
         if self.triggers is not None:
             self.triggers.uninstall()
-
-
-async def _restore(controller: Controller[Any], verified: VerifiedCheckpoint) -> RestoreReport:
-    try:
-        return await restore_controller(controller, verified)
-    except CheckpointDirectoryError as error:
-        # The history is shorter than the checkpoint recorded: a disk lost synced data.
-        raise RunNotResumableError(
-            str(error),
-            remedy="Restore the run directory from a backup, or start a new run in another "
-            "directory.",
-        ) from error
 
 
 def _tool_sinks(config: RunConfig) -> MetricsConfig:
@@ -516,7 +486,7 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
 
 def _run_log_entries(run: RunDirectory) -> list[Any]:
     try:
-        return list(read_run_log(run))
+        return list(run.read_run_log())
     except ValueError:
         return []
 

@@ -34,7 +34,7 @@ from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
 from ..errors import GenerationError
 from ..rundir import RunDirectory
-from ..serve import read_ready_file
+from ..serve import PolicyServer
 
 __all__ = ["LAUNCHED_API_KEY_ENV", "LocalServer", "LocalServerFleet"]
 
@@ -169,7 +169,7 @@ class LocalServerFleet(Resource):
                     f"its log ({log}) ends: {_tail(log)}",
                 )
             time.sleep(0.02)
-        url = read_ready_file(ready).url
+        url = PolicyServer.read_ready_file(ready).url
         port = int(url.rsplit(":", 1)[1])
         return LocalServer(url, process.pid, log, self._command(port, ready))
 

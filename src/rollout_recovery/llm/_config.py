@@ -12,6 +12,7 @@ the identity, so a rerun against changed model files is refused and a moved mode
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Annotated, Final, Literal
 
 from msgspec import Meta
@@ -83,6 +84,13 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     #: files at the first start and records it in the run directory's job.toml; a later
     #: start against other files is refused. Set it to pin a model in the config.
     digest: _Digest = ""
+
+    def directory(self) -> Path:
+        """Where ``source`` is (or will be, once the job prepared it)."""
+        # _model_source imports this module (the section it reads): imported here.
+        from ._model_source import model_directory
+
+        return model_directory(self)
 
 
 def require_llm(path: str = "$.trainer.kind") -> None:

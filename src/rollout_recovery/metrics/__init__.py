@@ -11,13 +11,10 @@ packages are optional extras, imported only when their sink is opened.
 
 from ._config import MetricsConfig
 from ._keys import flatten_scalars
-from ._open import check_sinks_installed, open_metrics
 from ._protocol import MetricsSink
 
 __all__ = [
     "MetricsConfig",
     "MetricsSink",
-    "check_sinks_installed",
     "flatten_scalars",
-    "open_metrics",
 ]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Final, Literal
 
 from msgspec import Meta
 
 from .._settings import Section
 from ..errors import ConfigError
+from ._extras import EXTRAS, require
+
+if TYPE_CHECKING:
+    from ._fanout import MetricsFanout
 
 __all__ = ["SINK_NAMES", "MetricsConfig", "SinkName"]
 
@@ -47,3 +52,18 @@ class MetricsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         repeated = sorted({name for name in self.sinks if self.sinks.count(name) > 1})
         if repeated:
             raise ConfigError(f"`sinks` names {', '.join(map(repr, repeated))} more than once")
+
+    def check_installed(self) -> None:
+        """Refuse, with the extra to install, a configured sink whose tool is missing (a
+        job calls this before it writes anything)."""
+        for sink_name in self.sinks:
+            if sink_name in EXTRAS:
+                require(sink_name)
+
+    def open(self, run_dir: Path, *, resume_step: int) -> MetricsFanout:
+        """Open every configured sink for ``run_dir``, training (re)starting at
+        ``resume_step`` (see ``_open.open_metrics``)."""
+        # _open imports this module (the sinks' settings): imported here, not at the top.
+        from ._open import open_metrics
+
+        return open_metrics(self, run_dir, resume_step=resume_step)

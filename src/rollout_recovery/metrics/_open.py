@@ -9,7 +9,6 @@ from pathlib import Path
 from ..errors import ConfigError
 from ._background import BackgroundSink
 from ._config import MetricsConfig, SinkName
-from ._extras import EXTRAS, require
 from ._fanout import MetricsFanout
 from ._keys import check_step
 from ._mlflow import MlflowSink
@@ -17,7 +16,7 @@ from ._protocol import MetricsSink
 from ._tensorboard import TensorBoardSink
 from ._wandb import WandbSink
 
-__all__ = ["check_sinks_installed", "open_metrics"]
+__all__ = ["open_metrics"]
 
 _log = logging.getLogger("rollout_recovery.metrics")
 
@@ -40,14 +39,6 @@ _OPENERS: dict[SinkName, _Opener] = {
 _SLOW: frozenset[SinkName] = frozenset({"wandb", "mlflow"})
 
 
-def check_sinks_installed(config: MetricsConfig) -> None:
-    """Refuse, with the extra to install, a configured sink whose tool is missing (a
-    job calls this before it writes anything)."""
-    for sink_name in config.sinks:
-        if sink_name in EXTRAS:
-            require(sink_name)
-
-
 def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> MetricsFanout:
     """Open every sink of ``config`` for ``run_dir``, training (re)starting at ``resume_step``.
 
@@ -58,7 +49,7 @@ def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> M
     unreadable store) is left out, named in ``failures``, and the run goes on.
     """
     check_step(resume_step, name="resume_step")
-    check_sinks_installed(config)
+    config.check_installed()
     run_name = config.run_name or run_dir.resolve().name
     opened: list[tuple[str, MetricsSink]] = []
     failures: dict[str, str] = {}

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .._crashpoints import crash_point
 from .._durable import atomic_write_bytes, fsync_directory, write_new_file
@@ -46,6 +46,7 @@ from ..errors import (
     InvalidArgumentTypeError,
     RolloutRecoveryError,
 )
+from ._layout import CHECKPOINT_FILES, CheckpointFiles
 
 __all__ = [
     "CHECKPOINTS_DIRNAME",
@@ -158,6 +159,9 @@ class CheckpointStore:
     ``keep`` (>= 1) is how many committed checkpoints a save leaves behind, newest by step.
     Constructing a store touches nothing on disk.
     """
+
+    #: The names of a checkpoint's files (``FILES.replay_index``, ...).
+    FILES: ClassVar[CheckpointFiles] = CHECKPOINT_FILES
 
     def __init__(self, root: Path, *, keep: int) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:

@@ -15,19 +15,21 @@
     DIR/DRAIN                 a drain request (``[job] drain_file``, the default name)
 
 Files of a run hold prompts, rewards and server names: they are created readable by their
-owner only (``PRIVATE_FILE_MODE``).
+owner only (``_durable.PRIVATE_FILE_MODE``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["CHECKPOINT_FILES", "PRIVATE_FILE_MODE", "CheckpointFiles", "RunDirectory"]
+from ._lock import is_locked, lock_holder, run_directory_lock, wait_unlocked
+from ._run_log import RunLogEntry, append_run_log, read_run_log
 
-#: Mode of every file a run creates (the umask may take more away, never add).
-PRIVATE_FILE_MODE = 0o600
+__all__ = ["CHECKPOINT_FILES", "CheckpointFiles", "RunDirectory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +132,47 @@ class RunDirectory:
     def trail_files(self) -> dict[str, Path]:
         """The audit trail's files by name, as checkpoints record their lengths."""
         return {path.name: path for path in (self.events, self.metrics)}
+
+    # The lock and the run log act on this directory's files: they are its methods (the
+    # code lives in ``_lock`` and ``_run_log``).
+
+    def lock(self) -> AbstractContextManager[None]:
+        """Hold the run's lock for the ``with`` block; refuse at once if another job holds
+        it (:class:`~rollout_recovery.errors.RunDirectoryLockedError` naming its pid)."""
+        return run_directory_lock(self)
+
+    def lock_holder(self) -> int | None:
+        """The pid a live job wrote into the lock file, or None if unknown."""
+        return lock_holder(self)
+
+    def is_locked(self) -> bool:
+        """Whether a live job holds the lock (a read-only probe)."""
+        return is_locked(self.lock_file)
+
+    def wait_unlocked(self, *, timeout: float | None = None) -> bool:
+        """Wait until no live job holds the lock; False if ``timeout`` seconds passed."""
+        return wait_unlocked(self.lock_file, timeout=timeout)
+
+    def append_run_log(
+        self,
+        event: Literal["start", "resume", "drain"],
+        *,
+        step: int,
+        checkpoint: str | None = None,
+        config_changes: list[str] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Append one line to ``run_log.jsonl`` (never cut back, unlike the history)."""
+        append_run_log(
+            self,
+            event,
+            step=step,
+            checkpoint=checkpoint,
+            config_changes=config_changes,
+            reason=reason,
+        )
+
+    def read_run_log(self) -> Iterator[RunLogEntry]:
+        """The run log's entries; ``InvalidStateError`` naming ``file:line`` for a damaged
+        one."""
+        return read_run_log(self)

@@ -17,9 +17,13 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .._durable import PRIVATE_FILE_MODE
 from ..errors import RunDirectoryLockedError
-from ._layout import PRIVATE_FILE_MODE, RunDirectory
+
+if TYPE_CHECKING:  # _layout imports this module to give RunDirectory its lock methods
+    from ._layout import RunDirectory
 
 __all__ = ["is_locked", "lock_holder", "run_directory_lock", "wait_unlocked"]
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from .._durable import PRIVATE_FILE_MODE
 from ..errors import InvalidStateError
-from ._layout import PRIVATE_FILE_MODE, RunDirectory
+
+if TYPE_CHECKING:  # _layout imports this module to give RunDirectory its log methods
+    from ._layout import RunDirectory
 
 __all__ = ["RunLogEntry", "append_run_log", "read_run_log"]
 

@@ -11,7 +11,6 @@ the HTTP generation backend's tests); the command runs one per process and annou
 through a ready file (:func:`read_ready_file`).
 """
 
-from ._ready import read_ready_file
 from ._server import PolicyServer
 from ._settings import DEFAULT_MODEL_NAME, ServeSettings
 
@@ -19,5 +18,4 @@ __all__ = [
     "DEFAULT_MODEL_NAME",
     "PolicyServer",
     "ServeSettings",
-    "read_ready_file",
 ]

@@ -12,7 +12,7 @@ from ..errors import InvalidOperationError
 from ..policy import NumpyGRPOTrainer, PolicySnapshot
 from ._app import ServeApp
 from ._http import TransportStats, make_http_server
-from ._ready import write_ready_file
+from ._ready import ServerReady, read_ready_file, write_ready_file
 from ._settings import ServeSettings
 from ._weights import WeightStore
 
@@ -116,6 +116,12 @@ class PolicyServer(Resource):
     def write_ready_file(self, path: str | os.PathLike[str]) -> None:
         """Atomically write ``{"url", "pid"}`` to ``path`` (see :func:`read_ready_file`)."""
         write_ready_file(path, self.url)
+
+    @staticmethod
+    def read_ready_file(path: str | os.PathLike[str]) -> ServerReady:
+        """Read a ready file a server wrote (its ``url`` and ``pid``); ``InvalidStateError``
+        (with the file) if it is not one."""
+        return read_ready_file(path)
 
     def start(self) -> None:
         """Serve from a daemon thread until :meth:`close`."""

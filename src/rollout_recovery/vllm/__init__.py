@@ -8,14 +8,8 @@ clear the prefix cache, resume), handling the traps of vLLM on CPU (a stale tied
 torch or vLLM: the loading itself runs inside vLLM's worker (``_extension/``).
 """
 
-from ._config import VllmConfig, check_vllm_config
-from ._fleet import VllmFleet, check_launch_paths
-from ._sync import VllmWeightSync
+from ._config import VllmConfig
 
 __all__ = [
     "VllmConfig",
-    "VllmFleet",
-    "VllmWeightSync",
-    "check_launch_paths",
-    "check_vllm_config",
 ]

@@ -13,7 +13,8 @@ logprobs); the rest may change when a run resumes.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from .._settings import (
     OPERATIONAL,
@@ -24,8 +25,12 @@ from .._settings import (
 )
 from ..errors import ConfigError
 from ..rollout import HttpConfig
+from ._sync import VllmWeightSync
 
-__all__ = ["VllmConfig", "VllmDtype", "check_vllm_config"]
+if TYPE_CHECKING:
+    from ._fleet import VllmFleet
+
+__all__ = ["VllmConfig", "VllmDtype", "check_launch_paths", "check_vllm_config"]
 
 VllmDtype = Literal["bfloat16", "float16", "float32"]
 
@@ -61,6 +66,44 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: Where the weight files the servers load are written ("": DIR/servers/weights).
     #: Listed servers must be able to read it (the same machine or a shared filesystem).
     weights_dir: Annotated[str, OPERATIONAL] = ""
+
+    def check(
+        self,
+        http: HttpConfig,
+        backend: str,
+        ray_worker: str = "simulated",
+        *,
+        trainer_model: bool = False,
+    ) -> None:
+        """Refuse this section with ``[http]`` and the backend if they cannot work
+        together (see :func:`check_vllm_config`)."""
+        check_vllm_config(self, http, backend, ray_worker, trainer_model=trainer_model)
+
+    def weight_sync(self) -> VllmWeightSync:
+        """The weight sync that writes the trainer's weights to ``weights_dir`` in
+        ``dtype`` for the servers to load (``[http] weight_sync = "vllm"``)."""
+        return VllmWeightSync(Path(self.weights_dir), dtype=self.dtype)
+
+    def fleet(
+        self,
+        servers_dir: Path,
+        servers_file: Path,
+        *,
+        served_model_name: str,
+        api_key: str | None = None,
+    ) -> VllmFleet:
+        """The ``launch`` servers of this section, started on enter and stopped on exit
+        (see ``_fleet.VllmFleet``)."""
+        # _fleet imports this module (the section it launches from): imported here.
+        from ._fleet import VllmFleet
+
+        return VllmFleet(
+            servers_dir, servers_file, self, served_model_name=served_model_name, api_key=api_key
+        )
+
+    def check_launch_paths(self, *, model: bool = True) -> None:
+        """Refuse a python or model that is not there (see :func:`check_launch_paths`)."""
+        check_launch_paths(self, model=model)
 
 
 def check_vllm_config(
@@ -109,3 +152,14 @@ def check_vllm_config(
             "them with [vllm] launch",
             path="$.http.weight_sync",
         )
+
+
+def check_launch_paths(config: VllmConfig, *, model: bool = True) -> None:
+    """Refuse a ``[vllm]`` python or model that is not there (a ``ConfigError`` naming
+    the field), so a job can check before it writes anything. ``model=False`` checks the
+    python only (the model is the trainer's, checked where it is prepared)."""
+    python, directory = Path(config.python).expanduser(), Path(config.model).expanduser()
+    if not python.is_file():
+        raise ConfigError(f"no python at {python}", path="$.vllm.python")
+    if model and not (directory / "config.json").is_file():
+        raise ConfigError(f"{directory} holds no model (no config.json)", path="$.vllm.model")

@@ -32,7 +32,7 @@ import msgspec
 
 from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
-from ..errors import ConfigError, GenerationError
+from ..errors import GenerationError
 from ._config import VllmConfig
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "EXTENSION_DIR",
     "LaunchedServer",
     "VllmFleet",
-    "check_launch_paths",
     "server_command",
     "server_environment",
 ]
@@ -185,7 +184,7 @@ class VllmFleet(Resource):
     def start(self) -> list[str]:
         """Start the servers and wait until each answers; returns their urls. A server
         that fails to start stops the ones already started and raises."""
-        check_launch_paths(self._config)
+        self._config.check_launch_paths()
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
             starting = [self._spawn(index) for index in range(self._config.launch)]
@@ -258,17 +257,6 @@ class VllmFleet(Resource):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         self._processes.clear()
-
-
-def check_launch_paths(config: VllmConfig, *, model: bool = True) -> None:
-    """Refuse a ``[vllm]`` python or model that is not there (a ``ConfigError`` naming
-    the field), so a job can check before it writes anything. ``model=False`` checks the
-    python only (the model is the trainer's, checked where it is prepared)."""
-    python, directory = Path(config.python).expanduser(), Path(config.model).expanduser()
-    if not python.is_file():
-        raise ConfigError(f"no python at {python}", path="$.vllm.python")
-    if model and not (directory / "config.json").is_file():
-        raise ConfigError(f"{directory} holds no model (no config.json)", path="$.vllm.model")
 
 
 def _expanded(config: VllmConfig) -> VllmConfig:

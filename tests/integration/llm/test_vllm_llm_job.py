@@ -23,14 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from rollout_recovery.history import (
+from rollout_recovery.history import audit_run, read_records
+from rollout_recovery.history.records import (
     BackendEvent,
     GroupSealed,
     Restored,
     SiblingSealed,
     StepTrained,
-    audit_run,
-    read_records,
 )
 
 pytestmark = pytest.mark.vllm

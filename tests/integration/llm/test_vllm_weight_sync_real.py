@@ -44,8 +44,7 @@ from vllm_weights_support import (
 from rollout_recovery.llm._skeleton import ModelSkeleton
 from rollout_recovery.llm._weights import TorchWeights
 from rollout_recovery.rollout import parse_version
-from rollout_recovery.vllm import VllmWeightSync
-from rollout_recovery.vllm._sync import LOAD_METHOD
+from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory

@@ -6,8 +6,10 @@ line back into its Struct or refuses it with the reason, so nobody reads a recor
 string key. A record carries every id and version it names, so the history alone tells
 what happened to each prompt, sibling and attempt, and what each training step used.
 
-The schema is documented in ``docs/journal.md`` ("Records"); a change to a record
-is a new :data:`HISTORY_VERSION`. Reasons are enums, not free text.
+This module is public (``from rollout_recovery.history import records``): the records
+are the on-disk schema a user reads and a test builds. The schema is documented in
+``docs/journal.md`` ("Records"); a change to a record is a new
+:data:`HISTORY_VERSION`. Reasons are enums, not free text.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..rollout import FailureReason
 
 __all__ = [
     "HISTORY_VERSION",
+    "RECORD_TYPES",
     "AbandonedAttempt",
     "AttemptResumed",
     "AttemptsAbandoned",
@@ -379,6 +382,12 @@ HistoryRecord = (
     | CheckpointCommitted
     | Restored
     | BackendEvent
+)
+
+#: The ``event`` tags a journal may hold, in the union's order (what ``journal --type``
+#: accepts).
+RECORD_TYPES: tuple[str, ...] = tuple(
+    str(member.__struct_config__.tag) for member in HistoryRecord.__args__
 )
 
 

@@ -1,0 +1,129 @@
+"""What a torch job trains with, built from its config sections: the one entry point the
+job uses (``LlmParts``), so the job names no trainer, task or backend of this package.
+
+Nothing here imports torch at module level: a default install imports this package, and
+``LlmParts.build`` refuses a missing ``[llm]`` extra with a ``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ..errors import ConfigError
+from ..policy import TaskConfig
+from ._config import ModelConfig, TrainerConfig, require_llm
+from ._emit_task import EmitTokenEpisodes, EmitTokenTask
+from ._model_source import model_digest, prepare_model
+
+if TYPE_CHECKING:  # torch is imported only when a torch job is built
+    from ._backend import TransformersBackend
+    from ._trainer import TorchGRPOTrainer
+
+__all__ = ["LlmParts"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlmParts:
+    """The torch trainer on ``[model]`` and ``[task]``'s emit-token prompts; the backend
+    that samples the trainer's weights is built from them (in process, or the episodes an
+    HTTP backend runs on vLLM servers)."""
+
+    trainer: TorchGRPOTrainer
+    dataset: EmitTokenTask
+    seed: int
+    max_tokens: int
+
+    @staticmethod
+    def resolve_model(
+        model: ModelConfig, *, target_token: int, log: Callable[[str], None] = lambda _: None
+    ) -> ModelConfig:
+        """``model`` with ``digest`` taken from the model's files (built or converted
+        first when missing).
+
+        Refuses, with a ``ConfigError``: a missing ``[llm]`` extra, a source that is not a
+        model, files whose digest differs from a pinned ``digest``, a ``target_token``
+        outside the model's vocabulary.
+        """
+        require_llm()
+        directory = prepare_model(model)
+        digest = model_digest(directory)
+        if model.digest and model.digest != digest:
+            raise ConfigError(
+                f"the model files in {str(directory)!r} have digest {digest}, not the "
+                f"{model.digest} this job was started with: the model changed (restore its "
+                "files, or start a new run in another directory)",
+                path="$.model.digest",
+            )
+        vocab = _vocab_size(directory)
+        if vocab is not None and target_token >= vocab:
+            raise ConfigError(
+                f"{target_token} is outside the model's vocabulary of {vocab}",
+                path="$.task.target_token",
+            )
+        log(f"model {model.source}: {directory} (sha256 {digest[:16]}...)")
+        return msgspec.structs.replace(model, digest=digest)
+
+    @classmethod
+    def build(
+        cls, trainer: TrainerConfig, model: ModelConfig, task: TaskConfig, *, seed: int
+    ) -> LlmParts:
+        """The trainer on the prepared model and the emit-token dataset on its vocabulary."""
+        require_llm()
+        import torch
+
+        from ._trainer import TorchGRPOTrainer
+
+        if trainer.threads:
+            torch.set_num_threads(trainer.threads)
+        torch_trainer = TorchGRPOTrainer(
+            prepare_model(model),
+            seed=seed,
+            learning_rate=trainer.learning_rate,
+            clip_epsilon=trainer.clip_epsilon,
+            micro_batch_size=trainer.micro_batch or None,
+            epochs=trainer.epochs,
+            weight_decay=trainer.weight_decay,
+            max_grad_norm=trainer.max_grad_norm or None,
+        )
+        vocab_size = torch_trainer.vocab_size
+        bos = getattr(torch_trainer.skeleton.config, "bos_token_id", None)
+        dataset = EmitTokenTask(
+            task.dataset_size,
+            seed=seed,
+            vocab_size=vocab_size,
+            target_token=task.target_token,
+            bos_token_id=bos if isinstance(bos, int) and 0 <= bos < vocab_size else 0,
+        )
+        return cls(trainer=torch_trainer, dataset=dataset, seed=seed, max_tokens=task.max_tokens)
+
+    def episodes(self) -> EmitTokenEpisodes:
+        """The dataset's episodes, for the HTTP backend to run on vLLM servers."""
+        return EmitTokenEpisodes(self.dataset, max_tokens=self.max_tokens)
+
+    def transformers_backend(self) -> TransformersBackend:
+        """The in-process backend sampling the trainer's current weights at its
+        temperature (the ratio's denominator is this sampler's logprob)."""
+        from ._backend import TransformersBackend
+
+        return TransformersBackend(
+            skeleton=self.trainer.skeleton,
+            task=self.dataset,
+            initial_weights=self.trainer.weights(),
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+            temperature=self.trainer.temperature,
+        )
+
+
+def _vocab_size(directory: Path) -> int | None:
+    try:
+        value = json.loads((directory / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
