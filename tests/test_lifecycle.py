@@ -84,7 +84,8 @@ def _local_fleet(tmp: Path) -> AsyncResource:
 
 
 def _vllm_fleet(tmp: Path) -> AsyncResource:
-    from rollout_recovery.vllm import VllmConfig, VllmFleet
+    from rollout_recovery.vllm import VllmConfig
+    from rollout_recovery.vllm._fleet import VllmFleet
 
     # Never started (tests/vllm/test_vllm_fleet.py closes a started one twice).
     return VllmFleet(tmp / "s", tmp / "s.json", VllmConfig(), served_model_name="m")
