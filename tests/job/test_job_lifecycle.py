@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from rollout_recovery.checkpoint import SIDECAR_FILENAMES
+from rollout_recovery.checkpoint._sidecar_io import SIDECAR_FILENAMES
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane, SqliteDataPlane
 from rollout_recovery.errors import RunNotResumableError
 from rollout_recovery.history import AuditTrail
-from rollout_recovery.job import default_components, run_job
-from rollout_recovery.job._components import JobComponents
+from rollout_recovery.job import run_job
+from rollout_recovery.job._components import JobComponents, default_components
 from rollout_recovery.metrics._fanout import MetricsFanout
 from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import SimulatedAgentBackend
-from rollout_recovery.rundir import CheckpointStore, RunDirectory, is_locked
+from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 MakeConfig = Callable[..., RunConfig]
 
@@ -80,7 +80,7 @@ def _assert_all_closed(closes: Closes, out: Path, *, metrics: bool = True) -> No
     # Each once, the last opened first. (A close may close what it wraps: a trail closes
     # its journal, the controller's deferred-deletion plane the store.)
     assert closes.order == list(reversed(opened))
-    assert not is_locked(RunDirectory(out).lock_file)
+    assert not RunDirectory(out).is_locked()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     held = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}
     assert not [path for path in held if path.startswith(str(out.resolve()))]
@@ -191,5 +191,5 @@ def test_ctrl_c_while_the_job_opens_interrupts_it_at_once_and_closes_what_was_op
     assert went_on == []
     # The backend was built but not yet on the stack: the trail and the store are closed.
     assert closes.order == ["trail", "data plane"]
-    assert not is_locked(RunDirectory(out).lock_file)
+    assert not RunDirectory(out).is_locked()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
