@@ -42,12 +42,8 @@ from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
-from rollout_recovery.rollout import (
-    AttemptRequest,
-    FaultSettings,
-    GenerationConfig,
-    SimulatedAgentBackend,
-)
+from rollout_recovery.rollout import AttemptRequest, GenerationConfig, SimulatedAgentBackend
+from rollout_recovery.rollout._faults import FaultSettings
 
 TASKS = TaskSet(4096, seed=0, prompt_group_every=4)
 

@@ -44,6 +44,7 @@ LAYERS = [
     "_durable",
     "_lifecycle",
     "_clock",
+    "_http",
 ]
 SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "vllm", "llm"} | {
     "rollout",

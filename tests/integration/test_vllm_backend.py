@@ -29,17 +29,11 @@ from rollout_recovery.capture import (
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import ANSWER
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    AttemptResult,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-    WeightSyncName,
-)
-from rollout_recovery.rollout._wire import DialectName
+from rollout_recovery.rollout import AttemptRequest, AttemptResult, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS, WeightSyncName
+from rollout_recovery.rollout._wire import DIALECTS, DialectName
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory

@@ -27,16 +27,11 @@ from rollout_recovery.policy._tasks import (
     VOCAB_SIZE,
     correct_answer,
 )
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-    WeightSyncName,
-)
-from rollout_recovery.rollout._wire import DialectName
+from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS, WeightSyncName
+from rollout_recovery.rollout._wire import DIALECTS, DialectName
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)
 LOGPROB = -0.25

@@ -11,7 +11,8 @@ from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWrite
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
-from rollout_recovery.rollout import AttemptRequest, FaultSettings, SimulatedAgentBackend
+from rollout_recovery.rollout import AttemptRequest, SimulatedAgentBackend
+from rollout_recovery.rollout._faults import FaultSettings
 
 LATENCY_S = 0.001
 GUARD_S = 20.0

@@ -21,10 +21,10 @@ from rollout_recovery.errors import GenerationError
 from rollout_recovery.rollout import (
     AttemptRequest,
     BackendResume,
-    FaultSettings,
     HttpGenerationBackend,
     SimulatedAgentBackend,
 )
+from rollout_recovery.rollout._faults import FaultSettings
 
 
 def prefix_of(store: DataPlane, rollout_id: str) -> StagedPrefix:

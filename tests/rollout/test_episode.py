@@ -28,11 +28,11 @@ from rollout_recovery.rollout import (
     AttemptRequest,
     AttemptResult,
     Completion,
-    DataFailure,
     Sampling,
     run_episode,
 )
 from rollout_recovery.rollout._digit_task import DigitTask
+from rollout_recovery.rollout._wire import DataFailure
 
 
 class PolicyClient:

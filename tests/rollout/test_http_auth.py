@@ -20,17 +20,12 @@ from rollout_recovery.capture import (
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
-from rollout_recovery.rollout._http_backend import classify_status
-from rollout_recovery.rollout._server_pool import ServerPool
+from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings, classify_status
+from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
 from rollout_recovery.rollout._server_url import server_url_problem
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 KEY = "job-key_0123456789abcdef"

@@ -24,14 +24,11 @@ from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
 from rollout_recovery.policy._tasks import VOCAB_SIZE
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
+from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)

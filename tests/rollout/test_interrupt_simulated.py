@@ -20,8 +20,9 @@ from rollout_recovery.capture._spans import TokenVersionSpan
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TrainSample
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, FaultSettings
+from rollout_recovery.rollout import AttemptRequest, AttemptResult
 from rollout_recovery.rollout import SimulatedAgentBackend as Backend
+from rollout_recovery.rollout._faults import FaultSettings
 
 REASONING = 4
 Waits = Callable[[Any, Any, float | None], Coroutine[Any, Any, None]]

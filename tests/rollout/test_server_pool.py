@@ -14,8 +14,9 @@ from rollout_support import snapshot
 
 from rollout_recovery._clock import VirtualClockLoop, monotonic
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings
-from rollout_recovery.rollout._server_pool import ServerPool
+from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
 
 # How long a test waits for a state it expects: generous, for a loaded 2-core machine.
 GUARD_S = 30.0
@@ -137,8 +138,8 @@ def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
     ids=["none", "duplicate", "not-http"],
 )
 def test_bad_server_lists_are_refused(servers: list[str]) -> None:
-    from rollout_recovery.rollout import WEIGHT_SYNCS
     from rollout_recovery.rollout._server_pool import ServerPool
+    from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
 
     with pytest.raises(InvalidArgumentError, match=r"servers|url"):
         ServerPool(

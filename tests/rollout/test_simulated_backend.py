@@ -19,13 +19,8 @@ from rollout_recovery.capture import (
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks
-from rollout_recovery.rollout import (
-    AttemptResult,
-    FaultSettings,
-    GenerationBackend,
-    SimulatedAgentBackend,
-)
-from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON
+from rollout_recovery.rollout import AttemptResult, GenerationBackend, SimulatedAgentBackend
+from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON, FaultSettings
 
 
 def _verify(rig: Rig, result: AttemptResult) -> LinearizedRollout | Rejection:

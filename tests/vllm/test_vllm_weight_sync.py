@@ -28,14 +28,10 @@ from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
 from rollout_recovery.policy._tasks import VOCAB_SIZE
-from rollout_recovery.rollout import (
-    DIALECTS,
-    AttemptRequest,
-    AttemptResult,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
+from rollout_recovery.rollout import AttemptRequest, AttemptResult, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.vllm import VllmWeightSync
 from rollout_recovery.vllm._sync import LOADING_TAG, weights_file_name
 

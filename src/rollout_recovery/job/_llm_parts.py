@@ -14,7 +14,6 @@ naming the ``[llm]`` extra.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +25,8 @@ from ..control import RunConfig
 from ..dataplane import DataPlane
 from ..errors import ConfigError
 from ..llm import EmitTokenEpisodes, model_digest, prepare_model, require_llm
-from ..rollout import DIALECTS, GenerationBackend, HttpGenerationBackend
-from ._components import JobComponents, http_backend_settings, http_weight_sync
+from ..rollout import GenerationBackend, HttpGenerationBackend
+from ._components import JobComponents, http_weight_sync, server_api_key
 
 if TYPE_CHECKING:  # torch is imported only when a torch job is built
     from ..llm import TorchWeights
@@ -109,15 +108,17 @@ def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[To
     if config.generation.backend == "http":
         # The trainer's temperature: its recomputed logprobs are of the distribution the
         # servers sampled from only if they sample at the same one.
-        settings = dataclasses.replace(
-            http_backend_settings(config, trainer.vocab_size), temperature=trainer.temperature
-        )
-        backend = HttpGenerationBackend(
-            servers=list(config.http.servers),
+        vllm = config.http.weight_sync == "vllm"
+        backend = HttpGenerationBackend.from_config(
+            config.http,
+            generation=config.generation,
+            task=config.task,
+            vocab_size=trainer.vocab_size,
             episodes=EmitTokenEpisodes(dataset, max_tokens=task_config.max_tokens),
-            dialect=DIALECTS[config.http.dialect],
             weight_sync=http_weight_sync(config, trainer),
-            settings=settings,
+            api_key=server_api_key(config),
+            sync_timeout_s=config.vllm.sync_timeout_s if vllm else None,
+            temperature=trainer.temperature,
             initial_version=trainer.weight_version,
             initial_weights=trainer.weights(),
         )

@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import httpx
 import msgspec
 
+from .._http import parse_version
 from ..policy import PolicySnapshot
 from ._wire import DataFailure, read_body
 
@@ -47,7 +48,6 @@ __all__ = [
     "VersionTagSync",
     "WeightSync",
     "WeightSyncName",
-    "parse_version",
 ]
 
 # What a sync pushes. Contravariant: a sync that ignores the weights (``object``) serves
@@ -113,19 +113,6 @@ async def _resume_server(client: httpx.AsyncClient, url: str) -> None:
             await _exchange(client, "POST", f"{url}/resume", json={}, timeout=_RESUME_TIMEOUT_S)
     except (httpx.HTTPError, TimeoutError):
         pass
-
-
-def parse_version(value: object) -> int | None:
-    """A version as servers render it (``7``, ``"7"``, ``"step-7"``) as our int, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        digits = value.removeprefix("step-")
-        if digits.isdigit():
-            return int(digits)
-    return None
 
 
 class _VersionReply(msgspec.Struct):
