@@ -31,13 +31,9 @@ import numpy as np
 import ray
 
 from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
-from rollout_recovery.cluster import (
-    ActorPoolSettings,
-    RayGenerationBackend,
-    RayShardedDataPlane,
-    ShardDirectory,
-    WorkerSpec,
-)
+from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane, ShardDirectory
+from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
 from rollout_recovery.job import run_job

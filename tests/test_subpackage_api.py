@@ -263,13 +263,9 @@ SURFACES: dict[str, set[str]] = {
         "require_llm",
     },
     "cluster": {
-        "ActorPoolSettings",
         "RayConfig",
-        "RayGenerationBackend",
-        "RayShardedDataPlane",
-        "ShardDirectory",
-        "WorkerSpec",
-        "ray_session",
+        "ray_backend",
+        "ray_data_plane",
     },
 }
 

@@ -21,12 +21,9 @@ from rollout_recovery.capture import (
     fetch_and_verify,
     read_staged_prefix,
 )
-from rollout_recovery.cluster import (
-    ActorPoolSettings,
-    RayGenerationBackend,
-    RayShardedDataPlane,
-    WorkerSpec,
-)
+from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
+from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.dataplane import reconcile_staging
 from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError, GenerationError
 from rollout_recovery.ledger import RolloutRecoveryLedger

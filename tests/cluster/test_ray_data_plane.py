@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from store_contract import MACHINE_SETTINGS, StoreContract, StoreFactory, StoreMachine
 
 from rollout_recovery.capture import STAGING_PARTITION
-from rollout_recovery.cluster import RayShardedDataPlane
 from rollout_recovery.cluster._routing import shard_of
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
 from rollout_recovery.dataplane import CANONICAL_PARTITION, DataPlane, Row, SqliteDataPlane
 from rollout_recovery.errors import FencedWriterError, InvalidArgumentError
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import msgspec
 
+from ..cluster import ray_backend, ray_data_plane
 from ..control import PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
@@ -213,38 +213,17 @@ def _http_backend(
 def _ray_backend(
     config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
 ) -> GenerationBackend[PolicySnapshot]:
-    from ..cluster import ActorPoolSettings, RayGenerationBackend, RayShardedDataPlane, WorkerSpec
-
-    if not isinstance(data_plane, RayShardedDataPlane):
-        raise ConfigError(
-            "the Ray backend stages into the Ray data plane; run it through run_job",
-            path="$.generation.backend",
-        )
-    ray_config = config.ray
-    spec = WorkerSpec(
-        kind=ray_config.worker,
-        shards=data_plane.layout,
+    return ray_backend(
+        config.ray,
+        data_plane=data_plane,
         seed=config.job.seed,
         task=config.task,
         generation=config.generation,
-        # A worker is its own process: a simulated worker crash would only be a subset of
-        # a real actor death, which the pool handles (and the chaos tests cause).
-        faults=msgspec.structs.replace(config.faults, worker_crash_rate=0.0),
+        faults=config.faults,
         http=config.http,
         vocab_size=trainer.vocab_size,
         api_key=server_api_key(config),
-    )
-    settings = ActorPoolSettings(
-        actors_per_node=ray_config.actors_per_node,
-        cpus_per_actor=ray_config.cpus_per_actor,
-        per_actor_concurrency=ray_config.per_actor_concurrency,
-        ping_interval_s=ray_config.ping_interval_s,
-        ping_timeout_s=ray_config.ping_timeout_s,
-        actor_start_timeout_s=ray_config.actor_start_timeout_s,
-        max_replacements=ray_config.max_replacements,
-    )
-    return RayGenerationBackend(
-        spec=spec, settings=settings, plane=data_plane, initial_weights=trainer.weights()
+        initial_weights=trainer.weights(),
     )
 
 
@@ -256,22 +235,8 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
         with SqliteDataPlane(run.data_plane_file) as store:
             yield store
         return
-    from ..cluster import RayShardedDataPlane, ShardDirectory, ray_session
-
-    ray_config = config.ray
-    with ray_session(ray_config.address, ray_config.num_cpus):
-        layout = ShardDirectory(
-            prefix=f"rr-{os.getpid()}-{int(time.time() * 1000) % 10**9}",
-            namespace="rollout-recovery",
-            directory=str(run.shards_dir),
-            shards=ray_config.data_shards,
-            cpus_per_shard=ray_config.cpus_per_shard,
-        )
-        plane = RayShardedDataPlane.start(layout)
-        try:
-            yield plane
-        finally:
-            plane.shutdown()
+    with ray_data_plane(config.ray, run.shards_dir) as plane:
+        yield plane
 
 
 def require_ray(config: RunConfig) -> None:
