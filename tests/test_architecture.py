@@ -36,6 +36,7 @@ LAYERS = [
     "_settings",
     "_crashpoints",
     "_checks",
+    "_datasets",
     "errors",
     "_messages",
     "_bounds",

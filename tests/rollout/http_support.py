@@ -18,7 +18,7 @@ import httpx
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import TaskSet, prompt_digit
+from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import (
     ANSWER,
     DIGIT_BASE,
@@ -26,6 +26,7 @@ from rollout_recovery.policy._tasks import (
     THOUGHT_BASE,
     VOCAB_SIZE,
     correct_answer,
+    prompt_digit,
 )
 from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
 from rollout_recovery.rollout._http_backend import HttpBackendSettings

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..policy import TaskSet, render
+from ..policy import TaskSet
 from ..rewards import RewardChecks, compute_reward_checks
 from ._episode import Completion, Sampling, Turn
 
@@ -65,10 +65,10 @@ def grade(
     result = {
         "response": {
             "output": [
-                {"type": "reasoning", "summary": [{"text": render(thoughts)}]},
+                {"type": "reasoning", "summary": [{"text": TaskSet.render(thoughts)}]},
                 {
                     "type": "message",
-                    "content": [{"type": "output_text", "text": render(answer[:1])}],
+                    "content": [{"type": "output_text", "text": TaskSet.render(answer[:1])}],
                 },
             ]
         }
