@@ -37,7 +37,7 @@ import numpy as np
 
 from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter, assemble_receipt
 from rollout_recovery.dataplane import SqliteDataPlane
-from rollout_recovery.finalize import finalize_group
+from rollout_recovery.finalize._group import finalize_group
 from rollout_recovery.ledger import PromptGroupRecoveryRecord, RolloutRecoveryLedger
 from rollout_recovery.rewards import CaptureRewardSettings
 

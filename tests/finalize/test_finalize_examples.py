@@ -21,7 +21,7 @@ from finalize_support import (
 from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.errors import DataPlaneClosedError, InvalidTransitionError
-from rollout_recovery.finalize import finalize_group
+from rollout_recovery.finalize._group import finalize_group
 from rollout_recovery.finalize._metrics import (
     INVALID_ROW_RATE,
     REWARD_PROCESSING,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rollout_recovery.capture import LinearizedRollout, fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.finalize import finalize_group
+from rollout_recovery.finalize._group import finalize_group
 from rollout_recovery.finalize._metrics import INVALID_ROW_RATE
 from rollout_recovery.ledger import RolloutRecoveryLedger
 from rollout_recovery.rewards import CaptureRewardSettings
