@@ -24,7 +24,7 @@ from rollout_recovery.capture import (
 from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
 from rollout_recovery.cluster._worker import WorkerSpec
-from rollout_recovery.dataplane import reconcile_staging
+from rollout_recovery.control._inventory import reconcile_staging
 from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError, GenerationError
 from rollout_recovery.ledger import RolloutRecoveryLedger
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet

@@ -19,7 +19,8 @@ from store_contract import MACHINE_SETTINGS, StoreContract, StoreFactory, StoreM
 from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.cluster._routing import shard_of
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
-from rollout_recovery.dataplane import CANONICAL_PARTITION, DataPlane, Row, SqliteDataPlane
+from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import FencedWriterError, InvalidArgumentError
 
 pytestmark = pytest.mark.ray

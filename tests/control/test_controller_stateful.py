@@ -152,7 +152,8 @@ from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
 from rollout_recovery.control._replay import JournalReplay
 from rollout_recovery.control._sampler import dataset_position_to_idx
-from rollout_recovery.dataplane import CANONICAL_PARTITION, MemoryDataPlane, ReplayIndex, Row
+from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex, Row
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import GenerationError, RolloutRecoveryError, StepShortfallError
 from rollout_recovery.history import (
     AbandonedAttempt,

@@ -12,7 +12,6 @@ from finalize_support import CUT, build_group, reserve_dispatched
 
 from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.dataplane import (
-    CANONICAL_PARTITION,
     DataPlane,
     DataPlaneCheckpointBarrier,
     MemoryDataPlane,
@@ -20,6 +19,7 @@ from rollout_recovery.dataplane import (
     Row,
     SqliteDataPlane,
 )
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import (
     CheckpointUnsafeError,
     DeadCutError,

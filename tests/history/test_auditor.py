@@ -35,7 +35,8 @@ from rollout_recovery._crashpoints import CRASH_AT_ENV, reset_crash_points_for_t
 from rollout_recovery.capture import STAGING_PARTITION
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
-from rollout_recovery.dataplane import CANONICAL_PARTITION, SqliteDataPlane
+from rollout_recovery.dataplane import SqliteDataPlane
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import NotARunDirectoryError
 from rollout_recovery.history import StepTrained, audit_run
 from rollout_recovery.history._auditor import AuditReport

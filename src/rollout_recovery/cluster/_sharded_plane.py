@@ -32,11 +32,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .._checks import check_keys_argument, check_partition
 from .._cut import MutationCut
 from ..dataplane import (
     Row,
-    check_keys_argument,
-    check_partition,
     merge_snapshots,
     split_snapshot,
 )

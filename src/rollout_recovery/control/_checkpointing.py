@@ -38,7 +38,7 @@ from .._crashpoints import crash_point
 from .._settings import config_to_builtins, identity_fingerprint
 from ..capture import STAGING_PARTITION, StagedPrefix
 from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
-from ..dataplane import CANONICAL_PARTITION, ReplayIndex, reconcile_staging
+from ..dataplane import ReplayIndex
 from ..errors import (
     CheckpointDirectoryError,
     InvalidStateError,
@@ -67,6 +67,7 @@ from ..rollout import BackendResume, FailureReason
 from ..rundir import CHECKPOINT_FILES, CheckpointStore, LoadedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
+from ._inventory import reconcile_staging
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
 from ._resume import choose_prefixes, version_filter
 from ._snapshot import Snapshot, SnapshotBuilder
@@ -215,7 +216,7 @@ def _require_rows(
 ) -> None:
     store = controller.data_plane
     missing_staging = expected_staging - set(store.keys(STAGING_PARTITION))
-    missing_canonical = canonical_keys - set(store.keys(CANONICAL_PARTITION))
+    missing_canonical = canonical_keys - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
             "refusing to publish a checkpoint whose rows are not in the data plane: "
@@ -378,7 +379,7 @@ def verify_checkpoint(
     scratch.prepare_for_restart(_AnyCut())
     store = controller.data_plane
     missing_staging = scratch.expected_staging_keys() - set(store.keys(STAGING_PARTITION))
-    missing_canonical = set(replay.row_keys()) - set(store.keys(CANONICAL_PARTITION))
+    missing_canonical = set(replay.row_keys()) - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
             "the data plane lacks rows this checkpoint and the journal after it need: "
@@ -460,8 +461,8 @@ async def restore_controller(
         owned_rows = set(replay.row_keys())
         # Canonical rows whose publish never reached the journal: their groups are in the
         # ledger, to be published again.
-        unowned = sorted(set(store.keys(CANONICAL_PARTITION)) - owned_rows)
-        store.inner.clear(CANONICAL_PARTITION, unowned, cut=cut)
+        unowned = sorted(set(store.keys(ReplayIndex.canonical_partition)) - owned_rows)
+        store.inner.clear(ReplayIndex.canonical_partition, unowned, cut=cut)
         controller.replay = ReplayIndex.from_state_dict(
             replay.state_dict(),
             data_plane=store,
@@ -469,7 +470,7 @@ async def restore_controller(
         )
         canonical_tokens = sum(
             int(row.token_mask.sum())
-            for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
+            for row in store.get(ReplayIndex.canonical_partition, controller.replay.row_keys())
         )
         crash_point("restore.mid")
         resumable, refused = _resumable_calls(controller, state)

@@ -34,7 +34,7 @@ import msgspec
 from .._settings import read_toml
 from ..capture import STAGING_PARTITION
 from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
-from ..dataplane import CANONICAL_PARTITION, ReplayIndex, SqliteDataPlane
+from ..dataplane import ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
     ConfigError,
@@ -254,7 +254,7 @@ def _check_checkpoint_rows(
         try:
             with SqliteDataPlane(path) as store:
                 staged.update(store.keys(STAGING_PARTITION))
-                canonical.update(store.keys(CANONICAL_PARTITION))
+                canonical.update(store.keys(ReplayIndex.canonical_partition))
         except (RolloutRecoveryError, sqlite3.Error, OSError) as error:
             violations.append(f"{path.name} cannot be read as a data plane: {error}")
             return
