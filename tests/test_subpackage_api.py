@@ -101,9 +101,6 @@ SURFACES: dict[str, set[str]] = {
         "LinkSpan",
         "RewardChecks",
         "RewardLogContext",
-        "compute_reward_checks",
-        "finalize_capture_reward",
-        "group_reward_metrics",
         "parse_reward_log_context",
     },
     "policy": {

@@ -37,8 +37,6 @@ from ..rewards import (
     CaptureRewardOutcome,
     CaptureRewardSettings,
     FinalizedReward,
-    finalize_capture_reward,
-    group_reward_metrics,
 )
 from ._metrics import REWARD_PROCESSING, capture_metrics
 from ._result import FinalizedGroup, SiblingOutcome
@@ -135,7 +133,7 @@ def finalize_group(
         (o.max_weight_version for o in valid if o.max_weight_version is not None),
         default=group.start_weight_version,
     )
-    metrics = group_reward_metrics(reward_outcomes, settings=settings)
+    metrics = settings.group_metrics(reward_outcomes)
     metrics.update(
         capture_metrics(
             total_rows=len(outcomes),
@@ -248,9 +246,8 @@ def _final_reward(
     if attempt.reward is None:
         return f"{REWARD_PROCESSING}:missing_reward"
     try:
-        outcome = finalize_capture_reward(
+        outcome = settings.finalize_reward(
             attempt.reward,
-            settings=settings,
             checks=attempt.reward_checks,
             # An int32 array does all the reward code asks of a sequence (len, slices,
             # iteration yielding ints that hash and compare like Python ints), without the

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..policy import TaskSet
-from ..rewards import RewardChecks, compute_reward_checks
+from ..rewards import RewardChecks
 from ._episode import Completion, Sampling, Turn
 
 __all__ = ["DigitEpisode", "DigitTask", "TaskPrompt", "grade", "task_prompt"]
@@ -73,7 +73,7 @@ def grade(
             ]
         }
     }
-    checks = compute_reward_checks(
+    checks = RewardChecks.from_result(
         result, {"responses_create_params": {"input": task.messages}}, effort=None
     )
     return reward, checks
