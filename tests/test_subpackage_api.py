@@ -69,8 +69,6 @@ SURFACES: dict[str, set[str]] = {
         "ReplayIndex",
         "Row",
         "SqliteDataPlane",
-        "merge_snapshots",
-        "split_snapshot",
     },
     "capture": {
         "STAGING_PARTITION",

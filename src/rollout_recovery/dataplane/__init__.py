@@ -15,7 +15,6 @@ from ._barrier import (
 from ._memory import MemoryDataPlane
 from ._protocol import DataPlane, Row
 from ._replay import ReplayIndex
-from ._snapshot_tools import merge_snapshots, split_snapshot
 from ._sqlite import SqliteDataPlane
 
 __all__ = [
@@ -28,6 +27,4 @@ __all__ = [
     "ReplayIndex",
     "Row",
     "SqliteDataPlane",
-    "merge_snapshots",
-    "split_snapshot",
 ]
