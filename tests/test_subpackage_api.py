@@ -82,9 +82,8 @@ SURFACES: dict[str, set[str]] = {
         "StagedCall",
         "StagedPrefix",
         "assemble_receipt",
-        "fetch_and_verify",
         "read_staged_prefix",
-        "verify_and_linearize",
+        "verify_receipts",
         "version_spans",
     },
     "finalize": {

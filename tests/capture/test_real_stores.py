@@ -17,8 +17,8 @@ from rollout_recovery.capture import (
     LinearizedRollout,
     Rejection,
     assemble_receipt,
-    fetch_and_verify,
 )
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 
 RID = "grp7_g2_a0f"

@@ -16,11 +16,10 @@ from rollout_recovery.capture import (
     Receipt,
     Rejection,
     assemble_receipt,
-    fetch_and_verify,
-    verify_and_linearize,
 )
 from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
 from rollout_recovery.capture._result import REBUILD_CODES, REJECTION_CODES, WeightVersionSpan
+from rollout_recovery.capture._verify import fetch_and_verify, verify_and_linearize
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.rewards import LinkSpan
 

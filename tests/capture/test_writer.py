@@ -169,8 +169,9 @@ EXTRAS = {
 
 
 def test_extras_are_staged_digested_and_verified() -> None:
-    from rollout_recovery.capture import assemble_receipt, verify_and_linearize
+    from rollout_recovery.capture import assemble_receipt
     from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST, compute_extras_digest
+    from rollout_recovery.capture._verify import verify_and_linearize
 
     data_plane = DictDataPlane()
     record = _root(CaptureWriter(data_plane), extras=EXTRAS)

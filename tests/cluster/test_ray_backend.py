@@ -18,9 +18,9 @@ from rollout_recovery.capture import (
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    fetch_and_verify,
     read_staged_prefix,
 )
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
 from rollout_recovery.cluster._worker import WorkerSpec

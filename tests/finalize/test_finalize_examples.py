@@ -18,7 +18,8 @@ from finalize_support import (
     stage_chain,
 )
 
-from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, fetch_and_verify
+from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.errors import DataPlaneClosedError, InvalidTransitionError
 from rollout_recovery.finalize._group import finalize_group

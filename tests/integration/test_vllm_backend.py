@@ -19,13 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureWriter,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import ANSWER

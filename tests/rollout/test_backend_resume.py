@@ -13,9 +13,9 @@ from rollout_recovery.capture import (
     STAGING_PARTITION,
     LinearizedRollout,
     StagedPrefix,
-    fetch_and_verify,
     read_staged_prefix,
 )
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.rollout import (

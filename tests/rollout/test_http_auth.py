@@ -11,12 +11,8 @@ import pytest
 from http_support import TASKS, EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from rollout_support import snapshot
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureWriter,
-    LinearizedRollout,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot

@@ -19,12 +19,8 @@ from http_support import (
 from loopback_support import LoopbackServer
 
 from rollout_recovery._clock import VirtualClockLoop
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, ANSWER_TOKENS, VOCAB_SIZE
 from rollout_recovery.rollout import AttemptResult

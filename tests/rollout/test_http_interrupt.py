@@ -13,12 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureWriter,
-    LinearizedRollout,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import PolicySnapshot, TaskSet

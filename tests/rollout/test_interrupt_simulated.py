@@ -11,12 +11,9 @@ import numpy as np
 import pytest
 from rollout_support import TASKS, SignallingWriter, run, snapshot
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout
 from rollout_recovery.capture._spans import TokenVersionSpan
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TrainSample

@@ -10,12 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_support import TASKS, Rig, make_rig, run, snapshot
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 from rollout_support import Rig, make_rig, run
 
-from rollout_recovery.capture import LinearizedRollout, fetch_and_verify
+from rollout_recovery.capture import LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.rollout import AttemptResult
 from rollout_recovery.rollout._faults import FaultSettings
