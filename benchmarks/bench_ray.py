@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane, ShardDirectory
 from rollout_recovery.cluster._worker import WorkerSpec
@@ -94,7 +94,7 @@ def _staged_mb_per_s(store: DataPlane, rows: int, tokens: int) -> float:
     size = sum(r.token_ids.nbytes + r.token_mask.nbytes + r.logprobs.nbytes for r in payload)
     started = time.perf_counter()
     for i, row in enumerate(payload):
-        store.put(STAGING_PARTITION, {f"g{i}_g0_a0/c": row})
+        store.put(CaptureWriter.staging_partition, {f"g{i}_g0_a0/c": row})
     return size / (time.perf_counter() - started) / 1e6
 
 

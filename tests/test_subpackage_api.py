@@ -71,7 +71,6 @@ SURFACES: dict[str, set[str]] = {
         "SqliteDataPlane",
     },
     "capture": {
-        "STAGING_PARTITION",
         "CallRecord",
         "CaptureFailure",
         "CaptureWriter",

@@ -10,8 +10,8 @@ import pytest
 from capture_support import Built, DictDataPlane, forge, simple_rollout, with_row
 
 from rollout_recovery.capture import (
-    STAGING_PARTITION,
     CaptureFailure,
+    CaptureWriter,
     LinearizedRollout,
     Receipt,
     Rejection,
@@ -188,7 +188,7 @@ def test_call_id_mismatch_between_entry_and_its_key(built: Built) -> None:
 
 
 def test_missing_staging_row_from_the_data_plane(built: Built) -> None:
-    built.data_plane.clear(STAGING_PARTITION, [f"{RID}/call03"])
+    built.data_plane.clear(CaptureWriter.staging_partition, [f"{RID}/call03"])
     rejection = _rejected(fetch_and_verify(built.receipt, built.data_plane), "missing_staging_row")
     assert rejection.reason == f"missing_staging_row:{RID}/call03"
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter
+from rollout_recovery.capture import CallRecord, CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
@@ -54,7 +54,9 @@ class Rig:
 
     def staged_keys(self, rollout_id: str) -> list[str]:
         return [
-            k for k in self.data_plane.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")
+            k
+            for k in self.data_plane.keys(CaptureWriter.staging_partition)
+            if k.startswith(rollout_id + "/")
         ]
 
 

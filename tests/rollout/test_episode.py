@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from rollout_support import TASKS, run, snapshot
 
 from rollout_recovery.capture import (
-    STAGING_PARTITION,
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
@@ -72,7 +71,9 @@ def request(idx: int, attempt: str, *, index: int = 0) -> AttemptRequest:
 
 
 def staged(store: MemoryDataPlane, rollout_id: str) -> list[str]:
-    return [k for k in store.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")]
+    return [
+        k for k in store.keys(CaptureWriter.staging_partition) if k.startswith(rollout_id + "/")
+    ]
 
 
 def prefix_of(store: MemoryDataPlane, rollout_id: str) -> StagedPrefix:

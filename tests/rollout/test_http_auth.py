@@ -11,7 +11,7 @@ import pytest
 from http_support import TASKS, EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from rollout_support import snapshot
 
-from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, LinearizedRollout
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError
@@ -64,7 +64,8 @@ def test_every_request_presents_the_key_and_nothing_records_it() -> None:
             [
                 row.metadata
                 for row in rig.data_plane.get(
-                    STAGING_PARTITION, sorted(rig.data_plane.keys(STAGING_PARTITION))
+                    CaptureWriter.staging_partition,
+                    sorted(rig.data_plane.keys(CaptureWriter.staging_partition)),
                 )
             ],
         )

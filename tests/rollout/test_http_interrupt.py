@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, LinearizedRollout
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
@@ -126,7 +126,7 @@ def _run(server: PolicyServer, hold: Hold, mode: str) -> tuple[MemoryDataPlane, 
 
 def _staged(plane: MemoryDataPlane, result: Any) -> list[dict[str, Any]]:
     keys = [call["staging_key"] for call in result.receipt["manifest"]]
-    return [row.metadata for row in plane.get(STAGING_PARTITION, keys)]
+    return [row.metadata for row in plane.get(CaptureWriter.staging_partition, keys)]
 
 
 def test_a_push_does_not_wait_for_the_call_which_finishes_under_the_new_weights(

@@ -84,10 +84,12 @@ def test_a_server_that_comes_back_rejoins_only_with_the_current_weights() -> Non
 
 
 def _extras_after(rig: HttpRig, _: int) -> list[dict[str, Any]]:
-    from rollout_recovery.capture import STAGING_PARTITION
+    from rollout_recovery.capture import CaptureWriter
 
-    keys = rig.data_plane.keys(STAGING_PARTITION)
-    return [row.metadata["extras"] for row in rig.data_plane.get(STAGING_PARTITION, keys)]
+    keys = rig.data_plane.keys(CaptureWriter.staging_partition)
+    return [
+        row.metadata["extras"] for row in rig.data_plane.get(CaptureWriter.staging_partition, keys)
+    ]
 
 
 def test_a_joining_server_that_never_confirms_the_weights_gets_no_traffic() -> None:

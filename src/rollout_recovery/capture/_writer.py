@@ -10,7 +10,7 @@ leaves an orphan row, which the restore inventory pass deletes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +51,10 @@ class CaptureWriter:
     Stateless apart from its store: the caller keeps the records it gets back (the manifest
     store) and passes a call's parent record when it stages a continuation.
     """
+
+    # The partition writers stage in by default: the one the ledger's staging keys name,
+    # the finalizer verifies from and the restore inventory reconciles.
+    staging_partition: ClassVar[str] = STAGING_PARTITION
 
     def __init__(self, data_plane: DataPlane, *, partition: str = STAGING_PARTITION) -> None:
         self._data_plane = data_plane

@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
+from ..capture import CaptureWriter, StagedPrefix
 from ..policy import PolicySnapshot, TaskConfig, TaskSet
 from ..rollout import (
     AttemptRequest,
@@ -76,7 +76,7 @@ class GenerationWorker:
     def __init__(self, spec: WorkerSpec, writer: str, target: tuple[int, Params]) -> None:
         version, params = target
         self._plane = RayShardedDataPlane(spec.shards, writer=writer)
-        self._capture = CaptureWriter(self._plane, partition=STAGING_PARTITION)
+        self._capture = CaptureWriter(self._plane, partition=CaptureWriter.staging_partition)
         snapshot = PolicySnapshot(version, params)
         self._backend: SimulatedAgentBackend | HttpGenerationBackend[PolicySnapshot]
         if spec.kind == "simulated":

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from .._crashpoints import crash_point
 from .._settings import config_to_builtins, identity_fingerprint
-from ..capture import STAGING_PARTITION, StagedPrefix
+from ..capture import CaptureWriter, StagedPrefix
 from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from ..dataplane import ReplayIndex
 from ..errors import (
@@ -215,7 +215,7 @@ def _require_rows(
     controller: Controller[Any], expected_staging: frozenset[str], canonical_keys: frozenset[str]
 ) -> None:
     store = controller.data_plane
-    missing_staging = expected_staging - set(store.keys(STAGING_PARTITION))
+    missing_staging = expected_staging - set(store.keys(CaptureWriter.staging_partition))
     missing_canonical = canonical_keys - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
@@ -378,7 +378,9 @@ def verify_checkpoint(
     )
     scratch.prepare_for_restart(_AnyCut())
     store = controller.data_plane
-    missing_staging = scratch.expected_staging_keys() - set(store.keys(STAGING_PARTITION))
+    missing_staging = scratch.expected_staging_keys() - set(
+        store.keys(CaptureWriter.staging_partition)
+    )
     missing_canonical = set(replay.row_keys()) - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
@@ -483,7 +485,7 @@ async def restore_controller(
             ledger,
             store.inner,
             cut,
-            partition=STAGING_PARTITION,
+            partition=CaptureWriter.staging_partition,
             clear_unreferenced=True,
             keep=keep,
         )
@@ -586,7 +588,7 @@ def _load_trainer_state(controller: Controller[Any], verified: VerifiedCheckpoin
 def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     """Generated tokens of the siblings the ledger holds sealed (what the restore reused)."""
     keys = sorted(ledger.expected_staging_keys())
-    rows = store.get(STAGING_PARTITION, keys) if keys else []
+    rows = store.get(CaptureWriter.staging_partition, keys) if keys else []
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
@@ -602,7 +604,7 @@ def _resumable_calls(
         return [], []
     store = controller.data_plane.inner
     keeps = version_filter(recovery.reuse, lineage=state.lineage, restore=True)
-    keys = sorted(store.keys(STAGING_PARTITION))
+    keys = sorted(store.keys(CaptureWriter.staging_partition))
     prefixes: list[StagedPrefix] = []
     refused: list[str] = []
     for group in controller.ledger.groups():
@@ -646,7 +648,9 @@ def _interrupted_tokens(
     }
     orphans = sorted(
         key
-        for key in set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys() - keep
+        for key in set(store.keys(CaptureWriter.staging_partition))
+        - ledger.expected_staging_keys()
+        - keep
         if key.partition("/")[0] in lost
     )
     if not orphans:
@@ -657,10 +661,10 @@ def _interrupted_tokens(
         return key.partition("/")[0].rpartition("_a")[0], row.metadata.get("cumulative_hash")
 
     ordered = sorted(keep)
-    kept = store.get(STAGING_PARTITION, ordered) if ordered else []
+    kept = store.get(CaptureWriter.staging_partition, ordered) if ordered else []
     continued = {call_of(key, row) for key, row in zip(ordered, kept, strict=True)}
     total = in_cohorts = 0
-    for key, row in zip(orphans, store.get(STAGING_PARTITION, orphans), strict=True):
+    for key, row in zip(orphans, store.get(CaptureWriter.staging_partition, orphans), strict=True):
         if call_of(key, row) in continued:
             continue
         tokens = int(row.token_mask.sum())

@@ -38,7 +38,7 @@ import numpy as np
 
 from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
-from ..capture import STAGING_PARTITION, CaptureWriter, Receipt, StagedPrefix
+from ..capture import CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
     DataPlane,
     DataPlaneCheckpointBarrier,
@@ -662,7 +662,9 @@ class Controller(Generic[Weights]):
             owned = self.ledger.expected_staging_keys()
             self.ledger.discard_group(cut, group_id)
             self.data_plane.clear(
-                STAGING_PARTITION, sorted(owned - self.ledger.expected_staging_keys()), cut=cut
+                CaptureWriter.staging_partition,
+                sorted(owned - self.ledger.expected_staging_keys()),
+                cut=cut,
             )
             self.record(
                 PromptDropped(

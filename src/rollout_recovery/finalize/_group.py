@@ -18,12 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from ..capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    Rejection,
-    verify_receipts,
-)
+from ..capture import CaptureWriter, LinearizedRollout, Rejection, verify_receipts
 from ..dataplane import DataPlane
 from ..errors import InvalidStateError, InvalidTransitionError
 from ..ledger import (
@@ -55,7 +50,7 @@ def finalize_group(
     group: PromptGroupRecoveryRecord,
     data_plane: DataPlane,
     settings: CaptureRewardSettings,
-    staging_partition: str = STAGING_PARTITION,
+    staging_partition: str = CaptureWriter.staging_partition,
 ) -> FinalizedGroup:
     """Verify, linearize and reward every sibling of ``group``; return its N canonical rows.
 

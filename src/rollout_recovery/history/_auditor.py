@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from .._settings import read_toml
-from ..capture import STAGING_PARTITION
+from ..capture import CaptureWriter
 from ..checkpoint import SIDECAR_FILENAMES, decode_sidecar
 from ..dataplane import ReplayIndex, SqliteDataPlane
 from ..errors import (
@@ -253,7 +253,7 @@ def _check_checkpoint_rows(
     for path in files:
         try:
             with SqliteDataPlane(path) as store:
-                staged.update(store.keys(STAGING_PARTITION))
+                staged.update(store.keys(CaptureWriter.staging_partition))
                 canonical.update(store.keys(ReplayIndex.canonical_partition))
         except (RolloutRecoveryError, sqlite3.Error, OSError) as error:
             violations.append(f"{path.name} cannot be read as a data plane: {error}")
