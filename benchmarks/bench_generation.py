@@ -38,7 +38,8 @@ from typing import Any
 
 import httpx
 
-from rollout_recovery.capture import CallRecord, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
 from rollout_recovery.rollout import (

@@ -71,8 +71,6 @@ SURFACES: dict[str, set[str]] = {
         "SqliteDataPlane",
     },
     "capture": {
-        "CallRecord",
-        "CaptureFailure",
         "CaptureWriter",
         "LinearizedRollout",
         "Receipt",

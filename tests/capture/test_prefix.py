@@ -7,13 +7,8 @@ from capture_support import PREFIX_PROMPT, stage_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import (
-    CallRecord,
-    CaptureWriter,
-    Rejection,
-    StagedPrefix,
-    read_staged_prefix,
-)
+from rollout_recovery.capture import CaptureWriter, Rejection, StagedPrefix, read_staged_prefix
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane, Row
 from rollout_recovery.rollout._faults import _tamper as tamper
 

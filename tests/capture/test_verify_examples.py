@@ -10,7 +10,6 @@ import pytest
 from capture_support import Built, DictDataPlane, forge, simple_rollout, with_row
 
 from rollout_recovery.capture import (
-    CaptureFailure,
     CaptureWriter,
     LinearizedRollout,
     Receipt,
@@ -18,6 +17,7 @@ from rollout_recovery.capture import (
     assemble_receipt,
 )
 from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
+from rollout_recovery.capture._receipt import CaptureFailure
 from rollout_recovery.capture._result import REBUILD_CODES, REJECTION_CODES, WeightVersionSpan
 from rollout_recovery.capture._verify import fetch_and_verify, verify_and_linearize
 from rollout_recovery.dataplane._protocol import Row

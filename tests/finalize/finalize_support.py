@@ -15,8 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollout_recovery.capture import CallRecord, CaptureFailure, CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter, assemble_receipt
 from rollout_recovery.capture._digest import compute_call_digest
+from rollout_recovery.capture._receipt import CaptureFailure
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import DataPlane, Row
 from rollout_recovery.ledger import PromptGroupRecoveryRecord, RolloutRecoveryLedger
 from rollout_recovery.rewards import RewardChecks, RewardLogContext

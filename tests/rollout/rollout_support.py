@@ -7,7 +7,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_recovery.capture import CallRecord, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params

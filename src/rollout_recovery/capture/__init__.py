@@ -3,8 +3,9 @@
 Generation side: :class:`CaptureWriter` stages each model call's token delta under
 ``{rollout_id}/{model_call_id}`` (:func:`staging_key`) in the data plane's staging
 partition (``CaptureWriter.staging_partition``) *before* it returns the call's
-:class:`CallRecord`; at rollout end :func:`assemble_receipt` turns the records into the
-token-free :class:`Receipt` dict the ledger seals. Finalizer side: :func:`verify_receipts`
+call record; at rollout end :func:`assemble_receipt` (or an attempt's
+:meth:`CaptureWriter.attempt` capture) turns the records into the token-free
+:class:`Receipt` dict the ledger seals. Finalizer side: :func:`verify_receipts`
 re-checks every staged row of a group's receipts against them and returns, per receipt, a
 :class:`LinearizedRollout` or a :class:`Rejection` (one of :data:`REJECTION_CODES`).
 :func:`read_staged_prefix` reads an unsealed attempt's staged calls back as a verified
@@ -13,8 +14,7 @@ patterns and record codecs are private.
 """
 
 from ._prefix import StagedCall, StagedPrefix, read_staged_prefix
-from ._receipt import CaptureFailure, Receipt, assemble_receipt
-from ._records import CallRecord
+from ._receipt import Receipt, assemble_receipt
 from ._result import LinearizedRollout, Rejection
 from ._spans import SPANS_EXTRA, version_spans
 from ._verify import verify_receipts
@@ -22,8 +22,6 @@ from ._writer import CaptureWriter
 
 __all__ = [
     "SPANS_EXTRA",
-    "CallRecord",
-    "CaptureFailure",
     "CaptureWriter",
     "LinearizedRollout",
     "Receipt",
