@@ -61,7 +61,10 @@ _REPLY_CAP = 64 * 2**10
 
 
 class WeightSync(Protocol[Weights_contra]):
-    name: WeightSyncName
+    # Read-only: a sync of one kind (vLLM's) may name its literal alone.
+    @property
+    def name(self) -> WeightSyncName: ...
+
     # False: servers hold whatever they hold and are always treated as current.
     tracks_versions: bool
     # True: a load may change the weights under a call in flight, so a server is drained
