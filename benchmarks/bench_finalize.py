@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter, assemble_receipt
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.finalize._group import finalize_group
 from rollout_recovery.ledger import PromptGroupRecoveryRecord, RolloutRecoveryLedger
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             row_tokens = sum(row.token_ids.size for row in check.rows)
             cases: dict[str, list[float]] = {
                 "raw fetch (one get of all staged rows)": measure(
-                    lambda: store.get(STAGING_PARTITION, keys), args.repeats
+                    lambda: store.get(CaptureWriter.staging_partition, keys), args.repeats
                 ),
                 "finalize_group, no penalties": measure(
                     lambda: finalize_group(group=group, data_plane=store, settings=plain),

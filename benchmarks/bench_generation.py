@@ -38,20 +38,21 @@ from typing import Any
 
 import httpx
 
-from rollout_recovery.capture import CallRecord, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
 from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
     AttemptRequest,
-    FaultSettings,
     GenerationBackend,
-    HttpBackendSettings,
     HttpGenerationBackend,
-    PoolSettings,
     SimulatedAgentBackend,
 )
+from rollout_recovery.rollout._faults import FaultSettings
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+from rollout_recovery.rollout._wire import DIALECTS
 
 TASKS = TaskSet(4096, seed=0, prompt_group_every=4)
 

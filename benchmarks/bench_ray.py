@@ -31,25 +31,17 @@ import numpy as np
 import ray
 
 from rollout_recovery import DataPlaneCheckpointBarrier, RolloutRecoveryLedger
-from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter, assemble_receipt
-from rollout_recovery.cluster import (
-    ActorPoolSettings,
-    RayGenerationBackend,
-    RayShardedDataPlane,
-    ShardDirectory,
-    WorkerSpec,
-)
+from rollout_recovery.capture import CaptureWriter, assemble_receipt
+from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane, ShardDirectory
+from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, Row, SqliteDataPlane
 from rollout_recovery.history import AuditTrail, Seal, SiblingSealed
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
-from rollout_recovery.rollout import (
-    AttemptRequest,
-    FaultSettings,
-    GenerationConfig,
-    SimulatedAgentBackend,
-)
+from rollout_recovery.rollout import AttemptRequest, GenerationConfig, SimulatedAgentBackend
+from rollout_recovery.rollout._faults import FaultSettings
 from rollout_recovery.rundir import RunDirectory
 
 # One episode shape for both backends, written once: two calls (one thinking call and the
@@ -110,7 +102,7 @@ def _staged_mb_per_s(store: DataPlane, rows: int, tokens: int) -> float:
     size = sum(r.token_ids.nbytes + r.token_mask.nbytes + r.logprobs.nbytes for r in payload)
     started = time.perf_counter()
     for i, row in enumerate(payload):
-        store.put(STAGING_PARTITION, {f"g{i}_g0_a0/c": row})
+        store.put(CaptureWriter.staging_partition, {f"g{i}_g0_a0/c": row})
     return size / (time.perf_counter() - started) / 1e6
 
 

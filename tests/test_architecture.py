@@ -37,6 +37,7 @@ LAYERS = [
     "_crashpoints",
     "_checks",
     "_workers",
+    "_datasets",
     "errors",
     "_messages",
     "_bounds",
@@ -45,6 +46,7 @@ LAYERS = [
     "_durable",
     "_lifecycle",
     "_clock",
+    "_http",
 ]
 SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "vllm", "llm"} | {
     "rollout",

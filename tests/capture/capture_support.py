@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter, assemble_receipt
 from rollout_recovery.capture._digest import compute_call_digest
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.ledger import MutationCut
 
@@ -96,7 +97,9 @@ class Built:
     specs: list[CallSpec] = field(default_factory=list)
 
     def rows(self) -> list[Row]:
-        return self.data_plane.get(STAGING_PARTITION, [r.staging_key for r in self.records])
+        return self.data_plane.get(
+            CaptureWriter.staging_partition, [r.staging_key for r in self.records]
+        )
 
 
 def call_id(index: int) -> str:

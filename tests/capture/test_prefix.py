@@ -7,14 +7,8 @@ from capture_support import PREFIX_PROMPT, stage_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CallRecord,
-    CaptureWriter,
-    Rejection,
-    StagedPrefix,
-    read_staged_prefix,
-)
+from rollout_recovery.capture import CaptureWriter, Rejection, StagedPrefix, read_staged_prefix
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane, Row
 from rollout_recovery.rollout._faults import _tamper as tamper
 
@@ -27,7 +21,7 @@ def stage(store: MemoryDataPlane, calls: int, *, rollout: str = ROLLOUT) -> list
 
 
 def keys(store: MemoryDataPlane, rollout: str = ROLLOUT) -> list[str]:
-    return [k for k in store.keys(STAGING_PARTITION) if k.startswith(rollout + "/")]
+    return [k for k in store.keys(CaptureWriter.staging_partition) if k.startswith(rollout + "/")]
 
 
 def test_a_chain_comes_back_call_by_call() -> None:
@@ -59,7 +53,7 @@ def test_any_altered_token_logprob_or_header_is_refused(calls: int, data: st.Dat
     store = MemoryDataPlane()
     stage(store, calls)
     key = data.draw(st.sampled_from(keys(store)))
-    (row,) = store.get(STAGING_PARTITION, [key])
+    (row,) = store.get(CaptureWriter.staging_partition, [key])
     what = data.draw(st.sampled_from(["token", "logprob", "version", "extras"]))
     token_ids, logprobs, metadata = row.token_ids.copy(), row.logprobs.copy(), dict(row.metadata)
     position = data.draw(st.integers(0, len(token_ids) - 1))
@@ -72,7 +66,7 @@ def test_any_altered_token_logprob_or_header_is_refused(calls: int, data: st.Dat
     else:
         metadata["extras"] = {"call": "forged"}
     store.put(
-        STAGING_PARTITION,
+        CaptureWriter.staging_partition,
         {
             key: Row(
                 token_ids=token_ids, token_mask=row.token_mask, logprobs=logprobs, metadata=metadata
@@ -86,7 +80,7 @@ def test_any_altered_token_logprob_or_header_is_refused(calls: int, data: st.Dat
 def test_a_tampered_row_is_refused_as_a_digest_mismatch() -> None:
     store = MemoryDataPlane()
     stage(store, 2)
-    tamper(store, STAGING_PARTITION, f"{ROLLOUT}/c1")  # the simulated tamper fault
+    tamper(store, CaptureWriter.staging_partition, f"{ROLLOUT}/c1")  # the simulated tamper fault
     found = read_staged_prefix(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.code == "digest_mismatch", found
 
@@ -94,7 +88,7 @@ def test_a_tampered_row_is_refused_as_a_digest_mismatch() -> None:
 def test_a_missing_middle_call_breaks_the_chain() -> None:
     store = MemoryDataPlane()
     stage(store, 3)
-    store.clear(STAGING_PARTITION, [f"{ROLLOUT}/c1"])
+    store.clear(CaptureWriter.staging_partition, [f"{ROLLOUT}/c1"])
     found = read_staged_prefix(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.rebuild_code == "missing_parent", found
 
@@ -110,9 +104,9 @@ def test_a_row_of_another_rollout_is_foreign() -> None:
     store = MemoryDataPlane()
     stage(store, 2)
     stage(store, 1, rollout="g1_g1_abb")
-    (row,) = store.get(STAGING_PARTITION, ["g1_g1_abb/c0"])
+    (row,) = store.get(CaptureWriter.staging_partition, ["g1_g1_abb/c0"])
     # The other attempt's row, filed under this attempt's key.
-    store.put(STAGING_PARTITION, {f"{ROLLOUT}/c5": row})
+    store.put(CaptureWriter.staging_partition, {f"{ROLLOUT}/c5": row})
     found = read_staged_prefix(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.code == "identity_mismatch", found
     listed = read_staged_prefix(store, ROLLOUT, ["g1_g1_abb/c0"])

@@ -10,15 +10,9 @@ import pytest
 from capture_support import Built, CallSpec, rollouts
 from hypothesis import given, settings
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CallRecord,
-    CaptureWriter,
-    LinearizedRollout,
-    Rejection,
-    assemble_receipt,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection, assemble_receipt
+from rollout_recovery.capture._records import CallRecord
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 
 RID = "grp7_g2_a0f"
@@ -69,12 +63,12 @@ def test_round_trip_through_a_real_store(store: DataPlane) -> None:
     assert isinstance(result, LinearizedRollout), result
     assert result.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
     assert result.token_mask.tolist() == [0, 0, 1, 1, 0, 1]
-    assert store.keys(STAGING_PARTITION) == [f"{RID}/c0", f"{RID}/c1", f"{RID}/c2"]
+    assert store.keys(CaptureWriter.staging_partition) == [f"{RID}/c0", f"{RID}/c1", f"{RID}/c2"]
 
 
 def test_missing_row_in_a_real_store_names_the_key(store: DataPlane) -> None:
     records = _stage(store, SPECS)
-    store.clear(STAGING_PARTITION, [f"{RID}/c2"])
+    store.clear(CaptureWriter.staging_partition, [f"{RID}/c2"])
     receipt = assemble_receipt(RID, records, terminal_model_call_id="c1")
     result = fetch_and_verify(receipt, store)
     assert isinstance(result, Rejection)
@@ -131,7 +125,7 @@ def test_a_row_corrupted_on_disk_is_rejected_not_raised(
 def test_random_rollouts_round_trip_through_the_memory_store(built: Built) -> None:
     plane = MemoryDataPlane()
     keys = [record.staging_key for record in built.records]
-    plane.put(STAGING_PARTITION, dict(zip(keys, built.rows(), strict=True)))
+    plane.put(CaptureWriter.staging_partition, dict(zip(keys, built.rows(), strict=True)))
     result = fetch_and_verify(built.receipt, plane)
     assert isinstance(result, LinearizedRollout), result
     assert result.token_ids.tolist() == built.expected_tokens

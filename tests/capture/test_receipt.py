@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from capture_support import simple_rollout
 
-from rollout_recovery.capture import CaptureFailure, Receipt, assemble_receipt
+from rollout_recovery.capture import Receipt, assemble_receipt
 from rollout_recovery.capture._receipt import (
     MISSING_TERMINAL_ROW,
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     UNDECLARED_TERMINAL,
+    CaptureFailure,
 )
 from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
 

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from capture_support import simple_rollout
 
-from rollout_recovery.capture import CallRecord
-from rollout_recovery.capture._records import StagedCallHeader
+from rollout_recovery.capture._records import CallRecord, StagedCallHeader
 from rollout_recovery.errors import InvalidStateError
 
 

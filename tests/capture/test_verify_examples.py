@@ -10,17 +10,16 @@ import pytest
 from capture_support import Built, DictDataPlane, forge, simple_rollout, with_row
 
 from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureFailure,
+    CaptureWriter,
     LinearizedRollout,
     Receipt,
     Rejection,
     assemble_receipt,
-    fetch_and_verify,
-    verify_and_linearize,
 )
 from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
+from rollout_recovery.capture._receipt import CaptureFailure
 from rollout_recovery.capture._result import REBUILD_CODES, REJECTION_CODES, WeightVersionSpan
+from rollout_recovery.capture._verify import fetch_and_verify, verify_and_linearize
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.rewards import LinkSpan
 
@@ -189,7 +188,7 @@ def test_call_id_mismatch_between_entry_and_its_key(built: Built) -> None:
 
 
 def test_missing_staging_row_from_the_data_plane(built: Built) -> None:
-    built.data_plane.clear(STAGING_PARTITION, [f"{RID}/call03"])
+    built.data_plane.clear(CaptureWriter.staging_partition, [f"{RID}/call03"])
     rejection = _rejected(fetch_and_verify(built.receipt, built.data_plane), "missing_staging_row")
     assert rejection.reason == f"missing_staging_row:{RID}/call03"
 

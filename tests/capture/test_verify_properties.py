@@ -11,12 +11,8 @@ from capture_support import Built, call_id, forge, rollouts, with_row
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import (
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-    verify_and_linearize,
-)
+from rollout_recovery.capture import LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify, verify_and_linearize
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from capture_support import DictDataPlane
 
-from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._digest import hash_token_ids
-from rollout_recovery.capture._records import StagedCallHeader
+from rollout_recovery.capture._records import CallRecord, StagedCallHeader
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.ledger import MutationCut
@@ -36,8 +36,8 @@ def _root(writer: CaptureWriter, **overrides: Any) -> CallRecord:
 def test_stages_the_delta_then_returns_a_matching_record() -> None:
     data_plane = DictDataPlane()
     record = _root(CaptureWriter(data_plane))
-    assert data_plane.put_log == [(STAGING_PARTITION, (f"{RID}/c0",))]
-    (row,) = data_plane.get(STAGING_PARTITION, [record.staging_key])
+    assert data_plane.put_log == [(CaptureWriter.staging_partition, (f"{RID}/c0",))]
+    (row,) = data_plane.get(CaptureWriter.staging_partition, [record.staging_key])
     assert row.token_ids.dtype == np.int32 and row.token_ids.tolist() == [1, 2, 3, 4, 5]
     assert row.token_mask.dtype == np.float32 and row.token_mask.tolist() == [0, 0, 0, 1, 1]
     assert row.logprobs.dtype == np.float32 and row.logprobs.tolist() == [0, 0, 0, -0.5, -0.25]
@@ -109,7 +109,7 @@ def test_continuation_must_begin_with_the_parents_tokens(prompt: list[int]) -> N
             weight_version=8,
         )
     assert info.value.path == "$.prompt_token_ids"
-    assert data_plane.keys(STAGING_PARTITION) == [root.staging_key]  # nothing staged
+    assert data_plane.keys(CaptureWriter.staging_partition) == [root.staging_key]  # nothing staged
 
 
 def test_parent_must_be_an_other_call_of_the_same_rollout() -> None:
@@ -169,12 +169,13 @@ EXTRAS = {
 
 
 def test_extras_are_staged_digested_and_verified() -> None:
-    from rollout_recovery.capture import assemble_receipt, verify_and_linearize
+    from rollout_recovery.capture import assemble_receipt
     from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST, compute_extras_digest
+    from rollout_recovery.capture._verify import verify_and_linearize
 
     data_plane = DictDataPlane()
     record = _root(CaptureWriter(data_plane), extras=EXTRAS)
-    (row,) = data_plane.get(STAGING_PARTITION, [record.staging_key])
+    (row,) = data_plane.get(CaptureWriter.staging_partition, [record.staging_key])
     assert row.metadata["extras"] == EXTRAS
     assert record.extras_digest == compute_extras_digest(EXTRAS) != EMPTY_EXTRAS_DIGEST
     receipt = assemble_receipt(RID, [record], terminal_model_call_id="c0")
@@ -184,7 +185,7 @@ def test_extras_are_staged_digested_and_verified() -> None:
 def test_a_row_without_extras_keeps_its_old_header() -> None:
     data_plane = DictDataPlane()
     record = _root(CaptureWriter(data_plane))
-    (row,) = data_plane.get(STAGING_PARTITION, [record.staging_key])
+    (row,) = data_plane.get(CaptureWriter.staging_partition, [record.staging_key])
     assert "extras" not in row.metadata
 
 
@@ -260,4 +261,4 @@ def test_extras_as_deep_as_row_metadata_allows_are_staged_in_a_real_store() -> N
 
     data_plane = MemoryDataPlane()  # validates metadata like every store
     record = _root(CaptureWriter(data_plane), extras={"x": _nested(62)})
-    assert data_plane.keys(STAGING_PARTITION) == [record.staging_key]
+    assert data_plane.keys(CaptureWriter.staging_partition) == [record.staging_key]

@@ -10,7 +10,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError
 
-from rollout_recovery.cluster import ShardDirectory
+from rollout_recovery.cluster._sharded_plane import ShardDirectory
 
 _names = itertools.count()
 

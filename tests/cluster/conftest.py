@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 
 from cluster_support import layout  # noqa: E402
 
-from rollout_recovery.cluster import RayShardedDataPlane  # noqa: E402
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,20 +14,16 @@ import ray
 from cluster_support import kill_and_await_death
 
 from rollout_recovery.capture import (
-    STAGING_PARTITION,
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    fetch_and_verify,
     read_staged_prefix,
 )
-from rollout_recovery.cluster import (
-    ActorPoolSettings,
-    RayGenerationBackend,
-    RayShardedDataPlane,
-    WorkerSpec,
-)
-from rollout_recovery.dataplane import reconcile_staging
+from rollout_recovery.capture._verify import fetch_and_verify
+from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
+from rollout_recovery.cluster._worker import WorkerSpec
+from rollout_recovery.control._inventory import reconcile_staging
 from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError, GenerationError
 from rollout_recovery.ledger import RolloutRecoveryLedger
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
@@ -156,7 +152,7 @@ def test_a_dead_actor_costs_only_its_attempts_and_is_replaced(
     # Its writer id is fenced: a late put from it can never land.
     with pytest.raises(FencedWriterError):
         RayShardedDataPlane(plane.layout, writer=victim).put(
-            STAGING_PARTITION, {"grp0_g0_a0/late": _row()}
+            CaptureWriter.staging_partition, {"grp0_g0_a0/late": _row()}
         )
 
 
@@ -173,13 +169,21 @@ def test_the_next_attempt_continues_the_calls_a_dead_actor_staged(new_plane: New
             writer = CaptureWriter(plane)
             lost = asyncio.create_task(backend.run_attempt(_request(7), writer))
             async with asyncio.timeout(120):  # until its first call is staged
-                while not [k for k in plane.keys(STAGING_PARTITION) if k.startswith("grp7_g0_a0/")]:
+                while not [
+                    k
+                    for k in plane.keys(CaptureWriter.staging_partition)
+                    if k.startswith("grp7_g0_a0/")
+                ]:
                     await asyncio.sleep(0.05)
             (victim,) = [name for name, load in backend.actor_load().items() if load]
             kill_and_await_death(backend.live_actors()[victim])
             with pytest.raises(GenerationError, match="actor_died"):
                 await lost
-            keys = [k for k in plane.keys(STAGING_PARTITION) if k.startswith("grp7_g0_a0/")]
+            keys = [
+                k
+                for k in plane.keys(CaptureWriter.staging_partition)
+                if k.startswith("grp7_g0_a0/")
+            ]
             prefix = read_staged_prefix(plane, "grp7_g0_a0", keys)
             assert isinstance(prefix, StagedPrefix), prefix
             result = await backend.resume_attempt(_request(7, attempt=1), writer, prefix)
@@ -210,7 +214,7 @@ def test_a_late_write_that_beat_the_fence_is_an_unreferenced_orphan(
     row can ever be built from it."""
     plane = new_plane(2)
     late = RayShardedDataPlane(plane.layout, writer="gen-dead")
-    late.put(STAGING_PARTITION, {"grp1_g0_aabc/reason-1": _row()})
+    late.put(CaptureWriter.staging_partition, {"grp1_g0_aabc/reason-1": _row()})
     plane.fence("gen-dead")
     ledger = RolloutRecoveryLedger()  # the attempt was abandoned: nothing references it
 
@@ -220,11 +224,15 @@ def test_a_late_write_that_beat_the_fence_is_an_unreferenced_orphan(
         barrier = DataPlaneCheckpointBarrier()
         async with barrier.mutation("recovery_restore") as cut:
             return reconcile_staging(
-                ledger, plane, cut, partition=STAGING_PARTITION, clear_unreferenced=True
+                ledger,
+                plane,
+                cut,
+                partition=CaptureWriter.staging_partition,
+                clear_unreferenced=True,
             )
 
     asyncio.run(inventory())
-    assert plane.keys(STAGING_PARTITION) == []
+    assert plane.keys(CaptureWriter.staging_partition) == []
 
 
 def test_no_live_actor_and_none_startable_fails_loudly(new_plane: NewPlane) -> None:

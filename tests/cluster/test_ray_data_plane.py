@@ -16,10 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from store_contract import MACHINE_SETTINGS, StoreContract, StoreFactory, StoreMachine
 
-from rollout_recovery.capture import STAGING_PARTITION
-from rollout_recovery.cluster import RayShardedDataPlane
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.cluster._routing import shard_of
-from rollout_recovery.dataplane import CANONICAL_PARTITION, DataPlane, Row, SqliteDataPlane
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
+from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import FencedWriterError, InvalidArgumentError
 
 pytestmark = pytest.mark.ray
@@ -111,18 +112,18 @@ def test_a_killed_shard_is_restarted_by_the_health_check(new_plane: NewPlane) ->
 def test_a_fenced_writer_is_refused_even_after_a_shard_restart(new_plane: NewPlane) -> None:
     plane = new_plane(2)
     worker = RayShardedDataPlane(plane.layout, writer="gen-7")
-    worker.put(STAGING_PARTITION, {"g1_g0_a1/c0": make_row(1)})
+    worker.put(CaptureWriter.staging_partition, {"g1_g0_a1/c0": make_row(1)})
     plane.fence("gen-7")
     for index in range(2):
         os.kill(plane.shard_pid(index), signal.SIGKILL)
         plane.restart_shard(index)
     with pytest.raises(FencedWriterError) as caught:
-        worker.put(STAGING_PARTITION, {"g1_g0_a1/c1": make_row(2)})
+        worker.put(CaptureWriter.staging_partition, {"g1_g0_a1/c1": make_row(2)})
     assert caught.value.writer == "gen-7"
-    assert plane.keys(STAGING_PARTITION) == ["g1_g0_a1/c0"]
+    assert plane.keys(CaptureWriter.staging_partition) == ["g1_g0_a1/c0"]
     # Another writer is unaffected.
     RayShardedDataPlane(plane.layout, writer="gen-8").put(
-        STAGING_PARTITION, {"g2_g0_a1/c0": make_row(3)}
+        CaptureWriter.staging_partition, {"g2_g0_a1/c0": make_row(3)}
     )
 
 

@@ -11,12 +11,12 @@ from rollout_recovery._settings import Section
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control import load_config
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
-from rollout_recovery.rollout import FaultSettings, HttpBackendSettings, SimulatedAgentBackend
+from rollout_recovery.rollout import SimulatedAgentBackend
+from rollout_recovery.rollout._faults import FaultSettings
 
 # What a worker needs that is not a config section: which backend, where it stages, the
-# job's seed, and the runtime objects the job resolves (faults with a worker's crash
-# turned into a real actor death, the HTTP settings with the key and the vocabulary).
-NOT_SECTIONS = {"kind", "shards", "seed", "faults", "http_settings"}
+# job's seed, and what the job resolves (the trainer's vocabulary, the servers' key).
+NOT_SECTIONS = {"kind", "shards", "seed", "vocab_size", "api_key"}
 
 
 def test_the_worker_spec_holds_config_sections_not_copies_of_their_fields() -> None:
@@ -27,8 +27,6 @@ def test_the_worker_spec_holds_config_sections_not_copies_of_their_fields() -> N
         assert isinstance(hints[field.name], type) and issubclass(hints[field.name], Section), (
             f"WorkerSpec.{field.name} restates a config field: hold its section instead"
         )
-    assert hints["faults"] is FaultSettings
-    assert hints["http_settings"] == HttpBackendSettings | None
 
 
 def test_the_job_and_a_worker_build_the_same_task_set_and_episode() -> None:

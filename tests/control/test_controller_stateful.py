@@ -134,13 +134,8 @@ from hypothesis.stateful import (
 
 import rollout_recovery.control._checkpointing as checkpointing
 import rollout_recovery.control._controller as controller_module
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureFailure,
-    CaptureWriter,
-    StagedPrefix,
-    assemble_receipt,
-)
+from rollout_recovery.capture import CaptureWriter, StagedPrefix, assemble_receipt
+from rollout_recovery.capture._receipt import CaptureFailure
 from rollout_recovery.control._checkpointing import (
     follow_journal,
     restore_controller,
@@ -152,7 +147,8 @@ from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
 from rollout_recovery.control._replay import JournalReplay
 from rollout_recovery.control._sampler import dataset_position_to_idx
-from rollout_recovery.dataplane import CANONICAL_PARTITION, MemoryDataPlane, ReplayIndex, Row
+from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex, Row
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import GenerationError, RolloutRecoveryError, StepShortfallError
 from rollout_recovery.history import AuditTrail, JournalEntry
 from rollout_recovery.history._trail_check import check_trail
@@ -941,7 +937,7 @@ class ControllerMachine(RuleBasedStateMachine):
         # Invariant 5: after a restore the partitions hold exactly what the state owns, and
         # the first call of each unsealed sibling's lost attempt, kept to be continued.
         controller = self.controller
-        staging = set(self.durable.keys(STAGING_PARTITION))
+        staging = set(self.durable.keys(CaptureWriter.staging_partition))
         resumable = {
             f"{model.last_attempt[(record.group_id, index)]}/c0"
             for record in controller.ledger.groups()
@@ -1097,7 +1093,7 @@ class ControllerMachine(RuleBasedStateMachine):
         assert sealed_ids <= _seal_ids(entries), f"seals missing from the journal: {sealed_ids}"
 
         # 5. The store holds every row the ledger, the index and a restorable checkpoint own.
-        staging = set(self.durable.keys(STAGING_PARTITION))
+        staging = set(self.durable.keys(CaptureWriter.staging_partition))
         canonical = set(self.durable.keys(CANONICAL_PARTITION))
         missing = ledger.expected_staging_keys() - staging
         assert not missing, f"staged rows the ledger owns are gone: {sorted(missing)[:5]}"
@@ -1249,7 +1245,7 @@ def _publish_keeps_staging(patch: pytest.MonkeyPatch) -> None:
             return getattr(self.inner, name)
 
         def clear(self, partition: str, keys: Any, *, cut: Any = None) -> None:
-            if partition != STAGING_PARTITION:
+            if partition != CaptureWriter.staging_partition:
                 self.inner.clear(partition, keys, cut=cut)
 
     def publish(ledger: Any, cut: Any, *, data_plane: Any, **kwargs: Any) -> Any:

@@ -6,7 +6,7 @@ from capture_support import stage_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.control._checkpointing import _interrupted_tokens
 from rollout_recovery.control._resume import (
     attempt_rollout_ids,
@@ -85,7 +85,7 @@ def test_a_tampered_attempt_is_refused_and_says_why() -> None:
     lost, current = attempt_rollout_ids(group, 1)
     store = MemoryDataPlane()
     stage(store, lost, [0, 0])
-    tamper(store, STAGING_PARTITION, f"{lost}/c1")  # the simulated tamper fault
+    tamper(store, CaptureWriter.staging_partition, f"{lost}/c1")  # the simulated tamper fault
     choices = choose_prefixes(group, [1], store, keeps=keep_all, include_current=False)
     assert choices[1].prefix is None
     assert len(choices[1].refused) == 1 and "digest_mismatch" in choices[1].refused[0]

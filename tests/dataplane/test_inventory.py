@@ -14,7 +14,8 @@ from rollout_recovery import (
     build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
-from rollout_recovery.dataplane import Row, SqliteDataPlane, reconcile_staging
+from rollout_recovery.control._inventory import reconcile_staging
+from rollout_recovery.dataplane import Row, SqliteDataPlane
 from rollout_recovery.errors import DeadCutError, StagingInventoryError
 
 STAGING = "rollout_staging"
@@ -144,7 +145,7 @@ def test_a_dead_cut_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_canonical_partition_is_never_reconciled(tmp_path: Path) -> None:
-    from rollout_recovery.dataplane import CANONICAL_PARTITION
+    from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
     from rollout_recovery.errors import InvalidTransitionError
 
     store = SqliteDataPlane(tmp_path / "rows.sqlite")

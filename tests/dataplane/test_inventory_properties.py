@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_recovery import RecoveryGranularity, RolloutRecoveryLedger, SiblingSealResult
-from rollout_recovery.dataplane import MemoryDataPlane, Row, reconcile_staging
+from rollout_recovery.control._inventory import reconcile_staging
+from rollout_recovery.dataplane import MemoryDataPlane, Row
 
 STAGING = "rollout_staging"
 ROW = Row(

@@ -11,12 +11,8 @@ import msgspec
 import pytest
 from dataplane_support import FakeCut, dead_cut, make_row
 
-from rollout_recovery.dataplane import (
-    CANONICAL_PARTITION,
-    MemoryDataPlane,
-    ReplayIndex,
-    SqliteDataPlane,
-)
+from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex, SqliteDataPlane
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import (
     DeadCutError,
     InvalidStateError,

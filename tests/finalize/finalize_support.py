@@ -15,14 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CallRecord,
-    CaptureFailure,
-    CaptureWriter,
-    assemble_receipt,
-)
+from rollout_recovery.capture import CaptureWriter, assemble_receipt
 from rollout_recovery.capture._digest import compute_call_digest
+from rollout_recovery.capture._receipt import CaptureFailure
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import DataPlane, Row
 from rollout_recovery.ledger import PromptGroupRecoveryRecord, RolloutRecoveryLedger
 from rollout_recovery.rewards import RewardChecks, RewardLogContext
@@ -172,13 +168,13 @@ def damage(store: DataPlane, sibling: StagedSibling, kind: Kind) -> None:
             failures=[CaptureFailure(model_call_id="cx", reason="worker_lost_ack")],
         )
     elif kind == "missing_row":
-        store.clear(STAGING_PARTITION, [keys[len(keys) // 2]])
+        store.clear(CaptureWriter.staging_partition, [keys[len(keys) // 2]])
     elif kind == "flipped_token":
         key = keys[-1]
-        (row,) = store.get(STAGING_PARTITION, [key])
+        (row,) = store.get(CaptureWriter.staging_partition, [key])
         flipped = row.token_ids.copy()
         flipped[-1] ^= 1
-        store.put(STAGING_PARTITION, {key: replace(row, token_ids=flipped)})
+        store.put(CaptureWriter.staging_partition, {key: replace(row, token_ids=flipped)})
     elif kind == "reordered":
         assert sibling.receipt is not None and len(records) >= 2
         receipt = copy.deepcopy(sibling.receipt)
@@ -198,7 +194,7 @@ def _forge_parent(
     header, re-signed with a recomputed digest: only the lineage check can catch it."""
     forged = copy.deepcopy(receipt)
     entry = forged["manifest"][index]
-    (row,) = store.get(STAGING_PARTITION, [entry["staging_key"]])
+    (row,) = store.get(CaptureWriter.staging_partition, [entry["staging_key"]])
     header = dict(row.metadata)
     entry["parent_call_id"] = header["parent_call_id"] = parent
     digest = compute_call_digest(
@@ -218,7 +214,9 @@ def _forge_parent(
         cumulative_hash=entry["cumulative_hash"],
     )
     entry["digest"] = header["digest"] = digest
-    store.put(STAGING_PARTITION, {entry["staging_key"]: replace(row, metadata=header)})
+    store.put(
+        CaptureWriter.staging_partition, {entry["staging_key"]: replace(row, metadata=header)}
+    )
     return forged
 
 

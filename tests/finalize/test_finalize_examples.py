@@ -18,7 +18,8 @@ from finalize_support import (
     stage_chain,
 )
 
-from rollout_recovery.capture import STAGING_PARTITION, LinearizedRollout, fetch_and_verify
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.errors import DataPlaneClosedError, InvalidTransitionError
 from rollout_recovery.finalize._group import finalize_group
@@ -123,9 +124,9 @@ def test_all_valid_group_yields_n_rows_in_generation_order(
 
 def test_finalize_reads_only(ledger: RolloutRecoveryLedger, store: DataPlane) -> None:
     build_group(ledger, store, ["sealed", "failed"])
-    before = {p: store.keys(p) for p in (STAGING_PARTITION, "canonical")}
+    before = {p: store.keys(p) for p in (CaptureWriter.staging_partition, "canonical")}
     run(ledger, store)
-    assert {p: store.keys(p) for p in (STAGING_PARTITION, "canonical")} == before
+    assert {p: store.keys(p) for p in (CaptureWriter.staging_partition, "canonical")} == before
     assert ledger.get_group("grp").status is PromptGroupStatus.READY_TO_FINALIZE
 
 

@@ -14,7 +14,8 @@ from finalize_support import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import LinearizedRollout, fetch_and_verify
+from rollout_recovery.capture import LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.finalize._group import finalize_group
 from rollout_recovery.finalize._metrics import INVALID_ROW_RATE

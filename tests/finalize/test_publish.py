@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 from finalize_support import CUT, build_group, reserve_dispatched
 
-from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import (
-    CANONICAL_PARTITION,
     DataPlane,
     DataPlaneCheckpointBarrier,
     MemoryDataPlane,
@@ -20,6 +19,7 @@ from rollout_recovery.dataplane import (
     Row,
     SqliteDataPlane,
 )
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import (
     CheckpointUnsafeError,
     DeadCutError,
@@ -110,7 +110,7 @@ def publish(
 def snapshot(ledger: RolloutRecoveryLedger, plane: FaultyPlane, index: ReplayIndex) -> Any:
     return (
         [(g.group_id, g.status) for g in ledger.groups()],
-        plane.keys(STAGING_PARTITION),
+        plane.keys(CaptureWriter.staging_partition),
         plane.keys(CANONICAL_PARTITION),
         index.group_ids(),
         index.reserved_group_ids(),
@@ -127,7 +127,7 @@ def test_publish_inside_a_real_group_commits_section(
     build_group(ledger, plane, ["sealed", "sealed", "sealed", "sealed"], group_id="other")
     owned = {k for s in ledger.get_group("grp").siblings for k in s.current_attempt.staging_keys}
     assert owned and not any(key.startswith("grp_g1_") for key in owned)
-    survivors = set(plane.keys(STAGING_PARTITION)) - owned
+    survivors = set(plane.keys(CaptureWriter.staging_partition)) - owned
     index = ReplayIndex(data_plane=plane, group_size=4)
     barrier = DataPlaneCheckpointBarrier()
     plane.calls.clear()  # only the publication's own writes from here on
@@ -140,7 +140,7 @@ def test_publish_inside_a_real_group_commits_section(
 
     assert "grp" not in ledger and "other" in ledger
     assert plane.keys(CANONICAL_PARTITION) == ["grp_g0", "grp_g1", "grp_g2", "grp_g3"]
-    assert set(plane.keys(STAGING_PARTITION)) == survivors
+    assert set(plane.keys(CaptureWriter.staging_partition)) == survivors
     committed = index.group("grp")
     assert committed.row_keys == result.row_keys
     assert committed.target_step == 3
@@ -151,7 +151,7 @@ def test_publish_inside_a_real_group_commits_section(
     assert [row.metadata["reason"] is None for row in stored] == [True, False, False, False]
     ledger.assert_checkpoint_safe()
     # Ownership order of the writes: canonical rows first, staging clear after.
-    assert plane.calls == [("put", CANONICAL_PARTITION), ("clear", STAGING_PARTITION)]
+    assert plane.calls == [("put", CANONICAL_PARTITION), ("clear", CaptureWriter.staging_partition)]
 
 
 def test_publish_uses_an_existing_replay_slot(
@@ -204,7 +204,7 @@ def test_refusals_before_submission_change_nothing(
 
         cut = Dead()
     if setup == "read_fault":
-        plane.fail = ("get", STAGING_PARTITION, "before")
+        plane.fail = ("get", CaptureWriter.staging_partition, "before")
     before = snapshot(ledger, plane, index)
     with pytest.raises(error, match=match):
         publish(ledger, plane, index, cut)
@@ -229,7 +229,7 @@ def _empty() -> dict[str, Any]:
     [
         ("put", CANONICAL_PARTITION, "before"),  # a store that raised may still have written
         ("put", CANONICAL_PARTITION, "after"),
-        ("clear", STAGING_PARTITION, "before"),
+        ("clear", CaptureWriter.staging_partition, "before"),
     ],
 )
 def test_failure_after_submission_is_finalization_unknown_and_never_checkpointed(

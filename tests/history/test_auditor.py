@@ -32,10 +32,11 @@ from auditor_support import (
 from click.testing import CliRunner
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV, reset_crash_points_for_tests
-from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
-from rollout_recovery.dataplane import CANONICAL_PARTITION, SqliteDataPlane
+from rollout_recovery.dataplane import SqliteDataPlane
+from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import NotARunDirectoryError
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._auditor import AuditReport
@@ -225,8 +226,8 @@ def test_a_staged_row_a_checkpoint_ledger_expects_is_missing(run: Path) -> None:
     view = next(v for v in checkpoints(run, KEEP) if v.expected_staging)
     key = sorted(view.expected_staging)[0]
     with SqliteDataPlane(run / "dataplane.sqlite") as store:
-        assert key in store.keys(STAGING_PARTITION)
-        store.clear(STAGING_PARTITION, [key])
+        assert key in store.keys(CaptureWriter.staging_partition)
+        store.clear(CaptureWriter.staging_partition, [key])
 
     report = failed(run)
     the_violation(
@@ -491,7 +492,7 @@ def test_a_row_cleared_while_a_checkpoint_is_written_survives_while_that_checkpo
     assert hold.cleared_while_writing, "the interleaving was not forced"
 
     with SqliteDataPlane(out / "dataplane.sqlite") as store:
-        staged = set(store.keys(STAGING_PARTITION))
+        staged = set(store.keys(CaptureWriter.staging_partition))
     assert "step_000002" in {c.name for c in CheckpointStore(out, keep=keep).committed()}
     assert hold.cleared_while_writing <= staged, (
         "rows retained checkpoint step_000002 owns were deleted: "

@@ -19,27 +19,16 @@ import httpx
 import numpy as np
 import pytest
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureWriter,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import ANSWER
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    AttemptResult,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-    WeightSyncName,
-)
-from rollout_recovery.rollout._wire import DialectName
+from rollout_recovery.rollout import AttemptRequest, AttemptResult, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS, WeightSyncName
+from rollout_recovery.rollout._wire import DIALECTS, DialectName
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory
@@ -106,8 +95,10 @@ async def _run(backend: HttpGenerationBackend, writer: CaptureWriter, idxs: rang
 
 
 def _extras(store: MemoryDataPlane, rollout_id: str) -> list[dict[str, Any]]:
-    keys = [k for k in store.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")]
-    rows = store.get(STAGING_PARTITION, keys)
+    keys = [
+        k for k in store.keys(CaptureWriter.staging_partition) if k.startswith(rollout_id + "/")
+    ]
+    rows = store.get(CaptureWriter.staging_partition, keys)
     # Commit order: the reasoning call is the one without a parent.
     return sorted(
         (row.metadata["extras"] | {"_parent": row.metadata["parent_call_id"]} for row in rows),
@@ -159,10 +150,10 @@ def test_a_tampered_staged_row_is_rejected(servers: list[VllmServer]) -> None:
     writer = CaptureWriter(store)
     (result,) = asyncio.run(_run(_backend([servers[0].url]), writer, range(1)))
     key = result.receipt["manifest"][0]["staging_key"]
-    (row,) = store.get(STAGING_PARTITION, [key])
+    (row,) = store.get(CaptureWriter.staging_partition, [key])
     token_ids = row.token_ids.copy()
     token_ids[-1] = (int(token_ids[-1]) + 1) % TINY_VOCAB  # one generated id, metadata untouched
-    store.put(STAGING_PARTITION, {key: dataclasses.replace(row, token_ids=token_ids)})
+    store.put(CaptureWriter.staging_partition, {key: dataclasses.replace(row, token_ids=token_ids)})
     rejected = fetch_and_verify(result.receipt, store)
     assert isinstance(rejected, Rejection) and rejected.code == "digest_mismatch", rejected
 
@@ -251,7 +242,7 @@ def test_sigkill_mid_request_is_an_infra_failure_redispatched_to_the_other_serve
         for server in servers:
             if not server.killed:
                 httpx.post(f"{server.url}/resume", timeout=TIMEOUT_S)
-    assert store.keys(STAGING_PARTITION)  # staged by the survivor only
+    assert store.keys(CaptureWriter.staging_partition)  # staged by the survivor only
     verified = fetch_and_verify(result.receipt, store)
     assert isinstance(verified, LinearizedRollout), verified
     first, _ = _extras(store, result.rollout_id)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._trail_check import check_trail
@@ -346,9 +346,11 @@ def test_a_restore_counts_lost_only_the_tokens_of_the_attempts_the_kill_interrup
             published.add(record.group_id)
     interrupted = dispatched - closed
     with SqliteDataPlane(out / "dataplane.sqlite") as store:
-        keys = store.keys(STAGING_PARTITION)
+        keys = store.keys(CaptureWriter.staging_partition)
         mine = [key for key in keys if key.split("/")[0] in interrupted]
-        expected = sum(int(row.token_mask.sum()) for row in store.get(STAGING_PARTITION, mine))
+        expected = sum(
+            int(row.token_mask.sum()) for row in store.get(CaptureWriter.staging_partition, mine)
+        )
         waiting = [key for key in keys if key.split("_g")[0] in published]
     assert mine, "no call of an interrupted attempt was staged at the kill"
     assert waiting, "no published group's rows were waiting for deferred deletion"

@@ -22,7 +22,8 @@ from run_fixtures import backend_events
 
 ray = pytest.importorskip("ray")
 
-from rollout_recovery.cluster import RayGenerationBackend, RayShardedDataPlane  # noqa: E402
+from rollout_recovery.cluster._pool import RayGenerationBackend  # noqa: E402
+from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane  # noqa: E402
 from rollout_recovery.control import RunConfig  # noqa: E402
 from rollout_recovery.dataplane import DataPlane  # noqa: E402
 from rollout_recovery.history import audit_run  # noqa: E402

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV
-from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._trail_reader import read_entries
@@ -27,9 +27,9 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 def staged_tokens_by_rollout(store_file: Path) -> dict[str, int]:
     store = SqliteDataPlane(store_file)
     try:
-        keys = store.keys(STAGING_PARTITION)
+        keys = store.keys(CaptureWriter.staging_partition)
         tokens: dict[str, int] = defaultdict(int)
-        for key, row in zip(keys, store.get(STAGING_PARTITION, keys), strict=True):
+        for key, row in zip(keys, store.get(CaptureWriter.staging_partition, keys), strict=True):
             tokens[key.split("/", 1)[0]] += int(row.token_mask.sum())
         return dict(tokens)
     finally:

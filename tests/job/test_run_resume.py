@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV
-from rollout_recovery.capture import STAGING_PARTITION
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.history import audit_run
@@ -103,7 +103,7 @@ def test_resume_attempt_starts_every_lost_attempt_over(
 
 def _staged_by_attempt(out: Path) -> dict[str, list[str]]:
     with SqliteDataPlane(RunDirectory(out).data_plane_file) as store:
-        keys = store.keys(STAGING_PARTITION)
+        keys = store.keys(CaptureWriter.staging_partition)
     found: dict[str, list[str]] = {}
     for key in keys:
         found.setdefault(key.partition("/")[0], []).append(key)

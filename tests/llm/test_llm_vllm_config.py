@@ -29,13 +29,11 @@ from rollout_recovery.llm._model_source import model_directory
 from rollout_recovery.llm._trainer import TorchGRPOTrainer
 from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import THOUGHT_BASE
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
+from rollout_recovery.rollout import HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+from rollout_recovery.rollout._wire import DIALECTS
 
 SERVER = "http://vllm0:8000"
 STEPS = 3

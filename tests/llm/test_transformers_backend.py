@@ -16,9 +16,9 @@ from rollout_recovery.capture import (
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    fetch_and_verify,
     read_staged_prefix,
 )
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError
 from rollout_recovery.llm import _backend as backend_module

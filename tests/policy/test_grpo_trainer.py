@@ -12,8 +12,8 @@ import numpy.typing as npt
 import pytest
 from policy_support import grpo_run
 
-from rollout_recovery.policy import PARAM_SHAPES, NumpyGRPOTrainer, Trainer, TrainSample
-from rollout_recovery.policy._numpy_policy import initial_params
+from rollout_recovery.policy import NumpyGRPOTrainer, Trainer, TrainSample
+from rollout_recovery.policy._numpy_policy import PARAM_SHAPES, initial_params
 from rollout_recovery.policy._tasks import (
     ANSWER,
     BOS,

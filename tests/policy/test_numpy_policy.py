@@ -10,12 +10,13 @@ from policy_support import REASONING_TOKENS, direct_episode, staged_episode
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import PARAM_SHAPES, PolicySnapshot, TaskSet
+from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import (
     KIND_ANSWER,
     KIND_FIXED,
     KIND_PROMPT,
     KIND_THOUGHT,
+    PARAM_SHAPES,
     initial_params,
     row_token_contexts,
 )

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.policy import TaskSet, prompt_digit, render
+from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import (
     ANSWER,
     ANSWER_TOKENS,
@@ -19,6 +19,8 @@ from rollout_recovery.policy._tasks import (
     THOUGHT_BASE,
     VOCAB_SIZE,
     correct_answer,
+    prompt_digit,
+    render,
 )
 
 SIZE = 1_000

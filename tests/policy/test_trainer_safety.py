@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_recovery.errors import RolloutRecoveryError, TrainingDivergedError
-from rollout_recovery.policy import PARAM_SHAPES, NumpyGRPOTrainer, PolicySnapshot, TrainSample
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TrainSample
+from rollout_recovery.policy._numpy_policy import PARAM_SHAPES
 from rollout_recovery.policy._tasks import (
     ANSWER,
     BOS,

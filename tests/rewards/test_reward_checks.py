@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from rollout_recovery.errors import InvalidStateError
-from rollout_recovery.rewards import CaptureRewardSettings, RewardChecks, compute_reward_checks
+from rollout_recovery.rewards import CaptureRewardSettings, RewardChecks
 from rollout_recovery.rewards._checks import (
+    compute_reward_checks,
     has_duplicated_reasoning,
     has_empty_final_answer,
     is_low_effort,

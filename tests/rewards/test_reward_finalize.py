@@ -11,14 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_recovery.errors import InvalidStateError
-from rollout_recovery.rewards import (
-    CaptureRewardSettings,
-    RewardChecks,
+from rollout_recovery.rewards import CaptureRewardSettings, RewardChecks
+from rollout_recovery.rewards._checks import (
     compute_reward_checks,
-    finalize_capture_reward,
+    has_duplicated_reasoning,
+    has_empty_final_answer,
 )
-from rollout_recovery.rewards._checks import has_duplicated_reasoning, has_empty_final_answer
 from rollout_recovery.rewards._final_reward import (
+    finalize_capture_reward,
     generated_segments,
     has_unwanted_tokens,
     shape_effort_reward,

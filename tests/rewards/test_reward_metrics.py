@@ -20,12 +20,12 @@ from rollout_recovery.rewards import (
     FinalizedReward,
     RewardChecks,
     RewardLogContext,
-    finalize_capture_reward,
-    group_reward_metrics,
 )
+from rollout_recovery.rewards._final_reward import finalize_capture_reward
 from rollout_recovery.rewards._metrics import (
     aggregate_capture_reward_metrics,
     capture_reward_result_tables,
+    group_reward_metrics,
 )
 
 NO_COUNTS = {"duplicated_reasoning": 0, "empty_final_answer": 0, "unwanted_token": 0}

@@ -18,7 +18,7 @@ import httpx
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import TaskSet, prompt_digit
+from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import (
     ANSWER,
     DIGIT_BASE,
@@ -26,17 +26,13 @@ from rollout_recovery.policy._tasks import (
     THOUGHT_BASE,
     VOCAB_SIZE,
     correct_answer,
+    prompt_digit,
 )
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-    WeightSyncName,
-)
-from rollout_recovery.rollout._wire import DialectName
+from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS, WeightSyncName
+from rollout_recovery.rollout._wire import DIALECTS, DialectName
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)
 LOGPROB = -0.25

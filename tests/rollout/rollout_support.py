@@ -7,11 +7,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_recovery.capture import STAGING_PARTITION, CallRecord, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
-from rollout_recovery.rollout import AttemptRequest, FaultSettings, SimulatedAgentBackend
+from rollout_recovery.rollout import AttemptRequest, SimulatedAgentBackend
+from rollout_recovery.rollout._faults import FaultSettings
 
 LATENCY_S = 0.001
 GUARD_S = 20.0
@@ -53,7 +55,9 @@ class Rig:
 
     def staged_keys(self, rollout_id: str) -> list[str]:
         return [
-            k for k in self.data_plane.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")
+            k
+            for k in self.data_plane.keys(CaptureWriter.staging_partition)
+            if k.startswith(rollout_id + "/")
         ]
 
 

@@ -10,25 +10,27 @@ from http_support import make_rig as make_http_rig
 from rollout_support import TASKS, make_rig, run, snapshot
 
 from rollout_recovery.capture import (
-    STAGING_PARTITION,
+    CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    fetch_and_verify,
     read_staged_prefix,
 )
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.rollout import (
     AttemptRequest,
     BackendResume,
-    FaultSettings,
     HttpGenerationBackend,
     SimulatedAgentBackend,
 )
+from rollout_recovery.rollout._faults import FaultSettings
 
 
 def prefix_of(store: DataPlane, rollout_id: str) -> StagedPrefix:
-    keys = [k for k in store.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")]
+    keys = [
+        k for k in store.keys(CaptureWriter.staging_partition) if k.startswith(rollout_id + "/")
+    ]
     found = read_staged_prefix(store, rollout_id, keys)
     assert isinstance(found, StagedPrefix), found
     return found

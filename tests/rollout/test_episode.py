@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 from rollout_support import TASKS, run, snapshot
 
 from rollout_recovery.capture import (
-    STAGING_PARTITION,
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    fetch_and_verify,
     read_staged_prefix,
 )
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy import PolicySnapshot
@@ -28,11 +27,11 @@ from rollout_recovery.rollout import (
     AttemptRequest,
     AttemptResult,
     Completion,
-    DataFailure,
     Sampling,
     run_episode,
 )
 from rollout_recovery.rollout._digit_task import DigitTask
+from rollout_recovery.rollout._wire import DataFailure
 
 
 class PolicyClient:
@@ -72,7 +71,9 @@ def request(idx: int, attempt: str, *, index: int = 0) -> AttemptRequest:
 
 
 def staged(store: MemoryDataPlane, rollout_id: str) -> list[str]:
-    return [k for k in store.keys(STAGING_PARTITION) if k.startswith(rollout_id + "/")]
+    return [
+        k for k in store.keys(CaptureWriter.staging_partition) if k.startswith(rollout_id + "/")
+    ]
 
 
 def prefix_of(store: MemoryDataPlane, rollout_id: str) -> StagedPrefix:

@@ -11,26 +11,17 @@ import pytest
 from http_support import TASKS, EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from rollout_support import snapshot
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureWriter,
-    LinearizedRollout,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError, InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
-from rollout_recovery.rollout._http_backend import classify_status
-from rollout_recovery.rollout._server_pool import ServerPool
+from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings, classify_status
+from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
 from rollout_recovery.rollout._server_url import server_url_problem
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 KEY = "job-key_0123456789abcdef"
@@ -73,7 +64,8 @@ def test_every_request_presents_the_key_and_nothing_records_it() -> None:
             [
                 row.metadata
                 for row in rig.data_plane.get(
-                    STAGING_PARTITION, sorted(rig.data_plane.keys(STAGING_PARTITION))
+                    CaptureWriter.staging_partition,
+                    sorted(rig.data_plane.keys(CaptureWriter.staging_partition)),
                 )
             ],
         )

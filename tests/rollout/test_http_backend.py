@@ -19,12 +19,8 @@ from http_support import (
 from loopback_support import LoopbackServer
 
 from rollout_recovery._clock import VirtualClockLoop
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, ANSWER_TOKENS, VOCAB_SIZE
 from rollout_recovery.rollout import AttemptResult
@@ -62,8 +58,10 @@ def _rejection(rig: HttpRig, result: AttemptResult) -> Rejection:
 
 
 def _staged_extras(rig: HttpRig) -> list[dict[str, Any]]:
-    keys = sorted(rig.data_plane.keys(STAGING_PARTITION))
-    return [row.metadata["extras"] for row in rig.data_plane.get(STAGING_PARTITION, keys)]
+    keys = sorted(rig.data_plane.keys(CaptureWriter.staging_partition))
+    return [
+        row.metadata["extras"] for row in rig.data_plane.get(CaptureWriter.staging_partition, keys)
+    ]
 
 
 # -------------------------------------------------------------------------- happy path
@@ -160,7 +158,7 @@ def test_an_exhausted_redispatch_budget_fails_the_attempt_with_nothing_staged() 
         run(_attempt(rig))
     assert caught.value.reason == "server_unavailable"
     assert "2 redispatches" in str(caught.value)
-    assert rig.data_plane.keys(STAGING_PARTITION) == []
+    assert rig.data_plane.keys(CaptureWriter.staging_partition) == []
     assert rig.backend.redispatches == 2
 
 
@@ -474,7 +472,9 @@ def test_a_generated_id_outside_the_trainers_vocabulary_is_a_data_failure(
     _assert_sealed_failure(rig, result, "token_out_of_vocab")
     # Only the reasoning call staged; the refused ids never reached the data plane.
     assert len(result.receipt["manifest"]) == 1
-    staged = rig.data_plane.get(STAGING_PARTITION, rig.data_plane.keys(STAGING_PARTITION))
+    staged = rig.data_plane.get(
+        CaptureWriter.staging_partition, rig.data_plane.keys(CaptureWriter.staging_partition)
+    )
     assert all(int(row.token_ids.max()) < VOCAB_SIZE for row in staged)
     # The event names the id and its position.
     [(_, event)] = rig.events.of("call_data_failed")

@@ -13,25 +13,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    CaptureWriter,
-    LinearizedRollout,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
 from rollout_recovery.policy._tasks import VOCAB_SIZE
-from rollout_recovery.rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    AttemptRequest,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
+from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)
@@ -133,7 +126,7 @@ def _run(server: PolicyServer, hold: Hold, mode: str) -> tuple[MemoryDataPlane, 
 
 def _staged(plane: MemoryDataPlane, result: Any) -> list[dict[str, Any]]:
     keys = [call["staging_key"] for call in result.receipt["manifest"]]
-    return [row.metadata for row in plane.get(STAGING_PARTITION, keys)]
+    return [row.metadata for row in plane.get(CaptureWriter.staging_partition, keys)]
 
 
 def test_a_push_does_not_wait_for_the_call_which_finishes_under_the_new_weights(

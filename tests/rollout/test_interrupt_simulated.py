@@ -11,17 +11,15 @@ import numpy as np
 import pytest
 from rollout_support import TASKS, SignallingWriter, run, snapshot
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._spans import TokenVersionSpan
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TrainSample
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, FaultSettings
+from rollout_recovery.rollout import AttemptRequest, AttemptResult
 from rollout_recovery.rollout import SimulatedAgentBackend as Backend
+from rollout_recovery.rollout._faults import FaultSettings
 
 REASONING = 4
 Waits = Callable[[Any, Any, float | None], Coroutine[Any, Any, None]]
@@ -108,7 +106,7 @@ def test_a_call_in_flight_finishes_under_the_new_weights_with_spans() -> None:
     reasoning, answer = writer.staged
     assert reasoning.weight_version == 1  # its newest weights
     assert answer.weight_version == 1
-    staged = plane.get(STAGING_PARTITION, [reasoning.staging_key])[0]
+    staged = plane.get(CaptureWriter.staging_partition, [reasoning.staging_key])[0]
     assert staged.metadata["extras"]["weight_version_spans"] == [
         {"version": "0", "start": 0, "end": 2},
         {"version": "1", "start": 2, "end": 4},
@@ -148,7 +146,7 @@ def test_continue_keeps_a_call_on_one_version() -> None:
     # whole call sample the newest weights, one version per call, no spans extra.
     result, plane, writer = _attempt("continue", update_at=1, v0=V0, v1=V1)
     reasoning = writer.staged[0]
-    staged = plane.get(STAGING_PARTITION, [reasoning.staging_key])[0]
+    staged = plane.get(CaptureWriter.staging_partition, [reasoning.staging_key])[0]
     assert "extras" not in staged.metadata or staged.metadata["extras"] is None
     row = _linearized(result, plane)
     assert [s.version for s in row.token_version_spans] == [1, 1]

@@ -14,8 +14,9 @@ from rollout_support import snapshot
 
 from rollout_recovery._clock import VirtualClockLoop, monotonic
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import WEIGHT_SYNCS, AttemptResult, PoolSettings
-from rollout_recovery.rollout._server_pool import ServerPool
+from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
+from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
 
 # How long a test waits for a state it expects: generous, for a loaded 2-core machine.
 GUARD_S = 30.0
@@ -83,10 +84,12 @@ def test_a_server_that_comes_back_rejoins_only_with_the_current_weights() -> Non
 
 
 def _extras_after(rig: HttpRig, _: int) -> list[dict[str, Any]]:
-    from rollout_recovery.capture import STAGING_PARTITION
+    from rollout_recovery.capture import CaptureWriter
 
-    keys = rig.data_plane.keys(STAGING_PARTITION)
-    return [row.metadata["extras"] for row in rig.data_plane.get(STAGING_PARTITION, keys)]
+    keys = rig.data_plane.keys(CaptureWriter.staging_partition)
+    return [
+        row.metadata["extras"] for row in rig.data_plane.get(CaptureWriter.staging_partition, keys)
+    ]
 
 
 def test_a_joining_server_that_never_confirms_the_weights_gets_no_traffic() -> None:
@@ -137,8 +140,8 @@ def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
     ids=["none", "duplicate", "not-http"],
 )
 def test_bad_server_lists_are_refused(servers: list[str]) -> None:
-    from rollout_recovery.rollout import WEIGHT_SYNCS
     from rollout_recovery.rollout._server_pool import ServerPool
+    from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
 
     with pytest.raises(InvalidArgumentError, match=r"servers|url"):
         ServerPool(

@@ -4,17 +4,14 @@ not be set at all)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from rollout_recovery.control._config import config_from_builtins
-from rollout_recovery.job._components import _http_settings
-from rollout_recovery.policy import TaskConfig
-from rollout_recovery.rollout import (
-    GenerationConfig,
-    HttpBackendSettings,
-    HttpConfig,
-    PoolSettings,
-)
+from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
+from rollout_recovery.rollout import GenerationConfig, HttpConfig, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
 
 # The pool's field names against [http]'s, where they differ.
 _POOL_TO_HTTP = {"concurrency": "per_server_concurrency"}
@@ -50,8 +47,18 @@ def test_every_pool_knob_is_set_from_toml() -> None:
         "no_server_wait_s": 12.0,
         "bad_data_quarantine_s": 9.0,
     }
-    config = config_from_builtins({"http": changed})
-    pool = _http_settings(config, vocab_size=8).pool
+    config = config_from_builtins({"http": {**changed, "servers": ["http://127.0.0.1:9"]}})
+    backend = HttpGenerationBackend.from_config(
+        config.http,
+        generation=config.generation,
+        task=config.task,
+        vocab_size=8,
+        task_set=TaskSet.from_config(config.task, seed=0),
+        initial_version=0,
+        initial_weights=NumpyGRPOTrainer(seed=0).weights(),
+    )
+    pool = backend.settings.pool
+    asyncio.run(backend.aclose())
     for field in dataclasses.fields(PoolSettings):
         if field.name in _NOT_HTTP:
             continue

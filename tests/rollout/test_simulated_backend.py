@@ -10,22 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_support import TASKS, Rig, make_rig, run, snapshot
 
-from rollout_recovery.capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-)
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks
-from rollout_recovery.rollout import (
-    AttemptResult,
-    FaultSettings,
-    GenerationBackend,
-    SimulatedAgentBackend,
-)
-from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON
+from rollout_recovery.rollout import AttemptResult, GenerationBackend, SimulatedAgentBackend
+from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON, FaultSettings
 
 
 def _verify(rig: Rig, result: AttemptResult) -> LinearizedRollout | Rejection:
@@ -151,7 +142,7 @@ def test_tamper_is_rejected_at_verification() -> None:
         assert rig.backend.fault_counts["tamper"] == 1
         # Only the tokens moved: the header still matches the receipt's record.
         record = result.receipt["manifest"][1]
-        (row,) = rig.data_plane.get(STAGING_PARTITION, [record["staging_key"]])
+        (row,) = rig.data_plane.get(CaptureWriter.staging_partition, [record["staging_key"]])
         assert row.metadata["digest"] == record["digest"]
         assert row.metadata["cumulative_hash"] == record["cumulative_hash"]
 

@@ -14,9 +14,11 @@ from collections.abc import Callable
 import pytest
 from rollout_support import Rig, make_rig, run
 
-from rollout_recovery.capture import LinearizedRollout, fetch_and_verify
+from rollout_recovery.capture import LinearizedRollout
+from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.rollout import AttemptResult, FaultSettings
+from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.rollout._faults import FaultSettings
 
 # With the 1 ms base latency, a straggler's calls take about 17 minutes: the attempt is
 # certainly still sleeping when the test acts on it.

@@ -12,10 +12,10 @@ from http_support import completion
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.rollout import DataFailure
 from rollout_recovery.rollout._http_backend import classify_status
 from rollout_recovery.rollout._wire import (
     CallSpec,
+    DataFailure,
     Dialect,
     ServerReply,
     SglangGenerate,

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.policy import PARAM_SHAPES
+from rollout_recovery.policy._numpy_policy import PARAM_SHAPES
 from rollout_recovery.policy._tasks import NUM_DIGITS, NUM_THOUGHT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"

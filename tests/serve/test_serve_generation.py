@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, render
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 from rollout_recovery.policy._tasks import (
     ANSWER,
     BOS,
@@ -24,6 +24,7 @@ from rollout_recovery.policy._tasks import (
     THOUGHT_BASE,
     VOCAB_SIZE,
     digit_token,
+    render,
 )
 from rollout_recovery.serve import PolicyServer, ServeSettings
 from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER

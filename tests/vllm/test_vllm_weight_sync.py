@@ -24,18 +24,14 @@ import pytest
 from http_support import TASKS, EventLog
 from vllm_fake import FakeVllm, FakeVllmFleet, FakeWeights, file_version, logprob_of
 
-from rollout_recovery.capture import STAGING_PARTITION, CaptureWriter
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
 from rollout_recovery.policy._tasks import VOCAB_SIZE
-from rollout_recovery.rollout import (
-    DIALECTS,
-    AttemptRequest,
-    AttemptResult,
-    HttpBackendSettings,
-    HttpGenerationBackend,
-    PoolSettings,
-)
+from rollout_recovery.rollout import AttemptRequest, AttemptResult, HttpGenerationBackend
+from rollout_recovery.rollout._http_backend import HttpBackendSettings
+from rollout_recovery.rollout._server_pool import PoolSettings
+from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.vllm._sync import LOADING_TAG, VllmWeightSync, weights_file_name
 
 GUARD_S = 30.0
@@ -93,9 +89,9 @@ class Rig:
 
     def staged(self) -> list[dict[str, Any]]:
         """Every staged call: its stamp and the logprobs of its generated tokens."""
-        keys = self.data_plane.keys(STAGING_PARTITION)
+        keys = self.data_plane.keys(CaptureWriter.staging_partition)
         out = []
-        for row in self.data_plane.get(STAGING_PARTITION, keys):
+        for row in self.data_plane.get(CaptureWriter.staging_partition, keys):
             generated = row.logprobs[row.token_mask == 1].tolist()
             out.append({"stamp": row.metadata["weight_version"], "logprobs": generated})
         return out

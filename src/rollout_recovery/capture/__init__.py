@@ -2,28 +2,26 @@
 
 Generation side: :class:`CaptureWriter` stages each model call's token delta under
 ``{rollout_id}/{model_call_id}`` (:func:`staging_key`) in the data plane's staging
-partition *before* it returns the call's :class:`CallRecord`; at rollout end
-:func:`assemble_receipt` turns the records into the token-free :class:`Receipt` dict the
-ledger seals. Finalizer side: :func:`verify_and_linearize` (or :func:`fetch_and_verify`)
-re-checks every staged row against the receipt and returns a :class:`LinearizedRollout` or
-a :class:`Rejection` (one of :data:`REJECTION_CODES`). :func:`read_staged_prefix` reads an
-unsealed attempt's staged calls back as a verified :class:`StagedPrefix`, which a later
-attempt of the same sibling continues. Digests, key patterns and record codecs are private.
+partition (``CaptureWriter.staging_partition``) *before* it returns the call's
+call record; at rollout end :func:`assemble_receipt` (or an attempt's
+:meth:`CaptureWriter.attempt` capture) turns the records into the token-free
+:class:`Receipt` dict the ledger seals. Finalizer side: :func:`verify_receipts`
+re-checks every staged row of a group's receipts against them and returns, per receipt, a
+:class:`LinearizedRollout` or a :class:`Rejection` (one of :data:`REJECTION_CODES`).
+:func:`read_staged_prefix` reads an unsealed attempt's staged calls back as a verified
+:class:`StagedPrefix`, which a later attempt of the same sibling continues. Digests, key
+patterns and record codecs are private.
 """
 
 from ._prefix import StagedCall, StagedPrefix, read_staged_prefix
-from ._receipt import CaptureFailure, Receipt, assemble_receipt
-from ._records import CallRecord
+from ._receipt import Receipt, assemble_receipt
 from ._result import LinearizedRollout, Rejection
 from ._spans import SPANS_EXTRA, version_spans
-from ._verify import fetch_and_verify, verify_and_linearize
-from ._writer import STAGING_PARTITION, CaptureWriter
+from ._verify import verify_receipts
+from ._writer import CaptureWriter
 
 __all__ = [
     "SPANS_EXTRA",
-    "STAGING_PARTITION",
-    "CallRecord",
-    "CaptureFailure",
     "CaptureWriter",
     "LinearizedRollout",
     "Receipt",
@@ -31,8 +29,7 @@ __all__ = [
     "StagedCall",
     "StagedPrefix",
     "assemble_receipt",
-    "fetch_and_verify",
     "read_staged_prefix",
-    "verify_and_linearize",
+    "verify_receipts",
     "version_spans",
 ]

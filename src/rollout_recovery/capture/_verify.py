@@ -42,7 +42,7 @@ from ._result import (
 from ._spans import TokenVersionSpan, call_token_versions
 from ._writer import STAGING_PARTITION
 
-__all__ = ["fetch_and_verify", "verify_and_linearize", "verify_rows"]
+__all__ = ["fetch_and_verify", "verify_and_linearize", "verify_receipts", "verify_rows"]
 
 ReceiptInput = Receipt | Mapping[str, Any] | None
 
@@ -108,6 +108,47 @@ def fetch_and_verify(
     except InvalidRowError as exc:
         return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
     return verify_rows(checked, rows)
+
+
+def verify_receipts(
+    receipts: Sequence[tuple[ReceiptInput, Sequence[str], str | None]],
+    data_plane: DataPlane,
+    *,
+    partition: str = STAGING_PARTITION,
+) -> list[LinearizedRollout | Rejection]:
+    """Verify a group's receipts, each given as ``(receipt, staging_keys,
+    expected_rollout_id)``; one data-plane round trip when every staged row is there.
+
+    ``staging_keys`` are what the ledger recorded for the sealed attempt: its receipt's
+    manifest keys in manifest order, so one batched ``get`` returns exactly what
+    per-receipt fetches would. If any row is missing or undecodable, fall back to
+    per-receipt fetches (:func:`fetch_and_verify`), so that only the affected receipts are
+    rejected, each with its own reason.
+    """
+    keys = [
+        key for receipt, staging_keys, _ in receipts if receipt is not None for key in staging_keys
+    ]
+    fetched: list[Row] | None = None
+    if keys:
+        try:
+            fetched = data_plane.get(partition, keys)
+        except (KeyError, InvalidRowError):
+            fetched = None
+    if fetched is None or len(fetched) != len(keys):
+        return [
+            fetch_and_verify(receipt, data_plane, partition=partition, expected_rollout_id=gate)
+            for receipt, _, gate in receipts
+        ]
+    verdicts: list[LinearizedRollout | Rejection] = []
+    start = 0
+    for receipt, staging_keys, gate in receipts:
+        if receipt is None:
+            verdicts.append(Rejection(code="missing_receipt"))
+            continue
+        end = start + len(staging_keys)
+        verdicts.append(verify_and_linearize(receipt, fetched[start:end], expected_rollout_id=gate))
+        start = end
+    return verdicts
 
 
 def _check_receipt(receipt: ReceiptInput, expected_rollout_id: str | None) -> Receipt | Rejection:

@@ -9,8 +9,9 @@ leaves an orphan row, which the restore inventory pass deletes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,9 +27,10 @@ from ._digest import (
 )
 from ._extras import compute_extras_digest
 from ._keys import parse_staging_key, staging_key
+from ._receipt import CaptureFailure, assemble_receipt
 from ._records import CallRecord, CaptureMode, StagedCallHeader
 
-__all__ = ["STAGING_PARTITION", "CaptureWriter"]
+__all__ = ["STAGING_PARTITION", "AttemptCapture", "CaptureWriter"]
 
 STAGING_PARTITION = "rollout_staging"
 
@@ -52,6 +54,10 @@ class CaptureWriter:
     store) and passes a call's parent record when it stages a continuation.
     """
 
+    # The partition writers stage in by default: the one the ledger's staging keys name,
+    # the finalizer verifies from and the restore inventory reconciles.
+    staging_partition: ClassVar[str] = STAGING_PARTITION
+
     def __init__(self, data_plane: DataPlane, *, partition: str = STAGING_PARTITION) -> None:
         self._data_plane = data_plane
         self._partition = partition
@@ -59,6 +65,11 @@ class CaptureWriter:
     @property
     def partition(self) -> str:
         return self._partition
+
+    def attempt(self, rollout_id: str) -> AttemptCapture:
+        """The capture of one attempt: its calls staged in order, each continuing the last,
+        and its receipt."""
+        return AttemptCapture(self, rollout_id)
 
     def check_continuation(
         self,
@@ -198,3 +209,82 @@ class CaptureWriter:
         # A kill here: the row is durable but the caller never learned it was staged.
         crash_point("capture.before_ack")
         return header.call_record(key)
+
+
+class AttemptCapture:
+    """One attempt's calls, staged in order through its writer, each the continuation of
+    the one before; then the attempt's receipt (:func:`assemble_receipt`).
+
+    The records stay here: an episode asks for the next call's checks and for the receipt,
+    never for the records themselves.
+    """
+
+    def __init__(self, writer: CaptureWriter, rollout_id: str) -> None:
+        self._writer = writer
+        self._rollout_id = rollout_id
+        self._records: list[CallRecord] = []
+
+    @property
+    def calls(self) -> int:
+        """How many calls are staged so far."""
+        return len(self._records)
+
+    def check_next(
+        self, model_call_id: str, prompt_token_ids: Sequence[int] | npt.NDArray[np.integer]
+    ) -> None:
+        """Refuse, before the call is sent, a next prompt that does not extend the last
+        staged call (:meth:`CaptureWriter.check_continuation`); the first call is free."""
+        if self._records:
+            self._writer.check_continuation(
+                rollout_id=self._rollout_id,
+                model_call_id=model_call_id,
+                parent=self._records[-1],
+                prompt_token_ids=prompt_token_ids,
+            )
+
+    async def stage(
+        self,
+        model_call_id: str,
+        *,
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer],
+        generated_token_ids: Sequence[int] | npt.NDArray[np.integer],
+        generated_logprobs: Sequence[float] | npt.NDArray[np.floating],
+        weight_version: int,
+        extras: Mapping[str, Any] | None = None,
+        in_thread: bool = False,
+    ) -> None:
+        """Stage the next call as the continuation of the last (:meth:`CaptureWriter.
+        stage_call`); ``in_thread`` stages from a worker thread (a durable store fsyncs
+        every put)."""
+        call: dict[str, Any] = {
+            "rollout_id": self._rollout_id,
+            "model_call_id": model_call_id,
+            "parent": self._records[-1] if self._records else None,
+            "prompt_token_ids": prompt_token_ids,
+            "generated_token_ids": generated_token_ids,
+            "generated_logprobs": generated_logprobs,
+            "weight_version": weight_version,
+            "extras": extras,
+        }
+        if in_thread:
+            record = await asyncio.to_thread(lambda: self._writer.stage_call(**call))
+        else:
+            record = self._writer.stage_call(**call)
+        self._records.append(record)
+
+    def receipt(self, *, reward: float) -> dict[str, Any]:
+        """The receipt of the attempt that ended normally: its last call is the terminal."""
+        terminal = self._records[-1].model_call_id if self._records else None
+        return assemble_receipt(
+            self._rollout_id, self._records, terminal_model_call_id=terminal, reward=reward
+        )
+
+    def failed_receipt(self, model_call_id: str, reason: str) -> dict[str, Any]:
+        """The receipt of an attempt whose call ``model_call_id`` failed: every staged call
+        listed (so their rows are cleared with it), poisoned with ``reason``."""
+        return assemble_receipt(
+            self._rollout_id,
+            self._records,
+            terminal_model_call_id=None,
+            failures=[CaptureFailure(model_call_id=model_call_id, reason=reason)],
+        )

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from ..capture import STAGING_PARTITION
+from ..capture import CaptureWriter
 from ..dataplane import Row, SqliteDataPlane
 from ..errors import DataPlaneClosedError, FencedWriterError, InvalidArgumentError
 
@@ -79,7 +79,7 @@ class DataShard:
         if writer is not None:
             if writer in self._fenced:
                 raise FencedWriterError(writer, partition)
-            if partition != STAGING_PARTITION:
+            if partition != CaptureWriter.staging_partition:
                 raise InvalidArgumentError(
                     f"worker {writer!r} may only stage rows, not write {partition!r}",
                     path="$.partition",

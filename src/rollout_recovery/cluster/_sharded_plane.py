@@ -32,15 +32,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .._checks import check_keys_argument, check_partition
 from .._cut import MutationCut
 from .._lifecycle import Resource
-from ..dataplane import (
-    Row,
-    check_keys_argument,
-    check_partition,
-    merge_snapshots,
-    split_snapshot,
-)
+from ..dataplane import Row, SqliteDataPlane
 from ..errors import DataPlaneClosedError, LivenessError, MissingRowError
 from ._routing import shard_of
 from ._shard import DataShard
@@ -304,7 +299,7 @@ class RayShardedDataPlane(Resource):
             parts = [Path(scratch) / f"shard-{i}" for i in range(self._layout.shards)]
             for index, part in enumerate(parts):
                 self._call(index, "snapshot", str(part))
-            merge_snapshots(parts, Path(directory))
+            SqliteDataPlane.merge_snapshots(parts, Path(directory))
 
     def restore(self, directory: Path, *, cut: MutationCut | None = None) -> None:
         """Replace every shard's rows by the snapshot's, split by the routing; the
@@ -313,7 +308,7 @@ class RayShardedDataPlane(Resource):
             cut.require_live()
         with tempfile.TemporaryDirectory(dir=self._layout.directory) as scratch:
             parts = [Path(scratch) / f"shard-{i}" for i in range(self._layout.shards)]
-            split_snapshot(
+            SqliteDataPlane.split_snapshot(
                 Path(directory), parts, lambda _partition, key: shard_of(key, self._layout.shards)
             )
             for index, part in enumerate(parts):

@@ -19,19 +19,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..capture import STAGING_PARTITION, CaptureWriter, StagedPrefix
+from ..capture import CaptureWriter, StagedPrefix
 from ..policy import PolicySnapshot, TaskConfig, TaskSet
 from ..rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
     AttemptRequest,
     AttemptResult,
-    FaultSettings,
+    FaultsConfig,
     GenerationConfig,
-    HttpBackendSettings,
     HttpConfig,
     HttpGenerationBackend,
-    PoolSettings,
     SimulatedAgentBackend,
 )
 from ._sharded_plane import RayShardedDataPlane, ShardDirectory
@@ -39,6 +35,18 @@ from ._sharded_plane import RayShardedDataPlane, ShardDirectory
 __all__ = ["GenerationWorker", "Params", "WorkerSpec", "snapshot_params"]
 
 Params = dict[str, npt.NDArray[np.float64]]
+
+# A spec without the job's [faults] (a test's, a benchmark's) runs fault-free.
+_NO_FAULTS = FaultsConfig(
+    attempt_failure_rate=0.0,
+    straggler_rate=0.0,
+    straggler_factor=1.0,
+    hang_rate=0.0,
+    capture_failure_rate=0.0,
+    tamper_rate=0.0,
+    worker_crash_rate=0.0,
+    worker_restart_s=0.0,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,12 +60,14 @@ class WorkerSpec:
     seed: int
     task: TaskConfig = field(default_factory=TaskConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    #: The simulated environment's faults (a worker crash is a real actor death here).
-    faults: FaultSettings = field(default_factory=FaultSettings)
+    #: The simulated environment's faults (the job turns a worker crash into a real actor
+    #: death: its rate is 0 here); none by default.
+    faults: FaultsConfig = _NO_FAULTS
     http: HttpConfig = field(default_factory=HttpConfig)
-    #: The job's HTTP backend settings (its key resolved, the trainer's vocabulary), for a
-    #: worker that proxies to servers; None: ``[http]``'s with the numpy policy's vocabulary.
-    http_settings: HttpBackendSettings | None = None
+    #: The trainer's vocabulary, which a proxying worker checks replies against.
+    vocab_size: int = PolicySnapshot.vocab_size
+    #: The key a proxying worker presents to the servers (the job's, resolved).
+    api_key: str | None = field(default=None, repr=False)
 
 
 class GenerationWorker:
@@ -66,7 +76,7 @@ class GenerationWorker:
     def __init__(self, spec: WorkerSpec, writer: str, target: tuple[int, Params]) -> None:
         version, params = target
         self._plane = RayShardedDataPlane(spec.shards, writer=writer)
-        self._capture = CaptureWriter(self._plane, partition=STAGING_PARTITION)
+        self._capture = CaptureWriter(self._plane, partition=CaptureWriter.staging_partition)
         snapshot = PolicySnapshot(version, params)
         self._backend: SimulatedAgentBackend | HttpGenerationBackend[PolicySnapshot]
         if spec.kind == "simulated":
@@ -80,20 +90,13 @@ class GenerationWorker:
                 workers=1,
             )
         else:
-            http = spec.http
-            self._backend = HttpGenerationBackend(
-                servers=list(http.servers),
+            self._backend = HttpGenerationBackend.from_config(
+                spec.http,
+                generation=spec.generation,
+                task=spec.task,
+                vocab_size=spec.vocab_size,
                 task_set=TaskSet.from_config(spec.task, seed=spec.seed),
-                dialect=DIALECTS[http.dialect],
-                weight_sync=WEIGHT_SYNCS[http.weight_sync],
-                settings=spec.http_settings
-                or HttpBackendSettings(
-                    model=http.model,
-                    pool=PoolSettings(),
-                    # The worker's weights are the numpy policy's: its vocabulary.
-                    vocab_size=PolicySnapshot.vocab_size,
-                    stage_in_thread=True,
-                ),
+                api_key=spec.api_key,
                 initial_version=version,
                 initial_weights=snapshot,
             )

@@ -36,9 +36,9 @@ import numpy.typing as npt
 
 from .._crashpoints import crash_point
 from .._settings import config_to_builtins, identity_fingerprint
-from ..capture import STAGING_PARTITION, StagedPrefix
+from ..capture import CaptureWriter, StagedPrefix
 from ..checkpoint import SidecarFormat
-from ..dataplane import CANONICAL_PARTITION, ReplayIndex, reconcile_staging
+from ..dataplane import ReplayIndex
 from ..errors import (
     CheckpointDirectoryError,
     InvalidStateError,
@@ -60,6 +60,7 @@ from ..rollout import BackendResume, FailureReason
 from ..rundir import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
+from ._inventory import reconcile_staging
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane, whole_cuts
 from ._resume import choose_prefixes, version_filter
 from ._snapshot import Snapshot, SnapshotBuilder
@@ -209,8 +210,8 @@ def _require_rows(
     controller: Controller[Any], expected_staging: frozenset[str], canonical_keys: frozenset[str]
 ) -> None:
     store = controller.data_plane
-    missing_staging = expected_staging - set(store.keys(STAGING_PARTITION))
-    missing_canonical = canonical_keys - set(store.keys(CANONICAL_PARTITION))
+    missing_staging = expected_staging - set(store.keys(CaptureWriter.staging_partition))
+    missing_canonical = canonical_keys - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
             "refusing to publish a checkpoint whose rows are not in the data plane: "
@@ -372,8 +373,10 @@ def verify_checkpoint(
     )
     scratch.prepare_for_restart(_AnyCut())
     store = controller.data_plane
-    missing_staging = scratch.expected_staging_keys() - set(store.keys(STAGING_PARTITION))
-    missing_canonical = set(replay.row_keys()) - set(store.keys(CANONICAL_PARTITION))
+    missing_staging = scratch.expected_staging_keys() - set(
+        store.keys(CaptureWriter.staging_partition)
+    )
+    missing_canonical = set(replay.row_keys()) - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
             "the data plane lacks rows this checkpoint and the journal after it need: "
@@ -455,8 +458,8 @@ async def restore_controller(
         owned_rows = set(replay.row_keys())
         # Canonical rows whose publish never reached the journal: their groups are in the
         # ledger, to be published again.
-        unowned = sorted(set(store.keys(CANONICAL_PARTITION)) - owned_rows)
-        store.inner.clear(CANONICAL_PARTITION, unowned, cut=cut)
+        unowned = sorted(set(store.keys(ReplayIndex.canonical_partition)) - owned_rows)
+        store.inner.clear(ReplayIndex.canonical_partition, unowned, cut=cut)
         controller.replay = ReplayIndex.from_state_dict(
             replay.state_dict(),
             data_plane=store,
@@ -464,7 +467,7 @@ async def restore_controller(
         )
         canonical_tokens = sum(
             int(row.token_mask.sum())
-            for row in store.get(CANONICAL_PARTITION, controller.replay.row_keys())
+            for row in store.get(ReplayIndex.canonical_partition, controller.replay.row_keys())
         )
         crash_point("restore.mid")
         resumable, refused = _resumable_calls(controller, state)
@@ -477,7 +480,7 @@ async def restore_controller(
             ledger,
             store.inner,
             cut,
-            partition=STAGING_PARTITION,
+            partition=CaptureWriter.staging_partition,
             clear_unreferenced=True,
             keep=keep,
         )
@@ -580,7 +583,7 @@ def _load_trainer_state(controller: Controller[Any], verified: VerifiedCheckpoin
 def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
     """Generated tokens of the siblings the ledger holds sealed (what the restore reused)."""
     keys = sorted(ledger.expected_staging_keys())
-    rows = store.get(STAGING_PARTITION, keys) if keys else []
+    rows = store.get(CaptureWriter.staging_partition, keys) if keys else []
     return sum(int(row.token_mask.sum()) for row in rows)
 
 
@@ -596,7 +599,7 @@ def _resumable_calls(
         return [], []
     store = controller.data_plane.inner
     keeps = version_filter(recovery.reuse, lineage=state.lineage, restore=True)
-    keys = sorted(store.keys(STAGING_PARTITION))
+    keys = sorted(store.keys(CaptureWriter.staging_partition))
     prefixes: list[StagedPrefix] = []
     refused: list[str] = []
     for group in controller.ledger.groups():
@@ -640,7 +643,9 @@ def _interrupted_tokens(
     }
     orphans = sorted(
         key
-        for key in set(store.keys(STAGING_PARTITION)) - ledger.expected_staging_keys() - keep
+        for key in set(store.keys(CaptureWriter.staging_partition))
+        - ledger.expected_staging_keys()
+        - keep
         if key.partition("/")[0] in lost
     )
     if not orphans:
@@ -651,10 +656,10 @@ def _interrupted_tokens(
         return key.partition("/")[0].rpartition("_a")[0], row.metadata.get("cumulative_hash")
 
     ordered = sorted(keep)
-    kept = store.get(STAGING_PARTITION, ordered) if ordered else []
+    kept = store.get(CaptureWriter.staging_partition, ordered) if ordered else []
     continued = {call_of(key, row) for key, row in zip(ordered, kept, strict=True)}
     total = in_cohorts = 0
-    for key, row in zip(orphans, store.get(STAGING_PARTITION, orphans), strict=True):
+    for key, row in zip(orphans, store.get(CaptureWriter.staging_partition, orphans), strict=True):
         if call_of(key, row) in continued:
             continue
         tokens = int(row.token_mask.sum())

@@ -41,8 +41,6 @@ from ..rollout import (
     FaultsConfig,
     GenerationConfig,
     HttpConfig,
-    check_server_urls,
-    check_weight_update_mode,
 )
 from ..vllm import VllmConfig
 
@@ -182,8 +180,8 @@ def load_config(
 def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
     config = _from_builtins(data, RunConfig)
-    check_server_urls(config.http)
-    check_weight_update_mode(config.generation, config.http)
+    config.http.check_server_urls()
+    config.generation.check_weight_update_mode(config.http)
     check_combination(config)
     config.vllm.check(
         config.http,

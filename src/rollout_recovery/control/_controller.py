@@ -38,12 +38,10 @@ import numpy as np
 
 from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
-from ..capture import STAGING_PARTITION, CaptureWriter, Receipt, StagedPrefix
+from ..capture import CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
-    CANONICAL_PARTITION,
     DataPlane,
     DataPlaneCheckpointBarrier,
-    ReplayGroup,
     ReplayIndex,
 )
 from ..errors import (
@@ -664,7 +662,9 @@ class Controller(Generic[Weights]):
             owned = self.ledger.expected_staging_keys()
             self.ledger.discard_group(cut, group_id)
             self.data_plane.clear(
-                STAGING_PARTITION, sorted(owned - self.ledger.expected_staging_keys()), cut=cut
+                CaptureWriter.staging_partition,
+                sorted(owned - self.ledger.expected_staging_keys()),
+                cut=cut,
             )
             self.record(
                 PromptDropped(
@@ -748,15 +748,16 @@ class Controller(Generic[Weights]):
         return self._batch_size - self.state.shortfall.get(step, 0)
 
     def _samples(
-        self, step: int, groups: Sequence[ReplayGroup]
+        self, step: int, groups: Sequence[Sequence[str]]
     ) -> tuple[list[TrainSample], list[TrainedRow], list[float], dict[str, int]]:
-        """The step's trainable samples (GRPO advantages, placeholders out) and its rows."""
+        """The step's trainable samples (GRPO advantages, placeholders out) and its rows, from
+        each group's canonical row keys."""
         samples: list[TrainSample] = []
         trained: list[TrainedRow] = []
         rewards_seen: list[float] = []
         placeholder_reasons: dict[str, int] = {}
-        for group in groups:
-            rows = self.data_plane.get(CANONICAL_PARTITION, list(group.row_keys))
+        for row_keys in groups:
+            rows = self.data_plane.get(ReplayIndex.canonical_partition, list(row_keys))
             metas = [CanonicalRowMeta.of(row) for row in rows]
             rewards = np.array([meta.reward for meta in metas])
             mask = np.array([meta.trainable for meta in metas])
@@ -795,7 +796,9 @@ class Controller(Generic[Weights]):
         group_ids = [group.group_id for group in groups]
         async with self.barrier.mutation("sample_clears") as cut:
             self.replay.claim(cut, step, group_ids)
-        samples, trained, rewards_seen, placeholder_reasons = self._samples(step, groups)
+        samples, trained, rewards_seen, placeholder_reasons = self._samples(
+            step, [group.row_keys for group in groups]
+        )
         # Above every version the run ever produced, rolled-back ones included.
         version = self.state.highest_weight_version + 1
         started = monotonic()

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from .._checks import check_keys_argument, check_partition
 from .._lifecycle import Resource
-from ..dataplane import DataPlane, Row, check_keys_argument, check_partition
+from ..dataplane import DataPlane, Row
 from ..errors import InvalidArgumentError
 from ..ledger import MutationCut
 

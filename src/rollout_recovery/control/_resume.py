@@ -25,7 +25,7 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..capture import STAGING_PARTITION, Rejection, StagedPrefix, read_staged_prefix
+from ..capture import CaptureWriter, Rejection, StagedPrefix, read_staged_prefix
 from ..dataplane import DataPlane
 from ..history.records import AttemptResumed, ReusePolicy
 from ..ledger import (
@@ -108,7 +108,9 @@ def choose_prefixes(
     """
     if group.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
         return {}
-    keys = sorted(store.keys(STAGING_PARTITION)) if sorted_keys is None else sorted_keys
+    keys = (
+        sorted(store.keys(CaptureWriter.staging_partition)) if sorted_keys is None else sorted_keys
+    )
     choices: dict[int, ResumeChoice] = {}
     for index in indices:
         attempts = group.siblings[index].attempts

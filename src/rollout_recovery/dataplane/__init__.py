@@ -2,8 +2,8 @@
 
 A store implements :class:`DataPlane` (key -> :class:`Row` per partition);
 :class:`MemoryDataPlane` and :class:`SqliteDataPlane` are the two backends, and a wrapper
-around one validates its arguments with :func:`check_partition` and
-:func:`check_keys_argument`, as the backends do. Row codecs are private.
+around one validates its arguments with ``rollout_recovery._checks``, as the backends do.
+Row codecs are private.
 """
 
 from ._barrier import (
@@ -12,29 +12,19 @@ from ._barrier import (
     DataPlaneCheckpointBarrierTelemetry,
     DataPlaneMutationCut,
 )
-from ._codec import check_keys_argument, check_partition
-from ._inventory import reconcile_staging
 from ._memory import MemoryDataPlane
 from ._protocol import DataPlane, Row
-from ._replay import CANONICAL_PARTITION, ReplayGroup, ReplayIndex
-from ._snapshot_tools import merge_snapshots, split_snapshot
+from ._replay import ReplayIndex
 from ._sqlite import SqliteDataPlane
 
 __all__ = [
-    "CANONICAL_PARTITION",
     "CHECKPOINT_MUTATION_KINDS",
     "DataPlane",
     "DataPlaneCheckpointBarrier",
     "DataPlaneCheckpointBarrierTelemetry",
     "DataPlaneMutationCut",
     "MemoryDataPlane",
-    "ReplayGroup",
     "ReplayIndex",
     "Row",
     "SqliteDataPlane",
-    "check_keys_argument",
-    "check_partition",
-    "merge_snapshots",
-    "reconcile_staging",
-    "split_snapshot",
 ]

@@ -16,7 +16,7 @@ import msgspec
 import numpy as np
 
 from .._bounds import MAX_PLAIN_DEPTH
-from .._checks import is_utf8_text, refuse_bare_string
+from .._checks import check_key, check_keys_argument, check_partition, is_utf8_text
 from .._cut import MutationCut
 from ..errors import InvalidRowError, MissingRowError
 from ._protocol import Row
@@ -95,37 +95,6 @@ class EncodedRow(NamedTuple):
             bytes(self.logprobs),
             self.metadata,
         )
-
-
-def _check_text(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidRowError(
-            f"{what} must be a non-empty str, got {value!r} of type {type(value).__name__}",
-            key=value if isinstance(value, str) else None,
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        # Both backends must accept the same keys; SQLite stores text as UTF-8.
-        raise InvalidRowError(
-            f"{what} {value!r} is not valid UTF-8 text: {exc}", key=value
-        ) from None
-    return value
-
-
-def check_partition(partition: object) -> str:
-    return _check_text(partition, "partition name")
-
-
-def check_key(key: object) -> str:
-    return _check_text(key, "row key")
-
-
-def check_keys_argument(keys: Iterable[str], *, operation: str) -> list[str]:
-    """Materialize a keys argument; a bare str is refused because iterating it would
-    silently address one-character keys."""
-    refuse_bare_string(keys, what="keys", operation=operation)
-    return [check_key(key) for key in keys]
 
 
 def check_clear_arguments(

@@ -23,7 +23,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -117,6 +117,10 @@ def _check_int(value: object, name: str, group_id: str, *, minimum: int = 0) -> 
 
 class ReplayIndex:
     """Committed canonical groups, indexed for the train pump; rows live in ``data_plane``."""
+
+    # The partition canonical rows live in (by default): the one stores, the auditor and
+    # the restore inventory read them from.
+    canonical_partition: ClassVar[str] = CANONICAL_PARTITION
 
     def __init__(
         self, *, data_plane: DataPlane, group_size: int, partition: str = CANONICAL_PARTITION

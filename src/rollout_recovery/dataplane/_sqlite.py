@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -57,7 +57,14 @@ from ._codec import (
 )
 from ._protocol import Row
 
-__all__ = ["SNAPSHOT_FILE", "SqliteDataPlane", "read_snapshot", "write_snapshot"]
+__all__ = [
+    "SNAPSHOT_FILE",
+    "SqliteDataPlane",
+    "merge_snapshots",
+    "read_snapshot",
+    "split_snapshot",
+    "write_snapshot",
+]
 
 #: The one file inside a snapshot directory; every backend writes and reads this format.
 SNAPSHOT_FILE = "rows.sqlite3"
@@ -286,6 +293,26 @@ def read_snapshot(directory: Path) -> list[tuple[str, str, EncodedRow]]:
         conn.close()
 
 
+def merge_snapshots(sources: Sequence[Path], target: Path) -> None:
+    """Publish one snapshot at ``target`` holding every row of the ``sources`` snapshots
+    (which must not share a key within a partition; the later one wins if they do)."""
+    rows: dict[tuple[str, str], EncodedRow] = {}
+    for source in sources:
+        for partition, key, row in read_snapshot(source):
+            rows[(partition, key)] = row
+    write_snapshot(target, ((p, k, row) for (p, k), row in sorted(rows.items())))
+
+
+def split_snapshot(source: Path, targets: Sequence[Path], route: Callable[[str, str], int]) -> None:
+    """Publish one snapshot per target, ``targets[route(partition, key)]`` getting each row
+    of ``source`` (validated first: a bad snapshot publishes nothing)."""
+    buckets: list[list[tuple[str, str, EncodedRow]]] = [[] for _ in targets]
+    for partition, key, row in read_snapshot(source):
+        buckets[route(partition, key)].append((partition, key, row))
+    for target, bucket in zip(targets, buckets, strict=True):
+        write_snapshot(target, bucket)
+
+
 class SqliteDataPlane(Resource):
     """The :class:`~rollout_recovery.dataplane.DataPlane` on one SQLite file.
 
@@ -433,6 +460,13 @@ class SqliteDataPlane(Resource):
                 "SELECT key FROM rows WHERE partition = ? ORDER BY key", (partition,)
             )
             return [key for (key,) in cursor]
+
+    # A sharded data plane (one store per shard, as the Ray backend runs them) keeps the
+    # contract that every backend reads every backend's snapshots: its snapshot is the
+    # union of its shards' snapshots in this one format, and restoring one splits the rows
+    # back onto the shards by the store's own routing.
+    merge_snapshots = staticmethod(merge_snapshots)
+    split_snapshot = staticmethod(split_snapshot)
 
     def snapshot(self, directory: Path, *, cut: MutationCut | None = None) -> None:
         if cut is not None:

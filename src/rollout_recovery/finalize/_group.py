@@ -18,15 +18,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from ..capture import (
-    STAGING_PARTITION,
-    LinearizedRollout,
-    Rejection,
-    fetch_and_verify,
-    verify_and_linearize,
-)
-from ..dataplane import DataPlane, Row
-from ..errors import InvalidRowError, InvalidStateError, InvalidTransitionError
+from ..capture import CaptureWriter, LinearizedRollout, Rejection, verify_receipts
+from ..dataplane import DataPlane
+from ..errors import InvalidStateError, InvalidTransitionError
 from ..ledger import (
     PromptGroupRecoveryRecord,
     PromptGroupStatus,
@@ -37,8 +31,6 @@ from ..rewards import (
     CaptureRewardOutcome,
     CaptureRewardSettings,
     FinalizedReward,
-    finalize_capture_reward,
-    group_reward_metrics,
 )
 from ._metrics import REWARD_PROCESSING, capture_metrics
 from ._result import FinalizedGroup, SiblingOutcome
@@ -58,7 +50,7 @@ def finalize_group(
     group: PromptGroupRecoveryRecord,
     data_plane: DataPlane,
     settings: CaptureRewardSettings,
-    staging_partition: str = STAGING_PARTITION,
+    staging_partition: str = CaptureWriter.staging_partition,
 ) -> FinalizedGroup:
     """Verify, linearize and reward every sibling of ``group``; return its N canonical rows.
 
@@ -69,7 +61,14 @@ def finalize_group(
     _require_finalizable(group)
     attempts = [sibling.current_attempt for sibling in group.siblings]
     gate_ids = [group.gate_rollout_id(index) for index in range(len(attempts))]
-    verdicts = _verify_siblings(attempts, gate_ids, data_plane, staging_partition)
+    verdicts = verify_receipts(
+        [
+            (attempt.receipt, attempt.staging_keys, gate_id)
+            for attempt, gate_id in zip(attempts, gate_ids, strict=True)
+        ],
+        data_plane,
+        partition=staging_partition,
+    )
 
     outcomes: list[SiblingOutcome] = []
     linearized: list[LinearizedRollout | None] = []
@@ -135,7 +134,7 @@ def finalize_group(
         (o.max_weight_version for o in valid if o.max_weight_version is not None),
         default=group.start_weight_version,
     )
-    metrics = group_reward_metrics(reward_outcomes, settings=settings)
+    metrics = settings.group_metrics(reward_outcomes)
     metrics.update(
         capture_metrics(
             total_rows=len(outcomes),
@@ -198,49 +197,6 @@ def _require_finalizable(group: PromptGroupRecoveryRecord) -> None:
             )
 
 
-def _verify_siblings(
-    attempts: Sequence[RolloutAttemptRecord],
-    gate_ids: Sequence[str],
-    data_plane: DataPlane,
-    partition: str,
-) -> list[LinearizedRollout | Rejection]:
-    """Verify every sibling; one data-plane round trip when every staged row is there.
-
-    The ledger's ``staging_keys`` of a sealed attempt are its receipt's manifest keys in
-    manifest order, so one batched ``get`` returns exactly what per-sibling fetches would.
-    If any row is missing or undecodable, fall back to per-sibling fetches, so that only
-    the affected siblings become placeholders, each with its own reason.
-    """
-    keys = [
-        key for attempt in attempts if attempt.receipt is not None for key in attempt.staging_keys
-    ]
-    fetched: list[Row] | None = None
-    if keys:
-        try:
-            fetched = data_plane.get(partition, keys)
-        except (KeyError, InvalidRowError):
-            fetched = None
-    if fetched is None or len(fetched) != len(keys):
-        return [
-            fetch_and_verify(
-                attempt.receipt, data_plane, partition=partition, expected_rollout_id=gate_id
-            )
-            for attempt, gate_id in zip(attempts, gate_ids, strict=True)
-        ]
-    verdicts: list[LinearizedRollout | Rejection] = []
-    start = 0
-    for attempt, gate_id in zip(attempts, gate_ids, strict=True):
-        if attempt.receipt is None:
-            verdicts.append(Rejection(code="missing_receipt"))
-            continue
-        end = start + len(attempt.staging_keys)
-        verdicts.append(
-            verify_and_linearize(attempt.receipt, fetched[start:end], expected_rollout_id=gate_id)
-        )
-        start = end
-    return verdicts
-
-
 def _final_reward(
     attempt: RolloutAttemptRecord, rollout: LinearizedRollout, settings: CaptureRewardSettings
 ) -> CaptureRewardOutcome | str:
@@ -248,9 +204,8 @@ def _final_reward(
     if attempt.reward is None:
         return f"{REWARD_PROCESSING}:missing_reward"
     try:
-        outcome = finalize_capture_reward(
+        outcome = settings.finalize_reward(
             attempt.reward,
-            settings=settings,
             checks=attempt.reward_checks,
             # An int32 array does all the reward code asks of a sequence (len, slices,
             # iteration yielding ints that hash and compare like Python ints), without the

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capture import STAGING_PARTITION
+from ..capture import CaptureWriter
 from ..dataplane import DataPlane, ReplayIndex
 from ..errors import FinalizationUnknownError, InvalidTransitionError
 from ..ledger import MutationCut, PromptGroupStatus, RolloutRecoveryLedger
@@ -45,7 +45,7 @@ def publish_finalized_group(
     replay_index: ReplayIndex,
     group_id: str,
     settings: CaptureRewardSettings,
-    staging_partition: str = STAGING_PARTITION,
+    staging_partition: str = CaptureWriter.staging_partition,
 ) -> FinalizedGroup:
     """Finalize ``group_id`` and hand its ownership from the ledger to the replay index.
 

@@ -32,9 +32,9 @@ from typing import Any
 import msgspec
 
 from .._settings import read_toml
-from ..capture import STAGING_PARTITION
+from ..capture import CaptureWriter
 from ..checkpoint import SidecarFormat
-from ..dataplane import CANONICAL_PARTITION, ReplayIndex, SqliteDataPlane
+from ..dataplane import ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
     ConfigError,
@@ -253,8 +253,8 @@ def _check_checkpoint_rows(
     for path in files:
         try:
             with SqliteDataPlane(path) as store:
-                staged.update(store.keys(STAGING_PARTITION))
-                canonical.update(store.keys(CANONICAL_PARTITION))
+                staged.update(store.keys(CaptureWriter.staging_partition))
+                canonical.update(store.keys(ReplayIndex.canonical_partition))
         except (RolloutRecoveryError, sqlite3.Error, OSError) as error:
             violations.append(f"{path.name} cannot be read as a data plane: {error}")
             return

@@ -16,26 +16,21 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
+from ..cluster import ray_backend, ray_data_plane
 from ..control import PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
 from ..policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, Trainer
 from ..rollout import (
-    DIALECTS,
-    WEIGHT_SYNCS,
-    FaultSettings,
     GenerationBackend,
-    HttpBackendSettings,
     HttpConfig,
     HttpGenerationBackend,
-    PoolSettings,
     SimulatedAgentBackend,
     WeightSync,
 )
@@ -47,10 +42,10 @@ __all__ = [
     "configured_api_key",
     "default_components",
     "generation_servers",
-    "http_backend_settings",
     "http_weight_sync",
     "job_data_plane",
     "require_ray",
+    "server_api_key",
     "wants_servers",
 ]
 
@@ -148,41 +143,16 @@ def _presenting(api_key: str | None) -> Iterator[None]:
         _SERVER_API_KEY.reset(token)
 
 
-def _http_settings(
-    config: RunConfig, vocab_size: int, *, sync_timeout_s: float | None = None
-) -> HttpBackendSettings:
-    """The HTTP backend's settings from ``[http]`` and the episode's shape from ``[task]``
-    (in the job, or in a Ray worker); ``vocab_size`` is the trainer's, which replies are
-    checked against."""
-    http = config.http
+def server_api_key(config: RunConfig) -> str | None:
+    """The key the HTTP backend presents: the launched servers' own while :func:`run_job`
+    runs, else the value of the variable ``[http] api_key_env`` names."""
     key = _SERVER_API_KEY.get()
-    pool = PoolSettings(
-        concurrency=http.per_server_concurrency,
-        probe_interval_s=http.probe_interval_s,
-        probe_timeout_s=http.probe_timeout_s,
-        dead_after_failures=http.dead_after_failures,
-        no_server_wait_s=http.no_server_wait_s,
-        sync_timeout_s=http.sync_timeout_s if sync_timeout_s is None else sync_timeout_s,
-        bad_data_quarantine_s=http.bad_data_quarantine_s,
-        on_weight_update=config.generation.on_weight_update,
-    )
-    return HttpBackendSettings(
-        api_key=key if key is not None else configured_api_key(http),
-        model=http.model,
-        vocab_size=vocab_size,
-        pool=pool,
-        request_timeout_s=http.request_timeout_s,
-        call_redispatch_budget=http.call_redispatch_budget,
-        redispatch_backoff_s=http.redispatch_backoff_s,
-        logprob_mode=http.logprob_mode,
-        reasoning_tokens=config.task.reasoning_tokens,
-        thinking_calls=config.task.thinking_calls,
-        stage_in_thread=True,
-    )
+    return key if key is not None else configured_api_key(config.http)
 
 
-def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync[Weights]:
-    """How the HTTP backend's servers get ``trainer``'s weights (``[http] weight_sync``).
+def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync[Weights] | None:
+    """How the HTTP backend's servers get ``trainer``'s weights (``[http] weight_sync``):
+    the vLLM sync, or None for a sync of the rollout package's own.
 
     ``"policy"`` pushes the numpy policy (``PolicySnapshot``); ``"vllm"`` writes weight
     files to ``[vllm] weights_dir`` (which :func:`generation_servers` resolves) and needs
@@ -198,8 +168,9 @@ def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync
             path="$.http.weight_sync",
         )
     if http.weight_sync != "vllm":
-        # Checked above: "policy" gets PolicySnapshot; the others take any weights.
-        return cast("WeightSync[Weights]", WEIGHT_SYNCS[http.weight_sync])
+        # Checked above: "policy" gets PolicySnapshot; the others take any weights. None:
+        # the backend takes the sync [http] names.
+        return None
     if not config.vllm.weights_dir:
         raise ConfigError(
             "[vllm] weights_dir is resolved by the job: build the components through run_job",
@@ -216,27 +187,18 @@ def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync
     return cast("WeightSync[Weights]", sync)  # checked just above
 
 
-def http_backend_settings(config: RunConfig, vocab_size: int) -> HttpBackendSettings:
-    """The HTTP backend's settings for the job being built: ``[http]``, the key the servers
-    require (the launched servers' own while :func:`run_job` runs), and ``[vllm]
-    sync_timeout_s`` for the vLLM weight sync. For components a user builds themselves
-    (``run_job(components=...)``)."""
-    vllm = config.http.weight_sync == "vllm"
-    return _http_settings(
-        config, vocab_size, sync_timeout_s=config.vllm.sync_timeout_s if vllm else None
-    )
-
-
 def _http_backend(
     config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
 ) -> HttpGenerationBackend[PolicySnapshot]:
-    http = config.http
-    return HttpGenerationBackend(
-        servers=list(http.servers),
+    return HttpGenerationBackend.from_config(
+        config.http,
+        generation=config.generation,
+        task=config.task,
+        vocab_size=trainer.vocab_size,
         task_set=dataset,
-        dialect=DIALECTS[http.dialect],
         weight_sync=http_weight_sync(config, trainer),
-        settings=http_backend_settings(config, trainer.vocab_size),
+        api_key=server_api_key(config),
+        sync_timeout_s=config.vllm.sync_timeout_s if config.http.weight_sync == "vllm" else None,
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
     )
@@ -245,39 +207,17 @@ def _http_backend(
 def _ray_backend(
     config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
 ) -> GenerationBackend[PolicySnapshot]:
-    from ..cluster import ActorPoolSettings, RayGenerationBackend, RayShardedDataPlane, WorkerSpec
-
-    if not isinstance(data_plane, RayShardedDataPlane):
-        raise ConfigError(
-            "the Ray backend stages into the Ray data plane; run it through run_job",
-            path="$.generation.backend",
-        )
-    ray_config, http = config.ray, config.http
-    faults = msgspec.structs.asdict(config.faults)
-    # A worker is its own process: a simulated worker crash would only be a subset of a
-    # real actor death, which the pool handles (and the chaos tests cause).
-    faults["worker_crash_rate"] = 0.0
-    spec = WorkerSpec(
-        kind=ray_config.worker,
-        shards=data_plane.layout,
+    return ray_backend(
+        config.ray,
+        data_plane=data_plane,
         seed=config.job.seed,
         task=config.task,
         generation=config.generation,
-        faults=FaultSettings(**faults),
-        http=http,
-        http_settings=_http_settings(config, trainer.vocab_size),
-    )
-    settings = ActorPoolSettings(
-        actors_per_node=ray_config.actors_per_node,
-        cpus_per_actor=ray_config.cpus_per_actor,
-        per_actor_concurrency=ray_config.per_actor_concurrency,
-        ping_interval_s=ray_config.ping_interval_s,
-        ping_timeout_s=ray_config.ping_timeout_s,
-        actor_start_timeout_s=ray_config.actor_start_timeout_s,
-        max_replacements=ray_config.max_replacements,
-    )
-    return RayGenerationBackend(
-        spec=spec, settings=settings, plane=data_plane, initial_weights=trainer.weights()
+        faults=config.faults,
+        http=config.http,
+        vocab_size=trainer.vocab_size,
+        api_key=server_api_key(config),
+        initial_weights=trainer.weights(),
     )
 
 
@@ -289,22 +229,8 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
         with SqliteDataPlane(run.data_plane_file) as store:
             yield store
         return
-    from ..cluster import RayShardedDataPlane, ShardDirectory, ray_session
-
-    ray_config = config.ray
-    with ray_session(ray_config.address, ray_config.num_cpus):
-        layout = ShardDirectory(
-            prefix=f"rr-{os.getpid()}-{int(time.time() * 1000) % 10**9}",
-            namespace="rollout-recovery",
-            directory=str(run.shards_dir),
-            shards=ray_config.data_shards,
-            cpus_per_shard=ray_config.cpus_per_shard,
-        )
-        plane = RayShardedDataPlane.start(layout)
-        try:
-            yield plane
-        finally:
-            plane.close(stop_shards=True)
+    with ray_data_plane(config.ray, run.shards_dir) as plane:
+        yield plane
 
 
 def require_ray(config: RunConfig) -> None:

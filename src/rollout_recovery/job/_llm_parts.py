@@ -14,7 +14,6 @@ job; a default install without it gets a ``ConfigError`` naming the ``[llm]`` ex
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -23,8 +22,8 @@ import msgspec
 from ..control import RunConfig
 from ..dataplane import DataPlane
 from ..llm import LlmParts
-from ..rollout import DIALECTS, GenerationBackend, HttpGenerationBackend
-from ._components import JobComponents, http_backend_settings, http_weight_sync
+from ..rollout import GenerationBackend, HttpGenerationBackend
+from ._components import JobComponents, http_weight_sync, server_api_key
 
 __all__ = ["llm_components", "resolve_model"]
 
@@ -51,15 +50,17 @@ def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[An
     if config.generation.backend == "http":
         # The trainer's temperature: its recomputed logprobs are of the distribution the
         # servers sampled from only if they sample at the same one.
-        settings = dataclasses.replace(
-            http_backend_settings(config, trainer.vocab_size), temperature=trainer.temperature
-        )
-        backend = HttpGenerationBackend(
-            servers=list(config.http.servers),
+        vllm = config.http.weight_sync == "vllm"
+        backend = HttpGenerationBackend.from_config(
+            config.http,
+            generation=config.generation,
+            task=config.task,
+            vocab_size=trainer.vocab_size,
             episodes=parts.episodes(),
-            dialect=DIALECTS[config.http.dialect],
             weight_sync=http_weight_sync(config, trainer),
-            settings=settings,
+            api_key=server_api_key(config),
+            sync_timeout_s=config.vllm.sync_timeout_s if vllm else None,
+            temperature=trainer.temperature,
             initial_version=trainer.weight_version,
             initial_weights=trainer.weights(),
         )

@@ -32,7 +32,7 @@ import msgspec
 
 from .._durable import atomic_write_bytes
 from .._settings import config_to_toml
-from ..capture import STAGING_PARTITION
+from ..capture import CaptureWriter
 from ..control import (
     CheckpointTiming,
     Controller,
@@ -43,7 +43,7 @@ from ..control import (
     RunProgress,
     load_config,
 )
-from ..dataplane import CANONICAL_PARTITION, DataPlane, SqliteDataPlane
+from ..dataplane import DataPlane, ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
     InvalidStateError,
@@ -470,7 +470,9 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
     for path in run.data_plane_files():
         try:
             with SqliteDataPlane(path) as store:
-                rows += len(store.keys(STAGING_PARTITION)) + len(store.keys(CANONICAL_PARTITION))
+                rows += len(store.keys(CaptureWriter.staging_partition)) + len(
+                    store.keys(ReplayIndex.canonical_partition)
+                )
         except InvalidStateError:
             found.append(f"{path.name} (unreadable)")
     if rows:
@@ -496,7 +498,7 @@ async def _start_fresh(controller: Controller[Any]) -> None:
     checkpoint left (a header, an empty store) is void."""
     store = controller.data_plane.inner
     async with controller.barrier.mutation("recovery_restore") as cut:
-        for partition in (STAGING_PARTITION, CANONICAL_PARTITION):
+        for partition in (CaptureWriter.staging_partition, ReplayIndex.canonical_partition):
             store.clear(partition, store.keys(partition), cut=cut)
         controller.history.start_over()
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._datasets import item_rng
 from ..errors import InvalidArgumentError
-from ..policy import item_rng
 from ..rewards import RewardChecks
 from ..rollout import Completion, Sampling, Turn
 

@@ -7,17 +7,17 @@ exact logprobs and recomputes them from a canonical row; :class:`NumpyGRPOTraine
 implements the :class:`Trainer` protocol with the clipped importance-ratio GRPO objective
 and hand-derived gradients; it bounds the log-ratio, never applies a non-finite update, and
 declares training diverged after too many skipped steps in a row. The task's vocabulary
-(token ids) stays private: other packages go through these classes and :func:`render`.
+(token ids) stays private: other packages go through these classes (``TaskSet.render``,
+``TaskSet.prompt_digit``, ``PolicySnapshot.param_shapes``).
 """
 
 from ._config import PolicyConfig, TaskConfig
-from ._numpy_policy import PARAM_SHAPES, PolicySnapshot
+from ._numpy_policy import PolicySnapshot
 from ._protocol import FileStateTrainer, Trainer, TrainSample
-from ._tasks import TaskSet, item_rng, prompt_digit, render
+from ._tasks import TaskSet
 from ._trainer import NumpyGRPOTrainer
 
 __all__ = [
-    "PARAM_SHAPES",
     "FileStateTrainer",
     "NumpyGRPOTrainer",
     "PolicyConfig",
@@ -26,7 +26,4 @@ __all__ = [
     "TaskSet",
     "TrainSample",
     "Trainer",
-    "item_rng",
-    "prompt_digit",
-    "render",
 ]

@@ -145,6 +145,8 @@ class PolicySnapshot:
 
     # The ids a prompt may hold and the policy may emit: 0 to vocab_size - 1.
     vocab_size: ClassVar[int] = VOCAB_SIZE
+    # The name and shape of every parameter table (what a weight push must hold).
+    param_shapes: ClassVar[Mapping[str, tuple[int, ...]]] = PARAM_SHAPES
 
     def __init__(self, version: int, params: Mapping[str, npt.ArrayLike]) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:

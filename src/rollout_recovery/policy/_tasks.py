@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from .._datasets import item_rng
+from ..errors import InvalidArgumentError
 from ._config import TaskConfig
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
     "TaskSet",
     "correct_answer",
     "digit_token",
-    "item_rng",
     "prompt_digit",
     "render",
 ]
@@ -98,19 +98,6 @@ def render(token_ids: Iterable[int] | np.ndarray[Any, Any]) -> str:
     return " ".join(_render_one(int(token)) for token in token_ids)
 
 
-def item_rng(idx: object, *, size: int, seed: int) -> tuple[int, np.random.Generator]:
-    """Item ``idx`` of a map-style dataset of ``size`` items, checked, and the generator
-    that draws it: one per ``(seed, idx)``, so an item never depends on which items were
-    read before it, or in which process (the controller rebuilds prompts after a restart
-    and the ledger checks them)."""
-    if isinstance(idx, bool) or not isinstance(idx, int | np.integer):
-        raise InvalidArgumentTypeError(f"task index must be an int, got {type(idx).__name__}")
-    idx = int(idx)
-    if not 0 <= idx < size:
-        raise IndexError(f"task index {idx} out of range for {size} tasks")
-    return idx, np.random.default_rng([seed, idx])
-
-
 class TaskSet:
     """A deterministic map-style dataset of ``size`` prompts.
 
@@ -130,6 +117,16 @@ class TaskSet:
     # The turns of an episode in the task's own tokens, so an environment asks for them
     # without knowing the vocabulary: how many tokens an answer is...
     answer_tokens: ClassVar[int] = ANSWER_TOKENS
+
+    @staticmethod
+    def render(token_ids: Iterable[int] | np.ndarray[Any, Any]) -> str:
+        """Readable text for the task's token ids (what a server's reply text shows)."""
+        return render(token_ids)
+
+    @staticmethod
+    def prompt_digit(token_ids: Sequence[int] | np.ndarray[Any, Any]) -> int:
+        """The hidden digit of a prompt or row (a server samples its answer from it)."""
+        return prompt_digit(token_ids)
 
     @staticmethod
     def thinking_prompt(token_ids: Sequence[int]) -> list[int]:

@@ -9,11 +9,15 @@ checkpoint.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._checks import is_utf8_text
 from ..errors import InvalidStateError
+
+if TYPE_CHECKING:
+    from ._settings import EffortRewardSettings
 
 __all__ = [
     "FinalizedReward",
@@ -37,6 +41,22 @@ class RewardChecks:
     duplicated_reasoning: bool
     empty_final_answer: bool
     low_effort: bool
+
+    @classmethod
+    def from_result(
+        cls,
+        result: Mapping[str, Any],
+        row: Mapping[str, Any],
+        *,
+        effort: EffortRewardSettings | None = None,
+    ) -> RewardChecks:
+        """Run all seal-time checks on one agent result and its input row
+        (``_checks.compute_reward_checks``); ``effort`` is the run's active shaping
+        settings, or None when shaping is off."""
+        # Imported here: the checks build on this module.
+        from ._checks import compute_reward_checks
+
+        return compute_reward_checks(result, row, effort=effort)
 
     def __post_init__(self) -> None:
         # ``type(...) is bool`` on purpose: 0/1 would silently pass an isinstance check.

@@ -13,12 +13,15 @@ Config input is plain mappings shaped like NeMo-RL's ``RewardPenaltyConfig`` and
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ..errors import InvalidStateError
-from ._records import describe_keys
+from ._records import RewardChecks, describe_keys
+
+if TYPE_CHECKING:
+    from ._final_reward import CaptureRewardOutcome, LinkSpan
 
 __all__ = [
     "CAPTURE_PENALTIES",
@@ -205,6 +208,31 @@ class CaptureRewardSettings:
         return self.effort is not None or any(
             p.kind == "text" and p.flag in self.enabled_penalties for p in CAPTURE_PENALTIES
         )
+
+    def finalize_reward(
+        self,
+        reward: float,
+        *,
+        checks: RewardChecks | None,
+        token_ids: Sequence[int],
+        link_spans: Sequence[LinkSpan],
+    ) -> CaptureRewardOutcome:
+        """Shape, then penalize, under these settings: the final reward of one verified row
+        (``_final_reward.finalize_capture_reward``)."""
+        # Imported here: the reward code builds on this module.
+        from ._final_reward import finalize_capture_reward
+
+        return finalize_capture_reward(
+            reward, settings=self, checks=checks, token_ids=token_ids, link_spans=link_spans
+        )
+
+    def group_metrics(self, outcomes: Sequence[CaptureRewardOutcome]) -> dict[str, float]:
+        """One group's reward statistics under these settings (``_metrics``), from its valid
+        rows' outcomes."""
+        # Imported here: the metrics code builds on this module.
+        from ._metrics import group_reward_metrics
+
+        return group_reward_metrics(outcomes, settings=self)
 
     @classmethod
     def from_configs(

@@ -8,24 +8,19 @@ earlier attempt's staged calls.
 
 :class:`SimulatedAgentBackend` runs the digit task's episodes on simulated workers,
 samples from a :class:`~rollout_recovery.policy.PolicySnapshot` and injects the faults of
-:class:`FaultSettings` through a decorator client.
+``[faults]`` through a decorator client.
 
 :class:`HttpGenerationBackend` runs the same episodes against OpenAI-compatible servers
-(vLLM, SGLang, ``rollout-recovery serve``) token in, token out, through one of the wire
-:data:`DIALECTS`; a :class:`ServerPool` tracks the servers' health and weight versions, a
-:class:`WeightSync` pushes the trainer's weights to them.
+(vLLM, SGLang, ``rollout-recovery serve``) token in, token out, through the wire dialect
+``[http] dialect`` names; a server pool tracks the servers' health and weight versions, a
+:class:`WeightSync` pushes the trainer's weights to them. Both are built from their config
+sections (``from_config``): the knobs are written once, in ``[generation]``, ``[faults]``,
+``[http]`` and ``[task]``.
 """
 
-from ._config import (
-    FaultsConfig,
-    GenerationConfig,
-    HttpConfig,
-    check_server_urls,
-    check_weight_update_mode,
-)
+from ._config import FaultsConfig, GenerationConfig, HttpConfig
 from ._episode import Completion, Sampling, Turn, run_episode
-from ._faults import FaultSettings
-from ._http_backend import HttpBackendSettings, HttpGenerationBackend
+from ._http_backend import HttpGenerationBackend
 from ._outcomes import AttemptFailure, FailureReason
 from ._protocol import (
     AttemptRequest,
@@ -35,14 +30,10 @@ from ._protocol import (
     BackendTelemetry,
     GenerationBackend,
 )
-from ._server_pool import PoolSettings
 from ._simulated import SimulatedAgentBackend
-from ._weight_sync import WEIGHT_SYNCS, WeightSync, WeightSyncName, parse_version
-from ._wire import DIALECTS, DataFailure, read_body
+from ._weight_sync import WeightSync
 
 __all__ = [
-    "DIALECTS",
-    "WEIGHT_SYNCS",
     "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
@@ -50,24 +41,15 @@ __all__ = [
     "BackendStartup",
     "BackendTelemetry",
     "Completion",
-    "DataFailure",
     "FailureReason",
-    "FaultSettings",
     "FaultsConfig",
     "GenerationBackend",
     "GenerationConfig",
-    "HttpBackendSettings",
     "HttpConfig",
     "HttpGenerationBackend",
-    "PoolSettings",
     "Sampling",
     "SimulatedAgentBackend",
     "Turn",
     "WeightSync",
-    "WeightSyncName",
-    "check_server_urls",
-    "check_weight_update_mode",
-    "parse_version",
-    "read_body",
     "run_episode",
 ]

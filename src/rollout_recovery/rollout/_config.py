@@ -31,8 +31,6 @@ __all__ = [
     "FaultsConfig",
     "GenerationConfig",
     "HttpConfig",
-    "check_server_urls",
-    "check_weight_update_mode",
 ]
 
 #: The weight syncs that can load weights under calls in flight and let them continue.
@@ -71,6 +69,35 @@ class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields
     #: [http] dialect = "vllm-generate" (per-token spans) and weight_sync = "policy" or
     #: "vllm".
     on_weight_update: Annotated[Literal["continue", "interrupt"], OPERATIONAL] = "continue"
+
+    def check_weight_update_mode(self, http: HttpConfig) -> None:
+        """Refuse ``on_weight_update = "interrupt"`` where it cannot be honoured, naming the
+        field that stands in the way."""
+        if self.on_weight_update != "interrupt":
+            return
+        if self.backend not in _INTERRUPT_BACKENDS:
+            raise ConfigError(
+                f'on_weight_update = "interrupt" needs [generation] backend = "simulated" or '
+                f'"http"; the {self.backend!r} backend finishes every call under the weights '
+                "it started with",
+                path="$.generation.on_weight_update",
+            )
+        if self.backend != "http":
+            return
+        if http.dialect != "vllm-generate":
+            raise ConfigError(
+                f'on_weight_update = "interrupt" needs dialect = "vllm-generate": only its '
+                f"replies say which tokens came from which weights (per-token "
+                f"weight_versions); {http.dialect!r} does not",
+                path="$.http.dialect",
+            )
+        if http.weight_sync not in INTERRUPT_WEIGHT_SYNCS:
+            raise ConfigError(
+                f'on_weight_update = "interrupt" needs weight_sync = "policy" or "vllm" (they '
+                f"pause a server's calls, load, and resume them); {http.weight_sync!r} does not "
+                "load weights",
+                path="$.http.weight_sync",
+            )
 
 
 class FaultsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -122,48 +149,17 @@ class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     bad_data_quarantine_s: Annotated[PositiveFloat, OPERATIONAL] = 30.0
     logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
 
-
-def check_server_urls(http: HttpConfig) -> None:
-    """Refuse a server URL that carries a secret (userinfo, a query, a fragment)."""
-    for index, url in enumerate(http.servers):
-        problem = server_url_problem(url)
-        if problem is not None:
-            # The URL is not quoted back: it may hold the secret.
-            raise ConfigError(
-                f"the server URL {problem}: URLs are recorded with every call (events, "
-                "metrics, every row), so a secret in one would be written out in clear "
-                "text. Give the URL without it, put the key in an environment variable "
-                "and name that variable in [http] api_key_env (sent as "
-                "Authorization: Bearer)",
-                path=f"$.http.servers[{index}]",
-            )
-
-
-def check_weight_update_mode(generation: GenerationConfig, http: HttpConfig) -> None:
-    """Refuse ``on_weight_update = "interrupt"`` where it cannot be honoured, naming the
-    field that stands in the way."""
-    if generation.on_weight_update != "interrupt":
-        return
-    if generation.backend not in _INTERRUPT_BACKENDS:
-        raise ConfigError(
-            f'on_weight_update = "interrupt" needs [generation] backend = "simulated" or '
-            f'"http"; the {generation.backend!r} backend finishes every call under the weights '
-            "it started with",
-            path="$.generation.on_weight_update",
-        )
-    if generation.backend != "http":
-        return
-    if http.dialect != "vllm-generate":
-        raise ConfigError(
-            f'on_weight_update = "interrupt" needs dialect = "vllm-generate": only its replies '
-            f"say which tokens came from which weights (per-token weight_versions); "
-            f"{http.dialect!r} does not",
-            path="$.http.dialect",
-        )
-    if http.weight_sync not in INTERRUPT_WEIGHT_SYNCS:
-        raise ConfigError(
-            f'on_weight_update = "interrupt" needs weight_sync = "policy" or "vllm" (they pause '
-            f"a server's calls, load, and resume them); {http.weight_sync!r} does not load "
-            "weights",
-            path="$.http.weight_sync",
-        )
+    def check_server_urls(self) -> None:
+        """Refuse a server URL that carries a secret (userinfo, a query, a fragment)."""
+        for index, url in enumerate(self.servers):
+            problem = server_url_problem(url)
+            if problem is not None:
+                # The URL is not quoted back: it may hold the secret.
+                raise ConfigError(
+                    f"the server URL {problem}: URLs are recorded with every call (events, "
+                    "metrics, every row), so a secret in one would be written out in clear "
+                    "text. Give the URL without it, put the key in an environment variable "
+                    "and name that variable in [http] api_key_env (sent as "
+                    "Authorization: Bearer)",
+                    path=f"$.http.servers[{index}]",
+                )

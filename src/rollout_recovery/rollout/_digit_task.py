@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..policy import TaskSet, render
-from ..rewards import RewardChecks, compute_reward_checks
+from ..policy import TaskSet
+from ..rewards import RewardChecks
 from ._episode import Completion, Sampling, Turn
 
 __all__ = ["DigitEpisode", "DigitTask", "TaskPrompt", "grade", "task_prompt"]
@@ -65,15 +65,15 @@ def grade(
     result = {
         "response": {
             "output": [
-                {"type": "reasoning", "summary": [{"text": render(thoughts)}]},
+                {"type": "reasoning", "summary": [{"text": TaskSet.render(thoughts)}]},
                 {
                     "type": "message",
-                    "content": [{"type": "output_text", "text": render(answer[:1])}],
+                    "content": [{"type": "output_text", "text": TaskSet.render(answer[:1])}],
                 },
             ]
         }
     }
-    checks = compute_reward_checks(
+    checks = RewardChecks.from_result(
         result, {"responses_create_params": {"input": task.messages}}, effort=None
     )
     return reward, checks

@@ -34,20 +34,12 @@ episode does not ask for, is not used: the episode starts over, and the result s
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..capture import (
-    CallRecord,
-    CaptureFailure,
-    CaptureWriter,
-    StagedCall,
-    StagedPrefix,
-    assemble_receipt,
-)
+from ..capture import CaptureWriter, StagedCall, StagedPrefix
 from ..errors import InvalidArgumentError
 from ..rewards import RewardChecks
 from ._protocol import AttemptRequest, AttemptResult
@@ -229,25 +221,19 @@ async def run_episode(
                 refused = replayed
             else:
                 episode, inherited = replayed, prefix.calls
-    records: list[CallRecord] = []
+    attempt = capture.attempt(rollout_id)
     generated = 0
 
     async def stage(turn_prompt: Sequence[int], call_id: str, completion: Completion) -> None:
-        call: dict[str, Any] = {
-            "rollout_id": rollout_id,
-            "model_call_id": call_id,
-            "parent": records[-1] if records else None,
-            "prompt_token_ids": turn_prompt,
-            "generated_token_ids": completion.token_ids,
-            "generated_logprobs": completion.logprobs,
-            "weight_version": completion.weight_version,
-            "extras": completion.extras,
-        }
-        if stage_in_thread:
-            record = await asyncio.to_thread(lambda: capture.stage_call(**call))
-        else:
-            record = capture.stage_call(**call)
-        records.append(record)
+        await attempt.stage(
+            call_id,
+            prompt_token_ids=turn_prompt,
+            generated_token_ids=completion.token_ids,
+            generated_logprobs=completion.logprobs,
+            weight_version=completion.weight_version,
+            extras=completion.extras,
+            in_thread=stage_in_thread,
+        )
 
     for index, call in enumerate(inherited):
         # The same call, staged again under this attempt: its receipt then owns it.
@@ -258,15 +244,9 @@ async def run_episode(
     inherited_tokens = generated
     try:
         while (turn := episode.next_turn()) is not None:
-            call_id = call_id_for(rollout_id, len(records), turn.kind)
-            if records:
-                # Before anything is sent: a continuation must extend its parent exactly.
-                capture.check_continuation(
-                    rollout_id=rollout_id,
-                    model_call_id=call_id,
-                    parent=records[-1],
-                    prompt_token_ids=turn.prompt_ids,
-                )
+            call_id = call_id_for(rollout_id, attempt.calls, turn.kind)
+            # Before anything is sent: a continuation must extend its parent exactly.
+            attempt.check_next(call_id, turn.prompt_ids)
             completion = await client.generate(
                 turn.prompt_ids, call_id=call_id, sampling=turn.sampling
             )
@@ -274,10 +254,10 @@ async def run_episode(
             generated += len(completion.token_ids)
             episode.observe(completion)
     except CallFailed as failed:
-        return _failed_attempt(rollout_id, records, call_id, failed, len(inherited), refused)
+        receipt = attempt.failed_receipt(call_id, failed.receipt_reason)
+        return _failed_attempt(rollout_id, receipt, len(inherited), refused)
     reward, checks = episode.grade()
-    terminal = records[-1].model_call_id if records else None
-    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=terminal, reward=reward)
+    receipt = attempt.receipt(reward=reward)
     return AttemptResult(
         rollout_id=rollout_id,
         receipt=receipt,
@@ -292,21 +272,10 @@ async def run_episode(
 
 
 def _failed_attempt(
-    rollout_id: str,
-    records: Sequence[CallRecord],
-    call_id: str,
-    failed: CallFailed,
-    inherited: int,
-    refused: str | None,
+    rollout_id: str, receipt: dict[str, Any], inherited: int, refused: str | None
 ) -> AttemptResult:
-    """A sealed failed attempt: every staged call listed (so their rows are cleared with
-    it), the receipt poisoned with the failed call's reason."""
-    receipt = assemble_receipt(
-        rollout_id,
-        records,
-        terminal_model_call_id=None,
-        failures=[CaptureFailure(model_call_id=call_id, reason=failed.receipt_reason)],
-    )
+    """A sealed failed attempt: its receipt (every staged call listed, so their rows are
+    cleared with it, poisoned with the failed call's reason) and no reward."""
     return AttemptResult(
         rollout_id=rollout_id,
         receipt=receipt,

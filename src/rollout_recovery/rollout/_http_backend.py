@@ -45,23 +45,25 @@ import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
 from .._bounds import INT32_MAX
+from .._http import parse_version
 from .._lifecycle import AsyncResource
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import GenerationError, InvalidArgumentError
+from ..errors import ConfigError, GenerationError, InvalidArgumentError
 from ..policy import TaskConfig, TaskSet
-from ._config import HttpConfig
+from ._config import GenerationConfig, HttpConfig
 from ._digit_task import DigitTask
 from ._episode import Completion, EpisodeTask, Sampling, run_episode
 from ._protocol import AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._server_url import bearer_headers
-from ._weight_sync import WeightSync, parse_version
+from ._weight_sync import WEIGHT_SYNCS, WeightSync
 from ._wire import (
+    DIALECTS,
     CallSpec,
     DataFailure,
     Dialect,
@@ -254,6 +256,75 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         self._pool.set_weights(initial_version, initial_weights)
         self.redispatches = 0
         self.data_failures: dict[str, int] = {}
+
+    @classmethod
+    def from_config(
+        cls,
+        http: HttpConfig,
+        *,
+        generation: GenerationConfig,
+        task: TaskConfig,
+        vocab_size: int,
+        initial_version: int,
+        initial_weights: Weights,
+        task_set: TaskSet | None = None,
+        episodes: EpisodeTask | None = None,
+        weight_sync: WeightSync[Weights] | None = None,
+        api_key: str | None = None,
+        sync_timeout_s: float | None = None,
+        temperature: float = 1.0,
+    ) -> HttpGenerationBackend[Weights]:
+        """The backend ``[http]``, ``[generation]`` and ``[task]`` describe: the one builder
+        of the job and of a Ray worker, so no caller restates the pool's or the backend's
+        knobs. ``vocab_size`` is the trainer's (replies are checked against it);
+        ``weight_sync`` defaults to the one ``[http] weight_sync`` names (a sync that lives
+        in another package, vLLM's, is passed in); ``sync_timeout_s`` overrides ``[http]``'s
+        (the vLLM sync has its own); ``temperature`` is the trainer's."""
+        if weight_sync is None:
+            if http.weight_sync not in WEIGHT_SYNCS:
+                raise ConfigError(
+                    f"weight_sync = {http.weight_sync!r} needs its sync passed in "
+                    "(the job builds it)",
+                    path="$.http.weight_sync",
+                )
+            # The table's syncs take the numpy policy's snapshots or any weights; the job
+            # refuses a trainer of other weights for "policy" before it gets here.
+            weight_sync = cast("WeightSync[Weights]", WEIGHT_SYNCS[http.weight_sync])
+        pool = PoolSettings(
+            concurrency=http.per_server_concurrency,
+            probe_interval_s=http.probe_interval_s,
+            probe_timeout_s=http.probe_timeout_s,
+            dead_after_failures=http.dead_after_failures,
+            no_server_wait_s=http.no_server_wait_s,
+            sync_timeout_s=http.sync_timeout_s if sync_timeout_s is None else sync_timeout_s,
+            bad_data_quarantine_s=http.bad_data_quarantine_s,
+            on_weight_update=generation.on_weight_update,
+        )
+        settings = HttpBackendSettings(
+            api_key=api_key,
+            model=http.model,
+            vocab_size=vocab_size,
+            pool=pool,
+            request_timeout_s=http.request_timeout_s,
+            call_redispatch_budget=http.call_redispatch_budget,
+            redispatch_backoff_s=http.redispatch_backoff_s,
+            logprob_mode=http.logprob_mode,
+            reasoning_tokens=task.reasoning_tokens,
+            thinking_calls=task.thinking_calls,
+            temperature=temperature,
+            # A durable store blocks on every put: staging goes through worker threads.
+            stage_in_thread=True,
+        )
+        return cls(
+            servers=list(http.servers),
+            task_set=task_set,
+            episodes=episodes,
+            dialect=DIALECTS[http.dialect],
+            weight_sync=weight_sync,
+            settings=settings,
+            initial_version=initial_version,
+            initial_weights=initial_weights,
+        )
 
     # -- introspection -----------------------------------------------------------------------
 

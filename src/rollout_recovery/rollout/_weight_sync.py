@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import httpx
 import msgspec
 
+from .._http import parse_version
 from ..policy import PolicySnapshot
 from ._wire import DataFailure, read_body
 
@@ -47,7 +48,6 @@ __all__ = [
     "VersionTagSync",
     "WeightSync",
     "WeightSyncName",
-    "parse_version",
 ]
 
 # What a sync pushes. Contravariant: a sync that ignores the weights (``object``) serves
@@ -61,7 +61,10 @@ _REPLY_CAP = 64 * 2**10
 
 
 class WeightSync(Protocol[Weights_contra]):
-    name: WeightSyncName
+    # Read-only: a sync of one kind (vLLM's) may name its literal alone.
+    @property
+    def name(self) -> WeightSyncName: ...
+
     # False: servers hold whatever they hold and are always treated as current.
     tracks_versions: bool
     # True: a load may change the weights under a call in flight, so a server is drained
@@ -113,19 +116,6 @@ async def _resume_server(client: httpx.AsyncClient, url: str) -> None:
             await _exchange(client, "POST", f"{url}/resume", json={}, timeout=_RESUME_TIMEOUT_S)
     except (httpx.HTTPError, TimeoutError):
         pass
-
-
-def parse_version(value: object) -> int | None:
-    """A version as servers render it (``7``, ``"7"``, ``"step-7"``) as our int, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        digits = value.removeprefix("step-")
-        if digits.isdigit():
-            return int(digits)
-    return None
 
 
 class _VersionReply(msgspec.Struct):

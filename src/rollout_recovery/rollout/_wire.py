@@ -35,6 +35,7 @@ import httpx
 import msgspec
 import numpy as np
 
+from .._http import read_capped
 from ._episode import CallFailed
 
 __all__ = [
@@ -126,17 +127,10 @@ async def read_body(response: httpx.Response, cap: int) -> bytes:
     read pass the cap; the caller's closing of the stream then drops the connection
     without reading the rest.
     """
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
-        raise DataFailure(
-            "reply_too_large", f"the reply declares {declared[:24]} bytes, the cap is {cap}"
-        )
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) > cap:
-            raise DataFailure("reply_too_large", f"the reply passed the cap of {cap} bytes")
-    return bytes(body)
+    body = await read_capped(response, cap)
+    if body is None:
+        raise DataFailure("reply_too_large", f"the reply is longer than the cap of {cap} bytes")
+    return body
 
 
 def _decode(raw: bytes, shape: type[_T]) -> _T:

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from .. import __version__
-from ..policy import render
+from ..policy import TaskSet
 from ._requests import SamplingRequest
 from ._sampling import Generation
 
@@ -36,7 +36,7 @@ def version_label(version: int) -> str:
 
 def token_text(token: int, *, as_token_id: bool) -> str:
     """A token as a logprobs entry names it: ``token_id:N`` or its rendered text."""
-    return f"token_id:{token}" if as_token_id else render([token])
+    return f"token_id:{token}" if as_token_id else TaskSet.render([token])
 
 
 def models_body(*, model: str, created: int, max_model_len: int) -> dict[str, Any]:
@@ -131,7 +131,7 @@ def completion_body(
     ids = request.return_token_ids
     choice: dict[str, Any] = {
         "index": 0,
-        "text": render(generation.token_ids),
+        "text": TaskSet.render(generation.token_ids),
         "logprobs": None if request.top_k is None else _completion_logprobs(request, generation),
         "finish_reason": generation.finish_reason,
         "stop_reason": None,

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
-from ..policy import PolicySnapshot, prompt_digit
+from ..policy import PolicySnapshot, TaskSet
 from ._api_error import bad_request, schema_error
 
 __all__ = [
@@ -81,7 +81,7 @@ def check_prompt(prompt: Sequence[int], *, param: str) -> int:
                 f"ids are 0 to {PolicySnapshot.vocab_size - 1})"
             )
     try:
-        return prompt_digit(prompt)
+        return TaskSet.prompt_digit(prompt)
     except InvalidArgumentError:
         raise bad_request(
             f"{param} holds no digit token: the policy conditions every token on the "

@@ -17,14 +17,17 @@ import numpy as np
 
 from .._bounds import INT64_MAX
 from ..errors import InvalidArgumentError
-from ..policy import PARAM_SHAPES, PolicySnapshot
+from ..policy import PolicySnapshot
 from ._api_error import ApiError, bad_request, schema_error, shown
 
 __all__ = ["WeightStore", "parse_version_label", "parse_weight_update"]
 
+# The policy's parameter tables: what a weight push must hold, by name and shape.
+_SHAPES = PolicySnapshot.param_shapes
+
 
 def _same_params(a: PolicySnapshot, b: PolicySnapshot) -> bool:
-    return all(np.array_equal(a.params[name], b.params[name]) for name in PARAM_SHAPES)
+    return all(np.array_equal(a.params[name], b.params[name]) for name in _SHAPES)
 
 
 class WeightStore:
@@ -100,7 +103,7 @@ def _check_nested(value: object, shape: tuple[int, ...], path: str, param: str) 
     if not isinstance(value, list) or len(value) != shape[0]:
         found = f"{len(value)} entries" if isinstance(value, list) else type(value).__name__
         raise bad_request(
-            f"param {param!r} must be a nested list of shape {list(PARAM_SHAPES[param])}; "
+            f"param {param!r} must be a nested list of shape {list(_SHAPES[param])}; "
             f"{path} must be a list of {shape[0]}, got {found}",
             param=f"params.{param}",
         )
@@ -114,17 +117,17 @@ def parse_weight_update(body: Mapping[str, Any]) -> PolicySnapshot:
     params = body.get("params")
     if not isinstance(params, dict):
         raise bad_request(
-            f"params must be an object of {sorted(PARAM_SHAPES)}, got {type(params).__name__}",
+            f"params must be an object of {sorted(_SHAPES)}, got {type(params).__name__}",
             param="params",
         )
     for name in params:
-        if name not in PARAM_SHAPES:
+        if name not in _SHAPES:
             raise bad_request(
-                f"param {shown(name)} is not a param of the policy (it has {sorted(PARAM_SHAPES)})",
+                f"param {shown(name)} is not a param of the policy (it has {sorted(_SHAPES)})",
                 param=f"params.{name}",
             )
     arrays = {}
-    for name, shape in PARAM_SHAPES.items():
+    for name, shape in _SHAPES.items():
         if name not in params:
             raise bad_request(f"param {name!r} is missing", param=f"params.{name}")
         _check_nested(params[name], shape, f"$.params.{name}", name)

@@ -39,14 +39,14 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 import msgspec
 
 from .._durable import atomic_write_bytes
+from .._http import parse_version, read_capped
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
-from ..rollout import DataFailure, WeightSyncName, parse_version, read_body
 
 __all__ = [
     "LOADING_TAG",
@@ -110,7 +110,7 @@ class VllmWeightSync:
     as vLLM's own cast).
     """
 
-    name: WeightSyncName = "vllm"
+    name: Literal["vllm"] = "vllm"
     tracks_versions = True
     exclusive = True
 
@@ -282,10 +282,8 @@ async def _exchange(
     """The reply body; ``httpx.HTTPStatusError`` for a refusal, ``b""`` past the cap."""
     async with client.stream(method, url, json=json, params=params, timeout=timeout) as response:
         response.raise_for_status()
-        try:
-            return await read_body(response, _REPLY_CAP)
-        except DataFailure:
-            return b""
+        body = await read_capped(response, _REPLY_CAP)
+        return b"" if body is None else body
 
 
 async def _tag(client: httpx.AsyncClient, url: str, name: str, timeout: float) -> None:

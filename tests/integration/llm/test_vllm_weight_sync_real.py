@@ -41,9 +41,9 @@ from vllm_weights_support import (
     write_fresh_model,
 )
 
+from rollout_recovery._http import parse_version
 from rollout_recovery.llm._skeleton import ModelSkeleton
 from rollout_recovery.llm._weights import TorchWeights
-from rollout_recovery.rollout import parse_version
 from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from ..dataplane import DataPlane, ReplayIndex
 from ..errors import InvalidTransitionError, StagingInventoryError
 from ..ledger import MutationCut, RolloutRecoveryLedger
-from ._protocol import DataPlane
-from ._replay import CANONICAL_PARTITION
 
 __all__ = ["reconcile_staging"]
 
@@ -39,7 +38,7 @@ def reconcile_staging(
     checkpoint time, when calls may be in flight) they are tolerated and nothing changes.
     """
     cut.require_live()
-    if partition == CANONICAL_PARTITION:
+    if partition == ReplayIndex.canonical_partition:
         raise InvalidTransitionError(
             f"reconcile_staging checks a staging partition; {partition!r} holds canonical "
             "rows, which the replay index owns"
