@@ -37,7 +37,8 @@ from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane, ShardDi
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, Row, SqliteDataPlane
-from rollout_recovery.history import AuditTrail, Seal, SiblingSealed
+from rollout_recovery.history import AuditTrail
+from rollout_recovery.history.records import Seal, SiblingSealed
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
 from rollout_recovery.rollout import AttemptRequest, GenerationConfig, SimulatedAgentBackend
