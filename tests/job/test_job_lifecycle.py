@@ -34,6 +34,8 @@ class Closes:
         self.order: list[str] = []
         self.plane: DataPlane | None = None
         self.backend: Any = None
+        self.sigterm_before: Any = None
+        self.sigint_before: Any = None
         self._wrap(monkeypatch, SqliteDataPlane, "close", "data plane", lambda s: s is self.plane)
         self._wrap(monkeypatch, AuditTrail, "close", "trail", lambda s: True)
         self._wrap(monkeypatch, MetricsFanout, "close", "metrics", lambda s: True)
@@ -72,7 +74,12 @@ class Closes:
 
 @pytest.fixture
 def closes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Closes]:
-    yield Closes(monkeypatch)
+    closes = Closes(monkeypatch)
+    # What the job must put back: the process's handler before it started (SIG_DFL alone,
+    # or another library's: ray.init installs one, so an earlier Ray test leaves its own).
+    closes.sigterm_before = signal.getsignal(signal.SIGTERM)
+    closes.sigint_before = signal.getsignal(signal.SIGINT)
+    yield closes
 
 
 def _assert_all_closed(closes: Closes, out: Path, *, metrics: bool = True) -> None:
@@ -81,7 +88,7 @@ def _assert_all_closed(closes: Closes, out: Path, *, metrics: bool = True) -> No
     # its journal, the controller's deferred-deletion plane the store.)
     assert closes.order == list(reversed(opened))
     assert not RunDirectory(out).is_locked()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is closes.sigterm_before
     held = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}
     assert not [path for path in held if path.startswith(str(out.resolve()))]
 
@@ -138,7 +145,7 @@ def test_a_job_cancelled_by_a_second_ctrl_c_closes_everything(
             progress=_Signals(signal.SIGINT, signal.SIGINT),
         )
     _assert_all_closed(closes, out)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is closes.sigint_before
 
 
 def test_a_job_whose_trainer_fails_closes_everything(
@@ -192,4 +199,4 @@ def test_ctrl_c_while_the_job_opens_interrupts_it_at_once_and_closes_what_was_op
     # The backend was built but not yet on the stack: the trail and the store are closed.
     assert closes.order == ["trail", "data plane"]
     assert not RunDirectory(out).is_locked()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is closes.sigint_before
