@@ -134,8 +134,8 @@ from hypothesis.stateful import (
 
 import rollout_recovery.control._checkpointing as checkpointing
 import rollout_recovery.control._controller as controller_module
-from rollout_recovery.capture import CaptureWriter, StagedPrefix, assemble_receipt
-from rollout_recovery.capture._receipt import CaptureFailure
+from rollout_recovery.capture import CaptureWriter, StagedPrefix
+from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
 from rollout_recovery.control._checkpointing import (
     follow_journal,
     restore_controller,
