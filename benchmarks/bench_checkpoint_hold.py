@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rollout_recovery.capture import assemble_receipt
+from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.control import Controller, load_config
 from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from rollout_recovery.capture import CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.finalize._group import finalize_group

@@ -31,7 +31,8 @@ import numpy as np
 import ray
 
 from rollout_recovery import DataPlaneCheckpointBarrier, RolloutRecoveryLedger
-from rollout_recovery.capture import CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane, ShardDirectory
 from rollout_recovery.cluster._worker import WorkerSpec

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._digest import compute_call_digest
+from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.ledger import MutationCut

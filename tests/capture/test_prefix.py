@@ -7,7 +7,7 @@ from capture_support import PREFIX_PROMPT, stage_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_recovery.capture import CaptureWriter, Rejection, StagedPrefix, read_staged_prefix
+from rollout_recovery.capture import CaptureWriter, Rejection, StagedPrefix
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane, Row
 from rollout_recovery.rollout._faults import _tamper as tamper
@@ -27,7 +27,7 @@ def keys(store: MemoryDataPlane, rollout: str = ROLLOUT) -> list[str]:
 def test_a_chain_comes_back_call_by_call() -> None:
     store = MemoryDataPlane()
     stage(store, 3)
-    prefix = read_staged_prefix(store, ROLLOUT, list(reversed(keys(store))))
+    prefix = StagedPrefix.read(store, ROLLOUT, list(reversed(keys(store))))
     assert isinstance(prefix, StagedPrefix), prefix
     assert [c.model_call_id for c in prefix.calls] == ["c0", "c1", "c2"]
     assert prefix.calls[0].prompt_token_ids.tolist() == PROMPT
@@ -40,7 +40,7 @@ def test_a_chain_comes_back_call_by_call() -> None:
 
 
 def test_nothing_staged_is_an_empty_prefix() -> None:
-    prefix = read_staged_prefix(MemoryDataPlane(), ROLLOUT, [])
+    prefix = StagedPrefix.read(MemoryDataPlane(), ROLLOUT, [])
     assert isinstance(prefix, StagedPrefix) and prefix.calls == ()
 
 
@@ -73,7 +73,7 @@ def test_any_altered_token_logprob_or_header_is_refused(calls: int, data: st.Dat
             )
         },
     )
-    found = read_staged_prefix(store, ROLLOUT, keys(store))
+    found = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection), what
 
 
@@ -81,7 +81,7 @@ def test_a_tampered_row_is_refused_as_a_digest_mismatch() -> None:
     store = MemoryDataPlane()
     stage(store, 2)
     tamper(store, CaptureWriter.staging_partition, f"{ROLLOUT}/c1")  # the simulated tamper fault
-    found = read_staged_prefix(store, ROLLOUT, keys(store))
+    found = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.code == "digest_mismatch", found
 
 
@@ -89,14 +89,14 @@ def test_a_missing_middle_call_breaks_the_chain() -> None:
     store = MemoryDataPlane()
     stage(store, 3)
     store.clear(CaptureWriter.staging_partition, [f"{ROLLOUT}/c1"])
-    found = read_staged_prefix(store, ROLLOUT, keys(store))
+    found = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.rebuild_code == "missing_parent", found
 
 
 def test_a_listed_key_that_is_gone_is_a_missing_row() -> None:
     store = MemoryDataPlane()
     stage(store, 2)
-    found = read_staged_prefix(store, ROLLOUT, [*keys(store), f"{ROLLOUT}/c9"])
+    found = StagedPrefix.read(store, ROLLOUT, [*keys(store), f"{ROLLOUT}/c9"])
     assert isinstance(found, Rejection) and found.code == "missing_staging_row", found
 
 
@@ -107,9 +107,9 @@ def test_a_row_of_another_rollout_is_foreign() -> None:
     (row,) = store.get(CaptureWriter.staging_partition, ["g1_g1_abb/c0"])
     # The other attempt's row, filed under this attempt's key.
     store.put(CaptureWriter.staging_partition, {f"{ROLLOUT}/c5": row})
-    found = read_staged_prefix(store, ROLLOUT, keys(store))
+    found = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.code == "identity_mismatch", found
-    listed = read_staged_prefix(store, ROLLOUT, ["g1_g1_abb/c0"])
+    listed = StagedPrefix.read(store, ROLLOUT, ["g1_g1_abb/c0"])
     assert isinstance(listed, Rejection) and listed.code == "identity_mismatch"
 
 
@@ -125,17 +125,17 @@ def test_two_calls_continuing_one_parent_are_not_a_prefix() -> None:
         generated_logprobs=[-1.0],
         weight_version=1,
     )
-    found = read_staged_prefix(store, ROLLOUT, keys(store))
+    found = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(found, Rejection) and found.rebuild_code == "manifest_order", found
 
 
 def test_rows_are_fresh_arrays() -> None:
     store = MemoryDataPlane()
     stage(store, 1)
-    prefix = read_staged_prefix(store, ROLLOUT, keys(store))
+    prefix = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(prefix, StagedPrefix)
     prefix.calls[0].token_ids[0] = 99
-    again = read_staged_prefix(store, ROLLOUT, keys(store))
+    again = StagedPrefix.read(store, ROLLOUT, keys(store))
     assert isinstance(again, StagedPrefix)
     assert again.calls[0].token_ids[0] == 10
     assert np.asarray(again.calls[0].token_ids).dtype == np.int32

@@ -10,7 +10,8 @@ import pytest
 from capture_support import Built, CallSpec, rollouts
 from hypothesis import given, settings
 
-from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection, assemble_receipt
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
+from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane

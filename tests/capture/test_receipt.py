@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 from capture_support import simple_rollout
 
-from rollout_recovery.capture import Receipt, assemble_receipt
+from rollout_recovery.capture import Receipt
 from rollout_recovery.capture._receipt import (
     MISSING_TERMINAL_ROW,
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     UNDECLARED_TERMINAL,
     CaptureFailure,
+    assemble_receipt,
 )
 from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
 

@@ -14,14 +14,17 @@ from rollout_recovery.capture import (
     LinearizedRollout,
     Receipt,
     Rejection,
-    assemble_receipt,
 )
 from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
-from rollout_recovery.capture._receipt import CaptureFailure
-from rollout_recovery.capture._result import REBUILD_CODES, REJECTION_CODES, WeightVersionSpan
+from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
+from rollout_recovery.capture._result import (
+    REBUILD_CODES,
+    REJECTION_CODES,
+    LinkSpan,
+    WeightVersionSpan,
+)
 from rollout_recovery.capture._verify import fetch_and_verify, verify_and_linearize
 from rollout_recovery.dataplane._protocol import Row
-from rollout_recovery.rewards import LinkSpan
 
 RID = "grp1_g0_aabc123"
 

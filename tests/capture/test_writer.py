@@ -169,8 +169,8 @@ EXTRAS = {
 
 
 def test_extras_are_staged_digested_and_verified() -> None:
-    from rollout_recovery.capture import assemble_receipt
     from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST, compute_extras_digest
+    from rollout_recovery.capture._receipt import assemble_receipt
     from rollout_recovery.capture._verify import verify_and_linearize
 
     data_plane = DictDataPlane()
@@ -262,3 +262,29 @@ def test_extras_as_deep_as_row_metadata_allows_are_staged_in_a_real_store() -> N
     data_plane = MemoryDataPlane()  # validates metadata like every store
     record = _root(CaptureWriter(data_plane), extras={"x": _nested(62)})
     assert data_plane.keys(CaptureWriter.staging_partition) == [record.staging_key]
+
+
+def test_token_versions_are_staged_as_the_version_spans_extra() -> None:
+    data_plane = DictDataPlane()
+    record = _root(CaptureWriter(data_plane), extras={"temperature": 1.0}, token_versions=[6, 7])
+    (row,) = data_plane.get(CaptureWriter.staging_partition, [record.staging_key])
+    assert StagedCallHeader.from_dict(row.metadata).extras == {
+        "temperature": 1.0,
+        "weight_version_spans": [
+            {"version": "6", "start": 0, "end": 1},
+            {"version": "7", "start": 1, "end": 2},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("versions", "message"),
+    [([7], "one entry per generated token"), ([7, 6], "last of token_versions")],
+)
+def test_token_versions_that_do_not_fit_the_call_are_refused(
+    versions: list[int], message: str
+) -> None:
+    data_plane = DictDataPlane()
+    with pytest.raises(InvalidArgumentError, match=message) as caught:
+        _root(CaptureWriter(data_plane), token_versions=versions)
+    assert caught.value.path == "$.token_versions" and data_plane.put_log == []

@@ -17,7 +17,6 @@ from rollout_recovery.capture import (
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    read_staged_prefix,
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
@@ -184,7 +183,7 @@ def test_the_next_attempt_continues_the_calls_a_dead_actor_staged(new_plane: New
                 for k in plane.keys(CaptureWriter.staging_partition)
                 if k.startswith("grp7_g0_a0/")
             ]
-            prefix = read_staged_prefix(plane, "grp7_g0_a0", keys)
+            prefix = StagedPrefix.read(plane, "grp7_g0_a0", keys)
             assert isinstance(prefix, StagedPrefix), prefix
             result = await backend.resume_attempt(_request(7, attempt=1), writer, prefix)
             return prefix, result, victim

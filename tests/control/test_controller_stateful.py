@@ -134,8 +134,9 @@ from hypothesis.stateful import (
 
 import rollout_recovery.control._checkpointing as checkpointing
 import rollout_recovery.control._controller as controller_module
-from rollout_recovery.capture import CaptureWriter, StagedPrefix, assemble_receipt
-from rollout_recovery.capture._receipt import CaptureFailure
+from rollout_recovery.capture import CaptureWriter, StagedPrefix
+from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
+from rollout_recovery.control._attempt_failure import AttemptFailure
 from rollout_recovery.control._checkpointing import (
     follow_journal,
     restore_controller,
@@ -175,7 +176,7 @@ from rollout_recovery.ledger import (
 )
 from rollout_recovery.policy import TaskSet, TrainSample
 from rollout_recovery.policy._tasks import ANSWER, EOS, THOUGHT_BASE, digit_token
-from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
+from rollout_recovery.rollout import AttemptRequest, AttemptResult, FailureReason
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 N = 2  # generations per prompt

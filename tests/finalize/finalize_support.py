@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollout_recovery.capture import CaptureWriter, assemble_receipt
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._digest import compute_call_digest
-from rollout_recovery.capture._receipt import CaptureFailure
+from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import DataPlane, Row
 from rollout_recovery.ledger import PromptGroupRecoveryRecord, RolloutRecoveryLedger

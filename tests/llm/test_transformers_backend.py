@@ -16,7 +16,6 @@ from rollout_recovery.capture import (
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    read_staged_prefix,
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
@@ -231,7 +230,7 @@ def test_a_staged_call_of_a_lost_attempt_is_continued_not_generated_again(
     writer = CaptureWriter(store)
     lost = asyncio.run(backend.run_attempt(_request(backend, 5, "g5_g0_a1"), writer))
     keys = [k for k in store.keys(writer.partition) if k.startswith("g5_g0_a1/")]
-    prefix = read_staged_prefix(store, "g5_g0_a1", keys)
+    prefix = StagedPrefix.read(store, "g5_g0_a1", keys)
     assert isinstance(prefix, StagedPrefix)
     calls = backend._calls
     result = asyncio.run(backend.resume_attempt(_request(backend, 5, "g5_g0_a2"), writer, prefix))

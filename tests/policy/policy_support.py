@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from rollout_recovery.capture import CaptureWriter, LinearizedRollout, assemble_receipt
+from rollout_recovery.capture import CaptureWriter, LinearizedRollout
+from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.finalize import grpo_advantages

@@ -13,7 +13,6 @@ from rollout_recovery.capture import (
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    read_staged_prefix,
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane
@@ -31,7 +30,7 @@ def prefix_of(store: DataPlane, rollout_id: str) -> StagedPrefix:
     keys = [
         k for k in store.keys(CaptureWriter.staging_partition) if k.startswith(rollout_id + "/")
     ]
-    found = read_staged_prefix(store, rollout_id, keys)
+    found = StagedPrefix.read(store, rollout_id, keys)
     assert isinstance(found, StagedPrefix), found
     return found
 

@@ -16,7 +16,6 @@ from rollout_recovery.capture import (
     CaptureWriter,
     LinearizedRollout,
     StagedPrefix,
-    read_staged_prefix,
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
@@ -77,7 +76,7 @@ def staged(store: MemoryDataPlane, rollout_id: str) -> list[str]:
 
 
 def prefix_of(store: MemoryDataPlane, rollout_id: str) -> StagedPrefix:
-    found = read_staged_prefix(store, rollout_id, staged(store, rollout_id))
+    found = StagedPrefix.read(store, rollout_id, staged(store, rollout_id))
     assert isinstance(found, StagedPrefix), found
     return found
 

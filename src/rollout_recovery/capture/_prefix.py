@@ -1,7 +1,7 @@
 """Read an unsealed attempt's staged calls back, verified: what a later attempt continues.
 
 An attempt that died (its worker, its actor, the whole process) leaves the calls it staged
-in the store, each row durable before it was acknowledged. :func:`read_staged_prefix`
+in the store, each row durable before it was acknowledged. :meth:`StagedPrefix.read`
 turns those rows into a :class:`StagedPrefix` (every call's whole prompt, generated ids,
 logprobs, weight version and extras) after the checks a receipt gets at finalization:
 every header well formed and naming the attempt (a row of another rollout is refused as
@@ -29,7 +29,7 @@ from ._result import LinearizedRollout, Rejection
 from ._verify import verify_rows
 from ._writer import STAGING_PARTITION
 
-__all__ = ["StagedCall", "StagedPrefix", "read_staged_prefix"]
+__all__ = ["StagedCall", "StagedPrefix"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -73,72 +73,73 @@ class StagedPrefix:
         """The first ``count`` calls (still a prefix: each continues the one before)."""
         return StagedPrefix(rollout_id=self.rollout_id, calls=self.calls[:count])
 
+    @classmethod
+    def read(
+        cls,
+        data_plane: DataPlane,
+        rollout_id: str,
+        keys: Sequence[str],
+        *,
+        partition: str = STAGING_PARTITION,
+    ) -> StagedPrefix | Rejection:
+        """Verify the staged rows ``keys`` of attempt ``rollout_id`` as one prefix.
 
-def read_staged_prefix(
-    data_plane: DataPlane,
-    rollout_id: str,
-    keys: Sequence[str],
-    *,
-    partition: str = STAGING_PARTITION,
-) -> StagedPrefix | Rejection:
-    """Verify the staged rows ``keys`` of attempt ``rollout_id`` as one prefix.
-
-    ``keys`` are every staged key of the attempt (any order). Returns the prefix, or the
-    first problem as a :class:`Rejection` (``identity_mismatch`` for a foreign row,
-    ``digest_mismatch`` for a tampered one, ``missing_staging_row``, ``rebuild_failed``
-    for calls that do not form one chain, ...). Data-plane errors other than a missing or
-    undecodable row propagate.
-    """
-    if not keys:
-        return StagedPrefix(rollout_id=rollout_id, calls=())
-    for key in keys:
-        if parse_staging_key(key)[0] != rollout_id:
-            return Rejection(
-                code="identity_mismatch", detail=f"{key} is not a call of {rollout_id}"
-            )
-    try:
-        rows = data_plane.get(partition, list(keys))
-    except InvalidRowError as exc:
-        return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
-    except KeyError as exc:
-        return Rejection(code="missing_staging_row", detail=str(exc))
-    headers = []
-    for key, row in zip(keys, rows, strict=True):
+        ``keys`` are every staged key of the attempt (any order). Returns the prefix, or the
+        first problem as a :class:`Rejection` (``identity_mismatch`` for a foreign row,
+        ``digest_mismatch`` for a tampered one, ``missing_staging_row``, ``rebuild_failed``
+        for calls that do not form one chain, ...). Data-plane errors other than a missing or
+        undecodable row propagate.
+        """
+        if not keys:
+            return cls(rollout_id=rollout_id, calls=())
+        for key in keys:
+            if parse_staging_key(key)[0] != rollout_id:
+                return Rejection(
+                    code="identity_mismatch", detail=f"{key} is not a call of {rollout_id}"
+                )
         try:
-            header = StagedCallHeader.from_dict(row.metadata)
-        except InvalidStateError as exc:
-            return Rejection(code="invalid_staging_row", detail=f"{key}: {exc}")
-        if header.rollout_id != rollout_id:
-            return Rejection(
-                code="identity_mismatch", detail=f"{key}: the row names {header.rollout_id}"
-            )
-        headers.append((key, header, row))
-    # A chain has strictly growing lengths: order by them, then every call must continue
-    # the one before it (no gap, no second root, no branch).
-    headers.sort(key=lambda entry: entry[1].cum_len)
-    parent: str | None = None
-    seen: set[str] = set()
-    for key, header, _ in headers:
-        if header.parent_call_id != parent:
-            # Continuing an earlier call than the last: a branch; anything else: a gap.
-            code = "manifest_order" if header.parent_call_id in seen else "missing_parent"
-            return Rejection(
-                code="rebuild_failed",
-                rebuild_code=code,
-                detail=f"{key} continues {header.parent_call_id}, not {parent}: not one chain",
-            )
-        seen.add(header.model_call_id)
-        parent = header.model_call_id
-    receipt = Receipt(
-        rollout_id=rollout_id,
-        terminal_model_call_id=parent,
-        manifest=tuple(header.call_record(key) for key, header, _ in headers),
-        terminal_selection="declared",
-    )
-    verified = verify_rows(receipt, [row for _, _, row in headers])
-    if isinstance(verified, Rejection):
-        return verified
-    return _prefix(rollout_id, verified, [(key, header) for key, header, _ in headers])
+            rows = data_plane.get(partition, list(keys))
+        except InvalidRowError as exc:
+            return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
+        except KeyError as exc:
+            return Rejection(code="missing_staging_row", detail=str(exc))
+        headers = []
+        for key, row in zip(keys, rows, strict=True):
+            try:
+                header = StagedCallHeader.from_dict(row.metadata)
+            except InvalidStateError as exc:
+                return Rejection(code="invalid_staging_row", detail=f"{key}: {exc}")
+            if header.rollout_id != rollout_id:
+                return Rejection(
+                    code="identity_mismatch", detail=f"{key}: the row names {header.rollout_id}"
+                )
+            headers.append((key, header, row))
+        # A chain has strictly growing lengths: order by them, then every call must continue
+        # the one before it (no gap, no second root, no branch).
+        headers.sort(key=lambda entry: entry[1].cum_len)
+        parent: str | None = None
+        seen: set[str] = set()
+        for key, header, _ in headers:
+            if header.parent_call_id != parent:
+                # Continuing an earlier call than the last: a branch; anything else: a gap.
+                code = "manifest_order" if header.parent_call_id in seen else "missing_parent"
+                return Rejection(
+                    code="rebuild_failed",
+                    rebuild_code=code,
+                    detail=f"{key} continues {header.parent_call_id}, not {parent}: not one chain",
+                )
+            seen.add(header.model_call_id)
+            parent = header.model_call_id
+        receipt = Receipt(
+            rollout_id=rollout_id,
+            terminal_model_call_id=parent,
+            manifest=tuple(header.call_record(key) for key, header, _ in headers),
+            terminal_selection="declared",
+        )
+        verified = verify_rows(receipt, [row for _, _, row in headers])
+        if isinstance(verified, Rejection):
+            return verified
+        return _prefix(rollout_id, verified, [(key, header) for key, header, _ in headers])
 
 
 def _prefix(

@@ -44,7 +44,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
-from ..rewards import LinkSpan
 from ._spans import TokenVersionSpan
 
 __all__ = [
@@ -52,6 +51,7 @@ __all__ = [
     "REBUILD_CODES",
     "REJECTION_CODES",
     "LinearizedRollout",
+    "LinkSpan",
     "Rejection",
     "WeightVersionSpan",
 ]
@@ -127,6 +127,15 @@ class Rejection:
         if self.rebuild_code is not None:
             return f"{self.code}:{self.rebuild_code}: {self.detail}"
         return f"{self.code}:{self.detail}" if self.detail else self.code
+
+
+class LinkSpan(NamedTuple):
+    """One call of a linearized row's terminal chain, root first: ``carry_len`` prompt
+    tokens, then ``generated_len`` generated ones (what reward finalization walks)."""
+
+    model_call_id: str
+    carry_len: int
+    generated_len: int
 
 
 class WeightVersionSpan(NamedTuple):

@@ -23,7 +23,6 @@ import numpy.typing as npt
 
 from ..dataplane import DataPlane, Row
 from ..errors import InvalidRowError, InvalidStateError
-from ..rewards import LinkSpan
 from ._digest import (
     compute_call_digest,
     compute_chain_hash,
@@ -36,6 +35,7 @@ from ._records import CallRecord, StagedCallHeader
 from ._result import (
     FIELD_MISMATCH_FIELDS,
     LinearizedRollout,
+    LinkSpan,
     Rejection,
     WeightVersionSpan,
 )

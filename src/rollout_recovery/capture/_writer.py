@@ -29,6 +29,7 @@ from ._extras import compute_extras_digest
 from ._keys import parse_staging_key, staging_key
 from ._receipt import CaptureFailure, assemble_receipt
 from ._records import CallRecord, CaptureMode, StagedCallHeader
+from ._spans import SPANS_EXTRA, version_spans
 
 __all__ = ["STAGING_PARTITION", "AttemptCapture", "CaptureWriter"]
 
@@ -45,6 +46,22 @@ def _token_array(
     if array.size and (int(array.min()) < 0 or int(array.max()) > INT32_MAX):
         raise InvalidArgumentError(f"{name} must lie in [0, 2**31)", path=f"$.{name}")
     return array.astype(np.int32)
+
+
+def _spans_extra(
+    token_versions: Sequence[int], generated: int, weight_version: int
+) -> list[dict[str, Any]]:
+    if len(token_versions) != generated:
+        raise InvalidArgumentError(
+            "token_versions must have one entry per generated token", path="$.token_versions"
+        )
+    if token_versions[-1] != weight_version:
+        # The staged version is the newest weights the call saw: a reuse policy then
+        # judges every token of it (``_spans``).
+        raise InvalidArgumentError(
+            "the last of token_versions must be weight_version", path="$.token_versions"
+        )
+    return version_spans(token_versions)
 
 
 class CaptureWriter:
@@ -118,6 +135,7 @@ class CaptureWriter:
         generated_logprobs: Sequence[float] | npt.NDArray[np.floating],
         weight_version: int,
         extras: Mapping[str, Any] | None = None,
+        token_versions: Sequence[int] | None = None,
     ) -> CallRecord:
         """Stage one call and return its manifest record.
 
@@ -128,7 +146,9 @@ class CaptureWriter:
         tokens (mask 1). ``weight_version`` is the policy version read at admission.
         ``extras`` is per-call material the tokens do not carry (sampling params, logprob
         mode, the server's own weight version); plain JSON-like values only, digested into
-        the call digest.
+        the call digest. ``token_versions`` (one per generated token) says which weights
+        generated each token of a call new weights interrupted; it is staged as the
+        ``weight_version_spans`` extra, and its last version must be ``weight_version``.
         Raises ``InvalidArgumentError`` for inputs that break the contract; nothing is staged
         then. Errors from the data plane propagate.
         """
@@ -157,6 +177,11 @@ class CaptureWriter:
             )
 
         extras_dict = None if extras is None else dict(extras)
+        if token_versions is not None:
+            extras_dict = {
+                **(extras_dict or {}),
+                SPANS_EXTRA: _spans_extra(token_versions, generated.size, weight_version),
+            }
         try:
             extras_digest = compute_extras_digest(extras_dict)
         except InvalidStateError as exc:
@@ -251,6 +276,7 @@ class AttemptCapture:
         generated_logprobs: Sequence[float] | npt.NDArray[np.floating],
         weight_version: int,
         extras: Mapping[str, Any] | None = None,
+        token_versions: Sequence[int] | None = None,
         in_thread: bool = False,
     ) -> None:
         """Stage the next call as the continuation of the last (:meth:`CaptureWriter.
@@ -265,6 +291,7 @@ class AttemptCapture:
             "generated_logprobs": generated_logprobs,
             "weight_version": weight_version,
             "extras": extras,
+            "token_versions": token_versions,
         }
         if in_thread:
             record = await asyncio.to_thread(lambda: self._writer.stage_call(**call))

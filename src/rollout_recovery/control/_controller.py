@@ -85,7 +85,6 @@ from ..metrics import MetricsSink, flatten_scalars
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
 from ..rollout import (
-    AttemptFailure,
     AttemptRequest,
     AttemptResult,
     BackendResume,
@@ -94,6 +93,7 @@ from ..rollout import (
     FailureReason,
     GenerationBackend,
 )
+from ._attempt_failure import AttemptFailure
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
 from ._replay import admission_id_of

@@ -2,12 +2,12 @@ r"""Reward records, checks, settings, shaping and penalties for token-capture ro
 
 Seal time: :meth:`RewardChecks.from_result` turns the agent's text into
 :class:`RewardChecks`. Finalization: :meth:`CaptureRewardSettings.finalize_reward` shapes,
-then penalizes, the raw reward of a verified row (walking its :class:`LinkSpan`\ s) under
+then penalizes, the raw reward of a verified row (walking its link spans) under
 the run's settings; :meth:`CaptureRewardSettings.group_metrics` records per-group sums that
 ``aggregate_capture_reward_metrics`` pools exactly.
 """
 
-from ._final_reward import CaptureRewardOutcome, LinkSpan
+from ._final_reward import CaptureRewardOutcome
 from ._records import FinalizedReward, RewardChecks, RewardLogContext, parse_reward_log_context
 from ._settings import CaptureRewardSettings
 
@@ -15,7 +15,6 @@ __all__ = [
     "CaptureRewardOutcome",
     "CaptureRewardSettings",
     "FinalizedReward",
-    "LinkSpan",
     "RewardChecks",
     "RewardLogContext",
     "parse_reward_log_context",

@@ -33,15 +33,11 @@ __all__ = [
 ]
 
 
-class LinkSpan(NamedTuple):
-    """One call of a linearized row's terminal chain, root first: ``carry_len`` prompt
-    tokens, then ``generated_len`` generated ones. Capture's verifier produces these and
-    reward finalization walks them; a plain ``(call_id, carry_len, generated_len)`` tuple
-    is accepted too."""
-
-    model_call_id: str
-    carry_len: int
-    generated_len: int
+#: One call of a linearized row's terminal chain, root first, as ``(model_call_id,
+#: carry_len, generated_len)``: ``carry_len`` prompt tokens, then ``generated_len``
+#: generated ones. Capture's verifier produces them (a named tuple of these fields, on
+#: its linearized rollout) and reward finalization walks them.
+LinkSpan = tuple[str, int, int]
 
 
 EFFORT_METRIC_PREFIX = "finalize/effort/"

@@ -21,7 +21,7 @@ sections (``from_config``): the knobs are written once, in ``[generation]``, ``[
 from ._config import FaultsConfig, GenerationConfig, HttpConfig
 from ._episode import Completion, Sampling, Turn, run_episode
 from ._http_backend import HttpGenerationBackend
-from ._outcomes import AttemptFailure, FailureReason
+from ._outcomes import FailureReason
 from ._protocol import (
     AttemptRequest,
     AttemptResult,
@@ -34,7 +34,6 @@ from ._simulated import SimulatedAgentBackend
 from ._weight_sync import WeightSync
 
 __all__ = [
-    "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
     "BackendResume",

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..capture import CaptureWriter, StagedCall, StagedPrefix
+from ..capture import CaptureWriter, StagedPrefix
 from ..errors import InvalidArgumentError
 from ..rewards import RewardChecks
 from ._protocol import AttemptRequest, AttemptResult
@@ -75,12 +75,15 @@ class Sampling:
 class Completion:
     """What one model call generated: token ids, one logprob per id, the weight version
     that generated them, and per-call material the tokens do not carry (``extras``: plain
-    JSON-like values, staged and digested with the call)."""
+    JSON-like values, staged and digested with the call). A call new weights interrupted
+    names each token's version in ``token_versions`` (staged as its version spans;
+    ``weight_version`` is then the last one)."""
 
     token_ids: Sequence[int]
     logprobs: Sequence[float]
     weight_version: int
     extras: Mapping[str, Any] | None = None
+    token_versions: Sequence[int] | None = None
 
 
 class ModelClient(Protocol):
@@ -171,28 +174,34 @@ def _prefix_refusal(request: AttemptRequest, prefix: StagedPrefix) -> str | None
 def _replay(task: EpisodeTask, request: AttemptRequest, prefix: StagedPrefix) -> Episode | str:
     """A fresh episode stepped through the prefix's calls, or why they do not fit."""
     episode = task.episode(request.prompt)
-    for index, call in enumerate(prefix.calls):
+    completions = _completions(prefix)
+    for index, (call, completion) in enumerate(zip(prefix.calls, completions, strict=True)):
         turn = episode.next_turn()
         if turn is None:
             return f"prefix call {index} ({call.staging_key}): the episode was already over"
         if [int(t) for t in turn.prompt_ids] != call.prompt_token_ids.tolist():
             return f"prefix call {index} ({call.staging_key}): the episode asks another prompt"
-        episode.observe(_completion_of(call))
+        episode.observe(completion)
     return episode
 
 
-def _completion_of(call: StagedCall, *, resumed: bool = False) -> Completion:
-    """A staged call as the completion it was; ``resumed`` marks the copy an inheriting
-    attempt stages (its extras name the row it came from)."""
-    extras = call.extras
-    if resumed:
-        extras = {**(extras or {}), "resumed_from": call.staging_key}
-    return Completion(
-        token_ids=call.token_ids.tolist(),
-        logprobs=call.logprobs.tolist(),
-        weight_version=call.weight_version,
-        extras=extras,
-    )
+def _completions(prefix: StagedPrefix, *, resumed: bool = False) -> list[Completion]:
+    """The prefix's staged calls as the completions they were; ``resumed`` marks the
+    copies an inheriting attempt stages (their extras name the row each came from)."""
+    completions = []
+    for call in prefix.calls:
+        extras = call.extras
+        if resumed:
+            extras = {**(extras or {}), "resumed_from": call.staging_key}
+        completions.append(
+            Completion(
+                token_ids=call.token_ids.tolist(),
+                logprobs=call.logprobs.tolist(),
+                weight_version=call.weight_version,
+                extras=extras,
+            )
+        )
+    return completions
 
 
 async def run_episode(
@@ -211,7 +220,7 @@ async def run_episode(
     """
     rollout_id = request.rollout_id
     episode = task.episode(request.prompt)
-    inherited: Sequence[StagedCall] = ()
+    inherited = StagedPrefix(rollout_id=rollout_id, calls=())
     refused: str | None = None
     if prefix is not None and prefix.calls:
         refused = _prefix_refusal(request, prefix)
@@ -220,7 +229,7 @@ async def run_episode(
             if isinstance(replayed, str):
                 refused = replayed
             else:
-                episode, inherited = replayed, prefix.calls
+                episode, inherited = replayed, prefix
     attempt = capture.attempt(rollout_id)
     generated = 0
 
@@ -232,12 +241,13 @@ async def run_episode(
             generated_logprobs=completion.logprobs,
             weight_version=completion.weight_version,
             extras=completion.extras,
+            token_versions=completion.token_versions,
             in_thread=stage_in_thread,
         )
 
-    for index, call in enumerate(inherited):
+    copies = _completions(inherited, resumed=True)
+    for index, (call, copy) in enumerate(zip(inherited.calls, copies, strict=True)):
         # The same call, staged again under this attempt: its receipt then owns it.
-        copy = _completion_of(call, resumed=True)
         prompt = call.prompt_token_ids.tolist()
         await stage(prompt, call_id_for(rollout_id, index, "resumed"), copy)
         generated += len(copy.token_ids)
@@ -255,7 +265,7 @@ async def run_episode(
             episode.observe(completion)
     except CallFailed as failed:
         receipt = attempt.failed_receipt(call_id, failed.receipt_reason)
-        return _failed_attempt(rollout_id, receipt, len(inherited), refused)
+        return _failed_attempt(rollout_id, receipt, len(inherited.calls), refused)
     reward, checks = episode.grade()
     receipt = attempt.receipt(reward=reward)
     return AttemptResult(
@@ -265,7 +275,7 @@ async def run_episode(
         mask_sample=False,
         reward_checks=checks,
         generated_tokens=generated,
-        inherited_calls=len(inherited),
+        inherited_calls=len(inherited.calls),
         inherited_tokens=inherited_tokens,
         resume_refused=refused,
     )

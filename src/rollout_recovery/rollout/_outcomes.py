@@ -1,9 +1,10 @@
-"""How an attempt can end without a seal: one reason enum, one failure value.
+"""How an attempt can end without a seal: the closed set of reasons.
 
-A failed attempt is an expected event, not a bug, so a backend reports it as a value
-(:class:`AttemptFailure`); an exception out of a backend means a bug or bad state and
-stops the run. :class:`FailureReason` is the closed set of reasons, with the predicates
-the controller and the auditor branch on, so nobody compares reason strings.
+A failed attempt is an expected event, not a bug: a backend raises
+``GenerationError(reason)`` and the controller turns it into a failure value with a
+:class:`FailureReason`, with the predicates the controller and the auditor branch on, so
+nobody compares reason strings; any other exception out of a backend means a bug or bad
+state and stops the run.
 
 *Data* failures are different: the attempt finished, but what it produced is unusable
 (a malformed server reply, a token outside the vocabulary, a staging write that failed).
@@ -13,10 +14,9 @@ Those are sealed as masked placeholders whose receipt says why
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["AttemptFailure", "FailureReason"]
+__all__ = ["FailureReason"]
 
 
 class FailureReason(StrEnum):
@@ -50,13 +50,3 @@ class FailureReason(StrEnum):
     def is_infra(self) -> bool:
         """The machinery failed (a worker, a server, an actor, the clock), not the model."""
         return self is not FailureReason.ATTEMPT_FAILED
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptFailure:
-    """An attempt that ended without a seal: which one, why, and what the backend saw."""
-
-    rollout_id: str
-    generation_index: int
-    reason: FailureReason
-    detail: str = ""

@@ -34,7 +34,7 @@ import numpy as np
 
 from .._lifecycle import AsyncResource
 from .._workers import Worker, WorkerHealth, WorkerPool
-from ..capture import SPANS_EXTRA, CaptureWriter, StagedPrefix, version_spans
+from ..capture import CaptureWriter, StagedPrefix
 from ..dataplane import DataPlane
 from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
 from ..policy import PolicySnapshot, TaskConfig, TaskSet
@@ -384,5 +384,5 @@ class _WorkerSession:
             logprobs=logprobs,
             # The newest weights it saw: a reuse policy then judges every token of it.
             weight_version=versions[-1],
-            extras={SPANS_EXTRA: version_spans(versions)},
+            token_versions=versions,
         )
