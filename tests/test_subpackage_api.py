@@ -49,7 +49,6 @@ SURFACES: dict[str, set[str]] = {
     "checkpoint": {
         "LoadedSidecar",
         "SidecarFormat",
-        "SidecarFormatError",
         "find_sidecar_problems",
         "load_sidecar",
         "read_sidecar_bytes",
@@ -133,7 +132,6 @@ SURFACES: dict[str, set[str]] = {
         "JournalEntry",
         "JournalReport",
         "JournalScan",
-        "TrailLineError",
         "audit_run",
         "read_json_lines",
         "read_records",

@@ -15,7 +15,7 @@ from sidecar_fixtures import fresh, rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError, RolloutRecoveryError
 from rollout_recovery._durable import atomic_write_bytes
-from rollout_recovery.checkpoint import SidecarFormatError, load_sidecar, write_sidecar
+from rollout_recovery.checkpoint import load_sidecar, write_sidecar
 from rollout_recovery.checkpoint._native import (
     FORMAT_NAME,
     MAGIC,
@@ -32,6 +32,7 @@ from rollout_recovery.checkpoint._sidecar_io import (
     encode_sidecar,
     read_sidecar,
 )
+from rollout_recovery.errors import SidecarFormatError
 
 STATE = rich_state()
 FORMATS = ["native", "pt"]

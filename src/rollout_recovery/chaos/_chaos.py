@@ -64,8 +64,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._crashpoints import CRASH_AT_ENV, CRASH_POINTS
 from ..control import RunConfig, load_config
-from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
-from ..history import TrailLineError, audit_run, read_records
+from ..errors import (
+    InvalidArgumentError,
+    NotARunDirectoryError,
+    RolloutRecoveryError,
+    TrailLineError,
+)
+from ..history import audit_run, read_records
 from ..history.records import CheckpointCommitted, Restored
 from ..rundir import CheckpointStore, RunDirectory
 from ._render import render_chaos_report

@@ -8,10 +8,10 @@ file straight from ledger storage), to be written after the cut. A
 :class:`SidecarFormat` also names its file (``.filename``). Tools read raw bytes
 (:func:`read_sidecar_bytes`, ``SidecarFormat.decode``) and list every fault
 (:func:`find_sidecar_problems`). Bytes that are not an intact sidecar raise
-:class:`SidecarFormatError` through every reader. The codecs themselves are private.
+:class:`~rollout_recovery.errors.SidecarFormatError` through every reader. The codecs
+themselves are private.
 """
 
-from ._errors import SidecarFormatError
 from ._problems import find_sidecar_problems
 from ._sidecar_io import (
     LoadedSidecar,
@@ -24,7 +24,6 @@ from ._sidecar_io import (
 __all__ = [
     "LoadedSidecar",
     "SidecarFormat",
-    "SidecarFormatError",
     "find_sidecar_problems",
     "load_sidecar",
     "read_sidecar_bytes",

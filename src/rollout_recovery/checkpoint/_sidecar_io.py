@@ -9,7 +9,8 @@ accepted the whole state.
 
 Errors a reader can see, and nothing else for bad content:
 
-* :class:`SidecarFormatError`: the bytes are not an intact sidecar of a known format;
+* :class:`~rollout_recovery.errors.SidecarFormatError`: the bytes are not an intact
+  sidecar of a known format;
 * :class:`~rollout_recovery.errors.InvalidStateError` /
   :class:`~rollout_recovery.errors.InvalidStateTypeError`: decoded, but the state breaks
   the schema; ``path`` names the field;
@@ -30,7 +31,7 @@ from typing import Any, Final, Unpack
 
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import InvalidArgumentError, InvalidStateError
+from ..errors import InvalidArgumentError, InvalidStateError, SidecarFormatError
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -39,7 +40,6 @@ from ..ledger import (
     parse_rollout_recovery_state,
 )
 from ..ledger.codec_support import SidecarFields
-from ._errors import SidecarFormatError
 from ._native import (
     DEFAULT_MAX_FILE_BYTES,
     decode_native_payload,

@@ -12,8 +12,8 @@ from typing import NoReturn
 
 import click
 
-from ..checkpoint import LoadedSidecar, SidecarFormatError, load_sidecar
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..checkpoint import LoadedSidecar, load_sidecar
+from ..errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "fail", "load_or_exit", "problem_line"]
 

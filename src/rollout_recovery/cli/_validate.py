@@ -9,11 +9,10 @@ import click
 
 from ..checkpoint import (
     SidecarFormat,
-    SidecarFormatError,
     find_sidecar_problems,
     read_sidecar_bytes,
 )
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 from ._sidecar_errors import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, fail, problem_line
 
 __all__ = ["validate"]

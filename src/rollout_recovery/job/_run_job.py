@@ -49,8 +49,9 @@ from ..errors import (
     InvalidStateError,
     JobMismatchError,
     RunNotResumableError,
+    TrailLineError,
 )
-from ..history import AuditTrail, TrailLineError, read_json_lines, read_records
+from ..history import AuditTrail, read_json_lines, read_records
 from ..history.records import CheckpointCommitted, RunStarted
 from ..metrics import MetricsConfig
 from ..rundir import (
