@@ -49,9 +49,7 @@ SURFACES: dict[str, set[str]] = {
     "checkpoint": {
         "LoadedSidecar",
         "SidecarFormat",
-        "find_sidecar_problems",
         "load_sidecar",
-        "read_sidecar_bytes",
         "write_sidecar",
     },
     "dataplane": {

@@ -6,26 +6,17 @@ its parsed parts and a restored ledger); inside a checkpoint cut,
 ``SidecarFormat.encode_checkpoint`` produces the file's bytes from the ledger (the native
 file straight from ledger storage), to be written after the cut. A
 :class:`SidecarFormat` also names its file (``.filename``). Tools read raw bytes
-(:func:`read_sidecar_bytes`, ``SidecarFormat.decode``) and list every fault
-(:func:`find_sidecar_problems`). Bytes that are not an intact sidecar raise
+(``SidecarFormat.read_bytes``, ``SidecarFormat.decode``) and list every fault
+(``SidecarFormat.find_problems``). Bytes that are not an intact sidecar raise
 :class:`~rollout_recovery.errors.SidecarFormatError` through every reader. The codecs
 themselves are private.
 """
 
-from ._problems import find_sidecar_problems
-from ._sidecar_io import (
-    LoadedSidecar,
-    SidecarFormat,
-    load_sidecar,
-    read_sidecar_bytes,
-    write_sidecar,
-)
+from ._sidecar_io import LoadedSidecar, SidecarFormat, load_sidecar, write_sidecar
 
 __all__ = [
     "LoadedSidecar",
     "SidecarFormat",
-    "find_sidecar_problems",
     "load_sidecar",
-    "read_sidecar_bytes",
     "write_sidecar",
 ]

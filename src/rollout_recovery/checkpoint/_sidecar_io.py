@@ -49,6 +49,7 @@ from ._native import (
     looks_like_native,
     read_native_envelope,
 )
+from ._problems import SidecarProblem, find_sidecar_problems
 from ._regular_file import open_regular_file
 from ._torch_pt import decode_torch_pt, encode_torch_pt, looks_like_torch_zip
 
@@ -112,9 +113,24 @@ class SidecarFormat(StrEnum):
         return encode_sidecar(dict(build_rollout_recovery_state(ledger, **fields)), format=self)
 
     @staticmethod
+    def read_bytes(
+        path: str | os.PathLike[str], *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    ) -> tuple[Path, bytes]:
+        """The resolved sidecar path (a file, or a checkpoint directory's one sidecar) and
+        its raw bytes, whatever the format (see :func:`read_sidecar_bytes`)."""
+        return read_sidecar_bytes(path, max_file_bytes=max_file_bytes)
+
+    @staticmethod
     def decode(data: bytes | bytearray | memoryview) -> tuple[SidecarFormat, dict[Any, Any]]:
         """Detect the format and decode the bytes (see :func:`decode_sidecar`)."""
         return decode_sidecar(data)
+
+    @staticmethod
+    def find_problems(state: object) -> list[SidecarProblem]:
+        """Every fault of a decoded state (or of a native file's bytes whose typed decode
+        failed), one per field; empty exactly when the state loads (see
+        :func:`~rollout_recovery.checkpoint._problems.find_sidecar_problems`)."""
+        return find_sidecar_problems(state)
 
 
 SIDECAR_FORMATS: Final = tuple(format.value for format in SidecarFormat)
