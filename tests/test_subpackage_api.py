@@ -131,8 +131,6 @@ SURFACES: dict[str, set[str]] = {
         "JournalReport",
         "JournalScan",
         "audit_run",
-        "read_json_lines",
-        "read_records",
         "records",
     },
     "rundir": {"CheckpointStore", "LoadedCheckpoint", "RunDirectory", "SkippedCheckpoint"},

@@ -70,7 +70,7 @@ from ..errors import (
     RolloutRecoveryError,
     TrailLineError,
 )
-from ..history import audit_run, read_records
+from ..history import AuditTrail, audit_run
 from ..history.records import CheckpointCommitted, Restored
 from ..rundir import CheckpointStore, RunDirectory
 from ._render import render_chaos_report
@@ -518,12 +518,12 @@ def _has_committed_checkpoint(out: Path) -> bool:
 
 
 def _last_restored_event(out: Path) -> Restored | None:
-    path = RunDirectory(out).events
-    if not path.is_file():
+    run = RunDirectory(out)
+    if not run.events.is_file():
         return None
     last: Restored | None = None
     try:
-        for _, record in read_records(path):
+        for record in AuditTrail.read_history(run):
             if isinstance(record, Restored):
                 last = record
     except TrailLineError:
@@ -533,13 +533,13 @@ def _last_restored_event(out: Path) -> Restored | None:
 
 def _stall_from_history(out: Path) -> float | None:
     """The longest stall of every checkpoint the history records (each commit says it)."""
-    path = RunDirectory(out).events
-    if not path.is_file():
+    run = RunDirectory(out)
+    if not run.events.is_file():
         return None
     try:
         stalls = [
             record.stall_us
-            for _, record in read_records(path)
+            for record in AuditTrail.read_history(run)
             if isinstance(record, CheckpointCommitted)
         ]
     except RolloutRecoveryError:

@@ -12,7 +12,6 @@ from ._auditor import audit_run
 from ._journal import JournalEntry, JournalScan
 from ._journal_report import JournalReport
 from ._trail import AuditTrail
-from ._trail_reader import read_json_lines, read_records
 
 __all__ = [
     "AuditTrail",
@@ -20,7 +19,5 @@ __all__ = [
     "JournalReport",
     "JournalScan",
     "audit_run",
-    "read_json_lines",
-    "read_records",
     "records",
 ]
