@@ -47,7 +47,6 @@ SURFACES: dict[str, set[str]] = {
         "parse_rollout_recovery_state",
     },
     "checkpoint": {
-        "LoadedSidecar",
         "SidecarFormat",
         "load_sidecar",
         "write_sidecar",

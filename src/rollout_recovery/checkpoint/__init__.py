@@ -1,8 +1,8 @@
 """Checkpoint files: the sidecar in the native format or NeMo-RL's ``.pt``, written atomically.
 
 Checkpoint code writes with :func:`write_sidecar` (or ``SidecarFormat(...).encode_state``
-for the bytes) and reads with :func:`load_sidecar` (a :class:`LoadedSidecar`: the state,
-its parsed parts and a restored ledger); inside a checkpoint cut,
+for the bytes) and reads with :func:`load_sidecar` (the state, its parsed parts, a restored
+ledger, and ``.summary()``: what ``rollout-recovery inspect`` shows); inside a checkpoint cut,
 ``SidecarFormat.encode_checkpoint`` produces the file's bytes from the ledger (the native
 file straight from ledger storage), to be written after the cut. A
 :class:`SidecarFormat` also names its file (``.filename``). Tools read raw bytes
@@ -12,10 +12,9 @@ file straight from ledger storage), to be written after the cut. A
 themselves are private.
 """
 
-from ._sidecar_io import LoadedSidecar, SidecarFormat, load_sidecar, write_sidecar
+from ._sidecar_io import SidecarFormat, load_sidecar, write_sidecar
 
 __all__ = [
-    "LoadedSidecar",
     "SidecarFormat",
     "load_sidecar",
     "write_sidecar",

@@ -21,11 +21,14 @@ Errors a reader can see, and nothing else for bad content:
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final, Unpack
 
@@ -154,6 +157,96 @@ class LoadedSidecar:
     format_version: int | None
     writer_version: str | None
     payload_checksum: str | None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``rollout-recovery inspect`` reports about this sidecar: its file and
+        envelope, its groups, siblings and attempts by status, the staging keys a restore
+        keeps, and each finalizer metric's mean, min and max (floats as computed: a NaN
+        metric gives NaN, not ``None``)."""
+        parsed = self.parsed
+        groups: list[dict[str, Any]] = parsed.ledger_state["groups"]
+        siblings = [sibling for group in groups for sibling in group["siblings"]]
+        currents = [sibling["attempts"][-1] for sibling in siblings]
+        metrics: dict[str, list[float]] = {}
+        for values in parsed.finalizer_metrics_by_group.values():
+            for name, number in values.items():
+                metrics.setdefault(name, []).append(number)
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "size_bytes": self.size,
+            "format_version": self.format_version,
+            "writer_version": self.writer_version,
+            "payload_checksum": self.payload_checksum,
+            "schema_version": parsed.ledger_state["schema_version"],
+            "groups": {
+                "total": len(groups),
+                "by_status": _counts([group["status"] for group in groups]),
+                "by_phase": _counts([group["phase"] for group in groups]),
+                "by_granularity": _counts([group["recovery_granularity"] for group in groups]),
+            },
+            "siblings": {
+                "total": len(siblings),
+                "sealed": sum(attempt["status"] == "sealed" for attempt in currents),
+                "current_attempts_by_status": _counts([attempt["status"] for attempt in currents]),
+                "attempts_per_sibling": _counts([len(sibling["attempts"]) for sibling in siblings]),
+                "attempts_total": sum(len(sibling["attempts"]) for sibling in siblings),
+            },
+            "staging_keys": {
+                # What a restore keeps in the staging partition: keys of sealed current attempts.
+                "expected": len(self.ledger.expected_staging_keys()),
+                "sealed_without_receipt": sum(
+                    attempt["status"] == "sealed" and attempt["receipt"] is None
+                    for attempt in currents
+                ),
+            },
+            "shortfall_by_step": {
+                str(step): count for step, count in sorted(parsed.batch_shortfall.items())
+            },
+            "sampler_stamps_target_steps": parsed.sampler_stamps_target_steps,
+            "reward_settings": (
+                None if parsed.reward_settings is None else parsed.reward_settings.to_state()
+            ),
+            "finalizer": {
+                "groups": len(parsed.finalizer_metrics_by_group),
+                "reward_observations": sum(
+                    len(rows) for rows in parsed.finalizer_rewards_by_group.values()
+                ),
+                "metrics": {
+                    name: {
+                        "groups": len(values),
+                        "mean": _mean(values),
+                        "min": _extreme(values, min),
+                        "max": _extreme(values, max),
+                    }
+                    for name, values in sorted(metrics.items())
+                },
+            },
+        }
+
+
+def _counts(values: list[Any]) -> dict[str, int]:
+    return {str(key): count for key, count in sorted(Counter(values).items(), key=repr)}
+
+
+def _mean(values: list[float]) -> float:
+    """The mean without overflow: ``[1e308, 1e308]`` gives 1e308, not inf.
+
+    The sum is exact (``math.fsum``, or fractions where it passes the float range), so the
+    mean is within an ulp. NaN when a value is NaN, ±inf when the infinities agree.
+    """
+    if not all(map(math.isfinite, values)):
+        return sum(values) / len(values)
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        # A sum beyond the float range; the mean of finite floats never is. Exact, then.
+        return float(sum(map(Fraction, values), Fraction(0)) / len(values))
+
+
+def _extreme(values: list[float], pick: Callable[[list[float]], float]) -> float:
+    # min/max with a NaN depend on where the NaN is; make any NaN the answer instead.
+    return math.nan if any(map(math.isnan, values)) else float(pick(values))
 
 
 def sidecar_filename(format: str) -> str:

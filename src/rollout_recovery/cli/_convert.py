@@ -10,9 +10,9 @@ from typing import Any
 import click
 
 from .._durable import atomic_write_bytes
-from ..checkpoint import SidecarFormat
+from ..checkpoint import SidecarFormat, load_sidecar
 from ..errors import InvalidStateError, InvalidStateTypeError
-from ._sidecar_errors import EXIT_INVALID, fail, load_or_exit, problem_line
+from ._sidecar_errors import EXIT_INVALID, exit_on_bad_sidecar, fail, problem_line
 
 __all__ = ["convert"]
 
@@ -35,7 +35,8 @@ def convert(src: Path, dst: Path, target: str, force: bool) -> None:
     atomically, then read back and compared: the command fails rather than lose anything.
     A DST directory receives the conventional file name of the target format.
     """
-    loaded = load_or_exit(src)
+    with exit_on_bad_sidecar(src):
+        loaded = load_sidecar(src)
     format = SidecarFormat(target)
     destination = dst / format.filename if dst.is_dir() else dst
     if destination.exists() and not force:
