@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout_recovery.history import read_records
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import Restored
 
 POLICIES = ("all", "ancestors", "none")

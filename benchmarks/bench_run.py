@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_recovery.control import load_config
-from rollout_recovery.history import read_records
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import Restored
 
 

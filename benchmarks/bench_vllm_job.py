@@ -40,7 +40,7 @@ import msgspec
 
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.dataplane import DataPlane
-from rollout_recovery.history import read_records
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import BackendEvent
 from rollout_recovery.job import JobComponents, run_job
 from rollout_recovery.job._components import default_components

@@ -47,12 +47,8 @@ SURFACES: dict[str, set[str]] = {
         "parse_rollout_recovery_state",
     },
     "checkpoint": {
-        "LoadedSidecar",
         "SidecarFormat",
-        "SidecarFormatError",
-        "find_sidecar_problems",
         "load_sidecar",
-        "read_sidecar_bytes",
         "write_sidecar",
     },
     "dataplane": {
@@ -126,10 +122,7 @@ SURFACES: dict[str, set[str]] = {
         "JournalEntry",
         "JournalReport",
         "JournalScan",
-        "TrailLineError",
         "audit_run",
-        "read_json_lines",
-        "read_records",
         "records",
     },
     "rundir": {"CheckpointStore", "LoadedCheckpoint", "RunDirectory", "SkippedCheckpoint"},

@@ -55,9 +55,11 @@ __all__ = [
     "RolloutRecoveryError",
     "RunDirectoryLockedError",
     "RunNotResumableError",
+    "SidecarFormatError",
     "StagingInventoryError",
     "StepShortfallError",
     "StorageFullError",
+    "TrailLineError",
     "TrainingDivergedError",
     "UnknownGroupError",
     "UnknownMutationKindError",
@@ -147,6 +149,22 @@ class InvalidStateError(_LocatedError, ValueError):
     ``path`` locates the offending field, for example
     ``$.groups[3].siblings[0].attempts[1].status``, and ``file`` the file, when known.
     """
+
+
+class SidecarFormatError(InvalidStateError):
+    """The bytes are not a readable sidecar file: unknown format, truncated, corrupted.
+
+    Raised before any schema check runs, so no state was produced. A caller that treats
+    every bad checkpoint alike catches :class:`InvalidStateError`, while a caller that
+    must tell "cannot decode" (``rollout-recovery validate`` exits 2) from "decoded but
+    breaks the schema" (exit 1) catches this subclass first. ``path`` names the envelope
+    field at fault when one is known, else it is ``None``.
+    """
+
+
+class TrailLineError(InvalidStateError):
+    """A line of a run's JSON-lines file (journal, metrics) that is not what it must be
+    (damaged or hand-edited); ``file`` names the file."""
 
 
 class InvalidStateTypeError(_LocatedError, TypeError):

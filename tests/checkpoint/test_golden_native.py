@@ -39,8 +39,9 @@ from rollout_recovery import (
     SiblingSealResult,
     build_rollout_recovery_state,
 )
-from rollout_recovery.checkpoint import SidecarFormatError, load_sidecar, write_sidecar
+from rollout_recovery.checkpoint import load_sidecar, write_sidecar
 from rollout_recovery.checkpoint._native import encode_native_checkpoint
+from rollout_recovery.errors import SidecarFormatError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden_native_v1.sidecar"
 # The file as committed. If this changes, the golden was rewritten: format 1 files written

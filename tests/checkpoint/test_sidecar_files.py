@@ -15,7 +15,7 @@ from sidecar_fixtures import fresh, rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError, RolloutRecoveryError
 from rollout_recovery._durable import atomic_write_bytes
-from rollout_recovery.checkpoint import SidecarFormatError, load_sidecar, write_sidecar
+from rollout_recovery.checkpoint import load_sidecar, write_sidecar
 from rollout_recovery.checkpoint._native import (
     FORMAT_NAME,
     MAGIC,
@@ -32,6 +32,7 @@ from rollout_recovery.checkpoint._sidecar_io import (
     encode_sidecar,
     read_sidecar,
 )
+from rollout_recovery.errors import SidecarFormatError
 
 STATE = rich_state()
 FORMATS = ["native", "pt"]
@@ -305,3 +306,19 @@ def test_a_character_device_is_refused(tmp_path: Path) -> None:
         pytest.skip("needs /dev/zero")
     with pytest.raises(NotARegularFileError, match="character device"):
         load_sidecar("/dev/zero")
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_a_loaded_sidecar_summarizes_what_inspect_shows(tmp_path: Path, format: str) -> None:
+    path = tmp_path / f"sidecar.{format}"
+    write_sidecar(path, STATE, format=format)
+    summary = load_sidecar(path).summary()
+    groups = STATE["groups"]
+    siblings = [sibling for group in groups for sibling in group["siblings"]]
+    assert summary["path"] == str(path)
+    assert summary["format"] == format
+    assert summary["size_bytes"] == path.stat().st_size
+    assert (summary["format_version"] is None) == (format == "pt")
+    assert summary["groups"]["total"] == len(groups)
+    assert summary["siblings"]["total"] == len(siblings)
+    assert summary["siblings"]["attempts_total"] == sum(len(s["attempts"]) for s in siblings)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sidecar_fixtures import rich_state
 
 from rollout_recovery import InvalidStateError, InvalidStateTypeError
-from rollout_recovery.checkpoint import find_sidecar_problems
+from rollout_recovery.checkpoint._problems import find_sidecar_problems
 from rollout_recovery.checkpoint._sidecar_io import (
     decode_sidecar,
     encode_sidecar,

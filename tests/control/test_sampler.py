@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from rollout_recovery.control import RunConfig
 from rollout_recovery.control._sampler import dataset_position_to_idx
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.history import read_records
 from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import PromptTaken
 from rollout_recovery.job import run_job
 

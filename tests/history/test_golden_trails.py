@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_recovery.history import read_records
 from rollout_recovery.history._trail_check import check_trail
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import Restored, StepTrained
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "history"

@@ -23,7 +23,8 @@ from serve_process import running_serve
 
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.errors import JobMismatchError
-from rollout_recovery.history import audit_run, read_records
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import RunStarted
 from rollout_recovery.job import run_job
 

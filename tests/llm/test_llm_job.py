@@ -21,7 +21,8 @@ from run_fixtures import merge_sections, sections_to_toml
 
 from rollout_recovery.control import load_config
 from rollout_recovery.errors import JobMismatchError
-from rollout_recovery.history import audit_run, read_records
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import Restored
 from rollout_recovery.job import run_job
 from rollout_recovery.job._run_job import JobResult

@@ -64,8 +64,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._crashpoints import CRASH_AT_ENV, CRASH_POINTS
 from ..control import RunConfig, load_config
-from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
-from ..history import TrailLineError, audit_run, read_records
+from ..errors import (
+    InvalidArgumentError,
+    NotARunDirectoryError,
+    RolloutRecoveryError,
+    TrailLineError,
+)
+from ..history import AuditTrail, audit_run
 from ..history.records import CheckpointCommitted, Restored
 from ..rundir import CheckpointStore, RunDirectory
 from ._render import render_chaos_report
@@ -513,12 +518,12 @@ def _has_committed_checkpoint(out: Path) -> bool:
 
 
 def _last_restored_event(out: Path) -> Restored | None:
-    path = RunDirectory(out).events
-    if not path.is_file():
+    run = RunDirectory(out)
+    if not run.events.is_file():
         return None
     last: Restored | None = None
     try:
-        for _, record in read_records(path):
+        for record in AuditTrail.read_history(run):
             if isinstance(record, Restored):
                 last = record
     except TrailLineError:
@@ -528,13 +533,13 @@ def _last_restored_event(out: Path) -> Restored | None:
 
 def _stall_from_history(out: Path) -> float | None:
     """The longest stall of every checkpoint the history records (each commit says it)."""
-    path = RunDirectory(out).events
-    if not path.is_file():
+    run = RunDirectory(out)
+    if not run.events.is_file():
         return None
     try:
         stalls = [
             record.stall_us
-            for _, record in read_records(path)
+            for record in AuditTrail.read_history(run)
             if isinstance(record, CheckpointCommitted)
         ]
     except RolloutRecoveryError:

@@ -1,32 +1,21 @@
 """Checkpoint files: the sidecar in the native format or NeMo-RL's ``.pt``, written atomically.
 
 Checkpoint code writes with :func:`write_sidecar` (or ``SidecarFormat(...).encode_state``
-for the bytes) and reads with :func:`load_sidecar` (a :class:`LoadedSidecar`: the state,
-its parsed parts and a restored ledger); inside a checkpoint cut,
+for the bytes) and reads with :func:`load_sidecar` (the state, its parsed parts, a restored
+ledger, and ``.summary()``: what ``rollout-recovery inspect`` shows); inside a checkpoint cut,
 ``SidecarFormat.encode_checkpoint`` produces the file's bytes from the ledger (the native
 file straight from ledger storage), to be written after the cut. A
 :class:`SidecarFormat` also names its file (``.filename``). Tools read raw bytes
-(:func:`read_sidecar_bytes`, ``SidecarFormat.decode``) and list every fault
-(:func:`find_sidecar_problems`). Bytes that are not an intact sidecar raise
-:class:`SidecarFormatError` through every reader. The codecs themselves are private.
+(``SidecarFormat.read_bytes``, ``SidecarFormat.decode``) and list every fault
+(``SidecarFormat.find_problems``). Bytes that are not an intact sidecar raise
+:class:`~rollout_recovery.errors.SidecarFormatError` through every reader. The codecs
+themselves are private.
 """
 
-from ._errors import SidecarFormatError
-from ._problems import find_sidecar_problems
-from ._sidecar_io import (
-    LoadedSidecar,
-    SidecarFormat,
-    load_sidecar,
-    read_sidecar_bytes,
-    write_sidecar,
-)
+from ._sidecar_io import SidecarFormat, load_sidecar, write_sidecar
 
 __all__ = [
-    "LoadedSidecar",
     "SidecarFormat",
-    "SidecarFormatError",
-    "find_sidecar_problems",
     "load_sidecar",
-    "read_sidecar_bytes",
     "write_sidecar",
 ]

@@ -34,10 +34,9 @@ import msgspec
 
 from .. import __version__
 from .._messages import split_validation_path
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 from ..ledger import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryLedger
 from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
-from ._errors import SidecarFormatError
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",

@@ -9,7 +9,8 @@ accepted the whole state.
 
 Errors a reader can see, and nothing else for bad content:
 
-* :class:`SidecarFormatError`: the bytes are not an intact sidecar of a known format;
+* :class:`~rollout_recovery.errors.SidecarFormatError`: the bytes are not an intact
+  sidecar of a known format;
 * :class:`~rollout_recovery.errors.InvalidStateError` /
   :class:`~rollout_recovery.errors.InvalidStateTypeError`: decoded, but the state breaks
   the schema; ``path`` names the field;
@@ -20,17 +21,20 @@ Errors a reader can see, and nothing else for bad content:
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final, Unpack
 
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import InvalidArgumentError, InvalidStateError
+from ..errors import InvalidArgumentError, InvalidStateError, SidecarFormatError
 from ..ledger import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -39,7 +43,6 @@ from ..ledger import (
     parse_rollout_recovery_state,
 )
 from ..ledger.codec_support import SidecarFields
-from ._errors import SidecarFormatError
 from ._native import (
     DEFAULT_MAX_FILE_BYTES,
     decode_native_payload,
@@ -49,6 +52,7 @@ from ._native import (
     looks_like_native,
     read_native_envelope,
 )
+from ._problems import SidecarProblem, find_sidecar_problems
 from ._regular_file import open_regular_file
 from ._torch_pt import decode_torch_pt, encode_torch_pt, looks_like_torch_zip
 
@@ -112,9 +116,24 @@ class SidecarFormat(StrEnum):
         return encode_sidecar(dict(build_rollout_recovery_state(ledger, **fields)), format=self)
 
     @staticmethod
+    def read_bytes(
+        path: str | os.PathLike[str], *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    ) -> tuple[Path, bytes]:
+        """The resolved sidecar path (a file, or a checkpoint directory's one sidecar) and
+        its raw bytes, whatever the format (see :func:`read_sidecar_bytes`)."""
+        return read_sidecar_bytes(path, max_file_bytes=max_file_bytes)
+
+    @staticmethod
     def decode(data: bytes | bytearray | memoryview) -> tuple[SidecarFormat, dict[Any, Any]]:
         """Detect the format and decode the bytes (see :func:`decode_sidecar`)."""
         return decode_sidecar(data)
+
+    @staticmethod
+    def find_problems(state: object) -> list[SidecarProblem]:
+        """Every fault of a decoded state (or of a native file's bytes whose typed decode
+        failed), one per field; empty exactly when the state loads (see
+        :func:`~rollout_recovery.checkpoint._problems.find_sidecar_problems`)."""
+        return find_sidecar_problems(state)
 
 
 SIDECAR_FORMATS: Final = tuple(format.value for format in SidecarFormat)
@@ -138,6 +157,96 @@ class LoadedSidecar:
     format_version: int | None
     writer_version: str | None
     payload_checksum: str | None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``rollout-recovery inspect`` reports about this sidecar: its file and
+        envelope, its groups, siblings and attempts by status, the staging keys a restore
+        keeps, and each finalizer metric's mean, min and max (floats as computed: a NaN
+        metric gives NaN, not ``None``)."""
+        parsed = self.parsed
+        groups: list[dict[str, Any]] = parsed.ledger_state["groups"]
+        siblings = [sibling for group in groups for sibling in group["siblings"]]
+        currents = [sibling["attempts"][-1] for sibling in siblings]
+        metrics: dict[str, list[float]] = {}
+        for values in parsed.finalizer_metrics_by_group.values():
+            for name, number in values.items():
+                metrics.setdefault(name, []).append(number)
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "size_bytes": self.size,
+            "format_version": self.format_version,
+            "writer_version": self.writer_version,
+            "payload_checksum": self.payload_checksum,
+            "schema_version": parsed.ledger_state["schema_version"],
+            "groups": {
+                "total": len(groups),
+                "by_status": _counts([group["status"] for group in groups]),
+                "by_phase": _counts([group["phase"] for group in groups]),
+                "by_granularity": _counts([group["recovery_granularity"] for group in groups]),
+            },
+            "siblings": {
+                "total": len(siblings),
+                "sealed": sum(attempt["status"] == "sealed" for attempt in currents),
+                "current_attempts_by_status": _counts([attempt["status"] for attempt in currents]),
+                "attempts_per_sibling": _counts([len(sibling["attempts"]) for sibling in siblings]),
+                "attempts_total": sum(len(sibling["attempts"]) for sibling in siblings),
+            },
+            "staging_keys": {
+                # What a restore keeps in the staging partition: keys of sealed current attempts.
+                "expected": len(self.ledger.expected_staging_keys()),
+                "sealed_without_receipt": sum(
+                    attempt["status"] == "sealed" and attempt["receipt"] is None
+                    for attempt in currents
+                ),
+            },
+            "shortfall_by_step": {
+                str(step): count for step, count in sorted(parsed.batch_shortfall.items())
+            },
+            "sampler_stamps_target_steps": parsed.sampler_stamps_target_steps,
+            "reward_settings": (
+                None if parsed.reward_settings is None else parsed.reward_settings.to_state()
+            ),
+            "finalizer": {
+                "groups": len(parsed.finalizer_metrics_by_group),
+                "reward_observations": sum(
+                    len(rows) for rows in parsed.finalizer_rewards_by_group.values()
+                ),
+                "metrics": {
+                    name: {
+                        "groups": len(values),
+                        "mean": _mean(values),
+                        "min": _extreme(values, min),
+                        "max": _extreme(values, max),
+                    }
+                    for name, values in sorted(metrics.items())
+                },
+            },
+        }
+
+
+def _counts(values: list[Any]) -> dict[str, int]:
+    return {str(key): count for key, count in sorted(Counter(values).items(), key=repr)}
+
+
+def _mean(values: list[float]) -> float:
+    """The mean without overflow: ``[1e308, 1e308]`` gives 1e308, not inf.
+
+    The sum is exact (``math.fsum``, or fractions where it passes the float range), so the
+    mean is within an ulp. NaN when a value is NaN, ±inf when the infinities agree.
+    """
+    if not all(map(math.isfinite, values)):
+        return sum(values) / len(values)
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        # A sum beyond the float range; the mean of finite floats never is. Exact, then.
+        return float(sum(map(Fraction, values), Fraction(0)) / len(values))
+
+
+def _extreme(values: list[float], pick: Callable[[list[float]], float]) -> float:
+    # min/max with a NaN depend on where the NaN is; make any NaN the answer instead.
+    return math.nan if any(map(math.isnan, values)) else float(pick(values))
 
 
 def sidecar_filename(format: str) -> str:

@@ -37,8 +37,12 @@ from .._bounds import MAX_PLAIN_DEPTH, RECEIPT_DEPTH_IN_SIDECAR
 from .._checks import is_utf8_text
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
-from ..errors import InvalidArgumentError, InvalidStateError, InvalidStateTypeError
-from ._errors import SidecarFormatError
+from ..errors import (
+    InvalidArgumentError,
+    InvalidStateError,
+    InvalidStateTypeError,
+    SidecarFormatError,
+)
 from ._regular_file import open_regular_file
 
 __all__ = [

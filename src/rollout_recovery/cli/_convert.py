@@ -10,12 +10,9 @@ from typing import Any
 import click
 
 from .._durable import atomic_write_bytes
-from ..checkpoint import (
-    SidecarFormat,
-    read_sidecar_bytes,
-)
+from ..checkpoint import SidecarFormat, load_sidecar
 from ..errors import InvalidStateError, InvalidStateTypeError
-from ._sidecar_errors import EXIT_INVALID, fail, load_or_exit, problem_line
+from ._sidecar_errors import EXIT_INVALID, exit_on_bad_sidecar, fail, problem_line
 
 __all__ = ["convert"]
 
@@ -38,14 +35,15 @@ def convert(src: Path, dst: Path, target: str, force: bool) -> None:
     atomically, then read back and compared: the command fails rather than lose anything.
     A DST directory receives the conventional file name of the target format.
     """
-    loaded = load_or_exit(src)
+    with exit_on_bad_sidecar(src):
+        loaded = load_sidecar(src)
     format = SidecarFormat(target)
     destination = dst / format.filename if dst.is_dir() else dst
     if destination.exists() and not force:
         fail(f"{os.fspath(destination)!r} exists; pass --force to replace it", EXIT_INVALID)
     # The exact decode, not loaded.state: the loader normalizes what the ledger normalizes
     # (an int reward becomes a float), and a conversion must not change a byte of meaning.
-    _, source_state = SidecarFormat.decode(read_sidecar_bytes(loaded.path)[1])
+    _, source_state = SidecarFormat.decode(SidecarFormat.read_bytes(loaded.path)[1])
     try:
         encoded = format.encode_state(source_state)
     except (InvalidStateError, InvalidStateTypeError) as error:
@@ -56,7 +54,7 @@ def convert(src: Path, dst: Path, target: str, force: bool) -> None:
         fail(f"{os.fspath(destination)!r} would not read back unchanged", EXIT_INVALID)
     try:
         atomic_write_bytes(destination, encoded)
-        _, data = read_sidecar_bytes(destination)
+        _, data = SidecarFormat.read_bytes(destination)
     except OSError as error:
         fail(f"cannot write {os.fspath(destination)!r}: {error.strerror or error}", EXIT_INVALID)
     if data != encoded:

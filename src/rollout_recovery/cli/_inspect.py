@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
-from collections.abc import Callable
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -16,34 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..checkpoint import LoadedSidecar
-from ._sidecar_errors import load_or_exit
+from ..checkpoint import load_sidecar
+from ._sidecar_errors import exit_on_bad_sidecar
 
-__all__ = ["inspect", "summarize_sidecar"]
-
-
-def _counts(values: list[Any]) -> dict[str, int]:
-    return {str(key): count for key, count in sorted(Counter(values).items(), key=repr)}
-
-
-def _mean(values: list[float]) -> float:
-    """The mean without overflow: ``[1e308, 1e308]`` gives 1e308, not inf.
-
-    The sum is exact (``math.fsum``, or fractions where it passes the float range), so the
-    mean is within an ulp. NaN when a value is NaN, ±inf when the infinities agree.
-    """
-    if not all(map(math.isfinite, values)):
-        return sum(values) / len(values)
-    try:
-        return math.fsum(values) / len(values)
-    except OverflowError:
-        # A sum beyond the float range; the mean of finite floats never is. Exact, then.
-        return float(sum(map(Fraction, values), Fraction(0)) / len(values))
-
-
-def _extreme(values: list[float], pick: Callable[[list[float]], float]) -> float:
-    # min/max with a NaN depend on where the NaN is; make any NaN the answer instead.
-    return math.nan if any(map(math.isnan, values)) else float(pick(values))
+__all__ = ["inspect"]
 
 
 def _json_ready(value: Any) -> Any:
@@ -55,79 +28,6 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_ready(item) for item in value]
     return value
-
-
-def summarize_sidecar(loaded: LoadedSidecar) -> dict[str, Any]:
-    """A JSON-ready summary of a validated sidecar (the ``--json`` document).
-
-    Standard JSON: a number that is not finite (a NaN metric, or a mean of infinities) is
-    ``None``.
-    """
-    summary: dict[str, Any] = _json_ready(_summary(loaded))
-    return summary
-
-
-def _summary(loaded: LoadedSidecar) -> dict[str, Any]:
-    """The summary with its floats as computed (NaN and ±inf kept, for the text view)."""
-    parsed = loaded.parsed
-    groups: list[dict[str, Any]] = parsed.ledger_state["groups"]
-    siblings = [sibling for group in groups for sibling in group["siblings"]]
-    currents = [sibling["attempts"][-1] for sibling in siblings]
-    metrics: dict[str, list[float]] = {}
-    for values in parsed.finalizer_metrics_by_group.values():
-        for name, number in values.items():
-            metrics.setdefault(name, []).append(number)
-    return {
-        "path": str(loaded.path),
-        "format": loaded.format,
-        "size_bytes": loaded.size,
-        "format_version": loaded.format_version,
-        "writer_version": loaded.writer_version,
-        "payload_checksum": loaded.payload_checksum,
-        "schema_version": parsed.ledger_state["schema_version"],
-        "groups": {
-            "total": len(groups),
-            "by_status": _counts([group["status"] for group in groups]),
-            "by_phase": _counts([group["phase"] for group in groups]),
-            "by_granularity": _counts([group["recovery_granularity"] for group in groups]),
-        },
-        "siblings": {
-            "total": len(siblings),
-            "sealed": sum(attempt["status"] == "sealed" for attempt in currents),
-            "current_attempts_by_status": _counts([attempt["status"] for attempt in currents]),
-            "attempts_per_sibling": _counts([len(sibling["attempts"]) for sibling in siblings]),
-            "attempts_total": sum(len(sibling["attempts"]) for sibling in siblings),
-        },
-        "staging_keys": {
-            # What a restore keeps in the staging partition: keys of sealed current attempts.
-            "expected": len(loaded.ledger.expected_staging_keys()),
-            "sealed_without_receipt": sum(
-                attempt["status"] == "sealed" and attempt["receipt"] is None for attempt in currents
-            ),
-        },
-        "shortfall_by_step": {
-            str(step): count for step, count in sorted(parsed.batch_shortfall.items())
-        },
-        "sampler_stamps_target_steps": parsed.sampler_stamps_target_steps,
-        "reward_settings": (
-            None if parsed.reward_settings is None else parsed.reward_settings.to_state()
-        ),
-        "finalizer": {
-            "groups": len(parsed.finalizer_metrics_by_group),
-            "reward_observations": sum(
-                len(rows) for rows in parsed.finalizer_rewards_by_group.values()
-            ),
-            "metrics": {
-                name: {
-                    "groups": len(values),
-                    "mean": _mean(values),
-                    "min": _extreme(values, min),
-                    "max": _extreme(values, max),
-                }
-                for name, values in sorted(metrics.items())
-            },
-        },
-    }
 
 
 def _mapping(counts: dict[str, Any]) -> str:
@@ -203,13 +103,13 @@ def inspect(path: Path, as_json: bool) -> None:
     With --json, one standard JSON document (RFC 8259) in which a number that is not
     finite, such as the mean of a NaN metric, is null.
     """
-    loaded = load_or_exit(path)
+    with exit_on_bad_sidecar(path):
+        summary = load_sidecar(path).summary()
     if as_json:
         # allow_nan=False: should a non-finite number ever slip past _json_ready, fail
         # rather than print NaN or Infinity, which no strict JSON parser accepts.
-        click.echo(json.dumps(summarize_sidecar(loaded), indent=2, sort_keys=True, allow_nan=False))
+        click.echo(json.dumps(_json_ready(summary), indent=2, sort_keys=True, allow_nan=False))
         return
-    summary = _summary(loaded)
     console = Console()
     if console.is_terminal:
         table = Table(title="rollout-recovery sidecar", box=box.SIMPLE_HEAD, show_header=False)

@@ -8,14 +8,22 @@ be read at all (missing, not a sidecar, truncated, corrupted).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import click
 
-from ..checkpoint import LoadedSidecar, SidecarFormatError, load_sidecar
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 
-__all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "fail", "load_or_exit", "problem_line"]
+__all__ = [
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_UNREADABLE",
+    "exit_on_bad_sidecar",
+    "fail",
+    "problem_line",
+]
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -32,10 +40,14 @@ def problem_line(error: InvalidStateError | InvalidStateTypeError) -> str:
     return f"{error.path or '$'}: {error.message}"
 
 
-def load_or_exit(path: str | os.PathLike[str]) -> LoadedSidecar:
-    """Load and fully validate a sidecar, or exit 2 (unreadable) / 1 (invalid)."""
+@contextmanager
+def exit_on_bad_sidecar(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Exit 2 when the body finds ``path`` unreadable as a sidecar, 1 when it is invalid.
+
+    Wraps ``load_sidecar(path)``: a command goes on only with a fully validated sidecar.
+    """
     try:
-        return load_sidecar(path)
+        yield
     except SidecarFormatError as error:
         fail(f"unreadable sidecar {os.fspath(path)!r}: {error}", EXIT_UNREADABLE)
     except OSError as error:

@@ -7,13 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..checkpoint import (
-    SidecarFormat,
-    SidecarFormatError,
-    find_sidecar_problems,
-    read_sidecar_bytes,
-)
-from ..errors import InvalidStateError, InvalidStateTypeError
+from ..checkpoint import SidecarFormat
+from ..errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 from ._sidecar_errors import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, fail, problem_line
 
 __all__ = ["validate"]
@@ -28,7 +23,7 @@ def validate(path: Path) -> None:
     PATH cannot be read as a sidecar at all. The format is detected from content.
     """
     try:
-        resolved, data = read_sidecar_bytes(path)
+        resolved, data = SidecarFormat.read_bytes(path)
         format, state = SidecarFormat.decode(data)
     except SidecarFormatError as error:
         fail(f"unreadable sidecar {os.fspath(path)!r}: {error}", EXIT_UNREADABLE)
@@ -36,7 +31,7 @@ def validate(path: Path) -> None:
         fail(f"cannot read {os.fspath(path)!r}: {error.strerror or error}", EXIT_UNREADABLE)
     except (InvalidStateError, InvalidStateTypeError) as error:
         # Only the native decoder gets here: its typed payload decode stops at one fault.
-        problems = find_sidecar_problems(data)
+        problems = SidecarFormat.find_problems(data)
         lines = [str(problem) for problem in problems]
         # The typed decoder is stricter in places (a bool where an int belongs), so its own
         # fault is listed too unless the validators already named that field.
@@ -44,7 +39,7 @@ def validate(path: Path) -> None:
             lines.append(problem_line(error))
         click.echo("\n".join(lines))
         raise SystemExit(EXIT_INVALID) from None
-    problems = find_sidecar_problems(state)
+    problems = SidecarFormat.find_problems(state)
     if problems:
         click.echo("\n".join(str(problem) for problem in problems))
         raise SystemExit(EXIT_INVALID)

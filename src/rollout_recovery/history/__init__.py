@@ -12,16 +12,12 @@ from ._auditor import audit_run
 from ._journal import JournalEntry, JournalScan
 from ._journal_report import JournalReport
 from ._trail import AuditTrail
-from ._trail_reader import TrailLineError, read_json_lines, read_records
 
 __all__ = [
     "AuditTrail",
     "JournalEntry",
     "JournalReport",
     "JournalScan",
-    "TrailLineError",
     "audit_run",
-    "read_json_lines",
-    "read_records",
     "records",
 ]

@@ -40,12 +40,13 @@ from ..errors import (
     ConfigError,
     NotARunDirectoryError,
     RolloutRecoveryError,
+    TrailLineError,
 )
 from ..ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 from ..rundir import CheckpointStore, LoadedCheckpoint, RunDirectory
 from ._journal import JournalCorruptError, scan_journal
 from ._trail_check import check_trail
-from ._trail_reader import TrailLineError, read_entries, read_records
+from ._trail_reader import read_entries, read_records
 from .records import Restored
 
 __all__ = ["AuditReport", "audit_run"]

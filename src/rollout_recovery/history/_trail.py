@@ -20,6 +20,7 @@ from .._lifecycle import Resource
 from ..errors import CheckpointDirectoryError, StorageFullError
 from ..rundir import RunDirectory
 from ._journal import JournalWriter
+from ._trail_reader import read_json_lines, read_records
 from .records import HistoryRecord
 
 __all__ = ["AuditTrail", "strict_json_line"]
@@ -124,3 +125,24 @@ class AuditTrail(Resource):
     def sync(self) -> None:
         self.journal.sync()
         os.fsync(self._metrics_fd)
+
+    # -- reading back (no trail open) --------------------------------------------------
+
+    @staticmethod
+    def read_history(run: RunDirectory) -> list[HistoryRecord]:
+        """Every verified record of ``run``'s journal, in order; a torn tail is left out.
+
+        Raises :class:`~rollout_recovery.errors.TrailLineError` for a history of another
+        version and ``JournalCorruptError`` for damage before the end (both
+        ``InvalidStateError``, naming ``file:line``).
+        """
+        return [record for _, record in read_records(run.events)]
+
+    @staticmethod
+    def read_metrics(run: RunDirectory) -> list[dict[str, Any]]:
+        """Every line of ``run``'s metrics, in order.
+
+        Raises :class:`~rollout_recovery.errors.TrailLineError` for a line that is not a
+        JSON object.
+        """
+        return [values for _, values in read_json_lines(run.metrics)]

@@ -29,9 +29,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import TrailLineError
 from ..rundir import RunDirectory
 from ._journal import JournalCorruptError, JournalEntry
-from ._trail_reader import TrailLineError, read_entries
+from ._trail_reader import read_entries
 from .records import (
     AttemptResumed,
     AttemptsAbandoned,

@@ -14,15 +14,11 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidStateError
+from ..errors import TrailLineError
 from ._journal import JournalEntry, scan_journal
 from .records import HISTORY_VERSION, HistoryRecord, RunStarted
 
-__all__ = ["TrailLineError", "read_entries", "read_json_lines", "read_records"]
-
-
-class TrailLineError(InvalidStateError):
-    """A line of a JSON-lines file that is not what it must be (damaged or hand-edited)."""
+__all__ = ["read_entries", "read_json_lines", "read_records"]
 
 
 def read_entries(path: Path, *, start: int = 0, limit: int | None = None) -> list[JournalEntry]:

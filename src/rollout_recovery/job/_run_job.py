@@ -49,8 +49,9 @@ from ..errors import (
     InvalidStateError,
     JobMismatchError,
     RunNotResumableError,
+    TrailLineError,
 )
-from ..history import AuditTrail, TrailLineError, read_json_lines, read_records
+from ..history import AuditTrail
 from ..history.records import CheckpointCommitted, RunStarted
 from ..metrics import MetricsConfig
 from ..rundir import (
@@ -454,7 +455,7 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
         try:
             committed = sum(
                 1
-                for _, record in read_records(run.events)
+                for record in AuditTrail.read_history(run)
                 if isinstance(record, CheckpointCommitted)
             )
         except TrailLineError:
@@ -506,7 +507,7 @@ async def _start_fresh(controller: Controller[Any]) -> None:
 def _read_metrics(run: RunDirectory) -> list[dict[str, Any]]:
     if not run.metrics.is_file():
         return []
-    return [record for _, record in read_json_lines(run.metrics)]
+    return AuditTrail.read_metrics(run)
 
 
 def _tenth_means(rewards: list[float]) -> tuple[float | None, float | None]:
@@ -566,7 +567,7 @@ def _plot(run: RunDirectory, config: RunConfig) -> None:
     if run.events.is_file():
         checkpoints = [
             record.step
-            for _, record in read_records(run.events)
+            for record in AuditTrail.read_history(run)
             if isinstance(record, CheckpointCommitted)
         ]
     restarts = [entry.step for entry in _run_log_entries(run) if entry.event == "resume"]

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_recovery.history import audit_run, read_records
+from rollout_recovery.history import audit_run
+from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import (
     BackendEvent,
     GroupSealed,
