@@ -105,7 +105,7 @@ from ._state import ControllerState
 T = TypeVar("T")
 Weights = TypeVar("Weights")
 
-__all__ = ["Controller", "DrainReport", "PromptDataset", "RunProgress"]
+__all__ = ["Controller", "DrainReport", "PromptDataset", "StepProgress"]
 
 
 class PromptDataset(Protocol):
@@ -116,10 +116,9 @@ class PromptDataset(Protocol):
     def __getitem__(self, idx: int) -> dict[str, Any]: ...
 
 
-class RunProgress(Protocol):
-    """Where the controller reports progress (the CLI's bar, or nothing)."""
-
-    def start(self, total_steps: int, resumed_from: int | None) -> None: ...
+class StepProgress(Protocol):
+    """What the controller reports every trained step to: the job's progress display
+    (the CLI's bar), which the job starts and owns; any object with this method."""
 
     def update(
         self,
@@ -130,8 +129,6 @@ class RunProgress(Protocol):
         retries: int,
         checkpoints: int,
     ) -> None: ...
-
-    def log(self, message: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -198,7 +195,7 @@ class Controller(Generic[Weights]):
         trainer: Trainer[Weights],
         data_plane: DataPlane,
         history: AuditTrail,
-        progress: RunProgress | None = None,
+        progress: StepProgress | None = None,
         reward_settings: CaptureRewardSettings | None = None,
     ) -> None:
         self.config = config
