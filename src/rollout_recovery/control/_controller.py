@@ -81,7 +81,6 @@ from ..ledger import (
     RolloutRecoveryLedger,
     SiblingSealResult,
 )
-from ..metrics import MetricsSink, flatten_scalars
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
 from ..rollout import (
@@ -105,7 +104,7 @@ from ._state import ControllerState
 T = TypeVar("T")
 Weights = TypeVar("Weights")
 
-__all__ = ["Controller", "DrainReport", "PromptDataset", "StepProgress"]
+__all__ = ["Controller", "DrainReport", "PromptDataset", "StepMetrics", "StepProgress"]
 
 
 class PromptDataset(Protocol):
@@ -129,6 +128,20 @@ class StepProgress(Protocol):
         retries: int,
         checkpoints: int,
     ) -> None: ...
+
+
+class StepMetrics(Protocol):
+    """Where the controller writes each step's metrics and the run's markers besides
+    ``metrics.jsonl``: the job's ``[metrics]`` sinks (``MetricsConfig.open``), any
+    object with these methods."""
+
+    def log_record(self, step: int, record: Mapping[str, object]) -> None: ...
+
+    def log_marker(
+        self, step: int, kind: str, fields: Mapping[str, str | int | float | None]
+    ) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -219,7 +232,7 @@ class Controller(Generic[Weights]):
         self.snapshots: SnapshotBuilder | None = None
         #: Where each step's metrics and the run's markers go besides metrics.jsonl
         #: (TensorBoard, W&B, MLflow); opened by the job once it knows the resume step.
-        self.metrics: MetricsSink | None = None
+        self.metrics: StepMetrics | None = None
         # Runtime only.
         self.in_flight = 0
         self.last_mean_reward: float | None = None
@@ -845,7 +858,7 @@ class Controller(Generic[Weights]):
             }
             self.history.metrics(step_metrics)
         if self.metrics is not None:
-            self.metrics.log_step(step, flatten_scalars(step_metrics))
+            self.metrics.log_record(step, step_metrics)
         self.last_mean_reward = mean_reward
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
         self._check_valid_rows(step, placeholder_reasons)

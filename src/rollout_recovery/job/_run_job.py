@@ -345,11 +345,12 @@ async def _run_installed(
     )
     # From here the snapshot builder follows the journal on its own.
     checkpoints.follow_journal()
-    controller.metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
+    metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
+    controller.metrics = metrics
     # A sink may block on its tool (a flush, a network call): closed off the loop.
-    stack.push_async_callback(asyncio.to_thread, controller.metrics.close)
+    stack.push_async_callback(asyncio.to_thread, metrics.close)
     if restored is not None:
-        controller.metrics.log_marker(
+        metrics.log_marker(
             restored.step,
             "restored",
             {
