@@ -67,7 +67,7 @@ def test_the_llm_package_imports_and_building_names_the_extra(
 
     assert llm.TrainerConfig().kind == "numpy"
     with pytest.raises(ConfigError, match=r"\[llm\] extra"):
-        llm.LlmParts.build(llm.TrainerConfig(), llm.ModelConfig(), TaskConfig(), seed=0)
+        llm.TrainerConfig().torch_parts(llm.ModelConfig(), TaskConfig(), seed=0)
     assert "rollout_recovery.llm._trainer" not in sys.modules
 
 

@@ -10,8 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
-from rollout_recovery.metrics import flatten_scalars
-from rollout_recovery.metrics._keys import check_values, key_segment
+from rollout_recovery.metrics._keys import check_values, flatten_scalars, key_segment
 
 
 def test_flatten_scalars_on_the_http_backends_telemetry() -> None:

@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from rollout_recovery.policy._tasks import BOS, THINK, THOUGHT_BASE, digit_token
-from rollout_recovery.serve import DEFAULT_MODEL_NAME, PolicyServer
+from rollout_recovery.serve import PolicyServer
 from rollout_recovery.serve._app import WEIGHT_VERSION_HEADER
 
 PROMPT = [BOS, digit_token(7), THINK]
@@ -19,7 +19,7 @@ def client(server: PolicyServer) -> openai.OpenAI:
 
 def test_token_ids_and_logprobs_come_back(client: openai.OpenAI) -> None:
     completion = client.completions.create(
-        model=DEFAULT_MODEL_NAME,
+        model=PolicyServer.DEFAULT_MODEL_NAME,
         prompt=PROMPT,
         max_tokens=4,
         logprobs=0,
@@ -44,7 +44,7 @@ def test_token_ids_and_logprobs_come_back(client: openai.OpenAI) -> None:
 
 def test_the_weight_version_header_reaches_the_client(client: openai.OpenAI) -> None:
     raw = client.completions.with_raw_response.create(
-        model=DEFAULT_MODEL_NAME, prompt=PROMPT, max_tokens=1
+        model=PolicyServer.DEFAULT_MODEL_NAME, prompt=PROMPT, max_tokens=1
     )
     assert raw.headers[WEIGHT_VERSION_HEADER] == "0"
     assert raw.parse().choices[0].text
@@ -52,17 +52,19 @@ def test_the_weight_version_header_reaches_the_client(client: openai.OpenAI) -> 
 
 def test_the_model_is_listed(client: openai.OpenAI) -> None:
     models = client.models.list()
-    assert [m.id for m in models.data] == [DEFAULT_MODEL_NAME]
+    assert [m.id for m in models.data] == [PolicyServer.DEFAULT_MODEL_NAME]
     assert models.data[0].owned_by == "rollout-recovery"
 
 
 def test_refusals_are_the_clients_typed_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(
-            model=DEFAULT_MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0.5
+            model=PolicyServer.DEFAULT_MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0.5
         )
     assert "temperature" in str(refused.value)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt=PROMPT, max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="token-in only"):
-        client.completions.create(model=DEFAULT_MODEL_NAME, prompt="<bos> 7", max_tokens=2)
+        client.completions.create(
+            model=PolicyServer.DEFAULT_MODEL_NAME, prompt="<bos> 7", max_tokens=2
+        )

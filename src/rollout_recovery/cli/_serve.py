@@ -13,7 +13,7 @@ from types import FrameType
 import click
 
 from ..errors import InvalidArgumentError, InvalidStateError
-from ..serve import DEFAULT_MODEL_NAME, PolicyServer, ServeSettings
+from ..serve import PolicyServer, ServeSettings
 
 __all__ = ["serve"]
 
@@ -118,7 +118,7 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     help="Initial weights are NumpyGRPOTrainer(seed=SEED)'s (version 0); also seeds requests "
     "that carry no seed.",
 )
-@click.option("--model-name", default=DEFAULT_MODEL_NAME, show_default=True)
+@click.option("--model-name", default=PolicyServer.DEFAULT_MODEL_NAME, show_default=True)
 @click.option(
     "--call-latency-s",
     type=click.FloatRange(min=0.0),

@@ -1,13 +1,29 @@
-"""``[ray]``: placement and liveness on Ray (used when ``generation.backend = "ray"``).
+"""``[ray]``: placement and liveness on Ray (used when ``generation.backend = "ray"``),
+and the job's Ray components built from it and the job's other sections.
 
-Importable without Ray: the config tree holds this section whatever the backend.
+Importable without Ray: the config tree holds this section whatever the backend, and
+each builder imports the Ray modules when it runs, so a job that does not ask for
+``generation.backend = "ray"`` never loads Ray.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import msgspec
 
 from .._settings import OPERATIONAL, NonNegativeInt, PositiveFloat, PositiveInt, Section
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..dataplane import DataPlane
+    from ..policy import PolicySnapshot, TaskConfig
+    from ..rollout import FaultsConfig, GenerationBackend, GenerationConfig, HttpConfig
 
 __all__ = ["RayConfig"]
 
@@ -37,3 +53,77 @@ class RayConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: Dead actors replaced per run at most; then the run goes on with what is left and
     #: stops once nothing is.
     max_replacements: Annotated[NonNegativeInt, OPERATIONAL] = 100
+
+    @contextlib.contextmanager
+    def data_plane(self, directory: Path) -> Iterator[DataPlane]:
+        """SQLite shards in ``directory`` served by Ray actors, on the cluster this
+        section names (attached to or started, and left as found); the shards stop on
+        exit."""
+        from ._runtime import ray_session
+        from ._sharded_plane import RayShardedDataPlane, ShardDirectory
+
+        with ray_session(self.address, self.num_cpus):
+            layout = ShardDirectory(
+                # Unique per job: two jobs on one cluster must not share shard actors.
+                prefix=f"rr-{os.getpid()}-{int(time.time() * 1000) % 10**9}",
+                namespace="rollout-recovery",
+                directory=str(directory),
+                shards=self.data_shards,
+                cpus_per_shard=self.cpus_per_shard,
+            )
+            plane = RayShardedDataPlane.start(layout)
+            try:
+                yield plane
+            finally:
+                plane.close(stop_shards=True)
+
+    def generation_backend(
+        self,
+        *,
+        data_plane: DataPlane,
+        seed: int,
+        task: TaskConfig,
+        generation: GenerationConfig,
+        faults: FaultsConfig,
+        http: HttpConfig,
+        vocab_size: int,
+        api_key: str | None,
+        initial_weights: PolicySnapshot,
+    ) -> GenerationBackend[PolicySnapshot]:
+        """Generation actors of ``worker``'s kind, each built from the job's sections
+        (the same builders as the job's in-process backends) and staging into
+        ``data_plane``, the job's :meth:`data_plane`."""
+        from ._pool import ActorPoolSettings, RayGenerationBackend
+        from ._sharded_plane import RayShardedDataPlane
+        from ._worker import WorkerSpec
+
+        if not isinstance(data_plane, RayShardedDataPlane):
+            raise ConfigError(
+                "the Ray backend stages into the Ray data plane; run it through run_job",
+                path="$.generation.backend",
+            )
+        spec = WorkerSpec(
+            kind=self.worker,
+            shards=data_plane.layout,
+            seed=seed,
+            task=task,
+            generation=generation,
+            # A worker is its own process: a simulated worker crash would only be a subset
+            # of a real actor death, which the pool handles (and the chaos tests cause).
+            faults=msgspec.structs.replace(faults, worker_crash_rate=0.0),
+            http=http,
+            vocab_size=vocab_size,
+            api_key=api_key,
+        )
+        settings = ActorPoolSettings(
+            actors_per_node=self.actors_per_node,
+            cpus_per_actor=self.cpus_per_actor,
+            per_actor_concurrency=self.per_actor_concurrency,
+            ping_interval_s=self.ping_interval_s,
+            ping_timeout_s=self.ping_timeout_s,
+            actor_start_timeout_s=self.actor_start_timeout_s,
+            max_replacements=self.max_replacements,
+        )
+        return RayGenerationBackend(
+            spec=spec, settings=settings, plane=data_plane, initial_weights=initial_weights
+        )

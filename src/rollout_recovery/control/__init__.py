@@ -6,22 +6,14 @@ capture and restore one consistent cut of it with the ledger, the replay index a
 trainer. The run config (:class:`RunConfig`) is the tree of every component's section.
 """
 
-from ._checkpointing import (
-    CheckpointTiming,
-    ControllerCheckpoints,
-    RestoreReport,
-)
+from ._checkpointing import ControllerCheckpoints
 from ._config import RunConfig, load_config
-from ._controller import Controller, DrainReport, PromptDataset, RunProgress
+from ._controller import Controller, PromptDataset
 
 __all__ = [
-    "CheckpointTiming",
     "Controller",
     "ControllerCheckpoints",
-    "DrainReport",
     "PromptDataset",
-    "RestoreReport",
     "RunConfig",
-    "RunProgress",
     "load_config",
 ]

@@ -709,16 +709,26 @@ def _dispatched_attempts(ledger: RolloutRecoveryLedger) -> dict[str, list[tuple[
 
 class ControllerCheckpoints:
     """One controller's checkpoints in one store, as a job uses them: find the newest one
-    that can be restored, restore it, follow the journal from there, take new ones."""
+    that can be restored, restore it, follow the journal from there, take new ones.
+
+    It keeps what it did, for the job's result: the newer checkpoints the search passed
+    over, the restore, and the timing of every checkpoint taken."""
 
     def __init__(self, controller: Controller[Any], store: CheckpointStore) -> None:
         self.controller = controller
         self.store = store
+        #: The newer checkpoints :meth:`newest_restorable` passed over, with why.
+        self.skipped: list[SkippedCheckpoint] = []
+        #: What :meth:`restore` did (None: nothing restored, a fresh start).
+        self.restored: RestoreReport | None = None
+        #: Every checkpoint :meth:`take` committed, in order.
+        self.timings: list[CheckpointTiming] = []
 
-    def newest_restorable(self) -> tuple[VerifiedCheckpoint, list[SkippedCheckpoint]] | None:
-        """The newest committed checkpoint that verifies (see :func:`verify_checkpoint`)
-        and the newer ones skipped, with why; None when the store holds none. Changes
-        nothing; a ``CheckpointDirectoryError`` when checkpoints exist but none verifies."""
+    def newest_restorable(self) -> VerifiedCheckpoint | None:
+        """The newest committed checkpoint that verifies (see :func:`verify_checkpoint`),
+        the newer ones skipped kept in ``skipped``; None when the store holds none. Changes
+        nothing on disk; a ``CheckpointDirectoryError`` when checkpoints exist but none
+        verifies."""
         controller = self.controller
         found = self.store.newest_loadable(
             lambda loaded: verify_checkpoint(
@@ -727,14 +737,14 @@ class ControllerCheckpoints:
         )
         if found is None:
             return None
-        _, verified, skipped = found
-        return verified, skipped
+        _, verified, self.skipped = found
+        return verified
 
     async def restore(self, verified: VerifiedCheckpoint) -> RestoreReport:
         """Restore ``verified`` and replay the journal after it (:func:`restore_controller`);
         a ``RunNotResumableError`` when the history is shorter than it recorded."""
         try:
-            return await restore_controller(self.controller, verified)
+            self.restored = await restore_controller(self.controller, verified)
         except CheckpointDirectoryError as error:
             # The history is shorter than the checkpoint recorded: a disk lost synced data.
             raise RunNotResumableError(
@@ -742,6 +752,7 @@ class ControllerCheckpoints:
                 remedy="Restore the run directory from a backup, or start a new run in "
                 "another directory.",
             ) from error
+        return self.restored
 
     def follow_journal(self) -> None:
         """Start the snapshot builder at the journal's end (:func:`follow_journal`)."""
@@ -749,4 +760,6 @@ class ControllerCheckpoints:
 
     async def take(self, *, delete_deferred: bool = True) -> CheckpointTiming:
         """Snapshot the journal and publish it (:func:`take_checkpoint`)."""
-        return await take_checkpoint(self.controller, self.store, delete_deferred=delete_deferred)
+        timing = await take_checkpoint(self.controller, self.store, delete_deferred=delete_deferred)
+        self.timings.append(timing)
+        return timing

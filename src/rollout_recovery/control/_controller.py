@@ -81,7 +81,6 @@ from ..ledger import (
     RolloutRecoveryLedger,
     SiblingSealResult,
 )
-from ..metrics import MetricsSink, flatten_scalars
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
 from ..rollout import (
@@ -105,7 +104,7 @@ from ._state import ControllerState
 T = TypeVar("T")
 Weights = TypeVar("Weights")
 
-__all__ = ["Controller", "DrainReport", "PromptDataset", "RunProgress"]
+__all__ = ["Controller", "DrainReport", "PromptDataset", "StepMetrics", "StepProgress"]
 
 
 class PromptDataset(Protocol):
@@ -116,10 +115,9 @@ class PromptDataset(Protocol):
     def __getitem__(self, idx: int) -> dict[str, Any]: ...
 
 
-class RunProgress(Protocol):
-    """Where the controller reports progress (the CLI's bar, or nothing)."""
-
-    def start(self, total_steps: int, resumed_from: int | None) -> None: ...
+class StepProgress(Protocol):
+    """What the controller reports every trained step to: the job's progress display
+    (the CLI's bar), which the job starts and owns; any object with this method."""
 
     def update(
         self,
@@ -131,7 +129,19 @@ class RunProgress(Protocol):
         checkpoints: int,
     ) -> None: ...
 
-    def log(self, message: str) -> None: ...
+
+class StepMetrics(Protocol):
+    """Where the controller writes each step's metrics and the run's markers besides
+    ``metrics.jsonl``: the job's ``[metrics]`` sinks (``MetricsConfig.open``), any
+    object with these methods."""
+
+    def log_record(self, step: int, record: Mapping[str, object]) -> None: ...
+
+    def log_marker(
+        self, step: int, kind: str, fields: Mapping[str, str | int | float | None]
+    ) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -198,7 +208,7 @@ class Controller(Generic[Weights]):
         trainer: Trainer[Weights],
         data_plane: DataPlane,
         history: AuditTrail,
-        progress: RunProgress | None = None,
+        progress: StepProgress | None = None,
         reward_settings: CaptureRewardSettings | None = None,
     ) -> None:
         self.config = config
@@ -222,7 +232,7 @@ class Controller(Generic[Weights]):
         self.snapshots: SnapshotBuilder | None = None
         #: Where each step's metrics and the run's markers go besides metrics.jsonl
         #: (TensorBoard, W&B, MLflow); opened by the job once it knows the resume step.
-        self.metrics: MetricsSink | None = None
+        self.metrics: StepMetrics | None = None
         # Runtime only.
         self.in_flight = 0
         self.last_mean_reward: float | None = None
@@ -848,7 +858,7 @@ class Controller(Generic[Weights]):
             }
             self.history.metrics(step_metrics)
         if self.metrics is not None:
-            self.metrics.log_step(step, flatten_scalars(step_metrics))
+            self.metrics.log_record(step, step_metrics)
         self.last_mean_reward = mean_reward
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
         self._check_valid_rows(step, placeholder_reasons)

@@ -22,7 +22,6 @@ from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
-from ..cluster import ray_backend, ray_data_plane
 from ..control import PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
@@ -207,8 +206,7 @@ def _http_backend(
 def _ray_backend(
     config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
 ) -> GenerationBackend[PolicySnapshot]:
-    return ray_backend(
-        config.ray,
+    return config.ray.generation_backend(
         data_plane=data_plane,
         seed=config.job.seed,
         task=config.task,
@@ -229,7 +227,7 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
         with SqliteDataPlane(run.data_plane_file) as store:
             yield store
         return
-    with ray_data_plane(config.ray, run.shards_dir) as plane:
+    with config.ray.data_plane(run.shards_dir) as plane:
         yield plane
 
 

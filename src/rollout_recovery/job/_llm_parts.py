@@ -4,12 +4,13 @@
 model on first use and records the digest of its files in ``[model] digest``, so the
 digest is part of the job's identity (``job.toml``, every checkpoint) and a rerun against
 other model files is refused. :func:`llm_components` builds the torch trainer on that
-model and the emit-token dataset (``llm.LlmParts``, which does both) and their generation
-backend: the in-process transformers backend, or (``[generation] backend = "http"``,
-which ``check_combination`` allows only with ``[http] weight_sync = "vllm"``) the HTTP
-backend running the emit-token episodes on vLLM servers that load every new version of
-the trainer's weights. torch is imported only by the llm package, and only for a torch
-job; a default install without it gets a ``ConfigError`` naming the ``[llm]`` extra.
+model and the emit-token dataset (``TrainerConfig.torch_parts``, which does both) and
+their generation backend: the in-process transformers backend, or (``[generation]
+backend = "http"``, which ``check_combination`` allows only with ``[http] weight_sync =
+"vllm"``) the HTTP backend running the emit-token episodes on vLLM servers that load
+every new version of the trainer's weights. torch is imported only by the llm package,
+and only for a torch job; a default install without it gets a ``ConfigError`` naming
+the ``[llm]`` extra.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import msgspec
 
 from ..control import RunConfig
 from ..dataplane import DataPlane
-from ..llm import LlmParts
 from ..rollout import GenerationBackend, HttpGenerationBackend
 from ._components import JobComponents, http_weight_sync, server_api_key
 
@@ -31,10 +31,10 @@ __all__ = ["llm_components", "resolve_model"]
 def resolve_model(config: RunConfig, log: Callable[[str], None] = lambda _: None) -> RunConfig:
     """The config with ``[model] digest`` taken from the model's files (built or converted
     first when missing); a job without the torch trainer is returned as it is. The
-    refusals are ``LlmParts.resolve_model``'s."""
+    refusals are ``ModelConfig.resolved``'s."""
     if config.trainer.kind != "torch":
         return config
-    model = LlmParts.resolve_model(config.model, target_token=config.task.target_token, log=log)
+    model = config.model.resolved(target_token=config.task.target_token, log=log)
     return msgspec.structs.replace(config, model=model)
 
 
@@ -44,7 +44,7 @@ def llm_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[An
     sampling the trainer's weights: in process (``"transformers"``) or on vLLM servers
     (``"http"``, the servers of ``[http] servers``, which :func:`run_job` fills in when it
     launches them)."""
-    parts = LlmParts.build(config.trainer, config.model, config.task, seed=config.job.seed)
+    parts = config.trainer.torch_parts(config.model, config.task, seed=config.job.seed)
     trainer = parts.trainer
     backend: GenerationBackend[Any]
     if config.generation.backend == "http":

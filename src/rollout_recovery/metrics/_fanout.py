@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from .._lifecycle import Resource
 from ..errors import ClosedResourceError, InvalidArgumentError
-from ._keys import check_fields, check_kind, check_step, check_values
+from ._keys import check_fields, check_kind, check_step, check_values, flatten_scalars
 from ._protocol import MarkerField, MetricsSink, Scalar
 
 __all__ = ["MetricsFanout"]
@@ -103,6 +103,11 @@ class MetricsFanout(Resource):
                 )
             self._last_step = step
         self._each("log_step", step, checked)
+
+    def log_record(self, step: int, record: Mapping[str, object]) -> None:
+        """``log_step`` of the numbers of a nested record (a step's ``metrics.jsonl``
+        record) as flat ``a/b/c`` keys (``_keys.flatten_scalars``)."""
+        self.log_step(step, flatten_scalars(record))
 
     def log_marker(self, step: int, kind: str, fields: Mapping[str, MarkerField]) -> None:
         check_step(step)

@@ -21,7 +21,7 @@ from .._settings import (
     Section,
 )
 from ..errors import ConfigError
-from ..serve import DEFAULT_MODEL_NAME
+from ..serve import PolicyServer
 from ._server_url import server_url_problem
 from ._weight_sync import WeightSyncName
 from ._wire import DialectName
@@ -129,7 +129,7 @@ class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: How servers get new weights: "policy" pushes the numpy policy (rollout-recovery
     #: serve), "version-tag" only tags a vLLM dev-mode server, "none" leaves them alone.
     weight_sync: Annotated[WeightSyncName, OPERATIONAL] = "policy"
-    model: Annotated[str, Meta(min_length=1)] = DEFAULT_MODEL_NAME
+    model: Annotated[str, Meta(min_length=1)] = PolicyServer.DEFAULT_MODEL_NAME
     per_server_concurrency: Annotated[PositiveInt, OPERATIONAL] = 16
     request_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 10.0
     #: How often one call is resent to another server after an infra failure.

@@ -12,10 +12,9 @@ through a ready file (:func:`read_ready_file`).
 """
 
 from ._server import PolicyServer
-from ._settings import DEFAULT_MODEL_NAME, ServeSettings
+from ._settings import ServeSettings
 
 __all__ = [
-    "DEFAULT_MODEL_NAME",
     "PolicyServer",
     "ServeSettings",
 ]

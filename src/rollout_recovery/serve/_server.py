@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Self
+from typing import ClassVar, Self
 
 from .._lifecycle import Resource
 from ..errors import InvalidOperationError
@@ -13,7 +13,7 @@ from ..policy import NumpyGRPOTrainer, PolicySnapshot
 from ._app import ServeApp
 from ._http import TransportStats, make_http_server
 from ._ready import ServerReady, read_ready_file, write_ready_file
-from ._settings import ServeSettings
+from ._settings import DEFAULT_MODEL_NAME, ServeSettings
 from ._weights import WeightStore
 
 __all__ = ["PolicyServer"]
@@ -49,6 +49,10 @@ class PolicyServer(Resource):
     ``settings.token_latency_s``) is called after each generated token with its position,
     so a test can pause the server at a chosen token.
     """
+
+    #: The model name a server answers to unless its settings name another (the HTTP
+    #: backend's ``[http] model`` default).
+    DEFAULT_MODEL_NAME: ClassVar[str] = DEFAULT_MODEL_NAME
 
     def __init__(
         self,
