@@ -128,3 +128,21 @@ def test_attempts_spread_over_the_least_loaded_workers() -> None:
         await backend.aclose()
 
     run(main)
+
+
+def test_a_crash_during_a_zero_length_wait_fails_the_attempt() -> None:
+    # Calls that take no time still yield at every wait (the zero-wait fast path): a
+    # crash landing during that yield fails the attempt, as it does a sleeping one.
+    async def main() -> None:
+        rig = make_rig(workers=1, latency_s=0.0)
+        backend = rig.backend
+        task = _start(rig, 1)
+        await _until(lambda: backend.worker_load()["worker-0"] == 1)
+        [worker] = backend._workers  # the attempt is suspended at one of its waits
+        backend._crash(worker)
+        error = await _crashed(task)
+        assert error.reason == "worker_crashed"
+        assert backend.worker_crashes == 1
+        await backend.aclose()
+
+    run(main)

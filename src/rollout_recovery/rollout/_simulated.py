@@ -272,6 +272,14 @@ class SimulatedAgentBackend(AsyncResource):
         """
         if life.crashed.is_set():
             raise self._crashed_error(worker)
+        if seconds is not None and seconds <= 0:
+            # A zero wait only yields once: no timer, no cancellation (which costs more
+            # than the episode's own work when calls take no time); a crash during the
+            # yield is still seen.
+            await asyncio.sleep(0)
+            if life.crashed.is_set():
+                raise self._crashed_error(worker)
+            return
         try:
             async with asyncio.timeout(seconds):
                 await life.crashed.wait()
