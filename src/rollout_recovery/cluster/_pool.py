@@ -247,8 +247,6 @@ class RayGenerationBackend(AsyncResource):
     # -- attempts ------------------------------------------------------------------------
 
     async def _acquire(self) -> _Actor:
-        version = self._target[0]
-
         def timed_out() -> GenerationError:
             return GenerationError(
                 "no_live_actor",
@@ -258,7 +256,9 @@ class RayGenerationBackend(AsyncResource):
         actor = await self._actors.acquire(
             wait_s=self._settings.no_actor_wait_s,
             timed_out=timed_out,
-            eligible=lambda a: a.version == version,
+            # Read at every wake-up, not once: a push while this attempt waits changes
+            # which actors hold the current weights.
+            eligible=lambda a: a.version == self._target[0],
         )
         actor.stats.attempts += 1
         return actor
