@@ -218,15 +218,6 @@ NOT_RESOURCES = {
     # asyncio actor (one event loop for every call): the driver's resource is the plane.
     "DataShard": "a Ray actor's body, closed through RayShardedDataPlane",
 }
-#: Backends and pools the `pool` task converts to AsyncResource (issue 16): empty this set
-#: once that branch is merged.
-POOL_TASK_CLASSES = {
-    "ServerPool",
-    "HttpGenerationBackend",
-    "SimulatedAgentBackend",
-    "RayGenerationBackend",
-    "TransformersBackend",
-}
 
 
 def _classes() -> list[tuple[Path, ast.ClassDef]]:
@@ -276,7 +267,7 @@ def lifecycle_violations(classes: list[tuple[Path, ast.ClassDef]]) -> list[str]:
         sync = reaches(node.name, "Resource")
         resource = sync or reaches(node.name, "AsyncResource")
         protocol = "Protocol" in bases[node.name]
-        exempt = node.name in NOT_RESOURCES or node.name in POOL_TASK_CLASSES or protocol
+        exempt = node.name in NOT_RESOURCES or protocol
         if sync and "aclose" in methods:
             violations.append(f"{where} is a Resource (verb close) and overrides aclose()")
         if resource and not sync and "close" in methods:
