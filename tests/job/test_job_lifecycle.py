@@ -17,7 +17,7 @@ from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane, SqliteDataPlane
 from rollout_recovery.errors import RunNotResumableError
 from rollout_recovery.history import AuditTrail
-from rollout_recovery.job import run_job
+from rollout_recovery.job import _run_job, run_job
 from rollout_recovery.job._components import JobComponents, default_components
 from rollout_recovery.metrics._fanout import MetricsFanout
 from rollout_recovery.policy import NumpyGRPOTrainer
@@ -38,6 +38,15 @@ class Closes:
         self.sigint_before: Any = None
         self._wrap(monkeypatch, SqliteDataPlane, "close", "data plane", lambda s: s is self.plane)
         self._wrap(monkeypatch, AuditTrail, "close", "trail", lambda s: True)
+        joined = _run_job._join_worker_threads
+
+        async def join() -> None:
+            # The job's worker threads are joined before the trail, the store and the
+            # lock close (a cancelled checkpoint's save must not outlive the lock).
+            self.order.append("threads joined")
+            await joined()
+
+        monkeypatch.setattr(_run_job, "_join_worker_threads", join)
         self._wrap(monkeypatch, MetricsFanout, "close", "metrics", lambda s: True)
         original = SimulatedAgentBackend.aclose
 
@@ -83,7 +92,8 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Closes]:
 
 
 def _assert_all_closed(closes: Closes, out: Path, *, metrics: bool = True) -> None:
-    opened = ["data plane", "trail", "backend"] + (["metrics"] if metrics else [])
+    opened = ["data plane", "trail", "threads joined", "backend"]
+    opened += ["metrics"] if metrics else []
     # Each once, the last opened first. (A close may close what it wraps: a trail closes
     # its journal, the controller's deferred-deletion plane the store.)
     assert closes.order == list(reversed(opened))
@@ -197,6 +207,6 @@ def test_ctrl_c_while_the_job_opens_interrupts_it_at_once_and_closes_what_was_op
         run_job(out, fast_config({"job": {"steps": 2}}), components=components)
     assert went_on == []
     # The backend was built but not yet on the stack: the trail and the store are closed.
-    assert closes.order == ["trail", "data plane"]
+    assert closes.order == ["threads joined", "trail", "data plane"]
     assert not RunDirectory(out).is_locked()
     assert signal.getsignal(signal.SIGINT) is closes.sigint_before

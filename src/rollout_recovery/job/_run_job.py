@@ -248,6 +248,10 @@ def _open_job(
         log(f"started {count} local generation servers (listed in {run.servers_file.name})")
     inner = _open_data_plane(stack, run, config)
     history = stack.enter_context(AuditTrail(run))
+    # Worker threads (a checkpoint's save, a journal fsync, a staged put) may outlive a
+    # cancelled pump. They finish before the trail, the store and the lock close;
+    # asyncio.run joins them too, but only after this stack, with the lock released.
+    stack.push_async_callback(_join_worker_threads)
     # The drain triggers, once wired, stay until the backend has closed: a Ctrl-C in
     # its close still finds the job's handler.
     stack.callback(wiring.unwire)
@@ -265,6 +269,10 @@ def _open_job(
     store = CheckpointStore(run.root, keep=config.checkpoint.keep)
     store.remove_stale()  # what a save killed mid-way left behind
     return controller, store, changes
+
+
+async def _join_worker_threads() -> None:
+    await asyncio.get_running_loop().shutdown_default_executor()
 
 
 def _open_data_plane(
