@@ -237,12 +237,11 @@ class ServerPool(AsyncResource, Generic[Weights]):
     def set_weights(self, version: int, weights: Weights) -> None:
         """The trainer's new weights: every reachable server gets them in the background."""
         self._target = (version, weights)
-        if self._workers.closed:
+        if self._workers.closed or not self._started:
+            # Before start() (the backend's startup, after a restore has set the restored
+            # weights): nothing is pushed yet; the first probes sync every server to the
+            # target then, so a launched server never loads weights a restore replaced.
             return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # before the loop runs: the first probes sync every server
         for server in self._workers:
             if server.health is not WorkerHealth.DEAD:
                 self._start_sync(server)
