@@ -253,7 +253,9 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             client=self._client,
             on_event=self._on_event,
         )
-        self._pool.set_weights(initial_version, initial_weights)
+        # Recorded, not pushed: the backend may be built inside the running loop, before
+        # a restore sets the restored weights; the first probes sync every server.
+        self._pool.set_weights(initial_version, initial_weights, push=False)
         self.redispatches = 0
         self.data_failures: dict[str, int] = {}
 

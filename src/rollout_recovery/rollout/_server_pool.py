@@ -234,14 +234,20 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
     # -- weights ---------------------------------------------------------------------------
 
-    def set_weights(self, version: int, weights: Weights) -> None:
-        """The trainer's new weights: every reachable server gets them in the background."""
+    def set_weights(self, version: int, weights: Weights, *, push: bool = True) -> None:
+        """The trainer's new weights: every reachable server gets them in the background.
+        ``push=False`` only records them (a backend's initial weights, which a restore may
+        replace before the servers are probed: pushing them would load weights the job
+        then throws away)."""
         self._target = (version, weights)
-        if self._workers.closed or not self._started:
-            # Before start() (the backend's startup, after a restore has set the restored
-            # weights): nothing is pushed yet; the first probes sync every server to the
-            # target then, so a launched server never loads weights a restore replaced.
+        if not push:
             return
+        if self._workers.closed:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # before the loop runs: the first probes sync every server
         for server in self._workers:
             if server.health is not WorkerHealth.DEAD:
                 self._start_sync(server)
