@@ -102,6 +102,29 @@ def test_calls_are_stamped_with_the_version_the_server_confirmed() -> None:
     assert all(server.pushes[-1] == 5 for server in rig.fleet.servers.values())
 
 
+def test_a_backend_built_in_the_loop_pushes_only_the_weights_a_restore_sets() -> None:
+    # run_job builds the backend inside the running loop, and a restore then sets the
+    # restored weights before anything is sent: no server loads the initial weights.
+    from rollout_support import snapshot
+
+    async def scenario() -> HttpRig:
+        rig = make_rig(2)
+        await asyncio.sleep(1.0)  # virtual: the restore reads its checkpoint meanwhile
+        rig.backend.update_weights(5, snapshot(5))  # what a restore does
+        await rig.events.wait(
+            lambda: all(v == 5 for v in rig.backend.pool.versions().values()), timeout=10
+        )
+        await rig.backend.aclose()
+        return rig
+
+    loop = VirtualClockLoop(autojump=True)
+    try:
+        rig = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert all(server.pushes == [5] for server in rig.fleet.servers.values())
+
+
 # ----------------------------------------------------------------------- infra failures
 
 
