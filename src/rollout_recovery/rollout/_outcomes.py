@@ -1,14 +1,22 @@
 """How an attempt can end without a seal: the closed set of reasons.
 
-A failed attempt is an expected event, not a bug: a backend raises
-``GenerationError(reason)`` and the controller turns it into a failure value with a
-:class:`FailureReason`, with the predicates the controller and the auditor branch on, so
-nobody compares reason strings; any other exception out of a backend means a bug or bad
-state and stops the run.
+A failed attempt is an expected event, not a bug: a backend *returns* an
+:class:`~rollout_recovery.rollout.AttemptFailure` carrying a :class:`FailureReason`, with
+the predicates the controller and the auditor branch on, so nobody compares reason
+strings. A backend raises only for a bug or bad state, and that stops the run.
 
-*Data* failures are different: the attempt finished, but what it produced is unusable
-(a malformed server reply, a token outside the vocabulary, a staging write that failed).
-Those are sealed as masked placeholders whose receipt says why
+Three kinds of reason (every member is exactly one of them):
+
+- *infra*: the machinery failed (a worker, a server, an actor, the clock, the process);
+  the same attempt elsewhere may well succeed.
+- *data*: the episode itself failed (the environment or the agent erred); the attempt
+  produced nothing, and a new attempt samples again.
+- *control*: the controller ended it (a cohort abandoned whole, a drain, a closed
+  backend); nothing failed by itself.
+
+Failures that *finish* are different: the attempt ran, but what a call produced is
+unusable (a malformed server reply, a token outside the vocabulary, a staging write that
+failed). Those are sealed as masked placeholders whose receipt says why
 (``data_error:<reason>``); resending would get the same answer.
 """
 
@@ -34,6 +42,8 @@ class FailureReason(StrEnum):
     NO_LIVE_SERVER = "no_live_server"
     #: The Ray actor running it died (killed, crashed, missed a deadline or a ping).
     ACTOR_DIED = "actor_died"
+    #: No Ray actor with the current weights for the pool's wait budget.
+    NO_LIVE_ACTOR = "no_live_actor"
     #: The backend was closed under it (the run is stopping).
     BACKEND_CLOSED = "backend_closed"
     #: A restore found it in flight: the process that ran it is gone.
@@ -44,9 +54,27 @@ class FailureReason(StrEnum):
     DRAIN = "drain"
 
     def is_retryable(self) -> bool:
-        """Whether the sibling is worth another round (all but a closing backend)."""
+        """Whether the sibling is worth another round: all but a closed backend, which can
+        generate nothing more (the controller stops the run instead of spending rounds)."""
         return self is not FailureReason.BACKEND_CLOSED
 
     def is_infra(self) -> bool:
-        """The machinery failed (a worker, a server, an actor, the clock), not the model."""
-        return self is not FailureReason.ATTEMPT_FAILED
+        """The machinery failed (a worker, a server, an actor, the clock, the process)."""
+        return self in _INFRA
+
+    def is_data(self) -> bool:
+        """The episode itself failed (the environment or the agent), not the machinery."""
+        return self is FailureReason.ATTEMPT_FAILED
+
+
+_INFRA = frozenset(
+    {
+        FailureReason.DEADLINE_EXCEEDED,
+        FailureReason.WORKER_CRASHED,
+        FailureReason.SERVER_UNAVAILABLE,
+        FailureReason.NO_LIVE_SERVER,
+        FailureReason.ACTOR_DIED,
+        FailureReason.NO_LIVE_ACTOR,
+        FailureReason.RESTART,
+    }
+)
