@@ -346,11 +346,15 @@ class BareStringError(InvalidArgumentTypeError):
 
 
 class GenerationError(RolloutRecoveryError, RuntimeError):
-    """One attempt failed on the generation side; the controller abandons and retries it.
+    """The generation side failed: raised deep inside one attempt, or at a fleet's start.
 
-    ``reason`` is a short code recorded in the audit trail (``attempt_failed``,
-    ``worker_crashed``, ``deadline_exceeded``, ...); ``worker`` names the worker when known.
-    Retryable: a new attempt may be dispatched.
+    Inside an attempt (a model client, a worker pool) it is how a failure leaves the
+    frames it happened in; the backend's boundary (``rollout.run_episode``, the pools)
+    turns it into an ``AttemptFailure`` value, and the controller abandons the attempt and
+    retries the sibling. ``reason`` is then a ``FailureReason`` value (``worker_crashed``,
+    ``no_live_server``, ...), recorded in the audit trail; ``worker`` names the worker
+    when known. Raised *out of* a backend it breaks the backend protocol and stops the
+    run, as does a fleet that cannot start its servers (``server_start_failed``).
     """
 
     retryable = True

@@ -23,10 +23,16 @@ from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBacke
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control._inventory import reconcile_staging
-from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError, GenerationError
+from rollout_recovery.errors import ActorPoolExhaustedError, FencedWriterError
 from rollout_recovery.ledger import RolloutRecoveryLedger
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, GenerationConfig
+from rollout_recovery.rollout import (
+    AttemptFailure,
+    AttemptRequest,
+    AttemptResult,
+    FailureReason,
+    GenerationConfig,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -140,8 +146,12 @@ def test_a_dead_actor_costs_only_its_attempts_and_is_replaced(
             await backend.aclose()
 
     first, later, victim = asyncio.run(scenario())
-    died = [r for r in first if isinstance(r, GenerationError)]
-    assert died and all(e.reason == "actor_died" and e.worker == victim for e in died)
+    # Every outcome is a value: nothing an attempt of a dead actor ends with is raised.
+    assert not [r for r in first if isinstance(r, BaseException)], first
+    died = [r for r in first if isinstance(r, AttemptFailure)]
+    assert died and all(
+        f.reason is FailureReason.ACTOR_DIED and f.worker == victim for f in died
+    ), died
     assert any(isinstance(r, AttemptResult) for r in first)  # the other actor's finished
     assert all(isinstance(r, AttemptResult) for r in later)
     telemetry = backend.telemetry()
@@ -176,8 +186,9 @@ def test_the_next_attempt_continues_the_calls_a_dead_actor_staged(new_plane: New
                     await asyncio.sleep(0.05)
             (victim,) = [name for name, load in backend.actor_load().items() if load]
             kill_and_await_death(backend.live_actors()[victim])
-            with pytest.raises(GenerationError, match="actor_died"):
-                await lost
+            failure = await lost
+            assert isinstance(failure, AttemptFailure), failure
+            assert failure.reason is FailureReason.ACTOR_DIED
             keys = [
                 k
                 for k in plane.keys(CaptureWriter.staging_partition)
@@ -244,8 +255,8 @@ def test_no_live_actor_and_none_startable_fails_loudly(new_plane: NewPlane) -> N
             (only,) = backend.live_actors().values()
             kill_and_await_death(only)  # or the doomed actor may still run attempt 1
             writer = CaptureWriter(plane)
-            with pytest.raises(GenerationError):
-                await backend.run_attempt(_request(1), writer)
+            failure = await backend.run_attempt(_request(1), writer)
+            assert isinstance(failure, AttemptFailure), failure
             with pytest.raises(ActorPoolExhaustedError) as caught:
                 async with asyncio.timeout(60):  # well before no_actor_wait_s
                     await backend.run_attempt(_request(2), writer)

@@ -27,7 +27,6 @@ from rollout_recovery.control import Controller, RunConfig
 from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import SqliteDataPlane
-from rollout_recovery.errors import GenerationError
 from rollout_recovery.history import AuditTrail, audit_run
 from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.history.records import (
@@ -45,7 +44,13 @@ from rollout_recovery.job import run_job
 from rollout_recovery.job._components import default_components
 from rollout_recovery.job._run_job import claim_run_directory
 from rollout_recovery.ledger import RecoveryGranularity
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, GenerationBackend
+from rollout_recovery.rollout import (
+    AttemptFailure,
+    AttemptRequest,
+    AttemptResult,
+    FailureReason,
+    GenerationBackend,
+)
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 GRACE_S = 30.0  # virtual seconds: the clock moves only when a test advances it
@@ -109,7 +114,9 @@ class GatedBackend:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter
+    ) -> AttemptResult | AttemptFailure:
         rid = request.rollout_id
         self.started.append(request)
         gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -119,7 +126,12 @@ class GatedBackend:
             self._condition().notify_all()
         try:
             if await gate == "fail":
-                raise GenerationError("attempt_failed", "failed by the test")
+                return AttemptFailure(
+                    rollout_id=rid,
+                    generation_index=request.generation_index,
+                    reason=FailureReason.ATTEMPT_FAILED,
+                    detail="failed by the test",
+                )
             return await self.inner.run_attempt(request, capture)
         finally:
             self.returned[rid].set()

@@ -136,7 +136,6 @@ import rollout_recovery.control._checkpointing as checkpointing
 import rollout_recovery.control._controller as controller_module
 from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
-from rollout_recovery.control._attempt_failure import AttemptFailure
 from rollout_recovery.control._checkpointing import (
     follow_journal,
     restore_controller,
@@ -176,7 +175,7 @@ from rollout_recovery.ledger import (
 )
 from rollout_recovery.policy import TaskSet, TrainSample
 from rollout_recovery.policy._tasks import ANSWER, EOS, THOUGHT_BASE, digit_token
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, FailureReason
+from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 N = 2  # generations per prompt
@@ -340,14 +339,25 @@ class ScriptedBackend:
         mine = [rid for rid, gid in self.active.items() if gid == group_id]
         return bool(mine) and all(rid in self.parked for rid in mine)
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
-        return await self._run(request, capture, None)
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter
+    ) -> AttemptResult | AttemptFailure:
+        return await self._outcome(request, capture, None)
 
     async def resume_attempt(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
-    ) -> AttemptResult:
+    ) -> AttemptResult | AttemptFailure:
         self.handed[request.rollout_id] = prefix.rollout_id
-        return await self._run(request, capture, prefix)
+        return await self._outcome(request, capture, prefix)
+
+    async def _outcome(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
+    ) -> AttemptResult | AttemptFailure:
+        # The backend's boundary: a failure raised inside the attempt becomes its value.
+        try:
+            return await self._run(request, capture, prefix)
+        except GenerationError as error:
+            return AttemptFailure.from_error(request, error)
 
     async def _run(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None

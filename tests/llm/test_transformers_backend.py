@@ -19,14 +19,19 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import GenerationError, InvalidArgumentError
+from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.llm import _backend as backend_module
 from rollout_recovery.llm._backend import TransformersBackend
 from rollout_recovery.llm._emit_task import EmitTokenTask
 from rollout_recovery.llm._generate import generate, seed_for
 from rollout_recovery.llm._trainer import TorchGRPOTrainer
 from rollout_recovery.llm._weights import TorchWeights
-from rollout_recovery.rollout import AttemptRequest, GenerationBackend
+from rollout_recovery.rollout import (
+    AttemptFailure,
+    AttemptRequest,
+    FailureReason,
+    GenerationBackend,
+)
 
 SEED = 4
 
@@ -190,9 +195,9 @@ def test_a_closed_backend_fails_attempts_as_values_the_controller_retries(
 ) -> None:
     backend = _backend(trainer)
     asyncio.run(backend.aclose())
-    with pytest.raises(GenerationError) as raised:
-        asyncio.run(bad_attempt(backend, _request(backend, 0, "r")))
-    assert raised.value.reason == "backend_closed"
+    failure = asyncio.run(bad_attempt(backend, _request(backend, 0, "r")))
+    assert isinstance(failure, AttemptFailure)
+    assert failure.reason is FailureReason.BACKEND_CLOSED
 
 
 def test_configuration_errors(trainer: TorchGRPOTrainer) -> None:

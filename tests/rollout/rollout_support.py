@@ -12,7 +12,13 @@ from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import PolicySnapshot, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
-from rollout_recovery.rollout import AttemptRequest, SimulatedAgentBackend
+from rollout_recovery.rollout import (
+    AttemptFailure,
+    AttemptRequest,
+    AttemptResult,
+    FailureReason,
+    SimulatedAgentBackend,
+)
 from rollout_recovery.rollout._faults import FaultSettings
 
 LATENCY_S = 0.001
@@ -97,3 +103,11 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
             await main()
 
     asyncio.run(guarded())
+
+
+def failure_of(outcome: AttemptResult | AttemptFailure, reason: FailureReason) -> AttemptFailure:
+    """``outcome`` as the failure value a backend returns, with ``reason`` (a raised
+    failure fails the test before this is reached)."""
+    assert isinstance(outcome, AttemptFailure), f"expected a {reason} failure, got {outcome}"
+    assert outcome.reason is reason, outcome
+    return outcome

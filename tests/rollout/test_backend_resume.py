@@ -4,10 +4,9 @@ continued by the next attempt of its sibling, which generates only the calls aft
 from __future__ import annotations
 
 import httpx
-import pytest
 from http_support import TASKS as HTTP_TASKS
 from http_support import make_rig as make_http_rig
-from rollout_support import TASKS, make_rig, run, snapshot
+from rollout_support import TASKS, failure_of, make_rig, run, snapshot
 
 from rollout_recovery.capture import (
     CaptureWriter,
@@ -16,10 +15,10 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane
-from rollout_recovery.errors import GenerationError
 from rollout_recovery.rollout import (
     AttemptRequest,
     BackendResume,
+    FailureReason,
     HttpGenerationBackend,
     SimulatedAgentBackend,
 )
@@ -56,8 +55,7 @@ def test_the_simulated_backend_continues_an_attempt_that_failed_mid_episode() ->
         rig = make_rig(FaultSettings(attempt_failure_rate=1.0))
         backend = rig.backend
         first = rig.request(3)
-        with pytest.raises(GenerationError, match="attempt_failed"):
-            await backend.run_attempt(first, rig.writer)
+        failure_of(await backend.run_attempt(first, rig.writer), FailureReason.ATTEMPT_FAILED)
         prefix = prefix_of(rig.data_plane, first.rollout_id)
         assert len(prefix.calls) == 1  # it failed at its second call
 
@@ -93,15 +91,14 @@ def test_the_simulated_backend_with_many_thinking_calls_resumes_where_it_crashed
             thinking_calls=3,
         )
         first = rig.request(5)
-        with pytest.raises(GenerationError, match="worker_crashed"):
-            await backend.run_attempt(first, rig.writer)
+        failure_of(await backend.run_attempt(first, rig.writer), FailureReason.WORKER_CRASHED)
         # The crash came at its second call; the next attempt crashes its worker at its own
         # second call too, having staged two calls, and the third finishes the episode.
         second = retry_of(first, "b2")
-        with pytest.raises(GenerationError, match="worker_crashed"):
-            await backend.resume_attempt(
-                second, rig.writer, prefix_of(rig.data_plane, first.rollout_id)
-            )
+        lost = await backend.resume_attempt(
+            second, rig.writer, prefix_of(rig.data_plane, first.rollout_id)
+        )
+        failure_of(lost, FailureReason.WORKER_CRASHED)
         prefix = prefix_of(rig.data_plane, second.rollout_id)
         assert len(prefix.calls) == 2
         backend.set_faults(FaultSettings())
@@ -125,8 +122,8 @@ def test_the_http_backend_continues_and_sends_only_the_calls_after_the_prefix() 
 
         server.hook = fail_second
         first = rig.request(2)
-        with pytest.raises(GenerationError, match="server_unavailable"):
-            await rig.backend.run_attempt(first, rig.writer)
+        outcome = await rig.backend.run_attempt(first, rig.writer)
+        failure_of(outcome, FailureReason.SERVER_UNAVAILABLE)
         prefix = prefix_of(rig.data_plane, first.rollout_id)
         assert len(prefix.calls) == 1
 

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_support import TASKS, run, snapshot
@@ -23,9 +22,11 @@ from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy import PolicySnapshot
 from rollout_recovery.policy._tasks import ANSWER, THINK
 from rollout_recovery.rollout import (
+    AttemptFailure,
     AttemptRequest,
     AttemptResult,
     Completion,
+    FailureReason,
     Sampling,
     run_episode,
 )
@@ -144,8 +145,10 @@ def test_a_lost_attempt_is_continued_from_its_last_staged_call(
         first = request(idx, "1")
         lost = PolicyClient(weights, seed=seed, fail_at=staged_calls)
         if staged_calls <= thinking:
-            with pytest.raises(GenerationError):
-                await episode(store, first, lost, task)
+            failed = await episode(store, first, lost, task)
+            assert isinstance(failed, AttemptFailure)
+            assert failed.reason is FailureReason.WORKER_CRASHED, failed
+            assert failed.rollout_id == first.rollout_id and "lost at" in failed.detail
         else:  # every call staged, the attempt lost before it returned its receipt
             await episode(store, first, lost, task)
         prefix = prefix_of(store, first.rollout_id)
@@ -183,8 +186,8 @@ def test_a_prefix_of_another_sibling_is_not_used_and_the_result_says_so() -> Non
         store, weights = MemoryDataPlane(), snapshot()
         task = DigitTask(TASKS, thinking_calls=2)
         other = request(3, "1", index=1)
-        with pytest.raises(GenerationError):
-            await episode(store, other, PolicyClient(weights, seed=0, fail_at=2), task)
+        failed = await episode(store, other, PolicyClient(weights, seed=0, fail_at=2), task)
+        assert isinstance(failed, AttemptFailure)
         client = PolicyClient(weights, seed=1)
         result = await episode(
             store, request(3, "2"), client, task, prefix_of(store, other.rollout_id)

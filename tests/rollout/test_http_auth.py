@@ -14,9 +14,14 @@ from rollout_support import snapshot
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import GenerationError, InvalidArgumentError
+from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
-from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
+from rollout_recovery.rollout import (
+    AttemptFailure,
+    AttemptRequest,
+    FailureReason,
+    HttpGenerationBackend,
+)
 from rollout_recovery.rollout._http_backend import HttpBackendSettings, classify_status
 from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
 from rollout_recovery.rollout._server_url import server_url_problem
@@ -173,10 +178,10 @@ def test_a_backend_with_another_key_never_gets_a_keyed_server_into_rotation() ->
     async def scenario(server: PolicyServer) -> None:
         backend = _backend(server.url, "not-the-key", EventLog(), no_server_wait_s=1.0)
         try:
-            with pytest.raises(GenerationError) as caught:
-                await backend.run_attempt(_request(0), CaptureWriter(MemoryDataPlane()))
-            assert caught.value.reason == "no_live_server"
-            assert "not-the-key" not in str(caught.value)
+            failure = await backend.run_attempt(_request(0), CaptureWriter(MemoryDataPlane()))
+            assert isinstance(failure, AttemptFailure)
+            assert failure.reason is FailureReason.NO_LIVE_SERVER
+            assert "not-the-key" not in str(failure)
         finally:
             await backend.aclose()
 

@@ -17,13 +17,13 @@ from http_support import (
     make_rig,
 )
 from loopback_support import LoopbackServer
+from rollout_support import failure_of
 
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
 from rollout_recovery.capture._verify import fetch_and_verify
-from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, ANSWER_TOKENS, VOCAB_SIZE
-from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.rollout import AttemptFailure, AttemptResult, FailureReason
 from rollout_recovery.rollout._wire import CallSpec
 
 # How long a test waits for what it expects: generous, for a loaded 2-core machine.
@@ -34,7 +34,7 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
-async def _attempt(rig: HttpRig, idx: int = 0, **kwargs: Any) -> AttemptResult:
+async def _attempt(rig: HttpRig, idx: int = 0, **kwargs: Any) -> AttemptResult | AttemptFailure:
     try:
         return await rig.backend.run_attempt(rig.request(idx, **kwargs), rig.writer)
     finally:
@@ -177,10 +177,8 @@ def test_an_exhausted_redispatch_budget_fails_the_attempt_with_nothing_staged() 
     rig = make_rig(2, budget=2, dead_after=100)
     for server in rig.fleet.servers.values():
         server.hook = _failing_with(httpx.Response(502, text="bad gateway"))
-    with pytest.raises(GenerationError) as caught:
-        run(_attempt(rig))
-    assert caught.value.reason == "server_unavailable"
-    assert "2 redispatches" in str(caught.value)
+    failure = failure_of(run(_attempt(rig)), FailureReason.SERVER_UNAVAILABLE)
+    assert "2 redispatches" in failure.detail
     assert rig.data_plane.keys(CaptureWriter.staging_partition) == []
     assert rig.backend.redispatches == 2
 
@@ -194,11 +192,10 @@ def test_a_fleet_that_stays_down_fails_attempts_instead_of_waiting_forever() -> 
         server.alive = False
     loop = VirtualClockLoop(autojump=True)
     try:
-        with pytest.raises(GenerationError) as caught:
-            loop.run_until_complete(_attempt(rig))
+        outcome = loop.run_until_complete(_attempt(rig))
     finally:
         loop.close()
-    assert caught.value.reason == "no_live_server"
+    failure_of(outcome, FailureReason.NO_LIVE_SERVER)
     assert loop.time() == pytest.approx(wait_s, abs=0.5)  # aclose after it takes no time
 
 

@@ -8,14 +8,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rollout_support import TASKS, Rig, make_rig, run, snapshot
+from rollout_support import TASKS, Rig, failure_of, make_rig, run, snapshot
 
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
 from rollout_recovery.capture._verify import fetch_and_verify
-from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks
-from rollout_recovery.rollout import AttemptResult, GenerationBackend, SimulatedAgentBackend
+from rollout_recovery.rollout import (
+    AttemptResult,
+    FailureReason,
+    GenerationBackend,
+    SimulatedAgentBackend,
+)
 from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON, FaultSettings
 
 
@@ -104,9 +108,9 @@ def test_attempt_failure_raises_after_the_first_call() -> None:
     async def main() -> None:
         rig = make_rig(FaultSettings(attempt_failure_rate=1.0))
         request = rig.request()
-        with pytest.raises(GenerationError) as caught:
-            await rig.backend.run_attempt(request, rig.writer)
-        assert caught.value.reason == "attempt_failed"
+        outcome = await rig.backend.run_attempt(request, rig.writer)
+        failure = failure_of(outcome, FailureReason.ATTEMPT_FAILED)
+        assert failure.worker is not None and failure.rollout_id == request.rollout_id
         # The first call's row is left behind, referenced by no receipt.
         assert len(rig.staged_keys(request.rollout_id)) == 1
         assert rig.backend.fault_counts["attempt_failed"] == 1

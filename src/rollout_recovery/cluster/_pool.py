@@ -7,9 +7,9 @@ results, the controller's attempt deadline and pings with their own timeout:
 - an attempt whose actor died (``RayActorError``: ``ray.kill``, a SIGKILLed process, a
   lost node), whose deadline passed (the controller cancels it), or whose actor misses a
   ping gets its actor *declared dead*: killed (``no_restart``), its writer id fenced on
-  every data shard, every attempt in flight on it failed with
-  ``GenerationError("actor_died")`` (the controller abandons them and redispatches the
-  siblings, under its round budget, with new rollout ids), and a replacement started;
+  every data shard, every attempt in flight on it ended as an ``AttemptFailure``
+  (``actor_died``: the controller abandons them and redispatches the siblings, under its
+  round budget, with new rollout ids), and a replacement started;
 - an actor takes work only while it holds the current weight version (pushed once per
   version through the object store);
 - when no live actor is left and no replacement starts (``actor_start_timeout_s``, or the
@@ -38,7 +38,7 @@ from .._workers import Worker, WorkerHealth, WorkerPool
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
 from ..policy import PolicySnapshot
-from ..rollout import AttemptRequest, AttemptResult
+from ..rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 from ._sharded_plane import RayShardedDataPlane
 from ._worker import GenerationWorker, Params, WorkerSpec, snapshot_params
 
@@ -263,34 +263,33 @@ class RayGenerationBackend(AsyncResource):
         actor.stats.attempts += 1
         return actor
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter
+    ) -> AttemptResult | AttemptFailure:
         return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult:
+    ) -> AttemptResult | AttemptFailure:
         """``BackendResume``: the actor continues ``prefix`` (read by the driver from the
         shards; the dead actor that staged it is fenced, its rows are not); None: start."""
         await self.start()
-        actor = await self._acquire()
+        try:
+            actor = await self._acquire()
+        except GenerationError as error:  # no actor with the current weights; closed
+            return AttemptFailure.from_error(request, error)
         ref = actor.handle.run_attempt.remote(request, prefix)
         try:
-            result: AttemptResult = await ref
-            return result
-        except RayTaskError as error:
-            # The actor lives; the attempt itself failed (the simulated environment's
-            # faults, a shard that did not come back).
-            actor.stats.failures += 1
-            cause = error.cause
-            if isinstance(cause, GenerationError):
-                raise GenerationError(cause.reason, str(cause), worker=actor.name) from None
-            raise GenerationError(
-                "attempt_failed", f"{type(cause).__name__}: {cause}", worker=actor.name
-            ) from None
+            outcome = _across_the_boundary(request, actor.name, await _settled(ref))
         except RayActorError as error:
-            actor.stats.failures += 1
+            outcome = AttemptFailure(
+                rollout_id=request.rollout_id,
+                generation_index=request.generation_index,
+                reason=FailureReason.ACTOR_DIED,
+                detail=str(error)[:300],
+                worker=actor.name,
+            )
             await self._declare_dead(actor, "actor_died")
-            raise GenerationError("actor_died", str(error)[:300], worker=actor.name) from None
         except asyncio.CancelledError:
             # The controller's deadline: an actor that does not answer in time is
             # declared dead with everything it runs.
@@ -299,6 +298,9 @@ class RayGenerationBackend(AsyncResource):
             raise
         finally:
             self._actors.release(actor)  # a slot is free: wakes an attempt waiting for one
+        if isinstance(outcome, AttemptFailure):
+            actor.stats.failures += 1
+        return outcome
 
     # -- deaths and replacements -----------------------------------------------------------
 
@@ -362,3 +364,41 @@ class RayGenerationBackend(AsyncResource):
         )
         for index in revived:
             self._event("shard_restarted", shard=index)
+
+
+async def _settled(ref: Any) -> AttemptResult | AttemptFailure | RayTaskError:
+    """What the actor's attempt came back as: its outcome, or the exception it raised
+    (``RayTaskError``; a dead actor's ``RayActorError`` propagates)."""
+    try:
+        outcome: AttemptResult | AttemptFailure = await ref
+    except RayTaskError as error:
+        return error
+    return outcome
+
+
+def _across_the_boundary(
+    request: AttemptRequest, actor: str, settled: AttemptResult | AttemptFailure | RayTaskError
+) -> AttemptResult | AttemptFailure:
+    """The one conversion of what crosses the process boundary into the driver's outcome.
+
+    A returned failure is stamped with the actor that ran it. An exception raised inside a
+    live actor is an ``ATTEMPT_FAILED`` failure, not a stopped run: from the driver a bug
+    in the actor cannot be told apart from a data shard that did not answer, and the
+    sibling is retried within its round budget (the detail keeps the exception's type and
+    message, and the auditor counts them). A raised ``GenerationError`` keeps its reason.
+    """
+    if isinstance(settled, AttemptResult):
+        return settled
+    if isinstance(settled, AttemptFailure):
+        return dataclasses.replace(settled, worker=settled.worker or actor)
+    cause = settled.cause
+    if isinstance(cause, GenerationError):
+        failure = AttemptFailure.from_error(request, cause)
+        return dataclasses.replace(failure, worker=cause.worker or actor)
+    return AttemptFailure(
+        rollout_id=request.rollout_id,
+        generation_index=request.generation_index,
+        reason=FailureReason.ATTEMPT_FAILED,
+        detail=f"{type(cause).__name__}: {cause}"[:300],
+        worker=actor,
+    )

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from ..capture import CaptureWriter, StagedPrefix
 from ..policy import PolicySnapshot, TaskConfig, TaskSet
 from ..rollout import (
+    AttemptFailure,
     AttemptRequest,
     AttemptResult,
     FaultsConfig,
@@ -111,7 +112,7 @@ class GenerationWorker:
 
     async def run_attempt(
         self, request: AttemptRequest, prefix: StagedPrefix | None = None
-    ) -> AttemptResult:
+    ) -> AttemptResult | AttemptFailure:
         """One attempt; with ``prefix``, continuing an earlier attempt's staged calls."""
         if prefix is None:
             return await self._backend.run_attempt(request, self._capture)

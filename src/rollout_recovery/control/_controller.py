@@ -16,12 +16,14 @@ It follows the walk of one prompt (docs/ARCHITECTURE.md, "control"):
 7. every K steps a checkpoint captures ledger, replay index, controller state and policy in
    one exclusive cut and writes them after releasing it (see ``_checkpointing.py``).
 
-Any error that is not a retryable generation failure stops the run: the next start
-resumes from the newest committed checkpoint. A drain (:meth:`Controller.request_drain`:
-SIGTERM, Ctrl-C, a drain file) stops it on purpose: no new reservations, admissions or
-rounds; attempts already dispatched get ``[job] drain_grace_s`` to finish and seal (those
-queued behind the in-flight limit do not start), the rest are abandoned with reason
-``drain``; ``run`` then returns and the caller takes the checkpoint.
+A backend returns an attempt's failure as a value (``AttemptFailure``); anything it or
+the trainer raises stops the run, and so does a failure that is not retryable (a closed
+backend): the next start resumes from the newest committed checkpoint. A drain
+(:meth:`Controller.request_drain`: SIGTERM, Ctrl-C, a drain file) stops it on purpose:
+no new reservations, admissions or rounds; attempts already dispatched get
+``[job] drain_grace_s`` to finish and seal (those queued behind the in-flight limit do
+not start), the rest are abandoned with reason ``drain``; ``run`` then returns and the
+caller takes the checkpoint.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ..dataplane import (
     ReplayIndex,
 )
 from ..errors import (
-    GenerationError,
+    ClosedResourceError,
     InvalidArgumentError,
     LivenessError,
     NoValidRowsError,
@@ -84,6 +86,7 @@ from ..ledger import (
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
 from ..rollout import (
+    AttemptFailure,
     AttemptRequest,
     AttemptResult,
     BackendResume,
@@ -92,7 +95,6 @@ from ..rollout import (
     FailureReason,
     GenerationBackend,
 )
-from ._attempt_failure import AttemptFailure
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
 from ._replay import admission_id_of
@@ -486,6 +488,15 @@ class Controller(Generic[Weights]):
         failures = await self._generate(record, pending)
         if failures:
             await self._abandon(group_id, failures)
+            final = [f for f in failures if not f.reason.is_retryable()]
+            if final and self._drain is None:
+                # A closed backend generates nothing more: spending the group's rounds on
+                # it would drop prompts a rerun can still generate, so the run stops.
+                raise ClosedResourceError(
+                    f"group {group_id}: attempt {final[0].rollout_id} failed with "
+                    f"{final[0].reason} ({final[0].detail}); the generation backend was "
+                    "closed under a running job"
+                )
             await asyncio.sleep(retry.backoff_s)
         return True
 
@@ -569,23 +580,23 @@ class Controller(Generic[Weights]):
                 )
             self.in_flight += 1
             try:
+                # A backend returns its failures; anything it raises is a bug or bad state
+                # and stops the run (a raised GenerationError included: it is a backend
+                # that broke the protocol, not a failed attempt).
                 async with asyncio.timeout(self.config.generation.attempt_deadline_s):
                     if prefix is not None and isinstance(self.backend, BackendResume):
                         return await self.backend.resume_attempt(request, self.capture, prefix)
                     return await self.backend.run_attempt(request, self.capture)
             except TimeoutError:
-                reason, detail = FailureReason.DEADLINE_EXCEEDED, ""
-            except GenerationError as error:
-                # The one place a backend's raised failure becomes the failure value.
-                reason, detail = FailureReason(error.reason), str(error)
+                # The one failure only the controller sees.
+                return AttemptFailure(
+                    rollout_id=request.rollout_id,
+                    generation_index=request.generation_index,
+                    reason=FailureReason.DEADLINE_EXCEEDED,
+                    detail=f"no outcome within {self.config.generation.attempt_deadline_s} s",
+                )
             finally:
                 self.in_flight -= 1
-        return AttemptFailure(
-            rollout_id=request.rollout_id,
-            generation_index=request.generation_index,
-            reason=reason,
-            detail=detail,
-        )
 
     async def _seal_sibling(self, group_id: str, index: int, result: AttemptResult) -> None:
         async with self.barrier.mutation("sibling_seals") as cut:

@@ -28,8 +28,8 @@ from transformers import PreTrainedModel
 
 from .._lifecycle import AsyncResource
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import GenerationError, InvalidArgumentError
-from ..rollout import AttemptRequest, AttemptResult, Sampling, run_episode
+from ..errors import InvalidArgumentError
+from ..rollout import AttemptFailure, AttemptRequest, AttemptResult, Sampling, run_episode
 from ..rollout import Completion as CallCompletion
 from ._emit_task import EmitTokenEpisodes, EmitTokenTask
 from ._generate import Completion, generate, seed_for
@@ -121,16 +121,18 @@ class TransformersBackend(AsyncResource):
         )
         return current.version, completion
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter
+    ) -> AttemptResult | AttemptFailure:
         """One model call: sample, stage, reward, receipt."""
         return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult:
+    ) -> AttemptResult | AttemptFailure:
         """Continue an earlier attempt's staged call (``BackendResume``); None: start."""
         if self._closed:
-            raise GenerationError("backend_closed", "the transformers backend is closed")
+            return AttemptFailure.closed(request, "transformers")
         return await run_episode(
             request,
             capture,

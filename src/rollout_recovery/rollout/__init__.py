@@ -23,6 +23,7 @@ from ._episode import Completion, Sampling, Turn, run_episode
 from ._http_backend import HttpGenerationBackend
 from ._outcomes import FailureReason
 from ._protocol import (
+    AttemptFailure,
     AttemptRequest,
     AttemptResult,
     BackendResume,
@@ -34,6 +35,7 @@ from ._simulated import SimulatedAgentBackend
 from ._weight_sync import WeightSync
 
 __all__ = [
+    "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
     "BackendResume",

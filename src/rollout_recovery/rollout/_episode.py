@@ -18,8 +18,10 @@ A client signals a call that produced nothing usable (a refused request, a reply
 fails its checks, a capture that did not commit) by raising :class:`CallFailed`: the
 attempt then ends as a *sealed failed attempt*, its receipt poisoned with the reason, so
 the sibling trains as a masked placeholder that says why. Infrastructure failures (a dead
-server, a crashed worker) raise :class:`~rollout_recovery.errors.GenerationError` and end
-the attempt unsealed; the controller retries the sibling.
+server, a crashed worker) raise :class:`~rollout_recovery.errors.GenerationError` out of the
+client; the episode returns them as an :class:`~rollout_recovery.rollout.AttemptFailure`
+(unsealed, the calls staged so far kept for the next attempt to continue) and the
+controller retries the sibling.
 
 Resume. Given a :class:`~rollout_recovery.capture.StagedPrefix` (the staged calls of an
 earlier attempt of the same sibling, already verified against the store), the episode is
@@ -40,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import InvalidArgumentError
+from ..errors import GenerationError, InvalidArgumentError
 from ..rewards import RewardChecks
-from ._protocol import AttemptRequest, AttemptResult
+from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
 
 __all__ = [
     "CallFailed",
@@ -212,7 +214,7 @@ async def run_episode(
     client: ModelClient,
     prefix: StagedPrefix | None = None,
     stage_in_thread: bool = False,
-) -> AttemptResult:
+) -> AttemptResult | AttemptFailure:
     """Run one attempt of ``task`` against ``client`` (see the module docstring).
 
     ``prefix`` continues an earlier attempt's staged calls; ``stage_in_thread`` stages
@@ -266,6 +268,8 @@ async def run_episode(
     except CallFailed as failed:
         receipt = attempt.failed_receipt(call_id, failed.receipt_reason)
         return _failed_attempt(rollout_id, receipt, len(inherited.calls), refused)
+    except GenerationError as error:
+        return AttemptFailure.from_error(request, error)
     reward, checks = episode.grade()
     receipt = attempt.receipt(reward=reward)
     return AttemptResult(

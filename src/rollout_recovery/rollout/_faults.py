@@ -8,11 +8,12 @@ latencies or the sampled tokens). When several are drawn, the first in this list
 among the ones that exclude each other:
 
 - ``worker_crash``: at its second call the attempt crashes its worker. Every attempt in
-  flight on that worker, itself included, raises ``GenerationError("worker_crashed")`` at
-  once; the worker is down for ``worker_restart_s``.
-- ``attempt_failed``: at its second call the attempt raises
-  ``GenerationError("attempt_failed")``, leaving its first call staged and referenced by
-  no receipt (the next attempt of the sibling may continue it).
+  flight on that worker, itself included, fails at once (its client raises
+  ``GenerationError("worker_crashed")``, which the episode returns as the attempt's
+  ``AttemptFailure``); the worker is down for ``worker_restart_s``.
+- ``attempt_failed``: at its second call the attempt fails with ``attempt_failed``,
+  leaving its first call staged and referenced by no receipt (the next attempt of the
+  sibling may continue it).
 - ``hang``: at its second call the attempt waits forever (only its worker's crash or the
   controller's cancellation ends it).
 - ``capture_failure``: the second call's reply is not captured: the attempt ends sealed as

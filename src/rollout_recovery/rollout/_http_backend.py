@@ -20,9 +20,10 @@ Failures are classified:
   reported to the pool and the call is redispatched to another server after a backoff, up
   to ``call_redispatch_budget`` times; nothing of the call was acknowledged (a call is
   acknowledged only by its staged record), so resending it cannot double anything. When
-  the budget is spent the attempt raises ``GenerationError`` and the controller abandons
-  it and retries the sibling under its own round budget. 401, 403 and 421 are infra too:
-  a server that refuses this client (its key, its host name) refuses every call alike.
+  the budget is spent the attempt ends as an ``AttemptFailure`` (``server_unavailable``)
+  and the controller abandons it and retries the sibling under its own round budget.
+  401, 403 and 421 are infra too: a server that refuses this client (its key, its host
+  name) refuses every call alike.
 - *data*: the attempt ends as a *sealed failed attempt*: its receipt is poisoned with
   ``data_error:<reason>``, so the sibling trains as a masked placeholder that says why.
   Resending would not help: the same request gets the same refusal. Two kinds:
@@ -58,7 +59,7 @@ from ..policy import TaskConfig, TaskSet
 from ._config import GenerationConfig, HttpConfig
 from ._digit_task import DigitTask
 from ._episode import Completion, EpisodeTask, Sampling, run_episode
-from ._protocol import AttemptRequest, AttemptResult
+from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
 from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
 from ._server_url import bearer_headers
 from ._weight_sync import WEIGHT_SYNCS, WeightSync
@@ -379,13 +380,19 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         if self._own_client:
             await self._client.aclose()
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter
+    ) -> AttemptResult | AttemptFailure:
         return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult:
-        """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
+    ) -> AttemptResult | AttemptFailure:
+        """Continue an earlier attempt's staged calls (``BackendResume``); None: start.
+
+        Every server of a call failing, no live server, a closed backend: an
+        ``AttemptFailure``, converted by the episode from the pool's ``GenerationError``.
+        """
         return await run_episode(
             request,
             capture,

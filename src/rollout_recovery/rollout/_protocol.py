@@ -1,10 +1,17 @@
-"""The generation seam: a backend runs one attempt of one sibling and returns its receipt.
+"""The generation seam: a backend runs one attempt of one sibling and returns its outcome.
 
 A backend stages every model call through the ``CaptureWriter`` it is given *before* the
-episode goes on, then returns the assembled receipt. It raises
-:class:`~rollout_recovery.errors.GenerationError` for a failed attempt (the controller
-abandons it and retries within budget); the controller also cancels an attempt at its
-deadline, so a backend needs no timeout of its own.
+episode goes on, then returns either the assembled receipt (:class:`AttemptResult`) or,
+for an expected failure (a crashed worker, no live server, a dead actor, the episode's own
+error), an :class:`AttemptFailure` with its :class:`FailureReason`: the controller
+abandons it and retries within budget. A backend raises only for a bug or bad state, and
+that stops the run. The controller also cancels an attempt at its deadline, so a backend
+needs no timeout of its own.
+
+Deep inside an attempt (a model client several frames down) raising is the natural way
+out, so there a failure is a :class:`~rollout_recovery.errors.GenerationError`, and
+:meth:`AttemptFailure.from_error` is the one conversion into the value, at the backend's
+boundary (:func:`~rollout_recovery.rollout.run_episode` does it for every client).
 """
 
 from __future__ import annotations
@@ -14,9 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..capture import CaptureWriter, StagedPrefix
+from ..errors import GenerationError, InvalidArgumentError
 from ..rewards import RewardChecks
+from ._outcomes import FailureReason
 
 __all__ = [
+    "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
     "BackendResume",
@@ -66,6 +76,54 @@ class AttemptResult:
     resume_refused: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailure:
+    """An attempt that ended without a seal: which one, why, where, and what was seen.
+
+    ``worker`` names the server, worker or actor when the backend knows it.
+    """
+
+    rollout_id: str
+    generation_index: int
+    reason: FailureReason
+    detail: str = ""
+    worker: str | None = None
+
+    @classmethod
+    def from_error(cls, request: AttemptRequest, error: GenerationError) -> AttemptFailure:
+        """The failure value of ``error``, raised inside ``request``'s attempt.
+
+        An unknown reason is a bug in whoever raised it (the auditor and the trail know
+        only :class:`FailureReason`), refused with the reason and the valid ones named.
+        """
+        try:
+            reason = FailureReason(error.reason)
+        except ValueError:
+            valid = ", ".join(sorted(FailureReason))
+            raise InvalidArgumentError(
+                f"GenerationError reason {error.reason!r} of attempt {request.rollout_id} "
+                f"is not a FailureReason (one of: {valid})",
+                path="$.reason",
+            ) from error
+        return cls(
+            rollout_id=request.rollout_id,
+            generation_index=request.generation_index,
+            reason=reason,
+            detail=str(error),
+            worker=error.worker,
+        )
+
+    @classmethod
+    def closed(cls, request: AttemptRequest, backend: str) -> AttemptFailure:
+        """The failure of an attempt handed to a closed backend."""
+        return cls(
+            rollout_id=request.rollout_id,
+            generation_index=request.generation_index,
+            reason=FailureReason.BACKEND_CLOSED,
+            detail=f"the {backend} backend is closed",
+        )
+
+
 class GenerationBackend(Protocol[Weights_contra]):
     """Runs attempts; the controller owns retries, deadlines and the ledger.
 
@@ -77,7 +135,7 @@ class GenerationBackend(Protocol[Weights_contra]):
 
     async def run_attempt(
         self, request: AttemptRequest, capture: CaptureWriter
-    ) -> AttemptResult: ...
+    ) -> AttemptResult | AttemptFailure: ...
 
     async def aclose(self) -> None: ...
 
@@ -128,4 +186,4 @@ class BackendResume(Protocol):
 
     async def resume_attempt(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
-    ) -> AttemptResult: ...
+    ) -> AttemptResult | AttemptFailure: ...

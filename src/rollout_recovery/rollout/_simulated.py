@@ -42,7 +42,7 @@ from ._config import FaultsConfig, GenerationConfig
 from ._digit_task import DigitTask
 from ._episode import Completion, Sampling, run_episode
 from ._faults import FAULT_NAMES, FaultInjectingClient, FaultSettings, draw_faults
-from ._protocol import AttemptRequest, AttemptResult
+from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
 
 __all__ = ["SimulatedAgentBackend"]
 
@@ -289,21 +289,26 @@ class SimulatedAgentBackend(AsyncResource):
 
     # -- one attempt ----------------------------------------------------------------------
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter
+    ) -> AttemptResult | AttemptFailure:
         """Run one episode on a worker; see ``_faults.py`` for the faults."""
         return await self.resume_attempt(request, capture, None)
 
     async def resume_attempt(
         self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult:
+    ) -> AttemptResult | AttemptFailure:
         """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
         if self._workers.closed:
-            raise _closed_error()
+            return AttemptFailure.closed(request, "simulated")
         rng = np.random.default_rng(_attempt_seed(self._seed, request.rollout_id))
         faults = draw_faults(rng, self._faults)
         if "straggler" in faults:
             self._fault_counts["straggler"] += 1
-        worker = await self._acquire_worker()
+        try:
+            worker = await self._acquire_worker()
+        except GenerationError as error:  # closed while this attempt waited for a worker
+            return AttemptFailure.from_error(request, error)
         session = _WorkerSession(self, worker, rng)
         client = FaultInjectingClient(
             session,
@@ -312,7 +317,7 @@ class SimulatedAgentBackend(AsyncResource):
             counts=self._fault_counts,
         )
         try:
-            result = await run_episode(
+            outcome = await run_episode(
                 request,
                 capture,
                 task=self._task,
@@ -320,11 +325,15 @@ class SimulatedAgentBackend(AsyncResource):
                 prefix=prefix,
                 stage_in_thread=self._stage_in_thread,
             )
-            await session.pause(0.0)  # crashed by another attempt while the last call staged
-            client.after_episode(result, capture, self._data_plane)
+            if isinstance(outcome, AttemptResult):
+                # Crashed by another attempt while the last call staged: lost with it.
+                await session.pause(0.0)
+                client.after_episode(outcome, capture, self._data_plane)
+        except GenerationError as error:
+            outcome = AttemptFailure.from_error(request, error)
         finally:
             self._workers.release(worker)
-        return result
+        return outcome
 
     async def aclose(self) -> None:
         """Stop: cancel pending worker restarts and wake attempts waiting for a worker."""
