@@ -1,0 +1,131 @@
+"""What crosses the Ray process boundary becomes the driver's outcome in one place, and the
+pool returns its own failures as values (no Ray cluster is started here).
+
+Before issue 16's item 5 the pool raised ``GenerationError("no_live_actor")``, a reason the
+controller could not turn into a ``FailureReason``: the run stopped with a ``ValueError``
+instead of retrying the sibling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray")  # the [ray] extra: the module imports it; no cluster is started
+
+from ray.exceptions import RayTaskError
+
+from rollout_recovery._clock import VirtualClockLoop
+from rollout_recovery._workers import WorkerHealth
+from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.cluster._pool import (
+    ActorPoolSettings,
+    ActorStats,
+    RayGenerationBackend,
+    _across_the_boundary,
+    _Actor,
+)
+from rollout_recovery.dataplane import MemoryDataPlane
+from rollout_recovery.errors import GenerationError
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
+from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
+
+WAIT_S = 30.0
+
+REQUEST = AttemptRequest(
+    group_id="g0", generation_index=1, rollout_id="g0_g1_a0", prompt={}, weight_version=0
+)
+
+
+def test_no_actor_with_the_current_weights_is_a_no_live_actor_failure() -> None:
+    weights = NumpyGRPOTrainer(seed=0).weights()
+    backend = RayGenerationBackend(
+        spec=None,  # type: ignore[arg-type]  # no actor is ever created here
+        plane=None,  # type: ignore[arg-type]
+        initial_weights=weights,
+        settings=ActorPoolSettings(per_actor_concurrency=1, no_actor_wait_s=WAIT_S),
+    )
+    backend._started = True  # the one actor below is the whole pool
+
+    async def main() -> tuple[AttemptResult | AttemptFailure, float]:
+        backend._actors.add(
+            _Actor(
+                name="a0",
+                capacity=1,
+                handle=None,
+                stats=ActorStats(),
+                version=0,
+                health=WorkerHealth.HEALTHY,
+            )
+        )
+        # New weights whose push never lands: the only actor keeps version 0.
+        backend.update_weights(1, PolicySnapshot(1, dict(weights.params)))
+        started = asyncio.get_running_loop().time()
+        outcome = await backend.run_attempt(REQUEST, CaptureWriter(MemoryDataPlane()))
+        return outcome, asyncio.get_running_loop().time() - started
+
+    loop = VirtualClockLoop(autojump=True)
+    try:
+        outcome, waited = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert isinstance(outcome, AttemptFailure), outcome
+    assert outcome.reason is FailureReason.NO_LIVE_ACTOR
+    assert outcome.reason.is_infra() and outcome.reason.is_retryable()
+    assert (outcome.rollout_id, outcome.generation_index) == ("g0_g1_a0", 1)
+    assert waited == pytest.approx(WAIT_S, abs=0.5)
+
+
+def _result() -> AttemptResult:
+    return AttemptResult(
+        rollout_id=REQUEST.rollout_id,
+        receipt={},
+        reward=1.0,
+        mask_sample=False,
+        reward_checks=None,
+        generated_tokens=3,
+    )
+
+
+def _raised_in_actor(cause: BaseException) -> RayTaskError:
+    return RayTaskError("GenerationWorker.run_attempt", "Traceback: ...", cause)
+
+
+def test_a_result_crosses_unchanged() -> None:
+    result = _result()
+    assert _across_the_boundary(REQUEST, "actor-7", result) is result
+
+
+def test_a_returned_failure_is_stamped_with_its_actor_unless_it_names_a_worker() -> None:
+    failure = AttemptFailure(
+        rollout_id=REQUEST.rollout_id,
+        generation_index=1,
+        reason=FailureReason.WORKER_CRASHED,
+        detail="crashed",
+    )
+    stamped = _across_the_boundary(REQUEST, "actor-7", failure)
+    assert isinstance(stamped, AttemptFailure) and stamped.worker == "actor-7"
+    assert stamped.reason is FailureReason.WORKER_CRASHED and stamped.detail == "crashed"
+    named = _across_the_boundary(
+        REQUEST, "actor-7", AttemptFailure(**{**_fields(failure), "worker": "sim-worker-2"})
+    )
+    assert isinstance(named, AttemptFailure) and named.worker == "sim-worker-2"
+
+
+def _fields(failure: AttemptFailure) -> dict[str, object]:
+    return {name: getattr(failure, name) for name in AttemptFailure.__slots__}
+
+
+def test_a_generation_error_raised_in_the_actor_keeps_its_reason() -> None:
+    error = _raised_in_actor(GenerationError("worker_crashed", "lost"))
+    outcome = _across_the_boundary(REQUEST, "actor-7", error)
+    assert isinstance(outcome, AttemptFailure)
+    assert outcome.reason is FailureReason.WORKER_CRASHED and outcome.worker == "actor-7"
+
+
+def test_any_other_exception_in_a_live_actor_fails_the_attempt_and_says_what_it_was() -> None:
+    outcome = _across_the_boundary(REQUEST, "actor-7", _raised_in_actor(KeyError("shard-3")))
+    assert isinstance(outcome, AttemptFailure)
+    assert outcome.reason is FailureReason.ATTEMPT_FAILED and outcome.worker == "actor-7"
+    assert outcome.detail.startswith("KeyError") and "shard-3" in outcome.detail
