@@ -316,3 +316,56 @@ class Fine(Resource):
         "x.py: Loose defines close() but is no Resource",
         "x.py: Looser defines aclose() but is no AsyncResource",
     ]
+
+
+# -- outcomes once: a backend returns its failures ------------------------------------------
+
+ATTEMPT_METHODS = {"run_attempt", "resume_attempt"}
+
+
+def outcome_violations(classes: list[tuple[Path, ast.ClassDef]]) -> list[str]:
+    """Every attempt method that cannot return an ``AttemptFailure``, as
+    ``file: Class.method returns ...``."""
+    violations = []
+    for module, node in classes:
+        for item in node.body:
+            if not isinstance(item, ast.AsyncFunctionDef) or item.name not in ATTEMPT_METHODS:
+                continue
+            returns = ast.unparse(item.returns) if item.returns is not None else ""
+            if "AttemptFailure" not in returns:
+                violations.append(
+                    f"{module.relative_to(PACKAGE_ROOT)}: {node.name}.{item.name} returns "
+                    f"{returns or 'nothing annotated'}, not AttemptResult | AttemptFailure"
+                )
+    return violations
+
+
+def test_every_backend_returns_its_failures() -> None:
+    """Issue 16, item 5: ``run_attempt``/``resume_attempt`` of every backend (and of the
+    protocols and the Ray worker) return ``AttemptResult | AttemptFailure``; the controller
+    catches no ``GenerationError`` (raised out of a backend, it is a bug)."""
+    assert not outcome_violations(_classes())
+    control = PACKAGE_ROOT / "control"
+    catching = [
+        f"{module.relative_to(PACKAGE_ROOT)}:{handler.lineno}"
+        for module in sorted(control.rglob("*.py"))
+        for handler in ast.walk(ast.parse(module.read_text()))
+        if isinstance(handler, ast.ExceptHandler)
+        and handler.type is not None
+        and "GenerationError" in ast.unparse(handler.type)
+    ]
+    assert not catching, catching
+
+
+def test_the_outcome_checker_sees_a_backend_that_raises() -> None:
+    source = """
+class Raising:
+    async def run_attempt(self, request, capture) -> AttemptResult: ...
+class Good:
+    async def resume_attempt(self, r, c, p) -> AttemptResult | AttemptFailure: ...
+"""
+    tree = ast.parse(source)
+    classes = [(PACKAGE_ROOT / "x.py", n) for n in tree.body if isinstance(n, ast.ClassDef)]
+    assert outcome_violations(classes) == [
+        "x.py: Raising.run_attempt returns AttemptResult, not AttemptResult | AttemptFailure"
+    ]
