@@ -44,6 +44,7 @@ from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPla
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
 from rollout_recovery.rollout import (
     AttemptRequest,
+    AttemptResult,
     GenerationBackend,
     HttpGenerationBackend,
     SimulatedAgentBackend,
@@ -107,6 +108,8 @@ async def _drive(
                 weight_version=0,
             )
             result = await backend.run_attempt(request, writer)
+            if not isinstance(result, AttemptResult):  # faults are off: nothing may fail
+                raise RuntimeError(f"attempt {request.rollout_id} failed: {result}")
             tokens += result.generated_tokens
 
     started = time.perf_counter()

@@ -42,7 +42,12 @@ from rollout_recovery.history import AuditTrail
 from rollout_recovery.history.records import Seal, SiblingSealed
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
-from rollout_recovery.rollout import AttemptRequest, GenerationConfig, SimulatedAgentBackend
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    AttemptResult,
+    GenerationConfig,
+    SimulatedAgentBackend,
+)
 from rollout_recovery.rollout._faults import FaultSettings
 from rollout_recovery.rundir import RunDirectory
 
@@ -66,7 +71,9 @@ async def _attempts(backend: Any, writer: CaptureWriter, count: int, concurrency
                 prompt=TASKS[i],
                 weight_version=0,
             )
-            await backend.run_attempt(request, writer)
+            outcome = await backend.run_attempt(request, writer)
+            if not isinstance(outcome, AttemptResult):  # a failure would inflate the rate
+                raise RuntimeError(f"attempt {request.rollout_id} failed: {outcome}")
 
     if isinstance(backend, RayGenerationBackend):
         await backend.start()  # actor start-up is not throughput
