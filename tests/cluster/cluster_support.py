@@ -10,7 +10,15 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError
 
+from rollout_recovery._workers import WorkerHealth
+from rollout_recovery.cluster._pool import (
+    ActorPoolSettings,
+    ActorStats,
+    RayGenerationBackend,
+    _Actor,
+)
 from rollout_recovery.cluster._sharded_plane import ShardDirectory
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 
 _names = itertools.count()
 
@@ -39,3 +47,30 @@ def kill_and_await_death(handle: Any) -> None:
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
             continue
     raise AssertionError("a killed actor still answered after 60 s")
+
+
+def pool_without_ray(no_actor_wait_s: float) -> tuple[RayGenerationBackend, PolicySnapshot]:
+    """A Ray actor pool that never creates an actor (no cluster is started) and its initial
+    weights: the test adds the actors it needs with :func:`add_actor`."""
+    weights = NumpyGRPOTrainer(seed=0).weights()
+    backend = RayGenerationBackend(
+        spec=None,  # type: ignore[arg-type]  # no actor is ever created here
+        plane=None,  # type: ignore[arg-type]
+        initial_weights=weights,
+        settings=ActorPoolSettings(per_actor_concurrency=1, no_actor_wait_s=no_actor_wait_s),
+    )
+    return backend, weights
+
+
+def add_actor(backend: RayGenerationBackend, name: str, *, version: int) -> _Actor:
+    """A healthy actor with one slot holding weights ``version`` (no process behind it)."""
+    return backend._actors.add(
+        _Actor(
+            name=name,
+            capacity=1,
+            handle=None,
+            stats=ActorStats(),
+            version=version,
+            health=WorkerHealth.HEALTHY,
+        )
+    )

@@ -14,21 +14,17 @@ import pytest
 
 pytest.importorskip("ray")  # the [ray] extra: the module imports it; no cluster is started
 
+from cluster_support import add_actor, pool_without_ray
 from ray.exceptions import RayTaskError
 
 from rollout_recovery._clock import VirtualClockLoop
-from rollout_recovery._workers import WorkerHealth
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.cluster._pool import (
-    ActorPoolSettings,
-    ActorStats,
-    RayGenerationBackend,
     _across_the_boundary,
-    _Actor,
 )
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
+from rollout_recovery.policy import PolicySnapshot
 from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 
 WAIT_S = 30.0
@@ -39,26 +35,11 @@ REQUEST = AttemptRequest(
 
 
 def test_no_actor_with_the_current_weights_is_a_no_live_actor_failure() -> None:
-    weights = NumpyGRPOTrainer(seed=0).weights()
-    backend = RayGenerationBackend(
-        spec=None,  # type: ignore[arg-type]  # no actor is ever created here
-        plane=None,  # type: ignore[arg-type]
-        initial_weights=weights,
-        settings=ActorPoolSettings(per_actor_concurrency=1, no_actor_wait_s=WAIT_S),
-    )
+    backend, weights = pool_without_ray(no_actor_wait_s=WAIT_S)
     backend._started = True  # the one actor below is the whole pool
 
     async def main() -> tuple[AttemptResult | AttemptFailure, float]:
-        backend._actors.add(
-            _Actor(
-                name="a0",
-                capacity=1,
-                handle=None,
-                stats=ActorStats(),
-                version=0,
-                health=WorkerHealth.HEALTHY,
-            )
-        )
+        add_actor(backend, "a0", version=0)
         # New weights whose push never lands: the only actor keeps version 0.
         backend.update_weights(1, PolicySnapshot(1, dict(weights.params)))
         started = asyncio.get_running_loop().time()

@@ -10,38 +10,18 @@ import pytest
 
 pytest.importorskip("ray")  # the [ray] extra: the module imports it; no cluster is started
 
+from cluster_support import add_actor, pool_without_ray
+
 from rollout_recovery._clock import VirtualClockLoop
-from rollout_recovery._workers import WorkerHealth
-from rollout_recovery.cluster._pool import (
-    ActorPoolSettings,
-    ActorStats,
-    RayGenerationBackend,
-    _Actor,
-)
-from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
+from rollout_recovery.policy import PolicySnapshot
 
 
 @pytest.mark.parametrize("push_lands", [True, False], ids=["pushed", "not-yet-pushed"])
 def test_a_queued_attempt_follows_the_weight_update(push_lands: bool) -> None:
-    weights = NumpyGRPOTrainer(seed=0).weights()
-    backend = RayGenerationBackend(
-        spec=None,  # type: ignore[arg-type]  # no actor is ever created here
-        plane=None,  # type: ignore[arg-type]
-        initial_weights=weights,
-        settings=ActorPoolSettings(per_actor_concurrency=1, no_actor_wait_s=30.0),
-    )
+    backend, weights = pool_without_ray(no_actor_wait_s=30.0)
 
     async def main() -> None:
-        actor = backend._actors.add(
-            _Actor(
-                name="a0",
-                capacity=1,
-                handle=None,
-                stats=ActorStats(),
-                version=0,
-                health=WorkerHealth.HEALTHY,
-            )
-        )
+        actor = add_actor(backend, "a0", version=0)
         busy = await backend._acquire()
         waiter = asyncio.create_task(backend._acquire())
         await asyncio.sleep(0)  # queued: the only actor is busy
