@@ -354,10 +354,10 @@ class GenerationError(RolloutRecoveryError, RuntimeError):
     retries the sibling. ``reason`` is then a ``FailureReason`` value (``worker_crashed``,
     ``no_live_server``, ...), recorded in the audit trail; ``worker`` names the worker
     when known. Raised *out of* a backend it breaks the backend protocol and stops the
-    run, as does a fleet that cannot start its servers (``server_start_failed``).
+    run. It also stops the run when a fleet cannot start its servers
+    (``server_start_failed``) and when the controller finds its backend closed under it
+    (``backend_closed``); a rerun resumes.
     """
-
-    retryable = True
 
     def __init__(self, reason: str, message: str, *, worker: str | None = None) -> None:
         super().__init__(f"{reason}: {message}")

@@ -8,8 +8,10 @@ replaces the outcome of chosen attempts:
 - a raised ``GenerationError`` is a backend that broke the protocol: the run stops with
   it (before item 5 the controller caught it and retried);
 - a returned failure that is not retryable (a closed backend) stops the run instead of
-  spending the group's rounds and dropping its prompt; a rerun resumes and loses nothing
-  (before, the prompt was dropped with ``retry_budget_exhausted``).
+  spending the group's rounds and dropping its prompt, and the round it cost goes back to
+  the group's budget; a rerun resumes and loses nothing, even with one round a group
+  (before, the prompt was dropped with ``retry_budget_exhausted``);
+- a ``TimeoutError`` the backend raises itself is no missed deadline: it stops the run.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from run_fixtures import read_jsonl
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane
-from rollout_recovery.errors import ClosedResourceError, GenerationError
+from rollout_recovery.errors import GenerationError
 from rollout_recovery.history import audit_run
 from rollout_recovery.job import run_job
 from rollout_recovery.job._components import JobComponents, default_components
@@ -89,8 +91,15 @@ def _components(script: Script) -> Callable[[RunConfig, DataPlane], JobComponent
     return build
 
 
-def _config(fault_config: Callable[..., RunConfig]) -> RunConfig:
-    return fault_config({}, {"job": {"steps": 4}, "checkpoint": {"every_steps": 1}})
+def _config(fault_config: Callable[..., RunConfig], max_rounds: int = 8) -> RunConfig:
+    return fault_config(
+        {},
+        {
+            "job": {"steps": 4},
+            "checkpoint": {"every_steps": 1},
+            "retry": {"max_rounds": max_rounds},
+        },
+    )
 
 
 def _abandoned(out: Path) -> list[dict[str, Any]]:
@@ -134,17 +143,30 @@ def test_a_raised_generation_error_stops_the_run(
         run_job(tmp_path / "run", _config(fault_config), components=_components(script))
 
 
-def test_a_closed_backend_stops_the_run_and_the_rerun_loses_no_prompt(
+def test_a_timeout_the_backend_raises_is_no_missed_deadline(
     tmp_path: Path, fault_config: Callable[..., RunConfig]
 ) -> None:
-    config = _config(fault_config)
+    def script(n: int, request: AttemptRequest) -> BaseException | None:
+        return TimeoutError("the backend's own wait") if n == 2 else None
+
+    out = tmp_path / "run"
+    with pytest.raises(TimeoutError, match="the backend's own wait"):
+        run_job(out, _config(fault_config), components=_components(script))
+    assert "deadline_exceeded" not in (out / "events.jsonl").read_text()
+
+
+@pytest.mark.parametrize("max_rounds", [1, 4])
+def test_a_closed_backend_stops_the_run_and_the_rerun_loses_no_prompt(
+    tmp_path: Path, fault_config: Callable[..., RunConfig], max_rounds: int
+) -> None:
+    config = _config(fault_config, max_rounds)
     closed_at = 40  # past the first checkpoint: the rerun resumes from it
 
     def script(n: int, request: AttemptRequest) -> AttemptFailure | None:
         return _failure(request, FailureReason.BACKEND_CLOSED) if n >= closed_at else None
 
     out = tmp_path / "run"
-    with pytest.raises(ClosedResourceError, match="backend_closed") as stopped:
+    with pytest.raises(GenerationError, match="backend_closed") as stopped:
         run_job(out, config, components=_components(script))
     assert "closed under a running job" in str(stopped.value)
     assert stopped.value.rerun_resumes
@@ -152,7 +174,9 @@ def test_a_closed_backend_stops_the_run_and_the_rerun_loses_no_prompt(
     assert {a["reason"] for a in _abandoned(out)} == {"backend_closed"}
     assert _dropped(out) == []
 
-    result = run_job(out, config)  # the same job, its backend healthy again
+    # The same job, its backend healthy again: with one round a group, a round the closed
+    # backend had spent would drop the prompt at once.
+    result = run_job(out, config)
     assert result.summary.steps == 4
     assert _dropped(out) == []
     report = audit_run(out)

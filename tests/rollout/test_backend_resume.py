@@ -142,3 +142,30 @@ def test_the_http_backend_continues_and_sends_only_the_calls_after_the_prefix() 
         await rig.backend.aclose()
 
     run(main)
+
+
+def test_a_closed_backend_stages_nothing_and_says_it_is_closed() -> None:
+    """Each backend checks that it is closed before it stages a prefix's calls again: a
+    closed one returns the failure and writes no row."""
+
+    async def main() -> None:
+        sim = make_rig(FaultSettings(attempt_failure_rate=1.0))
+        http = make_http_rig(servers=1, budget=0, dead_after=100)
+        server = http.fleet[0]
+        server.hook = lambda _server, _body: httpx.Response(503) if server.calls == 2 else None
+        cases = [
+            (sim.writer, sim.data_plane, sim.backend, sim.request(9), "ATTEMPT_FAILED"),
+            (http.writer, http.data_plane, http.backend, http.request(9), "SERVER_UNAVAILABLE"),
+        ]
+        for writer, plane, backend, first, lost_as in cases:
+            lost = await backend.run_attempt(first, writer)
+            failure_of(lost, FailureReason[lost_as])
+            prefix = prefix_of(plane, first.rollout_id)
+            assert prefix.calls
+            await backend.aclose()
+            staged = sorted(plane.keys(CaptureWriter.staging_partition))
+            closed = await backend.resume_attempt(retry_of(first, "2"), writer, prefix)
+            failure_of(closed, FailureReason.BACKEND_CLOSED)
+            assert sorted(plane.keys(CaptureWriter.staging_partition)) == staged
+
+    run(main)

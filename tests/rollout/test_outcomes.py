@@ -22,6 +22,7 @@ INFRA = {
     "no_live_server",
     "actor_died",
     "no_live_actor",
+    "actor_error",
     "restart",
 }
 DATA = {"attempt_failed"}
@@ -48,7 +49,7 @@ def test_a_raised_failure_becomes_its_value(reason: FailureReason, worker: str |
         rollout_id="g3_g2_a1",
         generation_index=2,
         reason=reason,
-        detail=f"{reason}: lost",
+        detail="lost",  # the reason once, in its field
         worker=worker,
     )
     assert failure.reason is reason

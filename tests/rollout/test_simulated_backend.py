@@ -104,7 +104,7 @@ def test_stage_in_thread_gives_the_same_receipt() -> None:
     run(main)
 
 
-def test_attempt_failure_raises_after_the_first_call() -> None:
+def test_attempt_failure_ends_the_attempt_unsealed_after_the_first_call() -> None:
     async def main() -> None:
         rig = make_rig(FaultSettings(attempt_failure_rate=1.0))
         request = rig.request()

@@ -278,18 +278,14 @@ class RayGenerationBackend(AsyncResource):
             actor = await self._acquire()
         except GenerationError as error:  # no actor with the current weights; closed
             return AttemptFailure.from_error(request, error)
-        ref = actor.handle.run_attempt.remote(request, prefix)
         try:
-            outcome = _across_the_boundary(request, actor.name, await _settled(ref))
-        except RayActorError as error:
-            outcome = AttemptFailure(
-                rollout_id=request.rollout_id,
-                generation_index=request.generation_index,
-                reason=FailureReason.ACTOR_DIED,
-                detail=str(error)[:300],
-                worker=actor.name,
-            )
-            await self._declare_dead(actor, "actor_died")
+            ref = actor.handle.run_attempt.remote(request, prefix)
+            settled = await _settled(ref)
+            outcome = _across_the_boundary(request, actor.name, settled)
+            if isinstance(outcome, AttemptFailure):
+                actor.stats.failures += 1
+            if isinstance(settled, RayActorError) and not isinstance(settled, RayTaskError):
+                await self._declare_dead(actor, "actor_died")  # its own death, not a shard's
         except asyncio.CancelledError:
             # The controller's deadline: an actor that does not answer in time is
             # declared dead with everything it runs.
@@ -298,8 +294,6 @@ class RayGenerationBackend(AsyncResource):
             raise
         finally:
             self._actors.release(actor)  # a slot is free: wakes an attempt waiting for one
-        if isinstance(outcome, AttemptFailure):
-            actor.stats.failures += 1
         return outcome
 
     # -- deaths and replacements -----------------------------------------------------------
@@ -366,39 +360,50 @@ class RayGenerationBackend(AsyncResource):
             self._event("shard_restarted", shard=index)
 
 
-async def _settled(ref: Any) -> AttemptResult | AttemptFailure | RayTaskError:
-    """What the actor's attempt came back as: its outcome, or the exception it raised
-    (``RayTaskError``; a dead actor's ``RayActorError`` propagates)."""
+async def _settled(ref: Any) -> AttemptResult | AttemptFailure | RayTaskError | RayActorError:
+    """What the actor's attempt came back as: its outcome, the exception it raised
+    (``RayTaskError``), or the actor's death (``RayActorError``)."""
     try:
         outcome: AttemptResult | AttemptFailure = await ref
-    except RayTaskError as error:
+    except (RayTaskError, RayActorError) as error:
         return error
     return outcome
 
 
 def _across_the_boundary(
-    request: AttemptRequest, actor: str, settled: AttemptResult | AttemptFailure | RayTaskError
+    request: AttemptRequest,
+    actor: str,
+    settled: AttemptResult | AttemptFailure | RayTaskError | RayActorError,
 ) -> AttemptResult | AttemptFailure:
     """The one conversion of what crosses the process boundary into the driver's outcome.
 
-    A returned failure is stamped with the actor that ran it. An exception raised inside a
-    live actor is an ``ATTEMPT_FAILED`` failure, not a stopped run: from the driver a bug
-    in the actor cannot be told apart from a data shard that did not answer, and the
-    sibling is retried within its round budget (the detail keeps the exception's type and
-    message, and the auditor counts them). A raised ``GenerationError`` keeps its reason.
+    A failure is always stamped with the actor that ran it (inside an actor the simulated
+    backend's one worker is ``worker-0`` in every actor; the detail keeps what it said).
+    The actor's death is ``ACTOR_DIED``. An exception raised inside a live actor is an
+    ``ACTOR_ERROR`` failure, not a stopped run: from the driver a bug in the actor cannot
+    be told apart from a data shard that did not answer, and the sibling is retried within
+    its round budget (the detail keeps the exception's type and message). A raised
+    ``GenerationError`` keeps its reason.
     """
     if isinstance(settled, AttemptResult):
         return settled
     if isinstance(settled, AttemptFailure):
-        return dataclasses.replace(settled, worker=settled.worker or actor)
-    cause = settled.cause
-    if isinstance(cause, GenerationError):
-        failure = AttemptFailure.from_error(request, cause)
-        return dataclasses.replace(failure, worker=cause.worker or actor)
+        return dataclasses.replace(settled, worker=actor)
+    if not isinstance(settled, RayTaskError):
+        reason, detail = FailureReason.ACTOR_DIED, str(settled)
+    elif isinstance(settled.cause, GenerationError):
+        failure = AttemptFailure.from_error(request, settled.cause)
+        return dataclasses.replace(failure, worker=actor)
+    else:
+        # Raised in the actor, which lives. Tested before the actor's death because a
+        # task that raised another actor's ``RayActorError`` (a data shard's) arrives as a
+        # class deriving from both.
+        cause = settled.cause
+        reason, detail = FailureReason.ACTOR_ERROR, f"{type(cause).__name__}: {cause}"
     return AttemptFailure(
         rollout_id=request.rollout_id,
         generation_index=request.generation_index,
-        reason=FailureReason.ATTEMPT_FAILED,
-        detail=f"{type(cause).__name__}: {cause}"[:300],
+        reason=reason,
+        detail=detail[:300],
         worker=actor,
     )

@@ -47,7 +47,7 @@ from ..dataplane import (
     ReplayIndex,
 )
 from ..errors import (
-    ClosedResourceError,
+    GenerationError,
     InvalidArgumentError,
     LivenessError,
     NoValidRowsError,
@@ -491,11 +491,13 @@ class Controller(Generic[Weights]):
             final = [f for f in failures if not f.reason.is_retryable()]
             if final and self._drain is None:
                 # A closed backend generates nothing more: spending the group's rounds on
-                # it would drop prompts a rerun can still generate, so the run stops.
-                raise ClosedResourceError(
-                    f"group {group_id}: attempt {final[0].rollout_id} failed with "
-                    f"{final[0].reason} ({final[0].detail}); the generation backend was "
-                    "closed under a running job"
+                # it would drop prompts a rerun can still generate, so the run stops (and
+                # the state gives the round back: ``_state._NOT_RETRIES``).
+                raise GenerationError(
+                    final[0].reason,
+                    f"group {group_id}: attempt {final[0].rollout_id}: {final[0].detail}; "
+                    "the generation backend was closed under a running job",
+                    worker=final[0].worker,
                 )
             await asyncio.sleep(retry.backoff_s)
         return True
@@ -579,15 +581,18 @@ class Controller(Generic[Weights]):
                     detail="queued behind the in-flight limit when the run drained",
                 )
             self.in_flight += 1
+            deadline = asyncio.timeout(self.config.generation.attempt_deadline_s)
             try:
                 # A backend returns its failures; anything it raises is a bug or bad state
                 # and stops the run (a raised GenerationError included: it is a backend
                 # that broke the protocol, not a failed attempt).
-                async with asyncio.timeout(self.config.generation.attempt_deadline_s):
+                async with deadline:
                     if prefix is not None and isinstance(self.backend, BackendResume):
                         return await self.backend.resume_attempt(request, self.capture, prefix)
                     return await self.backend.run_attempt(request, self.capture)
             except TimeoutError:
+                if not deadline.expired():
+                    raise  # the backend's own TimeoutError: a bug, not a missed deadline
                 # The one failure only the controller sees.
                 return AttemptFailure(
                     rollout_id=request.rollout_id,

@@ -41,8 +41,9 @@ __all__ = [
 
 CONTROLLER_STATE_VERSION = 3
 
-#: Abandon reasons that say nothing about the work (the process stopped under it).
-_NOT_RETRIES = frozenset({FailureReason.RESTART, FailureReason.DRAIN})
+#: Abandon reasons that say nothing about the work (the process or its backend stopped
+#: under it): the round goes back to the group's budget.
+_NOT_RETRIES = frozenset({FailureReason.RESTART, FailureReason.DRAIN, FailureReason.BACKEND_CLOSED})
 
 
 class RunCounters(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -141,7 +142,8 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 counters.calls_resumed += seal.inherited_calls
                 counters.tokens_resumed += seal.inherited_tokens
         elif isinstance(record, AttemptsAbandoned):
-            # A restart's or a drain's abandons are not failures of the work: no retry.
+            # A restart's, a drain's or a closed backend's abandons are not failures of
+            # the work: no retry.
             if any(a.reason not in _NOT_RETRIES for a in record.attempts):
                 counters.retries += 1
             elif record.attempts and self.rounds_used.get(record.group_id, 0) > 0:

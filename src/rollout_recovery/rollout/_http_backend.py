@@ -393,6 +393,8 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         Every server of a call failing, no live server, a closed backend: an
         ``AttemptFailure``, converted by the episode from the pool's ``GenerationError``.
         """
+        if self._pool.closed:  # before the prefix is staged again
+            return AttemptFailure.closed(request, "HTTP")
         return await run_episode(
             request,
             capture,

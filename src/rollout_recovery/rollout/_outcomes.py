@@ -2,7 +2,8 @@
 
 A failed attempt is an expected event, not a bug: a backend *returns* an
 :class:`~rollout_recovery.rollout.AttemptFailure` carrying a :class:`FailureReason`, with
-the predicates the controller and the auditor branch on, so nobody compares reason
+its predicates (the controller branches on :meth:`FailureReason.is_retryable`; the
+kinds classify a failure for whoever reports on them), so nobody compares reason
 strings. A backend raises only for a bug or bad state, and that stops the run.
 
 Three kinds of reason (every member is exactly one of them):
@@ -44,6 +45,9 @@ class FailureReason(StrEnum):
     ACTOR_DIED = "actor_died"
     #: No Ray actor with the current weights for the pool's wait budget.
     NO_LIVE_ACTOR = "no_live_actor"
+    #: A live Ray actor raised (a data shard that did not answer, a fenced write, a bug in
+    #: the actor): from the driver, the machinery failed; the actor keeps serving.
+    ACTOR_ERROR = "actor_error"
     #: The backend was closed under it (the run is stopping).
     BACKEND_CLOSED = "backend_closed"
     #: A restore found it in flight: the process that ran it is gone.
@@ -75,6 +79,7 @@ _INFRA = frozenset(
         FailureReason.NO_LIVE_SERVER,
         FailureReason.ACTOR_DIED,
         FailureReason.NO_LIVE_ACTOR,
+        FailureReason.ACTOR_ERROR,
         FailureReason.RESTART,
     }
 )

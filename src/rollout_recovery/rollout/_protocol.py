@@ -109,7 +109,7 @@ class AttemptFailure:
             rollout_id=request.rollout_id,
             generation_index=request.generation_index,
             reason=reason,
-            detail=str(error),
+            detail=str(error).removeprefix(f"{error.reason}: "),
             worker=error.worker,
         )
 

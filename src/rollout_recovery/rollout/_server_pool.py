@@ -217,6 +217,10 @@ class ServerPool(AsyncResource, Generic[Weights]):
         for server in self._workers:
             self._workers.spawn(self._probe_loop(server), f"probe-{server.url}")
 
+    @property
+    def closed(self) -> bool:
+        return self._workers.closed
+
     async def aclose(self) -> None:
         await self._workers.aclose()
 
