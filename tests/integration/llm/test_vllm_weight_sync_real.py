@@ -302,7 +302,13 @@ def test_an_interrupting_push_splits_a_request_between_two_versions_with_exact_s
     request's ``weight_versions`` spans tile its tokens, the first span the old version and
     the second the new; each token's logprob is its own version's (the trainer's fp32
     recompute of the whole sequence under that version), and the later tokens are not the
-    old weights'. A streamed request beside it says when both are decoding."""
+    old weights'. A streamed request beside it says when both are decoding.
+
+    It needs a quiet machine. With two CPU hogs beside it (measured 2026-12-02) the tiny
+    model's request ended before the push reached the server, so its spans were
+    ``[(1, 0, 480)]``. The client read the stream far behind the server, and its
+    reaction came too late. Timing the push by the server's own token counter
+    (``/metrics``) failed the same way. On a quiet machine it passes."""
     url = fp32_server.url
     sync = VllmWeightSync(tmp_path / "weights", dtype="float32")
     assert _push(sync, url, versions[1]) == 1
