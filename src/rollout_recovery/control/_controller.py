@@ -488,16 +488,16 @@ class Controller(Generic[Weights]):
         failures = await self._generate(record, pending)
         if failures:
             await self._abandon(group_id, failures)
-            final = [f for f in failures if not f.reason.is_retryable()]
-            if final and self._drain is None:
+            final = next((f for f in failures if not f.reason.is_retryable()), None)
+            if final is not None and self._drain is None:
                 # A closed backend generates nothing more: spending the group's rounds on
                 # it would drop prompts a rerun can still generate, so the run stops (and
                 # the state gives the round back: ``_state._NOT_RETRIES``).
                 raise GenerationError(
-                    final[0].reason,
-                    f"group {group_id}: attempt {final[0].rollout_id}: {final[0].detail}; "
+                    final.reason,
+                    f"group {group_id}: attempt {final.rollout_id}: {final.detail}; "
                     "the generation backend was closed under a running job",
-                    worker=final[0].worker,
+                    worker=final.worker,
                 )
             await asyncio.sleep(retry.backoff_s)
         return True
