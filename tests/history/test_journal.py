@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -301,6 +302,86 @@ def test_a_flush_with_nothing_new_does_not_sync(tmp_path: Path) -> None:
     asyncio.run(writer.flush())
     assert writer.syncs == syncs
     writer.close()
+
+
+def test_a_seal_appended_during_a_checkpoints_sync_waits_for_a_sync_that_covers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 1: the checkpoint's ``sync()`` runs in a worker thread while the loop
+    appends seals. A seal appended after that sync began is not covered by it: the
+    durable position stays before it and its flush syncs again. The instrumented
+    ``fdatasync`` records the file's length when each sync starts (all it can cover)
+    and holds the checkpoint's sync until the seal is appended."""
+    path = tmp_path / "events.jsonl"
+    covered: list[int] = []
+    inside, appended = threading.Event(), threading.Event()
+    main = threading.current_thread()
+
+    def instrumented_fdatasync(fd: int) -> None:
+        covered.append(os.fstat(fd).st_size)
+        if threading.current_thread() is not main and not inside.is_set():
+            inside.set()
+            assert appended.wait(timeout=30)
+        os.fdatasync(fd)
+
+    monkeypatch.setattr(_journal, "_fdatasync", instrumented_fdatasync)
+    writer = JournalWriter(path, sync_in_thread=False)
+
+    async def scenario() -> int:
+        writer.append(taken(0))
+        checkpoint_sync = asyncio.ensure_future(asyncio.to_thread(writer.sync))
+        await asyncio.to_thread(inside.wait)
+        seal_end = writer.append(taken(1))  # a seal appended while the sync runs
+        appended.set()
+        await checkpoint_sync
+        assert writer.durable_position < seal_end, "acknowledged before any sync covered it"
+        await writer.flush()  # the seal's acknowledgement
+        return seal_end
+
+    seal_end = asyncio.run(scenario())
+    assert max(covered) >= seal_end, "the seal's flush returned without a sync covering it"
+    assert writer.durable_position == seal_end
+    writer.close()
+
+
+@settings(max_examples=30)
+@given(schedule=st.lists(st.sampled_from(["append", "flush", "sync"]), max_size=40))
+def test_the_durable_position_never_passes_what_a_finished_sync_covered(
+    tmp_path_factory: pytest.TempPathFactory, schedule: list[str]
+) -> None:
+    """Whatever the order of appends, flushes and thread syncs, the durable position is
+    never past the length the file had when a finished sync started."""
+    path = tmp_path_factory.mktemp("journal") / "events.jsonl"
+    covered = [0]
+    original = _journal._fdatasync
+
+    def recording(fd: int) -> None:
+        start = os.fstat(fd).st_size
+        original(fd)
+        covered.append(start)
+
+    writer = JournalWriter(path, sync_in_thread=False)
+
+    async def run() -> None:
+        pending: list[asyncio.Future[None]] = []
+        for number, action in enumerate(schedule):
+            if action == "append":
+                writer.append(taken(number))
+            elif action == "flush":
+                pending.append(asyncio.ensure_future(writer.flush()))
+            else:
+                pending.append(asyncio.ensure_future(asyncio.to_thread(writer.sync)))
+            await asyncio.sleep(0)
+            assert writer.durable_position <= max(covered)
+        await asyncio.gather(*pending)
+        assert writer.durable_position <= max(covered)
+
+    _journal._fdatasync = recording
+    try:
+        asyncio.run(run())
+    finally:
+        _journal._fdatasync = original
+        writer.close()
 
 
 # -- SIGKILL --------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -261,6 +262,7 @@ class JournalWriter(Resource):
         )
         self._end = os.fstat(self._fd).st_size
         self._durable = self._end
+        self._durable_lock = threading.Lock()
         self._syncing: asyncio.Future[None] | None = None
         self.appended = 0
         self.syncs = 0
@@ -317,14 +319,26 @@ class JournalWriter(Resource):
                 _fdatasync(self._fd)
             crash_point("journal.after_fsync")
             self.syncs += 1
-            self._durable = max(self._durable, covers)
+            self._advance_durable(covers)
         finally:
             self._syncing = None
 
     def sync(self) -> None:
-        """Make everything appended durable now (outside the event loop)."""
+        """Make everything appended before the call durable (from a worker thread).
+
+        The event loop may go on appending while the sync runs: only the end captured
+        before it started is covered, so only that becomes durable. A seal appended during
+        the sync waits for a sync that started after it.
+        """
+        covers = self._end
         _fdatasync(self._fd)
-        self._durable = self._end
+        self._advance_durable(covers)
+
+    def _advance_durable(self, covers: int) -> None:
+        # Never backwards: a sync in a worker thread and one on the loop may finish in
+        # either order (the lock makes the read and the write one step).
+        with self._durable_lock:
+            self._durable = max(self._durable, covers)
 
     def truncate(self, end: int) -> None:
         """Cut the file back to ``end`` (a fresh start, or a torn tail)."""
