@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import tracemalloc
 import zlib
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from rollout_recovery.errors import StorageFullError
 from rollout_recovery.history import _journal
 from rollout_recovery.history._journal import (
     JournalCorruptError,
+    JournalStream,
     JournalWriter,
     cut_torn_tail,
     frame_record,
@@ -169,6 +171,103 @@ def test_the_journal_is_private_to_its_owner(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     write(path, [taken(0)])
     assert path.stat().st_mode & 0o077 == 0
+
+
+# -- streaming -------------------------------------------------------------------------------
+
+
+def _outcome(path: Path, **kwargs: Any) -> tuple[Any, ...]:
+    """What a stream of the journal found: its entries (or its error) and its extent."""
+    stream = JournalStream(path, **kwargs)
+    try:
+        entries: Any = list(stream.entries())
+    except JournalCorruptError as error:
+        entries = ("corrupt", error.offset, error.line, str(error))
+    return entries, stream.end, stream.end_line, stream.torn_bytes, stream.torn_reason
+
+
+@settings(max_examples=150)
+@given(
+    sizes=st.lists(st.integers(0, 200), min_size=0, max_size=12),
+    damage=st.one_of(
+        st.none(),
+        st.tuples(st.sampled_from(["flip", "tear", "garbage", "blank"]), st.integers(0, 10**6)),
+    ),
+    chunk=st.integers(1, 64),
+    start_at=st.integers(0, 12),
+)
+def test_a_stream_finds_what_one_read_of_the_whole_file_finds_whatever_its_chunk(
+    tmp_path_factory: pytest.TempPathFactory,
+    sizes: list[int],
+    damage: tuple[str, int] | None,
+    chunk: int,
+    start_at: int,
+) -> None:
+    """Records cut across chunk boundaries, torn tails, damage with records after it and
+    blank lines: read a few bytes at a time, the stream finds what it finds with the
+    whole journal in one chunk (the records, their offsets and lines, the error)."""
+    path = tmp_path_factory.mktemp("stream") / "events.jsonl"
+    positions = write(path, [taken(i, "x" * size) for i, size in enumerate(sizes)])
+    data = bytearray(path.read_bytes())
+    if damage is not None and data:
+        kind, where = damage
+        at = where % len(data)
+        if kind == "flip":
+            data[at] ^= 0x20
+        elif kind == "tear":
+            del data[at:]
+        elif kind == "garbage":
+            data += b"\x00" * (where % 50)
+        else:
+            data[at:at] = b"\n"
+    path.write_bytes(bytes(data))
+    start = ([0, *positions][start_at % (len(positions) + 1)]) if positions else 0
+    start = min(start, len(data))
+    whole = _journal._READ_CHUNK
+    expected = _outcome(path, start=start)
+    _journal._READ_CHUNK = chunk
+    try:
+        assert _outcome(path, start=start) == expected
+    finally:
+        _journal._READ_CHUNK = whole
+    if not isinstance(expected[0], tuple):
+        scan = scan_journal(path, start=start)
+        assert (scan.entries, scan.end, scan.end_line, scan.torn_bytes) == expected[:4]
+
+
+def test_a_stream_decodes_only_the_types_asked_for_and_checksums_the_rest(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.jsonl"
+    history = good_history()
+    write(path, history)
+    stream = JournalStream(path)
+    wanted = [e.record for e in stream.entries(events={"checkpoint_committed"})]
+    assert wanted == [r for r in history if type(r).__name__ == "CheckpointCommitted"]
+    assert wanted and stream.records == len(history)
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0x01  # the first record, not of the type asked for: still checked
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError) as caught:
+        list(JournalStream(path).entries(events={"checkpoint_committed"}))
+    assert caught.value.line == 1
+
+
+def test_verifying_a_long_journal_holds_one_chunk_not_the_journal(tmp_path: Path) -> None:
+    """Issue 24 items 3 and 7: a pass over the whole journal streams it."""
+    path = tmp_path / "events.jsonl"
+    write(path, [taken(i, "y" * 900) for i in range(20_000)])  # about 20 MB
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        stream = JournalStream(path).verify()
+        peak = tracemalloc.get_traced_memory()[1]
+        counted = sum(1 for _ in JournalStream(path).entries(events={"run_started"}))
+        peak = max(peak, tracemalloc.get_traced_memory()[1])
+    finally:
+        tracemalloc.stop()
+    assert stream.records == 20_000 and stream.end == size and counted == 0
+    assert peak < 4 * _journal._READ_CHUNK, f"{peak} bytes held to verify {size}"
 
 
 # -- tails and damage -----------------------------------------------------------------------

@@ -16,11 +16,15 @@ machine too (``fdatasync``). Flushes are group-committed: callers that arrive wh
 is running wait for it, and one more sync covers every line appended meanwhile, so a
 burst of seals costs one or two syncs, not one each.
 
-Reading. :func:`scan_journal` verifies every line from a byte offset on. A damaged line
-at the end (a write a power cut tore, with nothing valid after it) is a *torn tail*: the
-scan stops before it and says so, and :func:`cut_torn_tail` removes it. A damaged line
-with valid lines after it cannot come from a crash: it is reported as
-:class:`JournalCorruptError` with its offset, and nothing is repaired.
+Reading. :class:`JournalStream` verifies every line from a byte offset on as it reads
+the file in chunks, so a reader of the whole journal holds one record at a time;
+``verify()`` checks the checksums only (a restore's pass over the whole history, at disk
+speed), ``entries()`` decodes the records (of the types asked for). :func:`scan_journal`
+is the same as a list, for the stretch a restore replays. A damaged line at the end (a
+write a power cut tore, with nothing valid after it) is a *torn tail*: the scan stops
+before it and says so, and :func:`cut_torn_tail` removes it. A damaged line with valid
+lines after it cannot come from a crash: it is reported as :class:`JournalCorruptError`
+with its offset, and nothing is repaired.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -48,6 +52,7 @@ __all__ = [
     "JournalCorruptError",
     "JournalEntry",
     "JournalScan",
+    "JournalStream",
     "JournalWriter",
     "cut_torn_tail",
     "frame_record",
@@ -92,16 +97,7 @@ class _Damaged(ValueError):
 
 def unframe_line(line: bytes) -> HistoryRecord:
     """The record on one journal line (without its newline); ``_Damaged`` if it is not."""
-    match = _PREFIX.match(line)
-    if match is None:
-        raise _Damaged("no checksum field where a journal line starts")
-    body = b"{" + line[match.end() :]
-    if zlib.crc32(body) != int(match.group(1), 16):
-        raise _Damaged("checksum mismatch (the line was altered or torn)")
-    try:
-        return decode_record(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as error:
-        raise _Damaged(f"not a history record: {error}") from None
+    return _decoded(_checked_body(line))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +136,9 @@ class JournalScan:
         cut_torn_tail(path, self.end)
 
 
-#: Chunk size for counting the lines before a scan's start (never held whole in memory).
-_COUNT_CHUNK = 1 << 20
+#: How much of the file a reader holds at once (besides the line it is reading): readers
+#: stream, so their memory follows the longest record, not the journal's length.
+_READ_CHUNK = 1 << 20
 
 
 def _lines_before(handle: BinaryIO, offset: int) -> int:
@@ -149,7 +146,7 @@ def _lines_before(handle: BinaryIO, offset: int) -> int:
     handle.seek(0)
     count, left = 0, offset
     while left > 0:
-        chunk = handle.read(min(_COUNT_CHUNK, left))
+        chunk = handle.read(min(_READ_CHUNK, left))
         if not chunk:
             break
         count += chunk.count(b"\n")
@@ -157,20 +154,158 @@ def _lines_before(handle: BinaryIO, offset: int) -> int:
     return count
 
 
-def _lines_with_offsets(
-    data: bytes, base: int, first_line: int
-) -> Iterator[tuple[int, int, bytes, bool]]:
-    """``(offset, line number, line, complete)`` of each line of ``data``, which is the
-    file's bytes from offset ``base`` on, whose first line is number ``first_line``."""
-    number = first_line
-    index = 0
-    while index < len(data):
-        newline = data.find(b"\n", index)
-        complete = newline != -1
-        end = newline if complete else len(data)
-        yield base + index, number, data[index:end], complete
-        index = end + 1
-        number += 1
+def _raw_lines(handle: BinaryIO, start: int, stop: int) -> Iterator[tuple[int, bytes, bool]]:
+    """``(offset, line, complete)`` of each line between bytes ``start`` and ``stop``
+    (without its newline; the last is incomplete when no newline ends it), read in
+    chunks."""
+    handle.seek(start)
+    buffer = bytearray()
+    base, left = start, stop - start
+    while left > 0:
+        data = handle.read(min(_READ_CHUNK, left))
+        if not data:
+            break
+        left -= len(data)
+        search_from = len(buffer)
+        buffer += data
+        index = 0
+        newline = buffer.find(b"\n", search_from)
+        while newline != -1:
+            yield base + index, bytes(buffer[index:newline]), True
+            index = newline + 1
+            newline = buffer.find(b"\n", index)
+        del buffer[:index]
+        base += index
+    if buffer:
+        yield base, bytes(buffer), False
+
+
+def _checked_body(line: bytes) -> bytes:
+    """The record JSON of one journal line whose checksum matches; ``_Damaged`` if not."""
+    match = _PREFIX.match(line)
+    if match is None:
+        raise _Damaged("no checksum field where a journal line starts")
+    body = b"{" + line[match.end() :]
+    if zlib.crc32(body) != int(match.group(1), 16):
+        raise _Damaged("checksum mismatch (the line was altered or torn)")
+    return body
+
+
+def _event_of(body: bytes) -> bytes:
+    """The ``event`` name a record's JSON starts with (every record is framed so)."""
+    if not body.startswith(b'{"event":"'):
+        return b""
+    return body[10 : body.find(b'"', 10)]
+
+
+class JournalStream:
+    """The journal at ``path`` from byte ``start`` (up to ``limit``), verified line by line
+    as it is read: memory follows the longest record, not the journal.
+
+    Iterate :meth:`entries` (decoded records) or call :meth:`verify` (checksums only, at
+    disk speed); a damaged line with a whole record after it raises
+    :class:`JournalCorruptError` when that record is reached. Once read to its end,
+    ``end``, ``end_line``, ``torn_bytes`` and ``torn_reason`` say where the whole records
+    end and what follows them (see :class:`JournalScan`); ``records`` counts them.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        start: int = 0,
+        limit: int | None = None,
+        start_line: int | None = None,
+    ) -> None:
+        self.path = path
+        self.start = start
+        self._limit = limit
+        self._start_line = start_line
+        self.end = start
+        self.end_line = 1 if start_line is None else start_line
+        self.torn_bytes = 0
+        self.torn_reason = ""
+        self.records = 0
+
+    def verify(self) -> JournalStream:
+        """Read to the end checking every line's checksum, decoding nothing; returns self."""
+        for _ in self._records(decode=lambda _: False):
+            pass
+        return self
+
+    def entries(self, *, events: Collection[str] | None = None) -> Iterator[JournalEntry]:
+        """The verified records, decoded, in order. With ``events``, only records of those
+        types are decoded and yielded; the others are checksummed and passed over."""
+        wanted = None if events is None else {event.encode() for event in events}
+
+        def decode(body: bytes) -> bool:
+            return wanted is None or _event_of(body) in wanted
+
+        for offset, number, record in self._records(decode=decode):
+            if record is not None:
+                yield JournalEntry(offset, number, record)
+
+    def _records(
+        self, *, decode: Callable[[bytes], bool]
+    ) -> Iterator[tuple[int, int, HistoryRecord | None]]:
+        """``(offset, line number, record)`` of each whole line; the record is None for a
+        line ``decode`` passes over (checksummed only). One to decode that does not is
+        damage."""
+        path, start = self.path, self.start
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            stop = size if self._limit is None else min(self._limit, size)
+            if start > stop:
+                raise JournalCorruptError(
+                    f"{path.name} is {stop} bytes, shorter than the position {start} a "
+                    "checkpoint recorded: the journal lost records that were synced",
+                    file=str(path),
+                    offset=stop,
+                    line=_lines_before(handle, stop) + 1,
+                )
+            number = (
+                _lines_before(handle, start) + 1 if self._start_line is None else self._start_line
+            )
+            self.end, self.end_line = start, number
+            first_bad: tuple[int, int, str] | None = None
+            for offset, line, complete in _raw_lines(handle, start, stop):
+                at = number
+                number += 1
+                if not line.strip():
+                    if first_bad is None and complete:
+                        self.end, self.end_line = offset + len(line) + 1, number
+                    continue
+                try:
+                    if not complete:
+                        raise _Damaged("the last line has no newline (its write did not finish)")
+                    body = _checked_body(line)
+                    record = _decoded(body) if decode(body) else None
+                except _Damaged as damage:
+                    if first_bad is None:
+                        first_bad = (offset, at, str(damage))
+                    continue
+                if first_bad is not None:
+                    bad_offset, bad_line, reason = first_bad
+                    raise JournalCorruptError(
+                        f"{path.name}:{bad_line} (byte {bad_offset}) is damaged ({reason}) but "
+                        f"whole records follow it (line {at}): this is not a torn tail, the "
+                        "journal was altered",
+                        file=str(path),
+                        offset=bad_offset,
+                        line=bad_line,
+                    )
+                self.end, self.end_line = offset + len(line) + 1, number
+                self.records += 1
+                yield offset, at, record
+            self.torn_bytes = stop - self.end
+            self.torn_reason = "" if first_bad is None else first_bad[2]
+
+
+def _decoded(body: bytes) -> HistoryRecord:
+    try:
+        return decode_record(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise _Damaged(f"not a history record: {error}") from None
 
 
 def scan_journal(
@@ -186,55 +321,17 @@ def scan_journal(
 
     A damaged or incomplete last stretch is returned as a torn tail; a damaged line with a
     whole record after it raises :class:`JournalCorruptError`. Blank lines are skipped.
+    The records are returned as a list: for a stretch a restore replays; a reader of the
+    whole journal streams it (:class:`JournalStream`).
     """
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        stop = size if limit is None else min(limit, size)
-        if start > stop:
-            raise JournalCorruptError(
-                f"{path.name} is {stop} bytes, shorter than the position {start} a "
-                "checkpoint recorded: the journal lost records that were synced",
-                file=str(path),
-                offset=stop,
-                line=_lines_before(handle, stop) + 1,
-            )
-        first_line = _lines_before(handle, start) + 1 if start_line is None else start_line
-        handle.seek(start)
-        data = handle.read(stop - start)
-    entries: list[JournalEntry] = []
-    first_bad: tuple[int, int, str] | None = None
-    end = start
-    for offset, number, line, complete in _lines_with_offsets(data, start, first_line):
-        if not line.strip():
-            if first_bad is None and complete:
-                end = offset + len(line) + 1
-            continue
-        try:
-            if not complete:
-                raise _Damaged("the last line has no newline (its write did not finish)")
-            record = unframe_line(line)
-        except _Damaged as damage:
-            if first_bad is None:
-                first_bad = (offset, number, str(damage))
-            continue
-        if first_bad is not None:
-            bad_offset, bad_line, reason = first_bad
-            raise JournalCorruptError(
-                f"{path.name}:{bad_line} (byte {bad_offset}) is damaged ({reason}) but whole "
-                f"records follow it (line {number}): this is not a torn tail, the journal "
-                "was altered",
-                file=str(path),
-                offset=bad_offset,
-                line=bad_line,
-            )
-        entries.append(JournalEntry(offset, number, record))
-        end = offset + len(line) + 1
-    end_line = first_line + data.count(b"\n", 0, end - start)
-    torn = len(data) - (end - start)
-    if first_bad is None:
-        return JournalScan(entries=entries, end=end, torn_bytes=torn, end_line=end_line)
+    stream = JournalStream(path, start=start, limit=limit, start_line=start_line)
+    entries = list(stream.entries())
     return JournalScan(
-        entries=entries, end=end, torn_bytes=torn, torn_reason=first_bad[2], end_line=end_line
+        entries=entries,
+        end=stream.end,
+        torn_bytes=stream.torn_bytes,
+        torn_reason=stream.torn_reason,
+        end_line=stream.end_line,
     )
 
 

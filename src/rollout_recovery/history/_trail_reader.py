@@ -49,17 +49,17 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
     Raises :class:`TrailLineError` for a line that is not a JSON object.
     """
+    # Line by line: a reader keeps what it needs, not the file (it grows with the run).
     with open(path, "rb") as handle:
-        data = handle.read()
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = msgspec.json.decode(line)
-        except msgspec.DecodeError as error:
-            raise TrailLineError(
-                f"{path.name}:{number} is not valid JSON ({error})", file=str(path)
-            ) from None
-        if not isinstance(value, dict):
-            raise TrailLineError(f"{path.name}:{number} is not a JSON object", file=str(path))
-        yield number, value
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = msgspec.json.decode(line)
+            except msgspec.DecodeError as error:
+                raise TrailLineError(
+                    f"{path.name}:{number} is not valid JSON ({error})", file=str(path)
+                ) from None
+            if not isinstance(value, dict):
+                raise TrailLineError(f"{path.name}:{number} is not a JSON object", file=str(path))
+            yield number, value
