@@ -58,7 +58,7 @@ def _another_jobs_checkpoints(out: Path) -> None:
 DAMAGE: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "truncated-history": (
         _truncate_history,
-        ["no checkpoint in", "events.jsonl is", "shorter than the position"],
+        ["events.jsonl is", "shorter than committed checkpoints synced it to"],
     ),
     "corrupt-store": (
         _garble_store_header,

@@ -728,7 +728,8 @@ class ControllerCheckpoints:
         """The newest committed checkpoint that verifies (see :func:`verify_checkpoint`),
         the newer ones skipped kept in ``skipped``; None when the store holds none. Changes
         nothing on disk; a ``CheckpointDirectoryError`` when checkpoints exist but none
-        verifies."""
+        verifies. The job checks the history against every checkpoint first
+        (``AuditTrail.require_synced_history``)."""
         controller = self.controller
         found = self.store.newest_loadable(
             lambda loaded: verify_checkpoint(

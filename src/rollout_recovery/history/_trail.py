@@ -9,7 +9,7 @@ steps trained after the checkpoint are trained again and logged again.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,9 @@ import msgspec
 
 from .._durable import PRIVATE_FILE_MODE
 from .._lifecycle import Resource
-from ..errors import CheckpointDirectoryError, StorageFullError
-from ..rundir import RunDirectory
-from ._journal import JournalWriter
+from ..errors import CheckpointDirectoryError, RunNotResumableError, StorageFullError
+from ..rundir import CheckpointStore, RunDirectory
+from ._journal import JournalCorruptError, JournalStream, JournalWriter
 from ._trail_reader import read_json_lines, read_records
 from .records import HistoryRecord
 
@@ -43,6 +43,14 @@ _write = os.write
 def strict_json_line(record: Mapping[str, Any]) -> bytes:
     """One strict-JSON line (non-finite floats become null)."""
     return _ENCODER.encode(dict(record)) + b"\n"
+
+
+def _restore_remedy(path: Path, needed: int | None = None) -> str:
+    length = f" (it must hold at least {needed} bytes of whole records)" if needed else ""
+    return (
+        f"Nothing was changed. Restore {path.name} from a backup{length}, or start a new run "
+        "in another directory."
+    )
 
 
 class AuditTrail(Resource):
@@ -139,10 +147,77 @@ class AuditTrail(Resource):
         return [record for _, record in read_records(run.events)]
 
     @staticmethod
+    def stream_history(
+        run: RunDirectory, *, events: Collection[str] | None = None
+    ) -> Iterator[HistoryRecord]:
+        """The verified records of ``run``'s journal, one at a time (memory follows the
+        longest record, not the journal); with ``events``, only records of those types
+        are decoded and yielded, the others only checksummed. A torn tail is left out;
+        damage before the end raises ``JournalCorruptError`` when it is reached."""
+        for entry in JournalStream(run.events).entries(events=events):
+            yield entry.record
+
+    @staticmethod
+    def require_synced_history(run: RunDirectory, store: CheckpointStore) -> None:
+        """Refuse, changing nothing, a history that lost what a committed checkpoint
+        synced, or that is damaged anywhere before its end: ``RunNotResumableError``.
+
+        Each committed checkpoint's manifest records the lengths of ``events.jsonl`` and
+        ``metrics.jsonl`` it synced before it committed: a file shorter than any of them
+        lost synced records, whichever checkpoint a restore would choose (falling back to
+        an older one would journal anew, under new ids, what the lost records had
+        acknowledged). Then every line of the journal is checksummed, streamed, nothing
+        decoded (``docs/benchmarks.md``: its speed): damage with whole records after it is
+        not a crash's work, and a torn tail may start only after every synced position.
+        Run it before anything is trained: a rerun would find the same.
+        """
+        synced: dict[str, list[tuple[int, str]]] = {run.events.name: [], run.metrics.name: []}
+        for committed in store.committed():
+            try:
+                marks = store.read_marks(committed)
+            except CheckpointDirectoryError:
+                continue  # a damaged manifest vouches for nothing; the restore reports it
+            for name, positions in synced.items():
+                if name in marks:
+                    positions.append((marks[name], committed.name))
+        for path in (run.events, run.metrics):
+            size = path.stat().st_size if path.exists() else 0
+            longer = sorted(item for item in synced[path.name] if item[0] > size)
+            if longer:
+                raise RunNotResumableError(
+                    f"{path.name} is {size} bytes, shorter than committed checkpoints synced "
+                    "it to ("
+                    + ", ".join(f"{name} at byte {position}" for position, name in longer)
+                    + "): the history lost records that were synced",
+                    remedy=_restore_remedy(path, longer[-1][0]),
+                )
+        if not run.events.exists():
+            return
+        try:
+            whole = JournalStream(run.events).verify()
+        except JournalCorruptError as error:
+            raise RunNotResumableError(str(error), remedy=_restore_remedy(run.events)) from error
+        newest = max(synced[run.events.name], default=None)
+        if newest is not None and whole.end < newest[0]:
+            position, name = newest
+            raise RunNotResumableError(
+                f"{run.events.name}:{whole.end_line} (byte {whole.end}) is damaged "
+                f"({whole.torn_reason}) from there to its end, before byte {position}, which "
+                f"{name} synced: the history lost records that were synced",
+                remedy=_restore_remedy(run.events, position),
+            )
+
+    @staticmethod
     def read_metrics(run: RunDirectory) -> list[dict[str, Any]]:
         """Every line of ``run``'s metrics, in order.
 
         Raises :class:`~rollout_recovery.errors.TrailLineError` for a line that is not a
         JSON object.
         """
-        return [values for _, values in read_json_lines(run.metrics)]
+        return list(AuditTrail.stream_metrics(run))
+
+    @staticmethod
+    def stream_metrics(run: RunDirectory) -> Iterator[dict[str, Any]]:
+        """The lines of ``run``'s metrics one at a time (see :meth:`read_metrics`)."""
+        for _, values in read_json_lines(run.metrics):
+            yield values

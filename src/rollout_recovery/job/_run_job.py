@@ -234,9 +234,12 @@ def _open_job(
     log = wiring.log
     stack.enter_context(run.lock())
     changes = claim_run_directory(run, config)
-    if not CheckpointStore(run.root, keep=config.checkpoint.keep).committed():
-        # Before any store, trail or server is opened: a refused run changes nothing.
+    # Before any store, trail or server is opened: a refused run changes nothing.
+    checkpoints = CheckpointStore(run.root, keep=config.checkpoint.keep)
+    if not checkpoints.committed():
         _refuse_lost_checkpoints(run)
+    else:
+        AuditTrail.require_synced_history(run, checkpoints)
     if remove_stale_drain_request(wiring.drain_file):
         # Written after the previous job had stopped reading it (or with none running).
         log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
