@@ -40,10 +40,9 @@ from ..errors import (
     InvalidStateError,
     JobMismatchError,
     RunNotResumableError,
-    TrailLineError,
 )
 from ..history import AuditTrail
-from ..history.records import CheckpointCommitted, RunStarted
+from ..history.records import RunStarted
 from ..metrics import MetricsConfig
 from ..rundir import CheckpointStore, RunDirectory
 from ._components import (
@@ -58,6 +57,7 @@ from ._components import (
 from ._drain import DrainTriggers, drain_file_of, remove_stale_drain_request
 from ._llm_parts import resolve_model
 from ._plot import write_reward_plot
+from ._readback import RunReadback
 from ._report import RunProgress, RunSummary
 
 __all__ = ["JobResult", "claim_run_directory", "run_job"]
@@ -175,8 +175,11 @@ def run_job(
         if wiring.interrupted:  # a second SIGINT cancelled the job's main task
             raise KeyboardInterrupt from None
         raise
-    result.summary = _summary(run, controller, time.monotonic() - started)
-    _plot(run, config)
+    # Streamed: a process end reads the run's files in memory that follows its steps,
+    # not its history's bytes (_readback.py).
+    readback = RunReadback.read(run)
+    result.summary = _summary(readback, controller, time.monotonic() - started)
+    _plot(run, readback, config)
     return result
 
 
@@ -452,11 +455,9 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
     if run.events.is_file():
         try:
             committed = sum(
-                1
-                for record in AuditTrail.read_history(run)
-                if isinstance(record, CheckpointCommitted)
+                1 for _ in AuditTrail.stream_history(run, events={"checkpoint_committed"})
             )
-        except TrailLineError:
+        except InvalidStateError:
             found.append(f"{run.events.name} (unreadable)")
         else:
             if committed:
@@ -502,12 +503,6 @@ async def _start_fresh(controller: Controller[Any]) -> None:
         controller.history.start_over()
 
 
-def _read_metrics(run: RunDirectory) -> list[dict[str, Any]]:
-    if not run.metrics.is_file():
-        return []
-    return AuditTrail.read_metrics(run)
-
-
 def _tenth_means(rewards: list[float]) -> tuple[float | None, float | None]:
     if not rewards:
         return None, None
@@ -519,12 +514,9 @@ def _empty_summary() -> RunSummary:
     return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
 
 
-def _summary(run: RunDirectory, controller: Controller[Any], wall_time: float) -> RunSummary:
+def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) -> RunSummary:
     counters = controller.state.counters
-    metrics = _read_metrics(run)
-    rewards = [m["mean_reward"] for m in metrics if m.get("mean_reward") is not None]
-    first, last = _tenth_means(rewards)
-    restores = sum(1 for entry in _run_log_entries(run) if entry.event == "resume")
+    first, last = _tenth_means(run.rewards)
     return RunSummary(
         steps=controller.step,
         prompts_taken=counters.prompts_taken,
@@ -535,7 +527,7 @@ def _summary(run: RunDirectory, controller: Controller[Any], wall_time: float) -
         siblings_reused=counters.siblings_reused,
         calls_resumed=counters.calls_resumed,
         checkpoints=counters.checkpoints,
-        restores=restores,
+        restores=len(run.restarts),
         longest_checkpoint_stall_s=counters.longest_checkpoint_stall_us / 1e6,
         wall_time_s=wall_time,
         first_tenth_reward=first,
@@ -543,39 +535,16 @@ def _summary(run: RunDirectory, controller: Controller[Any], wall_time: float) -
         valid_row_fraction=(
             counters.valid_rows_trained / counters.rows_trained if counters.rows_trained else None
         ),
-        parts=_parts(metrics),
+        parts=run.parts,
     )
 
 
-def _parts(metrics: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per server or actor counts from the newest step's backend telemetry."""
-    backend = metrics[-1].get("backend") if metrics else None
-    if not isinstance(backend, dict):
-        return {}
-    for kind in ("servers", "actors"):
-        parts = backend.get(kind)
-        if isinstance(parts, dict):
-            return parts
-    return {}
-
-
-def _plot(run: RunDirectory, config: RunConfig) -> None:
-    metrics = _read_metrics(run)
-    checkpoints: list[int] = []
-    if run.events.is_file():
-        checkpoints = [
-            record.step
-            for record in AuditTrail.read_history(run)
-            if isinstance(record, CheckpointCommitted)
-        ]
-    restarts = [entry.step for entry in _run_log_entries(run) if entry.event == "resume"]
+def _plot(run: RunDirectory, readback: RunReadback, config: RunConfig) -> None:
     write_reward_plot(
         run.plot,
-        steps=[m["step"] for m in metrics],
-        mean_rewards=[
-            math.nan if m.get("mean_reward") is None else float(m["mean_reward"]) for m in metrics
-        ],
-        restarts=restarts,
-        checkpoints=checkpoints,
+        steps=readback.steps,
+        mean_rewards=readback.mean_rewards,
+        restarts=readback.restarts,
+        checkpoints=readback.checkpoints,
         title=f"rollout-recovery: mean reward per step (seed {config.job.seed})",
     )

@@ -1,0 +1,94 @@
+"""What a job reads back from its run directory when it ends: the summary's and the reward
+plot's inputs, streamed.
+
+Every process end reads the run's metrics, checkpoints and restarts, and the journal and
+the metrics grow with the run: each is read one line at a time and only what is drawn or
+printed is kept (a reward per step, the checkpoints' steps), so the memory of a process
+end follows the number of steps in floats, not the history's bytes. Of the journal only
+``checkpoint_committed`` records are decoded; every other line is checksummed and passed
+over (``AuditTrail.stream_history``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidStateError, RunNotResumableError
+from ..history import AuditTrail
+from ..history.records import CheckpointCommitted
+from ..rundir import RunDirectory
+
+__all__ = ["RunReadback"]
+
+
+@dataclass(slots=True)
+class RunReadback:
+    """The run's steps and mean rewards, checkpoints, restarts and newest backend parts."""
+
+    steps: list[int] = field(default_factory=list)
+    #: NaN where a step had no reward.
+    mean_rewards: list[float] = field(default_factory=list)
+    #: Steps a checkpoint was committed at, in journal order.
+    checkpoints: list[int] = field(default_factory=list)
+    #: Steps a run resumed at.
+    restarts: list[int] = field(default_factory=list)
+    #: Per server or actor counts from the newest step's backend telemetry.
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, run: RunDirectory) -> RunReadback:
+        """Stream ``run``'s metrics, journal and run log. A journal or metrics file that
+        cannot be read (altered while the job ran) is a ``RunNotResumableError``: the next
+        start refuses the same damage before it trains."""
+        found = cls()
+        try:
+            found._read_metrics(run)
+            found._read_checkpoints(run)
+        except InvalidStateError as error:
+            raise RunNotResumableError(
+                f"the run's history cannot be read back: {error}",
+                remedy="Restore the file it names from a backup, or start a new run in "
+                "another directory (rollout-recovery audit DIR shows the damage).",
+            ) from error
+        try:
+            found.restarts = [e.step for e in run.read_run_log() if e.event == "resume"]
+        except ValueError:
+            found.restarts = []
+        return found
+
+    @property
+    def rewards(self) -> list[float]:
+        """The steps' mean rewards, the steps without one left out."""
+        return [reward for reward in self.mean_rewards if not math.isnan(reward)]
+
+    def _read_metrics(self, run: RunDirectory) -> None:
+        if not run.metrics.is_file():
+            return
+        backend: object = None
+        for values in AuditTrail.stream_metrics(run):
+            self.steps.append(values["step"])
+            reward = values.get("mean_reward")
+            self.mean_rewards.append(math.nan if reward is None else float(reward))
+            backend = values.get("backend")
+        self.parts = _parts(backend)
+
+    def _read_checkpoints(self, run: RunDirectory) -> None:
+        if not run.events.is_file():
+            return
+        for record in AuditTrail.stream_history(run, events={"checkpoint_committed"}):
+            assert isinstance(record, CheckpointCommitted)  # the only type asked for
+            self.checkpoints.append(record.step)
+
+
+def _parts(backend: object) -> dict[str, dict[str, Any]]:
+    """Per server or actor counts from one step's backend telemetry."""
+    if not isinstance(backend, Mapping):
+        return {}
+    for kind in ("servers", "actors"):
+        parts = backend.get(kind)
+        if isinstance(parts, dict):
+            return parts
+    return {}
