@@ -350,6 +350,12 @@ def _set_first(tensors: dict[str, torch.Tensor], value: torch.Tensor | None) -> 
         (TRAINER_STATE_FILE, lambda m: m.update(extra=1), "unreadable"),
         (TRAINER_STATE_FILE, lambda m: m.update(torch_rng="AAAA"), "torch RNG"),
         (TRAINER_STATE_FILE, lambda m: m.update(python_rng=[1, 2]), "RNG state"),
+        # Issue 24 item 18: words past what the generators hold were an OverflowError.
+        (TRAINER_STATE_FILE, lambda m: m["python_rng"][1].__setitem__(3, 2**70), "RNG state"),
+        (TRAINER_STATE_FILE, lambda m: m["numpy_rng"]["state"].update(state=2**200), "RNG"),
+        (TRAINER_STATE_FILE, lambda m: m["numpy_rng"].update(uinteger=2**70), "RNG state"),
+        (TRAINER_STATE_FILE, lambda m: m.update(updates=2**63), "updates"),
+        (TRAINER_STATE_FILE, lambda m: m.update(version=2**63), "version"),
     ],
 )
 def test_a_bad_state_is_refused_and_changes_nothing(

@@ -198,6 +198,9 @@ def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
         ("param.answer_logits", _set("param.answer_logits", np.full((10, 10), np.inf))),
         ("param.answer_logits", _set("param.answer_logits", [[0.0] * 10] * 10)),
         ("extra", _set("extra", np.zeros(1))),
+        # Issue 24 item 18: past int64 a checkpoint's arrays cannot hold it again.
+        ("adam_step", _set("adam_step", np.array(2**64 - 1, dtype=np.uint64))),
+        ("version", _set("version", np.array(2**63, dtype=np.uint64))),
     ],
 )
 def test_load_state_refuses_a_bad_state_and_changes_nothing(

@@ -68,6 +68,7 @@ TRAINER_STATE_FILE = "state.json"
 DEFAULT_MAX_LOG_RATIO = 20.0
 
 _STATE_FORMAT = 1
+_INT64_MAX = 2**63 - 1
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 # state() keys: the numpy trainer's names where they mean the same thing.
 _ARRAY_PREFIX = {"param": "param.", "exp_avg": "adam_m.", "exp_avg_sq": "adam_v."}
@@ -494,7 +495,8 @@ class TorchGRPOTrainer:
         try:
             numpy_rng.bit_generator.state = meta.numpy_rng
             python_rng.setstate(_tuples(meta.python_rng))
-        except (ValueError, TypeError, KeyError) as error:
+        except (ValueError, TypeError, KeyError, OverflowError) as error:
+            # OverflowError: a word past what the generator holds (2**70 in a 32-bit word).
             raise InvalidStateError(f"trainer state has a bad RNG state: {error}") from None
         # Everything checked: apply.
         with torch.no_grad():
@@ -578,8 +580,12 @@ def _decode_meta(data: bytes, *, where: str) -> _TrainerMeta:
     if meta.format != _STATE_FORMAT:
         raise InvalidStateError(f"{where}: unknown format {meta.format}", file=where)
     for name in ("version", "updates", "skipped"):
-        if getattr(meta, name) < 0:
-            raise InvalidStateError(f"{where}: {name} must be >= 0", file=where)
+        # At most int64: what a checkpoint's controller state and the journal hold.
+        if not 0 <= getattr(meta, name) <= _INT64_MAX:
+            raise InvalidStateError(
+                f"{where}: {name} must be in [0, {_INT64_MAX}], got {getattr(meta, name)}",
+                file=where,
+            )
     return meta
 
 

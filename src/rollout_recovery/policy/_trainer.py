@@ -72,6 +72,7 @@ _STATE_DEFAULTS: Mapping[str, npt.NDArray[Any]] = MappingProxyType(
 )
 
 # Which table each trainable token kind indexes.
+_INT64_MAX = 2**63 - 1
 _KIND_TABLE = {KIND_THOUGHT: "thought_logits", KIND_ANSWER: "answer_logits"}
 
 
@@ -450,8 +451,12 @@ class NumpyGRPOTrainer:
                 )
             if kind == "f" and not np.isfinite(value).all():
                 raise InvalidStateError(f"trainer state key {key!r} must be finite")
-            if kind == "i" and int(value) < 0:
-                raise InvalidStateError(f"trainer state key {key!r} must be >= 0")
+            if kind == "i" and not 0 <= int(value) <= _INT64_MAX:
+                # At most int64: what the controller state, the journal and the next
+                # checkpoint's arrays hold.
+                raise InvalidStateError(
+                    f"trainer state key {key!r} must be in [0, {_INT64_MAX}], got {int(value)}"
+                )
             if key.startswith("adam_v.") and (value < 0).any():
                 raise InvalidStateError(f"trainer state key {key!r} must be >= 0")
             loaded[key] = value
