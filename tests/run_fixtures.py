@@ -340,6 +340,16 @@ def trained_rows_fixture() -> Callable[[Path], list[dict[str, Any]]]:
     return trained_rows
 
 
+def rewrite_checkpoint_file(checkpoint: Path, name: str, data: bytes) -> None:
+    """Replace one file of a committed checkpoint and its manifest entry: the checkpoint
+    still loads (sizes and sha256 match); only what the file says is wrong."""
+    (checkpoint / name).write_bytes(data)
+    manifest_path = checkpoint / "COMMITTED"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest_path.write_text(json.dumps(manifest, sort_keys=True, indent=1) + "\n")
+
+
 @pytest.fixture(scope="session")
 def finished_run_original(
     tmp_path_factory: pytest.TempPathFactory,

@@ -42,8 +42,10 @@ from ..dataplane import ReplayIndex
 from ..errors import (
     CheckpointDirectoryError,
     InvalidStateError,
+    InvalidTransitionError,
     JobMismatchError,
     RunNotResumableError,
+    StagingInventoryError,
 )
 from ..history import JournalScan
 from ..history.records import AbandonedAttempt, AttemptsAbandoned, CheckpointCommitted, Restored
@@ -306,10 +308,12 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
 def verify_checkpoint(
     loaded: LoadedCheckpoint, *, config: RunConfig, controller: Controller[Any]
 ) -> VerifiedCheckpoint:
-    """Decode and check everything a restore will use; change nothing.
+    """Decode and check everything a restore will use; change nothing on disk.
 
     Raises ``InvalidStateError`` / ``CheckpointDirectoryError`` for a damaged checkpoint
     (the caller falls back to an older one) and ``JobMismatchError`` for another job's.
+    Its last check loads the trainer's state into ``controller.trainer`` (a refused load
+    changes nothing), which a restore then uses: call it before the trainer trains.
     """
     where = str(loaded.directory)
     files = decode_checkpoint_files(loaded)
@@ -383,6 +387,17 @@ def verify_checkpoint(
             f"staging {sorted(missing_staging)[:10]} (total={len(missing_staging)}), "
             f"canonical {sorted(missing_canonical)[:10]} (total={len(missing_canonical)})",
             directory=where,
+        )
+    # Last, the trainer's state. Loading it is its check (a refused load changes nothing):
+    # a state the trainer refuses (an edited RNG word, a version past int64) skips this
+    # checkpoint for the previous one like any other damage. The job's trainer has not
+    # trained yet, so it then holds this checkpoint's state for the restore (a later
+    # candidate's load replaces it whole).
+    _load_trainer_state(controller, policy, trainer_files)
+    if controller.trainer.weight_version != state.weight_version:
+        raise InvalidStateError(
+            f"{where}: {CONTROLLER_STATE_FILE} is at weight version {state.weight_version} "
+            f"but the trainer's state is at {controller.trainer.weight_version}"
         )
     return VerifiedCheckpoint(
         step=state.step,
@@ -488,11 +503,12 @@ async def restore_controller(
             ledger.bind_runtime_prompt(
                 cut, group.group_id, controller.dataset[int(group.prompt_id)]
             )
-        _load_trainer_state(controller, verified)
         if controller.trainer.weight_version != state.weight_version:
+            # verify_checkpoint loaded the trainer's state; nothing trained since.
             raise InvalidStateError(
-                f"{verified.name}: the controller's weight version {state.weight_version} "
-                f"disagrees with the policy's {controller.trainer.weight_version}"
+                f"{verified.name}: the trainer is at weight version "
+                f"{controller.trainer.weight_version}, not the checkpoint's "
+                f"{state.weight_version}: restore only what verify_checkpoint just verified"
             )
         controller.state = state
         controller.history.truncate_metrics(
@@ -570,14 +586,18 @@ async def restore_controller(
     return report
 
 
-def _load_trainer_state(controller: Controller[Any], verified: VerifiedCheckpoint) -> None:
+def _load_trainer_state(
+    controller: Controller[Any],
+    policy: Mapping[str, npt.NDArray[Any]],
+    trainer_files: Mapping[str, bytes],
+) -> None:
     trainer = controller.trainer
-    if verified.trainer_files:
+    if trainer_files:
         # verify_checkpoint refused files this trainer cannot load.
         assert isinstance(trainer, FileStateTrainer)
-        trainer.load_state_files(verified.trainer_files)
+        trainer.load_state_files(trainer_files)
     else:
-        trainer.load_state(verified.policy)
+        trainer.load_state(policy)
 
 
 def _sealed_tokens(ledger: RolloutRecoveryLedger, store: Any) -> int:
@@ -742,16 +762,27 @@ class ControllerCheckpoints:
         return verified
 
     async def restore(self, verified: VerifiedCheckpoint) -> RestoreReport:
-        """Restore ``verified`` and replay the journal after it (:func:`restore_controller`);
-        a ``RunNotResumableError`` when the history is shorter than it recorded."""
+        """Restore ``verified`` and replay the journal after it (:func:`restore_controller`).
+
+        Whatever can make a checkpoint unusable is checked by its verification, so the
+        search skips it for the previous one. A refusal from the restore itself (it has
+        begun changing the store and the journal, so it cannot fall back in process) is a
+        ``RunNotResumableError`` naming the checkpoint: the same start would refuse it
+        again. Transient failures (a full disk) stay what they are: a rerun resumes."""
         try:
             self.restored = await restore_controller(self.controller, verified)
-        except CheckpointDirectoryError as error:
-            # The history is shorter than the checkpoint recorded: a disk lost synced data.
+        except (
+            CheckpointDirectoryError,
+            InvalidStateError,
+            InvalidTransitionError,
+            StagingInventoryError,
+        ) as error:
             raise RunNotResumableError(
-                str(error),
-                remedy="Restore the run directory from a backup, or start a new run in "
-                "another directory.",
+                f"checkpoint {verified.name} passed its verification but its restore was "
+                f"refused: {type(error).__name__}: {error}",
+                remedy=f"Move {self.store.directory / verified.name} out of "
+                f"{self.store.directory} to resume from the previous checkpoint, or start a "
+                "new run in another directory.",
             ) from error
         return self.restored
 
