@@ -135,6 +135,30 @@ def test_clear_is_performed_by_the_keep_th_commit_after_the_request(
     assert store.keys(P) == ["b"]
 
 
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_restore_deletes_at_once_only_what_no_retained_checkpoint_needs(keep: int) -> None:
+    """Issue 24 item 4: rows only an older retained checkpoint needs wait until ``keep``
+    checkpoints after the restore have committed (every checkpoint retained at the
+    restore has then been pruned); the rest go at once."""
+    store = store_with(["a", "b", "c", "d"], keep=keep)
+    cut = LiveCut()
+    deferred = store.clear_unowned(P, ["a", "b", "c"], retained={"b", "x"}, cut=cut)
+    assert deferred == ["b"] and cut.checks >= 1
+    assert store.inner.keys(P) == ["b", "d"]
+    for _ in range(keep - 1):
+        assert store.checkpoint_committed() == 0
+        assert store.inner.keys(P) == ["b", "d"]
+    assert store.checkpoint_committed() == 1
+    assert store.inner.keys(P) == ["d"]
+
+
+def test_a_restore_with_a_dead_cut_deletes_nothing() -> None:
+    store = store_with(["a", "b"], keep=2)
+    with pytest.raises(DeadCutError):
+        store.clear_unowned(P, ["a", "b"], retained={"b"}, cut=exited_barrier_cut())
+    assert store.inner.keys(P) == ["a", "b"] and store.pending_count == 0
+
+
 def test_requests_at_different_epochs_fall_due_at_different_commits() -> None:
     store = store_with(["a", "b", "c"], keep=2)
     store.clear(P, ["a"])  # epoch 0: due at commit 2

@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -44,6 +45,7 @@ from ..errors import (
     InvalidStateError,
     InvalidTransitionError,
     JobMismatchError,
+    RolloutRecoveryError,
     RunNotResumableError,
     StagingInventoryError,
 )
@@ -73,10 +75,12 @@ __all__ = [
     "CheckpointTiming",
     "ControllerCheckpoints",
     "RestoreReport",
+    "RowNeeds",
     "VerifiedCheckpoint",
     "decode_checkpoint_files",
     "follow_journal",
     "restore_controller",
+    "rows_older_checkpoints_need",
     "take_checkpoint",
     "verify_checkpoint",
 ]
@@ -260,6 +264,8 @@ class VerifiedCheckpoint:
     #: Where the snapshot's history ends in the journal, and the journal after it.
     position: int
     scan: JournalScan
+    #: Prompts the run has taken, the journal after the snapshot replayed (the cursor).
+    prompts_taken: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +277,9 @@ class CheckpointFiles:
     replay_state: dict[str, Any]
 
 
-def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
-    """Decode what every reader of a checkpoint needs (the restore and the auditor).
+def decode_checkpoint_files(loaded: LoadedCheckpoint, *, trainer: bool = True) -> CheckpointFiles:
+    """Decode what every reader of a checkpoint needs (the restore and the auditor);
+    ``trainer=False`` for one loaded without the trainer's files (rows only).
 
     Raises ``CheckpointDirectoryError`` for a missing or doubled file and
     ``InvalidStateError`` for one that does not decode; changes nothing.
@@ -288,7 +295,7 @@ def decode_checkpoint_files(loaded: LoadedCheckpoint) -> CheckpointFiles:
         if required not in loaded.files:
             raise CheckpointDirectoryError(f"missing {required}", directory=where)
     trainer_files = CHECKPOINT_FILES.trainer_files(loaded.files)
-    if (POLICY_FILE in loaded.files) == bool(trainer_files):
+    if trainer and (POLICY_FILE in loaded.files) == bool(trainer_files):
         found = sorted(trainer_files) + ([POLICY_FILE] if POLICY_FILE in loaded.files else [])
         raise CheckpointDirectoryError(
             f"expected the trainer's state as {POLICY_FILE} or as "
@@ -350,37 +357,11 @@ def verify_checkpoint(
         raise CheckpointDirectoryError(
             f"records no journal position for {journal.name}", directory=where
         )
-    scan = JournalScan.read(journal, start=position)
-    entries, torn_cut = whole_cuts(
-        scan.entries, batch_size=config.job.prompts_per_step, journal=journal
-    )
-    if torn_cut is not None:
-        scan = JournalScan(
-            entries=entries,
-            end=torn_cut,
-            torn_bytes=scan.end + scan.torn_bytes - torn_cut,
-            torn_reason="a reservation batch cut short at the end of the journal",
-        )
-    # Dry run of the restore on throwaway copies: the rows it will need at the end of the
-    # replay (not the snapshot's own: the journal may have published or dropped since).
-    scratch = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
-    bind_placeholder_prompts(_AnyCut(), scratch)
-    replay = ReplayIndex.from_state_dict(
-        replay_state,
-        data_plane=metadata_only_plane(),
-        group_size=config.job.generations_per_prompt,
-        check_rows=False,
-    )
-    scratch_state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=ControllerState)
-    JournalReplay(ledger=scratch, replay=replay, state=scratch_state, journal=journal).restore(
-        _AnyCut(), scan.entries, snapshot_position=position, reuse=config.recovery.reuse
-    )
-    scratch.prepare_for_restart(_AnyCut())
+    scan = _journal_after(journal, position, config)
+    needs, replayed = _rows_needed(files, scan, position=position, config=config, journal=journal)
     store = controller.data_plane
-    missing_staging = scratch.expected_staging_keys() - set(
-        store.keys(CaptureWriter.staging_partition)
-    )
-    missing_canonical = set(replay.row_keys()) - set(store.keys(ReplayIndex.canonical_partition))
+    missing_staging = needs.staging - set(store.keys(CaptureWriter.staging_partition))
+    missing_canonical = needs.canonical - set(store.keys(ReplayIndex.canonical_partition))
     if missing_staging or missing_canonical:
         raise CheckpointDirectoryError(
             "the data plane lacks rows this checkpoint and the journal after it need: "
@@ -410,7 +391,97 @@ def verify_checkpoint(
         marks=dict(loaded.marks),
         position=position,
         scan=scan,
+        prompts_taken=replayed.prompts_taken,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RowNeeds:
+    """The data-plane rows a checkpoint and the journal after it need to be restored."""
+
+    staging: frozenset[str] = frozenset()
+    canonical: frozenset[str] = frozenset()
+
+    def __or__(self, other: RowNeeds) -> RowNeeds:
+        return RowNeeds(self.staging | other.staging, self.canonical | other.canonical)
+
+
+def _journal_after(journal: Path, position: int, config: RunConfig) -> JournalScan:
+    """The journal after ``position``, verified, a reservation batch cut short at its end
+    counted with the torn tail (nothing is cut here)."""
+    scan = JournalScan.read(journal, start=position)
+    entries, torn_cut = whole_cuts(
+        scan.entries, batch_size=config.job.prompts_per_step, journal=journal
+    )
+    if torn_cut is None:
+        return scan
+    return JournalScan(
+        entries=entries,
+        end=torn_cut,
+        torn_bytes=scan.end + scan.torn_bytes - torn_cut,
+        torn_reason="a reservation batch cut short at the end of the journal",
+    )
+
+
+def _rows_needed(
+    files: CheckpointFiles, scan: JournalScan, *, position: int, config: RunConfig, journal: Path
+) -> tuple[RowNeeds, ControllerState]:
+    """The rows a restore of this checkpoint needs at the end of its replay (not the
+    snapshot's own: the journal may have published or dropped since), and the state the
+    replay ends in: a dry run of the restore on throwaway copies. Raises
+    ``ReplayError`` for a journal that does not apply."""
+    scratch = RolloutRecoveryLedger.from_state_dict(files.parsed.ledger_state)
+    bind_placeholder_prompts(_AnyCut(), scratch)
+    replay = ReplayIndex.from_state_dict(
+        files.replay_state,
+        data_plane=metadata_only_plane(),
+        group_size=config.job.generations_per_prompt,
+        check_rows=False,
+    )
+    state = msgspec.msgpack.decode(
+        msgspec.msgpack.encode(files.controller_state), type=ControllerState
+    )
+    JournalReplay(ledger=scratch, replay=replay, state=state, journal=journal).restore(
+        _AnyCut(), scan.entries, snapshot_position=position, reuse=config.recovery.reuse
+    )
+    scratch.prepare_for_restart(_AnyCut())
+    needs = RowNeeds(frozenset(scratch.expected_staging_keys()), frozenset(replay.row_keys()))
+    return needs, state
+
+
+def rows_older_checkpoints_need(
+    controller: Controller[Any], store: CheckpointStore, restored: VerifiedCheckpoint
+) -> RowNeeds:
+    """The rows every committed checkpoint older than ``restored`` would need if it were
+    restored now: what ``restored``'s restore must keep, so that falling back to one of
+    them stays possible until they leave retention. A checkpoint that could not be
+    restored anyway (damaged, another job's, a journal that does not apply) needs
+    nothing. Reads their sidecars, controller states and replay indexes, not the
+    trainers' files."""
+    config = controller.config
+    journal = controller.history.journal.path
+    identity = identity_fingerprint(config)
+    needs = RowNeeds()
+    for committed in store.committed():
+        if committed.step >= restored.step:
+            continue
+        try:
+            loaded = store.load(committed, skip=_is_trainer_file)
+            files = decode_checkpoint_files(loaded, trainer=False)
+            position = loaded.marks.get(journal.name)
+            if files.controller_state.identity != identity or position is None:
+                continue
+            scan = _journal_after(journal, position, config)
+            needs |= _rows_needed(
+                files, scan, position=position, config=config, journal=journal
+            )[0]
+        except (RolloutRecoveryError, ValueError, OSError):
+            continue
+    return needs
+
+
+def _is_trainer_file(name: str) -> bool:
+    return name == POLICY_FILE or bool(CHECKPOINT_FILES.trainer_files([name]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,9 +515,13 @@ class RestoreReport:
 
 
 async def restore_controller(
-    controller: Controller[Any], verified: VerifiedCheckpoint
+    controller: Controller[Any], verified: VerifiedCheckpoint, *, retained: RowNeeds = RowNeeds()
 ) -> RestoreReport:
-    """Restore ``verified`` and replay the journal after it, in DESIGN §4 step 8's order."""
+    """Restore ``verified`` and replay the journal after it, in DESIGN §4 step 8's order.
+
+    Rows ``verified`` does not own are deleted, but those ``retained`` names (what the
+    older retained checkpoints need: :func:`rows_older_checkpoints_need`), whose deletion
+    is deferred until they have left retention."""
     ledger = controller.ledger
     store = controller.data_plane
     journal = controller.history.journal.path
@@ -474,12 +549,25 @@ async def restore_controller(
         # Canonical rows whose publish never reached the journal: their groups are in the
         # ledger, to be published again.
         unowned = sorted(set(store.keys(ReplayIndex.canonical_partition)) - owned_rows)
-        store.inner.clear(ReplayIndex.canonical_partition, unowned, cut=cut)
+        store.clear_unowned(
+            ReplayIndex.canonical_partition, unowned, retained=retained.canonical, cut=cut
+        )
+        # The partition may hold more than the index owns (rows an older retained
+        # checkpoint needs, deferred), never less.
         controller.replay = ReplayIndex.from_state_dict(
             replay.state_dict(),
             data_plane=store,
             group_size=controller.config.job.generations_per_prompt,
+            check_rows=False,
         )
+        lacking = set(controller.replay.row_keys()) - set(
+            store.keys(ReplayIndex.canonical_partition)
+        )
+        if lacking:  # verify_checkpoint found them: only a store changed under us
+            raise InvalidStateError(
+                f"{verified.name}: the data plane lacks canonical rows the replayed index "
+                f"owns: {sorted(lacking)[:10]} (total={len(lacking)})"
+            )
         canonical_tokens = sum(
             int(row.token_mask.sum())
             for row in store.get(ReplayIndex.canonical_partition, controller.replay.row_keys())
@@ -490,14 +578,18 @@ async def restore_controller(
         in_flight_tokens, cohort_tokens = _interrupted_tokens(
             ledger, store.inner, interrupted, keep
         )
-        # Against the inner store: deletions at restore are immediate, nothing needs them.
+        # Every row the restored state owns is there (or StagingInventoryError); what it
+        # does not own goes at once, unless an older retained checkpoint needs it.
         cleared = reconcile_staging(
             ledger,
             store.inner,
             cut,
             partition=CaptureWriter.staging_partition,
-            clear_unreferenced=True,
+            clear_unreferenced=False,
             keep=keep,
+        )
+        store.clear_unowned(
+            CaptureWriter.staging_partition, cleared, retained=retained.staging, cut=cut
         )
         for group in ledger.groups():
             ledger.bind_runtime_prompt(
@@ -743,6 +835,8 @@ class ControllerCheckpoints:
         self.restored: RestoreReport | None = None
         #: Every checkpoint :meth:`take` committed, in order.
         self.timings: list[CheckpointTiming] = []
+        # What the checkpoints older than the one found need, for its restore to keep.
+        self._older_needs = RowNeeds()
 
     def newest_restorable(self) -> VerifiedCheckpoint | None:
         """The newest committed checkpoint that verifies (see :func:`verify_checkpoint`),
@@ -759,6 +853,7 @@ class ControllerCheckpoints:
         if found is None:
             return None
         _, verified, self.skipped = found
+        self._older_needs = rows_older_checkpoints_need(controller, self.store, verified)
         return verified
 
     async def restore(self, verified: VerifiedCheckpoint) -> RestoreReport:
@@ -770,7 +865,9 @@ class ControllerCheckpoints:
         ``RunNotResumableError`` naming the checkpoint: the same start would refuse it
         again. Transient failures (a full disk) stay what they are: a rerun resumes."""
         try:
-            self.restored = await restore_controller(self.controller, verified)
+            self.restored = await restore_controller(
+                self.controller, verified, retained=self._older_needs
+            )
         except (
             CheckpointDirectoryError,
             InvalidStateError,

@@ -4,8 +4,10 @@ Why: a checkpoint must not copy token rows under the exclusive barrier hold, or 
 grows with the bytes stored. So a checkpoint copies no rows at all. It records which rows
 it owns (the ledger's expected staging keys, the replay index's canonical keys), and the
 durable store keeps every such row until no retained checkpoint references it. The live
-store is then always a superset of what each retained checkpoint needs, and a restore
-only has to delete what the restored checkpoint does not own.
+store is then always a superset of what each retained checkpoint needs. A restore deletes
+at once what no retained checkpoint needs, and defers (as :meth:`clear_unowned`) what only
+an older retained one needs: if the restored checkpoint is lost before the next one
+commits, the fallback to an older one still finds its rows.
 
 Checkpoints are numbered as they are *captured* (inside the exclusive hold), not as they
 commit: a checkpoint is written after its hold, while the run goes on clearing rows, and
@@ -13,13 +15,13 @@ every row it captured must outlive that write. A deletion requested after ``e`` 
 may be needed by any of those checkpoints. With ``keep`` checkpoints retained, once
 capture ``m`` has committed the retained ones are ``m - keep + 1 .. m``, so a deletion of
 epoch ``e`` is safe once ``e <= m - keep``. Pending deletions live in memory only: after
-a crash the restore's inventory pass deletes whatever the restored checkpoint does not
-own.
+a crash the restore's inventory pass deletes what no retained checkpoint needs and
+defers the rest again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .._checks import check_keys_argument, check_partition
@@ -85,6 +87,27 @@ class DeferredDeletionDataPlane(Resource):
     def close(self) -> None:
         # Closes the store it wraps: the two are one resource to whoever holds this one.
         self.inner.close()
+
+    def clear_unowned(
+        self,
+        partition: str,
+        keys: Sequence[str],
+        *,
+        retained: Collection[str],
+        cut: MutationCut,
+    ) -> list[str]:
+        """A restore's deletion of rows the restored checkpoint does not own: at once, but
+        those ``retained`` names (rows an older retained checkpoint needs), which wait
+        like any ``clear`` until ``keep`` later checkpoints have committed, when none of
+        the checkpoints retained now is left. Returns the keys deferred."""
+        cut.require_live()
+        later = [key for key in keys if key in retained]
+        now = [key for key in keys if key not in retained]
+        if now:
+            self.inner.clear(partition, now, cut=cut)
+        if later:
+            self.clear(partition, later, cut=cut)
+        return later
 
     def checkpoint_captured(self) -> int:
         """Number one more checkpoint, inside its hold; returns its number for the commit."""

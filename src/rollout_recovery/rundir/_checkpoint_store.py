@@ -430,8 +430,11 @@ class CheckpointStore:
             return None
         return raw.decode("utf-8", errors="replace").strip()
 
-    def load(self, checkpoint: CommittedCheckpoint) -> LoadedCheckpoint:
-        """Read and verify every file of ``checkpoint`` against its ``COMMITTED`` manifest.
+    def load(
+        self, checkpoint: CommittedCheckpoint, *, skip: Callable[[str], bool] | None = None
+    ) -> LoadedCheckpoint:
+        """Read and verify every file of ``checkpoint`` against its ``COMMITTED`` manifest
+        (but those ``skip`` names: a reader that needs no model weights reads none).
 
         Raises :class:`~rollout_recovery.errors.CheckpointDirectoryError` (directory =
         the checkpoint's) naming exactly what is wrong: a missing or unreadable marker, bad
@@ -442,6 +445,8 @@ class CheckpointStore:
         manifest, entries = _read_manifest(checkpoint, fail)
         files: dict[str, bytes] = {}
         for file_name, (size, sha256) in entries.items():
+            if skip is not None and skip(file_name):
+                continue
             data = _read_or_fail(
                 directory / file_name,
                 fail,
