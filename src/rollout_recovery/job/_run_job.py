@@ -37,6 +37,7 @@ from ..control import Controller, ControllerCheckpoints, RunConfig, load_config
 from ..dataplane import DataPlane, ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
+    ConfigError,
     InvalidStateError,
     JobMismatchError,
     RunNotResumableError,
@@ -316,6 +317,8 @@ async def _run_installed(
             "checkpoints, the history, or the job.toml they were written with), or start a "
             "new run in another directory.",
         ) from error
+    if found is not None:
+        _refuse_fewer_steps(config, found.name, prompts_taken=found.prompts_taken)
     restored = None
     if found is None:
         if progress is not None:
@@ -483,6 +486,23 @@ def _refuse_lost_checkpoints(run: RunDirectory) -> None:
             f"({run.checkpoints_dir.name}/ is missing or empty); found: " + ", ".join(found),
             remedy="Nothing was deleted. Restore the checkpoints directory, or start a new "
             "run in another directory.",
+        )
+
+
+def _refuse_fewer_steps(config: RunConfig, checkpoint: str, *, prompts_taken: int) -> None:
+    """Refuse, before the restore changes anything, fewer ``job.steps`` than the run has
+    taken prompts for: every prompt taken must be trained (the audit proves it), and the
+    steps past ``job.steps`` would never train, so their groups would wait for a step
+    that never comes. The message names the number to use."""
+    job = config.job
+    taken = prompts_taken // job.prompts_per_step
+    if job.steps < taken:
+        raise ConfigError(
+            f"this run has taken the prompts of {taken} steps ({checkpoint} and the journal "
+            f"after it), more than the {job.steps} it is asked for: every prompt taken is "
+            f"trained. Rerun with job.steps = {taken} or more (an operational setting); "
+            "nothing was changed",
+            path="$.job.steps",
         )
 
 
