@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError, RolloutRecoveryError
 from ..policy import TaskConfig
 from ._config import ModelConfig, TrainerConfig, require_llm
 from ._emit_task import EmitTokenEpisodes, EmitTokenTask
@@ -46,16 +47,29 @@ class LlmParts:
 
         if trainer.threads:
             torch.set_num_threads(trainer.threads)
-        torch_trainer = TorchGRPOTrainer(
-            prepare_model(model),
-            seed=seed,
-            learning_rate=trainer.learning_rate,
-            clip_epsilon=trainer.clip_epsilon,
-            micro_batch_size=trainer.micro_batch or None,
-            epochs=trainer.epochs,
-            weight_decay=trainer.weight_decay,
-            max_grad_norm=trainer.max_grad_norm or None,
-        )
+        directory = prepare_model(model)
+        try:
+            torch_trainer = TorchGRPOTrainer(
+                directory,
+                seed=seed,
+                learning_rate=trainer.learning_rate,
+                clip_epsilon=trainer.clip_epsilon,
+                micro_batch_size=trainer.micro_batch or None,
+                epochs=trainer.epochs,
+                weight_decay=trainer.weight_decay,
+                max_grad_norm=trainer.max_grad_norm or None,
+            )
+        except RolloutRecoveryError:
+            raise
+        except (RuntimeError, ValueError, KeyError, TypeError, OSError) as error:
+            # What torch and transformers raise for a configuration and weights that do
+            # not make a model (shapes that disagree, an unknown architecture): the job's
+            # configuration is at fault, before anything was written.
+            raise ConfigError(
+                f"the model in {str(directory)!r} cannot be built: {type(error).__name__}: "
+                f"{_first_lines(str(error))}",
+                path="$.model.source",
+            ) from error
         vocab_size = torch_trainer.vocab_size
         bos = getattr(torch_trainer.skeleton.config, "bos_token_id", None)
         dataset = EmitTokenTask(
@@ -84,3 +98,10 @@ class LlmParts:
             max_tokens=self.max_tokens,
             temperature=self.trainer.temperature,
         )
+
+
+def _first_lines(text: str, lines: int = 3) -> str:
+    """A long message (torch lists every mismatched tensor) cut to its first lines."""
+    kept = text.strip().splitlines()
+    more = f" (... {len(kept) - lines} more lines)" if len(kept) > lines else ""
+    return " ".join(line.strip() for line in kept[:lines]) + more
