@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -96,11 +97,16 @@ def _refuse_foreign_path(run: RunDirectory) -> None:
     """Refuse, before writing anything, a path that cannot become this run's directory."""
     if run.root.exists() and not run.root.is_dir():
         raise JobMismatchError(f"{run.root} exists and is not a directory")
-    if run.root.is_dir() and not run.job_file.exists() and any(run.root.iterdir()):
+    # A lock file alone is what a start that never claimed the directory leaves.
+    if run.root.is_dir() and not run.job_file.exists() and _entries_but_the_lock(run):
         raise JobMismatchError(
             f"{run.root} is not empty and is not a rollout-recovery run directory (no "
             f"{run.job_file.name}); choose a new or empty --out"
         )
+
+
+def _entries_but_the_lock(run: RunDirectory) -> list[str]:
+    return [name for name in os.listdir(run.root) if name != run.lock_file.name]
 
 
 def claim_run_directory(run: RunDirectory, config: RunConfig) -> list[str]:
@@ -237,7 +243,12 @@ def _open_job(
     operational changes. Synchronous: nothing else runs on the loop yet."""
     log = wiring.log
     stack.enter_context(run.lock())
-    changes = claim_run_directory(run, config)
+    claimed = run.job_file.exists()
+    # An existing run: its identity is checked (nothing written). A new one is claimed
+    # only once its components are built: a job that cannot be built (a model that does
+    # not load) leaves the directory as it found it, so the corrected job can start.
+    changes = claim_run_directory(run, config) if claimed else []
+    unclaimed = None if claimed else stack.enter_context(_Unclaimed.watch(run))
     # Before any store, trail or server is opened: a refused run changes nothing.
     checkpoints = CheckpointStore(run.root, keep=config.checkpoint.keep)
     if not checkpoints.committed():
@@ -264,6 +275,9 @@ def _open_job(
     stack.callback(wiring.unwire)
     parts = components(resolved, inner)
     stack.push_async_callback(parts.backend.aclose)
+    if unclaimed is not None:
+        claim_run_directory(run, config)
+        unclaimed.claimed = True
     controller = Controller(
         config=config,
         dataset=parts.dataset,
@@ -276,6 +290,40 @@ def _open_job(
     store = CheckpointStore(run.root, keep=config.checkpoint.keep)
     store.remove_stale()  # what a save killed mid-way left behind
     return controller, store, changes
+
+
+@dataclass(slots=True)
+class _Unclaimed:
+    """A directory this start found without ``job.toml`` (empty but for the lock): until
+    the start claims it, whatever it creates there is removed if it stops, and the
+    directory's mode is put back."""
+
+    run: RunDirectory
+    before: frozenset[str]
+    mode: int
+    claimed: bool = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def watch(cls, run: RunDirectory) -> Iterator[_Unclaimed]:
+        found = cls(run, frozenset(os.listdir(run.root)), run.root.stat().st_mode & 0o7777)
+        # What the start writes holds prompts, rewards and server names: owner only.
+        os.chmod(run.root, 0o700)
+        try:
+            yield found
+        finally:
+            if not found.claimed:
+                found.forget()
+
+    def forget(self) -> None:
+        for entry in self.run.root.iterdir():
+            if entry.name in self.before:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        os.chmod(self.run.root, self.mode)
 
 
 async def _join_worker_threads() -> None:
