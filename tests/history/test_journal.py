@@ -314,6 +314,7 @@ def test_a_damaged_line_with_records_after_it_is_fatal_with_its_offset(tmp_path:
     assert caught.value.line == 3
     assert "events.jsonl:3" in str(caught.value)
     assert caught.value.fatal
+    assert not caught.value.rerun_resumes  # a rerun finds the same damage
 
 
 def test_a_journal_shorter_than_a_recorded_position_is_fatal(tmp_path: Path) -> None:

@@ -100,9 +100,35 @@ def test_metrics_shorter_than_a_checkpoint_synced_them_are_refused(
 
     output = _refused_twice(run_cli, args)
 
-    assert f"metrics.jsonl is {newest_at - 1} bytes" in output
-    assert f"({newest} at byte {newest_at})" in output
+    assert (
+        f"metrics.jsonl is {newest_at - 1} bytes, shorter than the {newest_at} bytes "
+        f"{newest} synced"
+    ) in output
     assert _without_lock(dir_snapshot(out)) == _without_lock(before)
+
+
+def test_a_fallback_that_cut_the_metrics_back_is_not_a_lost_history(
+    finished_run: tuple[Path, RunConfig], run_cli: Cli, run_cli_until: Cli
+) -> None:
+    """The newest checkpoint damaged: the restore falls back to the previous one and cuts
+    the metrics back to its length. Killed before the next checkpoint prunes the damaged
+    one, the rerun must not take the damaged checkpoint's longer metrics mark for lost
+    lines (only the restored checkpoint vouches for the metrics)."""
+    out, _ = finished_run
+    *_, previous, newest = sorted((out / "checkpoints").glob("step_*"))
+    victim = newest / "replay_index.msgpack"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    args = _more_steps(out)
+    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("resumed from"))
+    assert killed.returncode == -9 and f"resumed from {previous.name}" in killed.stdout
+    assert (out / "metrics.jsonl").stat().st_size < _synced(out, "metrics.jsonl")[newest.name]
+
+    finished = run_cli(args)
+
+    assert finished.returncode == 0, finished.stdout
+    assert f"skipping checkpoint {newest.name}" in finished.stdout
 
 
 def test_a_byte_flipped_before_the_snapshot_is_refused_before_anything_trains(

@@ -78,6 +78,8 @@ class JournalCorruptError(InvalidStateError):
     """
 
     fatal = True
+    # Damage a crash cannot make stays: the next start finds it again.
+    rerun_resumes = False
 
     def __init__(self, message: str, *, file: str, offset: int, line: int) -> None:
         super().__init__(message, file=file)

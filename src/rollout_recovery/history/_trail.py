@@ -159,45 +159,46 @@ class AuditTrail(Resource):
 
     @staticmethod
     def require_synced_history(run: RunDirectory, store: CheckpointStore) -> None:
-        """Refuse, changing nothing, a history that lost what a committed checkpoint
+        """Refuse, changing nothing, a journal that lost what a committed checkpoint
         synced, or that is damaged anywhere before its end: ``RunNotResumableError``.
 
-        Each committed checkpoint's manifest records the lengths of ``events.jsonl`` and
-        ``metrics.jsonl`` it synced before it committed: a file shorter than any of them
-        lost synced records, whichever checkpoint a restore would choose (falling back to
-        an older one would journal anew, under new ids, what the lost records had
-        acknowledged). Then every line of the journal is checksummed, streamed, nothing
-        decoded (``docs/benchmarks.md``: its speed): damage with whole records after it is
-        not a crash's work, and a torn tail may start only after every synced position.
-        Run it before anything is trained: a rerun would find the same.
+        Each committed checkpoint's manifest records the length of ``events.jsonl`` it
+        synced before it committed, and the journal is only ever cut back to a torn tail
+        after all of them: a journal shorter than any lost synced records, whichever
+        checkpoint a restore would choose (falling back to an older one would journal
+        anew, under new ids, what the lost records had acknowledged). Then every line is
+        checksummed, streamed, nothing decoded (``docs/benchmarks.md``: its speed):
+        damage with whole records after it is not a crash's work, and a torn tail may
+        start only after every synced position. Run it before anything is trained: a
+        rerun would find the same. (``metrics.jsonl`` is cut back by every restore to its
+        checkpoint's length, so only the checkpoint restored can vouch for it:
+        :meth:`require_synced_metrics`.)
         """
-        synced: dict[str, list[tuple[int, str]]] = {run.events.name: [], run.metrics.name: []}
+        synced: list[tuple[int, str]] = []
         for committed in store.committed():
             try:
                 marks = store.read_marks(committed)
             except CheckpointDirectoryError:
                 continue  # a damaged manifest vouches for nothing; the restore reports it
-            for name, positions in synced.items():
-                if name in marks:
-                    positions.append((marks[name], committed.name))
-        for path in (run.events, run.metrics):
-            size = path.stat().st_size if path.exists() else 0
-            longer = sorted(item for item in synced[path.name] if item[0] > size)
-            if longer:
-                raise RunNotResumableError(
-                    f"{path.name} is {size} bytes, shorter than committed checkpoints synced "
-                    "it to ("
-                    + ", ".join(f"{name} at byte {position}" for position, name in longer)
-                    + "): the history lost records that were synced",
-                    remedy=_restore_remedy(path, longer[-1][0]),
-                )
+            if run.events.name in marks:
+                synced.append((marks[run.events.name], committed.name))
+        size = run.events.stat().st_size if run.events.exists() else 0
+        longer = sorted(item for item in synced if item[0] > size)
+        if longer:
+            raise RunNotResumableError(
+                f"{run.events.name} is {size} bytes, shorter than committed checkpoints "
+                "synced it to ("
+                + ", ".join(f"{name} at byte {position}" for position, name in longer)
+                + "): the history lost records that were synced",
+                remedy=_restore_remedy(run.events, longer[-1][0]),
+            )
         if not run.events.exists():
             return
         try:
             whole = JournalStream(run.events).verify()
         except JournalCorruptError as error:
             raise RunNotResumableError(str(error), remedy=_restore_remedy(run.events)) from error
-        newest = max(synced[run.events.name], default=None)
+        newest = max(synced, default=None)
         if newest is not None and whole.end < newest[0]:
             position, name = newest
             raise RunNotResumableError(
@@ -205,6 +206,18 @@ class AuditTrail(Resource):
                 f"({whole.torn_reason}) from there to its end, before byte {position}, which "
                 f"{name} synced: the history lost records that were synced",
                 remedy=_restore_remedy(run.events, position),
+            )
+
+    @staticmethod
+    def require_synced_metrics(run: RunDirectory, checkpoint: str, length: int) -> None:
+        """Refuse, changing nothing, metrics shorter than the ``length`` the checkpoint to
+        restore synced them to (its restore cuts them back to it): ``RunNotResumableError``."""
+        size = run.metrics.stat().st_size if run.metrics.exists() else 0
+        if size < length:
+            raise RunNotResumableError(
+                f"{run.metrics.name} is {size} bytes, shorter than the {length} bytes "
+                f"{checkpoint} synced: the metrics lost lines that were synced",
+                remedy=_restore_remedy(run.metrics, length),
             )
 
     @staticmethod

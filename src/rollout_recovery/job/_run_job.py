@@ -366,6 +366,8 @@ async def _run_installed(
             "new run in another directory.",
         ) from error
     if found is not None:
+        # Before the restore changes anything (it cuts the metrics back to the checkpoint).
+        AuditTrail.require_synced_metrics(run, found.name, found.marks.get(run.metrics.name, 0))
         _refuse_fewer_steps(config, found.name, prompts_taken=found.prompts_taken)
     restored = None
     if found is None:
