@@ -56,7 +56,9 @@ def _make_run(root: Path, steps: int) -> Path:
     return out
 
 
-def _lengthened(source: Path, target: Path, times: int) -> Path:
+def lengthened(source: Path, target: Path, times: int) -> Path:
+    """A copy of the run ``source`` whose journal and metrics are its own ``times``
+    over (the metrics' steps renumbered): a long run's history, read like one."""
     shutil.copytree(source, target)
     journal = (source / "events.jsonl").read_bytes()
     with open(target / "events.jsonl", "wb") as events:
@@ -164,7 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         short = _make_run(Path(root), args.steps)
         times = max(1, round(args.long_steps / args.steps))
-        long = _lengthened(short, Path(root) / "long", times)
+        long = lengthened(short, Path(root) / "long", times)
         for label, out in ((f"{args.steps} steps", short), (f"{args.steps * times} steps", long)):
             row: dict[str, Any] = {"run": label, **_check_speed(out, args.repeat)}
             for case in ("before", "after"):

@@ -7,9 +7,8 @@ on its own: its checksum covers only itself) and its metrics lines, steps renumb
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import math
-import shutil
 import tracemalloc
 from pathlib import Path
 
@@ -22,21 +21,18 @@ from rollout_recovery.history.records import CheckpointCommitted
 from rollout_recovery.job._readback import RunReadback
 from rollout_recovery.rundir import RunDirectory
 
+# The benchmark's long run, built the same way at a smaller scale.
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_history_read",
+    Path(__file__).resolve().parents[2] / "benchmarks" / "bench_history_read.py",
+)
+assert _SPEC is not None and _SPEC.loader is not None
+_BENCHMARK = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_BENCHMARK)
+
 
 def _lengthened(source: Path, target: Path, times: int) -> RunDirectory:
-    """``source``'s run with its journal ``times`` over and its metrics renumbered."""
-    shutil.copytree(source, target)
-    journal = (source / "events.jsonl").read_bytes()
-    with open(target / "events.jsonl", "wb") as events:
-        for _ in range(times):
-            events.write(journal)
-    lines = [json.loads(line) for line in (source / "metrics.jsonl").read_text().splitlines()]
-    with open(target / "metrics.jsonl", "w") as metrics:
-        for copy in range(times):
-            for values in lines:
-                metrics.write(json.dumps({**values, "step": copy * len(lines) + values["step"]}))
-                metrics.write("\n")
-    return RunDirectory(target)
+    return RunDirectory(_BENCHMARK.lengthened(source, target, times))
 
 
 def _peak_reading(run: RunDirectory) -> tuple[int, RunReadback]:
