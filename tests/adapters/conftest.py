@@ -4,9 +4,9 @@ They need packages the main suite does not have (``trl``; ``verl``, which needs 
 transformers older than the ``[llm]`` extra's, so it has a venv of its own), so they are
 collected only under their own configuration, ``tests/adapters/pytest.ini``::
 
-    bash .ci/adapters                       # builds the venvs, runs both suites
-    python -m pytest tests/adapters/trl     # in a venv with trl (pytest finds pytest.ini
-                                            # here: the nearest config above its arguments)
+    bash .ci/adapters                           # builds the venvs, runs both suites
+    python -m pytest tests/adapters/trl_grpo    # in a venv with trl (pytest finds pytest.ini
+                                                # here: the nearest config above its arguments)
 
 The main suite (``python -m pytest`` with pyproject.toml's settings) walks past this
 directory without importing anything in it, so it neither needs nor imports trl or verl.
