@@ -39,6 +39,7 @@ LAYERS = [
     "_workers",
     "_datasets",
     "errors",
+    "_outcomes",
     "_messages",
     "_bounds",
     "_cut",
@@ -320,30 +321,52 @@ class Fine(Resource):
 
 # -- outcomes once: a backend returns its failures ------------------------------------------
 
-ATTEMPT_METHODS = {"run_attempt", "resume_attempt"}
+#: The one attempt method every backend has (issue 25, item 5: it replaced
+#: ``run_attempt`` + ``resume_attempt``), and the names it may not come back as.
+ATTEMPT_METHOD = "run_attempt"
+RETIRED_ATTEMPT_METHODS = {"resume_attempt"}
 
 
 def outcome_violations(classes: list[tuple[Path, ast.ClassDef]]) -> list[str]:
-    """Every attempt method that cannot return an ``AttemptFailure``, as
-    ``file: Class.method returns ...``."""
+    """Every attempt method that cannot return an ``AttemptFailure`` or take a prefix, and
+    every second attempt method, as ``file: Class.method ...``."""
     violations = []
     for module, node in classes:
         for item in node.body:
-            if not isinstance(item, ast.AsyncFunctionDef) or item.name not in ATTEMPT_METHODS:
+            if not isinstance(item, ast.AsyncFunctionDef | ast.FunctionDef):
+                continue
+            where = f"{module.relative_to(PACKAGE_ROOT)}: {node.name}.{item.name}"
+            if item.name in RETIRED_ATTEMPT_METHODS:
+                violations.append(f"{where} is a second attempt method: use {ATTEMPT_METHOD}")
+                continue
+            if item.name != ATTEMPT_METHOD or not isinstance(item, ast.AsyncFunctionDef):
                 continue
             returns = ast.unparse(item.returns) if item.returns is not None else ""
             if "AttemptFailure" not in returns:
                 violations.append(
-                    f"{module.relative_to(PACKAGE_ROOT)}: {node.name}.{item.name} returns "
-                    f"{returns or 'nothing annotated'}, not AttemptResult | AttemptFailure"
+                    f"{where} returns {returns or 'nothing annotated'}, not "
+                    "AttemptResult | AttemptFailure"
                 )
+            args = item.args.args
+            prefix = next((a for a in args if a.arg == "prefix"), None)
+            with_defaults = args[len(args) - len(item.args.defaults) :]
+            defaults = {a.arg: d for a, d in zip(with_defaults, item.args.defaults, strict=True)}
+            annotation = ast.unparse(prefix.annotation) if prefix and prefix.annotation else ""
+            default = defaults.get("prefix")
+            if (
+                prefix is None
+                or annotation != "StagedPrefix | None"
+                or not (isinstance(default, ast.Constant) and default.value is None)
+            ):
+                violations.append(f"{where} does not take prefix: StagedPrefix | None = None")
     return violations
 
 
 def test_every_backend_returns_its_failures() -> None:
-    """Issue 16, item 5: ``run_attempt``/``resume_attempt`` of every backend (and of the
-    protocols and the Ray worker) return ``AttemptResult | AttemptFailure``; the controller
-    catches no ``GenerationError`` (raised out of a backend, it is a bug)."""
+    """Issue 16, item 5, and issue 25, item 5: every backend (and the protocol and the Ray
+    worker) has one attempt method, ``run_attempt(request, capture, prefix=None)``, which
+    returns ``AttemptResult | AttemptFailure``; the controller catches no
+    ``GenerationError`` (raised out of a backend, it is a bug)."""
     assert not outcome_violations(_classes())
     control = PACKAGE_ROOT / "control"
     catching = [
@@ -360,12 +383,22 @@ def test_every_backend_returns_its_failures() -> None:
 def test_the_outcome_checker_sees_a_backend_that_raises() -> None:
     source = """
 class Raising:
-    async def run_attempt(self, request, capture) -> AttemptResult: ...
+    async def run_attempt(
+        self, request, capture, prefix: StagedPrefix | None = None
+    ) -> AttemptResult: ...
 class Good:
+    async def run_attempt(
+        self, r, c, prefix: StagedPrefix | None = None
+    ) -> AttemptResult | AttemptFailure: ...
+class NoPrefix:
+    async def run_attempt(self, r, c) -> AttemptResult | AttemptFailure: ...
+class Twice:
     async def resume_attempt(self, r, c, p) -> AttemptResult | AttemptFailure: ...
 """
     tree = ast.parse(source)
     classes = [(PACKAGE_ROOT / "x.py", n) for n in tree.body if isinstance(n, ast.ClassDef)]
     assert outcome_violations(classes) == [
-        "x.py: Raising.run_attempt returns AttemptResult, not AttemptResult | AttemptFailure"
+        "x.py: Raising.run_attempt returns AttemptResult, not AttemptResult | AttemptFailure",
+        "x.py: NoPrefix.run_attempt does not take prefix: StagedPrefix | None = None",
+        "x.py: Twice.resume_attempt is a second attempt method: use run_attempt",
     ]

@@ -7,13 +7,14 @@ import pickle
 import pytest
 
 from rollout_recovery import errors
+from rollout_recovery.rollout import FailureReason
 
 CASES = [
     errors.MissingRowError("canonical", ["g1_g0"]),
     errors.FencedWriterError("gen-3", "rollout_staging"),
     errors.InvalidArgumentError("bad", path="$.x"),
     errors.InvalidRowError("token_ids must be 1-D", key="k", field="token_ids"),
-    errors.GenerationError("actor_died", "gone", worker="gen-1"),
+    errors.GenerationError(FailureReason.ACTOR_DIED, "gone", worker="gen-1"),
     errors.ActorPoolExhaustedError("budget spent"),
     errors.LivenessError("a shard", 5.0),
     errors.DataPlaneBusyError("busy", file="f", operation="put", holder_pids=[7]),

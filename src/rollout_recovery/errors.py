@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ._messages import format_keys
+from ._outcomes import FailureReason
 
 __all__ = [
     "ActorPoolExhaustedError",
@@ -351,7 +352,7 @@ class GenerationError(RolloutRecoveryError, RuntimeError):
     Inside an attempt (a model client, a worker pool) it is how a failure leaves the
     frames it happened in; the backend's boundary (``rollout.run_episode``, the pools)
     turns it into an ``AttemptFailure`` value, and the controller abandons the attempt and
-    retries the sibling. ``reason`` is then a ``FailureReason`` value (``worker_crashed``,
+    retries the sibling. ``reason`` is a :class:`FailureReason` (``worker_crashed``,
     ``no_live_server``, ...), recorded in the audit trail; ``worker`` names the worker
     when known. Raised *out of* a backend it breaks the backend protocol and stops the
     run. It also stops the run when a fleet cannot start its servers
@@ -359,7 +360,7 @@ class GenerationError(RolloutRecoveryError, RuntimeError):
     (``backend_closed``); a rerun resumes.
     """
 
-    def __init__(self, reason: str, message: str, *, worker: str | None = None) -> None:
+    def __init__(self, reason: FailureReason, message: str, *, worker: str | None = None) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.worker = worker

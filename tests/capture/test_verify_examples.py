@@ -18,9 +18,10 @@ from rollout_recovery.capture import (
 from rollout_recovery.capture._extras import EMPTY_EXTRAS_DIGEST
 from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
 from rollout_recovery.capture._result import (
-    REBUILD_CODES,
-    REJECTION_CODES,
+    FIELD_MISMATCH_FIELDS,
     LinkSpan,
+    RebuildCode,
+    RejectionCode,
     WeightVersionSpan,
 )
 from rollout_recovery.capture._verify import fetch_and_verify, verify_and_linearize
@@ -410,17 +411,28 @@ def test_every_code_in_the_table_is_exercised_above() -> None:
     import sys
 
     source = inspect.getsource(sys.modules[__name__])
-    for code in REJECTION_CODES | REBUILD_CODES:
+    for code in [*RejectionCode, *RebuildCode]:
         assert f'"{code}"' in source, code
 
 
-def test_rejection_refuses_unknown_codes() -> None:
-    with pytest.raises(ValueError, match="unknown rejection code"):
-        Rejection(code="made_up")
+def test_a_rebuild_code_comes_exactly_with_rebuild_failed() -> None:
     with pytest.raises(ValueError, match="rebuild_code"):
-        Rejection(code="rebuild_failed")
-    with pytest.raises(ValueError, match="unknown rebuild code"):
-        Rejection(code="rebuild_failed", rebuild_code="made_up")
+        Rejection(code=RejectionCode.REBUILD_FAILED)
+    with pytest.raises(ValueError, match="rebuild_code"):
+        Rejection(code=RejectionCode.DIGEST_MISMATCH, rebuild_code=RebuildCode.MISSING_PARENT)
+
+
+def test_the_field_mismatch_codes_are_the_compared_fields() -> None:
+    # The codes are an on-disk vocabulary: one per compared header field, no other.
+    mismatches = {code for code in RejectionCode if code.endswith("_mismatch")}
+    per_field = {RejectionCode.field_mismatch(name) for name in FIELD_MISMATCH_FIELDS}
+    others = {
+        RejectionCode.IDENTITY_MISMATCH,
+        RejectionCode.CALL_ID_MISMATCH,
+        RejectionCode.STAGING_KEY_MISMATCH,
+        RejectionCode.LENGTH_MISMATCH,
+    }
+    assert mismatches - others == per_field
 
 
 def test_never_raises_for_a_store_with_a_missing_partition() -> None:

@@ -196,7 +196,7 @@ def test_the_next_attempt_continues_the_calls_a_dead_actor_staged(new_plane: New
             ]
             prefix = StagedPrefix.read(plane, "grp7_g0_a0", keys)
             assert isinstance(prefix, StagedPrefix), prefix
-            result = await backend.resume_attempt(_request(7, attempt=1), writer, prefix)
+            result = await backend.run_attempt(_request(7, attempt=1), writer, prefix)
             return prefix, result, victim
         finally:
             await backend.aclose()

@@ -95,7 +95,9 @@ def test_a_returned_failure_is_stamped_with_the_actor_that_ran_it() -> None:
 
 
 def test_a_generation_error_raised_in_the_actor_keeps_its_reason() -> None:
-    error = _raised_in_actor(GenerationError("worker_crashed", "lost", worker="worker-0"))
+    error = _raised_in_actor(
+        GenerationError(FailureReason.WORKER_CRASHED, "lost", worker="worker-0")
+    )
     outcome = _across_the_boundary(REQUEST, "actor-7", error)
     assert isinstance(outcome, AttemptFailure)
     assert outcome.reason is FailureReason.WORKER_CRASHED and outcome.worker == "actor-7"

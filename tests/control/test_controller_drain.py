@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rollout_recovery._clock import VirtualClockLoop
-from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.control import Controller, RunConfig
 from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
@@ -115,7 +115,7 @@ class GatedBackend:
         await self.inner.aclose()
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None = None
     ) -> AttemptResult | AttemptFailure:
         rid = request.rollout_id
         self.started.append(request)
@@ -132,7 +132,7 @@ class GatedBackend:
                     reason=FailureReason.ATTEMPT_FAILED,
                     detail="failed by the test",
                 )
-            return await self.inner.run_attempt(request, capture)
+            return await self.inner.run_attempt(request, capture, prefix)
         finally:
             self.returned[rid].set()
 

@@ -315,7 +315,7 @@ class ScriptedBackend:
     first, then succeeds (second call staged, real receipt), returns a poisoned receipt,
     fails, crashes its worker, or hangs until its deadline or a worker crash.
 
-    It resumes (``BackendResume``): handed the calls a lost attempt of the sibling
+    It resumes (``run_attempt``'s ``prefix``): handed the calls a lost attempt of the sibling
     staged, it stages them again under its own rollout id instead of its first call."""
 
     def __init__(self) -> None:
@@ -340,14 +340,10 @@ class ScriptedBackend:
         return bool(mine) and all(rid in self.parked for rid in mine)
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None = None
     ) -> AttemptResult | AttemptFailure:
-        return await self._outcome(request, capture, None)
-
-    async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
-    ) -> AttemptResult | AttemptFailure:
-        self.handed[request.rollout_id] = prefix.rollout_id
+        if prefix is not None:
+            self.handed[request.rollout_id] = prefix.rollout_id
         return await self._outcome(request, capture, prefix)
 
     async def _outcome(
@@ -382,9 +378,9 @@ class ScriptedBackend:
                 ),
             )
             if outcome == "fail":
-                raise GenerationError("attempt_failed", "scripted failure")
+                raise GenerationError(FailureReason.ATTEMPT_FAILED, "scripted failure")
             if outcome == "crash":
-                raise GenerationError("worker_crashed", "scripted worker crash")
+                raise GenerationError(FailureReason.WORKER_CRASHED, "scripted worker crash")
             if outcome == "hang":
                 future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self.parked[rid] = future
@@ -824,7 +820,7 @@ class ControllerMachine(RuleBasedStateMachine):
         )
         for rid in victims:
             self.life.backend.parked[rid].set_exception(
-                GenerationError("worker_crashed", "the worker running it died")
+                GenerationError(FailureReason.WORKER_CRASHED, "the worker running it died")
             )
         self._settle()
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from run_fixtures import read_jsonl
 
-from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import GenerationError
@@ -55,7 +55,7 @@ class _Scripted:
         self._inner.update_weights(version, weights)
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None = None
     ) -> AttemptResult | AttemptFailure:
         n, self.attempts = self.attempts, self.attempts + 1
         scripted = self._script(n, request)
@@ -63,7 +63,7 @@ class _Scripted:
             raise scripted
         if scripted is not None:
             return scripted
-        return await self._inner.run_attempt(request, capture)
+        return await self._inner.run_attempt(request, capture, prefix)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -137,7 +137,9 @@ def test_a_raised_generation_error_stops_the_run(
     tmp_path: Path, fault_config: Callable[..., RunConfig]
 ) -> None:
     def script(n: int, request: AttemptRequest) -> BaseException | None:
-        return GenerationError("worker_crashed", "raised by the test") if n == 2 else None
+        return (
+            GenerationError(FailureReason.WORKER_CRASHED, "raised by the test") if n == 2 else None
+        )
 
     with pytest.raises(GenerationError, match="raised by the test"):
         run_job(tmp_path / "run", _config(fault_config), components=_components(script))

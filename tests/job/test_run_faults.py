@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rollout_recovery._clock import monotonic, virtual_time
-from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.control import RunConfig
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import LivenessError, StepShortfallError
@@ -28,7 +28,12 @@ from rollout_recovery.history._trail_check import check_trail
 from rollout_recovery.job import JobComponents, run_job
 from rollout_recovery.job._components import default_components
 from rollout_recovery.job._run_job import JobResult
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, SimulatedAgentBackend
+from rollout_recovery.rollout import (
+    AttemptFailure,
+    AttemptRequest,
+    AttemptResult,
+    SimulatedAgentBackend,
+)
 
 FaultConfig = Callable[..., RunConfig]
 ReadJsonl = Callable[[Path], list[dict[str, Any]]]
@@ -46,11 +51,13 @@ class TimedBackend:
     def update_weights(self, version: int, weights: object) -> None:
         self.inner.update_weights(version, weights)
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None = None
+    ) -> AttemptResult | AttemptFailure:
         # The loop's clock: the wall's, or virtual under ``virtual_time()``.
         started = monotonic()
         try:
-            result = await self.inner.run_attempt(request, capture)
+            result = await self.inner.run_attempt(request, capture, prefix)
         finally:
             self.durations.append(monotonic() - started)
         self.succeeded.append(monotonic() - started)
@@ -193,11 +200,13 @@ class SlowStartBackend(TimedBackend):
         await asyncio.sleep(0.3)  # a slow start, not a synchronization
         self.up = True
 
-    async def run_attempt(self, request: AttemptRequest, capture: CaptureWriter) -> AttemptResult:
+    async def run_attempt(
+        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None = None
+    ) -> AttemptResult | AttemptFailure:
         if not self.up:
             self.dispatched_before_up += 1
             await self.start()
-        return await super().run_attempt(request, capture)
+        return await super().run_attempt(request, capture, prefix)
 
 
 def test_a_slow_backend_start_runs_before_any_attempt_and_its_deadline(

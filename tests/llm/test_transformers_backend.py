@@ -228,7 +228,7 @@ def test_draws_depend_on_the_sibling_not_the_attempt(trainer: TorchGRPOTrainer) 
 def test_a_staged_call_of_a_lost_attempt_is_continued_not_generated_again(
     trainer: TorchGRPOTrainer,
 ) -> None:
-    """``BackendResume``: the call was staged, the attempt lost before its receipt; the
+    """``run_attempt``'s ``prefix``: the call was staged, the attempt lost before its receipt; the
     next attempt of the sibling inherits it and generates nothing."""
     backend = _backend(trainer)
     store = MemoryDataPlane()
@@ -238,7 +238,7 @@ def test_a_staged_call_of_a_lost_attempt_is_continued_not_generated_again(
     prefix = StagedPrefix.read(store, "g5_g0_a1", keys)
     assert isinstance(prefix, StagedPrefix)
     calls = backend._calls
-    result = asyncio.run(backend.resume_attempt(_request(backend, 5, "g5_g0_a2"), writer, prefix))
+    result = asyncio.run(backend.run_attempt(_request(backend, 5, "g5_g0_a2"), writer, prefix))
     assert backend._calls == calls  # nothing generated again
     assert result.inherited_calls == 1 and result.reward == lost.reward
     assert isinstance(fetch_and_verify(result.receipt, store), LinearizedRollout)

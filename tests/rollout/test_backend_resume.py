@@ -1,4 +1,4 @@
-"""``BackendResume`` on the simulated and HTTP backends: an attempt lost mid-episode is
+"""``run_attempt(..., prefix)`` on the simulated and HTTP backends: an attempt lost mid-episode is
 continued by the next attempt of its sibling, which generates only the calls after it."""
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.rollout import (
     AttemptRequest,
-    BackendResume,
     FailureReason,
-    HttpGenerationBackend,
     SimulatedAgentBackend,
 )
 from rollout_recovery.rollout._faults import FaultSettings
@@ -44,12 +42,6 @@ def retry_of(request: AttemptRequest, attempt: str) -> AttemptRequest:
     )
 
 
-def test_both_backends_offer_the_capability() -> None:
-    assert isinstance(make_rig().backend, BackendResume)
-    assert issubclass(HttpGenerationBackend, BackendResume)
-    assert issubclass(SimulatedAgentBackend, BackendResume)
-
-
 def test_the_simulated_backend_continues_an_attempt_that_failed_mid_episode() -> None:
     async def main() -> None:
         rig = make_rig(FaultSettings(attempt_failure_rate=1.0))
@@ -62,7 +54,7 @@ def test_the_simulated_backend_continues_an_attempt_that_failed_mid_episode() ->
         backend.set_faults(FaultSettings())
         staged_before = len(rig.writer.staged)
         second = retry_of(first, "b2")
-        result = await backend.resume_attempt(second, rig.writer, prefix)
+        result = await backend.run_attempt(second, rig.writer, prefix)
         assert result.inherited_calls == 1 and result.inherited_tokens == prefix.tokens
         assert len(rig.writer.staged) - staged_before == 2  # the copy, then the answer
         row = fetch_and_verify(
@@ -95,7 +87,7 @@ def test_the_simulated_backend_with_many_thinking_calls_resumes_where_it_crashed
         # The crash came at its second call; the next attempt crashes its worker at its own
         # second call too, having staged two calls, and the third finishes the episode.
         second = retry_of(first, "b2")
-        lost = await backend.resume_attempt(
+        lost = await backend.run_attempt(
             second, rig.writer, prefix_of(rig.data_plane, first.rollout_id)
         )
         failure_of(lost, FailureReason.WORKER_CRASHED)
@@ -103,7 +95,7 @@ def test_the_simulated_backend_with_many_thinking_calls_resumes_where_it_crashed
         assert len(prefix.calls) == 2
         backend.set_faults(FaultSettings())
         third = retry_of(first, "b3")
-        result = await backend.resume_attempt(third, rig.writer, prefix)
+        result = await backend.run_attempt(third, rig.writer, prefix)
         assert result.inherited_calls == 2 and len(result.receipt["manifest"]) == 4
         row = fetch_and_verify(result.receipt, rig.data_plane)
         assert isinstance(row, LinearizedRollout), row
@@ -130,7 +122,7 @@ def test_the_http_backend_continues_and_sends_only_the_calls_after_the_prefix() 
         server.hook = None
         calls_before = server.calls
         second = retry_of(first, "b2")
-        result = await rig.backend.resume_attempt(second, rig.writer, prefix)
+        result = await rig.backend.run_attempt(second, rig.writer, prefix)
         assert server.calls - calls_before == 1  # the answer; the reasoning was inherited
         assert result.inherited_calls == 1
         row = fetch_and_verify(result.receipt, rig.data_plane)
@@ -164,7 +156,7 @@ def test_a_closed_backend_stages_nothing_and_says_it_is_closed() -> None:
             assert prefix.calls
             await backend.aclose()
             staged = sorted(plane.keys(CaptureWriter.staging_partition))
-            closed = await backend.resume_attempt(retry_of(first, "2"), writer, prefix)
+            closed = await backend.run_attempt(retry_of(first, "2"), writer, prefix)
             failure_of(closed, FailureReason.BACKEND_CLOSED)
             assert sorted(plane.keys(CaptureWriter.staging_partition)) == staged
 

@@ -31,7 +31,7 @@ from rollout_recovery.rollout import (
     run_episode,
 )
 from rollout_recovery.rollout._digit_task import DigitTask
-from rollout_recovery.rollout._wire import DataFailure
+from rollout_recovery.rollout._wire import DataError, DataFailure
 
 
 class PolicyClient:
@@ -47,7 +47,7 @@ class PolicyClient:
         self, prompt_ids: Sequence[int], *, call_id: str, sampling: Sampling
     ) -> Completion:
         if len(self.prompts) == self.fail_at:
-            raise GenerationError("worker_crashed", f"lost at {call_id}")
+            raise GenerationError(FailureReason.WORKER_CRASHED, f"lost at {call_id}")
         self.prompts.append(list(prompt_ids))
         tokens, logprobs = self.weights.sample_continuation(
             prompt_ids, sampling.max_tokens, self.rng
@@ -222,7 +222,9 @@ def test_a_data_failure_seals_a_poisoned_receipt_listing_every_staged_call() -> 
     class Refusing(PolicyClient):
         async def generate(self, prompt_ids: Sequence[int], **call: Any) -> Completion:
             if len(self.prompts) == 2:
-                raise DataFailure("http_400", "refused", blames_server=False)
+                raise DataFailure(
+                    DataError.HTTP_REFUSED, "refused", blames_server=False, status=400
+                )
             return await super().generate(prompt_ids, **call)
 
     async def main() -> None:

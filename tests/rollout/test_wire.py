@@ -207,7 +207,7 @@ def test_infra_statuses_are_resent_elsewhere(status: int) -> None:
 )
 def test_other_4xx_are_data_failures(status: int, payload: Any, reason: str) -> None:
     failure = classify_status(status, payload)
-    assert failure is not None and failure.reason == reason
+    assert failure is not None and failure.code == reason
 
 
 # ------------------------------------------------------- recorded vLLM 0.32 responses

@@ -25,7 +25,7 @@ from ..errors import InvalidRowError, InvalidStateError
 from ._keys import parse_staging_key
 from ._receipt import Receipt
 from ._records import StagedCallHeader
-from ._result import LinearizedRollout, Rejection
+from ._result import LinearizedRollout, RebuildCode, Rejection, RejectionCode
 from ._verify import verify_rows
 from ._writer import STAGING_PARTITION
 
@@ -95,23 +95,27 @@ class StagedPrefix:
         for key in keys:
             if parse_staging_key(key)[0] != rollout_id:
                 return Rejection(
-                    code="identity_mismatch", detail=f"{key} is not a call of {rollout_id}"
+                    code=RejectionCode.IDENTITY_MISMATCH,
+                    detail=f"{key} is not a call of {rollout_id}",
                 )
         try:
             rows = data_plane.get(partition, list(keys))
         except InvalidRowError as exc:
-            return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
+            return Rejection(
+                code=RejectionCode.INVALID_STAGING_ROW, detail=f"{exc.key or '?'}: {exc}"
+            )
         except KeyError as exc:
-            return Rejection(code="missing_staging_row", detail=str(exc))
+            return Rejection(code=RejectionCode.MISSING_STAGING_ROW, detail=str(exc))
         headers = []
         for key, row in zip(keys, rows, strict=True):
             try:
                 header = StagedCallHeader.from_dict(row.metadata)
             except InvalidStateError as exc:
-                return Rejection(code="invalid_staging_row", detail=f"{key}: {exc}")
+                return Rejection(code=RejectionCode.INVALID_STAGING_ROW, detail=f"{key}: {exc}")
             if header.rollout_id != rollout_id:
                 return Rejection(
-                    code="identity_mismatch", detail=f"{key}: the row names {header.rollout_id}"
+                    code=RejectionCode.IDENTITY_MISMATCH,
+                    detail=f"{key}: the row names {header.rollout_id}",
                 )
             headers.append((key, header, row))
         # A chain has strictly growing lengths: order by them, then every call must continue
@@ -122,9 +126,13 @@ class StagedPrefix:
         for key, header, _ in headers:
             if header.parent_call_id != parent:
                 # Continuing an earlier call than the last: a branch; anything else: a gap.
-                code = "manifest_order" if header.parent_call_id in seen else "missing_parent"
+                code = (
+                    RebuildCode.MANIFEST_ORDER
+                    if header.parent_call_id in seen
+                    else RebuildCode.MISSING_PARENT
+                )
                 return Rejection(
-                    code="rebuild_failed",
+                    code=RejectionCode.REBUILD_FAILED,
                     rebuild_code=code,
                     detail=f"{key} continues {header.parent_call_id}, not {parent}: not one chain",
                 )

@@ -38,6 +38,7 @@ rules out cycles), ``parent_length_mismatch``, ``chain_hash_mismatch``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 import numpy as np
@@ -48,11 +49,11 @@ from ._spans import TokenVersionSpan
 
 __all__ = [
     "FIELD_MISMATCH_FIELDS",
-    "REBUILD_CODES",
-    "REJECTION_CODES",
     "LinearizedRollout",
     "LinkSpan",
+    "RebuildCode",
     "Rejection",
+    "RejectionCode",
     "WeightVersionSpan",
 ]
 
@@ -69,64 +70,72 @@ FIELD_MISMATCH_FIELDS: tuple[str, ...] = (
     "digest",
 )
 
-REJECTION_CODES: frozenset[str] = frozenset(
-    {
-        "missing_receipt",
-        "invalid_receipt",
-        "identity_mismatch",
-        "capture_poisoned",
-        "empty_manifest",
-        "duplicate_staging_key",
-        "duplicate_manifest_call_id",
-        "call_id_mismatch",
-        "missing_staging_row",
-        "staging_key_mismatch",
-        "invalid_staging_row",
-        "length_mismatch",
-        "invalid_token_mask",
-        "non_finite_logprob",
-        "misaligned_delta",
-        "corrupt_extras",
-        "rebuild_failed",
-    }
-    | {f"{name}_mismatch" for name in FIELD_MISMATCH_FIELDS}
-)
+class RejectionCode(StrEnum):
+    """Why a rollout must not train (the table above); the values are the reason strings
+    the journal and the metrics record."""
 
-REBUILD_CODES: frozenset[str] = frozenset(
-    {
-        "missing_terminal",
-        "missing_parent",
-        "manifest_order",
-        "parent_length_mismatch",
-        "chain_hash_mismatch",
-        "cumulative_hash_mismatch",
-    }
-)
+    MISSING_RECEIPT = "missing_receipt"
+    INVALID_RECEIPT = "invalid_receipt"
+    IDENTITY_MISMATCH = "identity_mismatch"
+    CAPTURE_POISONED = "capture_poisoned"
+    EMPTY_MANIFEST = "empty_manifest"
+    DUPLICATE_STAGING_KEY = "duplicate_staging_key"
+    DUPLICATE_MANIFEST_CALL_ID = "duplicate_manifest_call_id"
+    CALL_ID_MISMATCH = "call_id_mismatch"
+    MISSING_STAGING_ROW = "missing_staging_row"
+    STAGING_KEY_MISMATCH = "staging_key_mismatch"
+    INVALID_STAGING_ROW = "invalid_staging_row"
+    LENGTH_MISMATCH = "length_mismatch"
+    INVALID_TOKEN_MASK = "invalid_token_mask"
+    NON_FINITE_LOGPROB = "non_finite_logprob"
+    MISALIGNED_DELTA = "misaligned_delta"
+    CORRUPT_EXTRAS = "corrupt_extras"
+    REBUILD_FAILED = "rebuild_failed"
+    # ``<field>_mismatch`` for each of FIELD_MISMATCH_FIELDS (a test keeps them in step).
+    PARENT_CALL_ID_MISMATCH = "parent_call_id_mismatch"
+    PREV_LEN_MISMATCH = "prev_len_mismatch"
+    DELTA_LEN_MISMATCH = "delta_len_mismatch"
+    WEIGHT_VERSION_MISMATCH = "weight_version_mismatch"
+    EXTRAS_DIGEST_MISMATCH = "extras_digest_mismatch"
+    CHAIN_HASH_MISMATCH = "chain_hash_mismatch"
+    CUMULATIVE_HASH_MISMATCH = "cumulative_hash_mismatch"
+    DIGEST_MISMATCH = "digest_mismatch"
+
+    @classmethod
+    def field_mismatch(cls, field: str) -> RejectionCode:
+        """The code of a row header and manifest disagreeing on ``field``."""
+        return cls(f"{field}_mismatch")
+
+
+class RebuildCode(StrEnum):
+    """How the lineage graph or terminal chain is broken (``rebuild_failed``)."""
+
+    MISSING_TERMINAL = "missing_terminal"
+    MISSING_PARENT = "missing_parent"
+    MANIFEST_ORDER = "manifest_order"
+    PARENT_LENGTH_MISMATCH = "parent_length_mismatch"
+    CHAIN_HASH_MISMATCH = "chain_hash_mismatch"
+    CUMULATIVE_HASH_MISMATCH = "cumulative_hash_mismatch"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rejection:
     """A rollout that must not train; it becomes a masked placeholder downstream."""
 
-    code: str
+    code: RejectionCode
     detail: str = ""
-    rebuild_code: str | None = None
+    rebuild_code: RebuildCode | None = None
 
     def __post_init__(self) -> None:
-        # A typo in a code would silently escape every dashboard bucket; fail loudly instead.
-        if self.code not in REJECTION_CODES:
-            raise InvalidArgumentError(f"unknown rejection code {self.code!r}")
-        if (self.code == "rebuild_failed") != (self.rebuild_code is not None):
+        if (self.code is RejectionCode.REBUILD_FAILED) != (self.rebuild_code is not None):
             raise InvalidArgumentError("rebuild_code is set exactly when code is 'rebuild_failed'")
-        if self.rebuild_code is not None and self.rebuild_code not in REBUILD_CODES:
-            raise InvalidArgumentError(f"unknown rebuild code {self.rebuild_code!r}")
 
     @property
     def reason(self) -> str:
         """The upstream-style reason string, e.g. ``missing_staging_row:r/c``."""
         if self.rebuild_code is not None:
             return f"{self.code}:{self.rebuild_code}: {self.detail}"
-        return f"{self.code}:{self.detail}" if self.detail else self.code
+        return f"{self.code}:{self.detail}" if self.detail else str(self.code)
 
 
 class LinkSpan(NamedTuple):

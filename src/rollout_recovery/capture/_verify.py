@@ -36,7 +36,9 @@ from ._result import (
     FIELD_MISMATCH_FIELDS,
     LinearizedRollout,
     LinkSpan,
+    RebuildCode,
     Rejection,
+    RejectionCode,
     WeightVersionSpan,
 )
 from ._spans import TokenVersionSpan, call_token_versions
@@ -104,9 +106,9 @@ def fetch_and_verify(
             detail = ",".join(str(key) for key in missing)
         else:
             detail = str(exc.args[0]) if exc.args else "?"
-        return Rejection(code="missing_staging_row", detail=detail)
+        return Rejection(code=RejectionCode.MISSING_STAGING_ROW, detail=detail)
     except InvalidRowError as exc:
-        return Rejection(code="invalid_staging_row", detail=f"{exc.key or '?'}: {exc}")
+        return Rejection(code=RejectionCode.INVALID_STAGING_ROW, detail=f"{exc.key or '?'}: {exc}")
     return verify_rows(checked, rows)
 
 
@@ -143,7 +145,7 @@ def verify_receipts(
     start = 0
     for receipt, staging_keys, gate in receipts:
         if receipt is None:
-            verdicts.append(Rejection(code="missing_receipt"))
+            verdicts.append(Rejection(code=RejectionCode.MISSING_RECEIPT))
             continue
         end = start + len(staging_keys)
         verdicts.append(verify_and_linearize(receipt, fetched[start:end], expected_rollout_id=gate))
@@ -153,31 +155,33 @@ def verify_receipts(
 
 def _check_receipt(receipt: ReceiptInput, expected_rollout_id: str | None) -> Receipt | Rejection:
     if receipt is None:
-        return Rejection(code="missing_receipt")
+        return Rejection(code=RejectionCode.MISSING_RECEIPT)
     try:
         # A Receipt built in code skipped msgspec's field constraints; round-trip it so both
         # inputs get the same validation.
         data = receipt.to_dict() if isinstance(receipt, Receipt) else receipt
         parsed = Receipt.from_dict(data)
     except InvalidStateError as exc:
-        return Rejection(code="invalid_receipt", detail=str(exc))
+        return Rejection(code=RejectionCode.INVALID_RECEIPT, detail=str(exc))
     if expected_rollout_id is not None and parsed.rollout_id != expected_rollout_id:
         return Rejection(
-            code="identity_mismatch",
+            code=RejectionCode.IDENTITY_MISMATCH,
             detail=f"receipt={parsed.rollout_id}, expected={expected_rollout_id}",
         )
     if parsed.capture_poisoned:
-        return Rejection(code="capture_poisoned", detail=parsed.failure_reason or "")
+        return Rejection(code=RejectionCode.CAPTURE_POISONED, detail=parsed.failure_reason or "")
     if not parsed.manifest:
-        return Rejection(code="empty_manifest")
+        return Rejection(code=RejectionCode.EMPTY_MANIFEST)
     keys: set[str] = set()
     call_ids: set[str] = set()
     for record in parsed.manifest:
         if record.staging_key in keys:
-            return Rejection(code="duplicate_staging_key", detail=record.staging_key)
+            return Rejection(code=RejectionCode.DUPLICATE_STAGING_KEY, detail=record.staging_key)
         keys.add(record.staging_key)
         if record.model_call_id in call_ids:
-            return Rejection(code="duplicate_manifest_call_id", detail=record.model_call_id)
+            return Rejection(
+                code=RejectionCode.DUPLICATE_MANIFEST_CALL_ID, detail=record.model_call_id
+            )
         call_ids.add(record.model_call_id)
     for record in parsed.manifest:
         # The schema already guarantees the key's shape; here it must name this rollout and
@@ -185,12 +189,12 @@ def _check_receipt(receipt: ReceiptInput, expected_rollout_id: str | None) -> Re
         key_rollout, key_call = parse_staging_key(record.staging_key)
         if key_rollout != parsed.rollout_id:
             return Rejection(
-                code="identity_mismatch",
+                code=RejectionCode.IDENTITY_MISMATCH,
                 detail=f"manifest key {record.staging_key} is not in rollout {parsed.rollout_id}",
             )
         if key_call != record.model_call_id:
             return Rejection(
-                code="call_id_mismatch",
+                code=RejectionCode.CALL_ID_MISMATCH,
                 detail=f"manifest key {record.staging_key} names call {key_call}, "
                 f"entry is {record.model_call_id}",
             )
@@ -201,7 +205,7 @@ def verify_rows(receipt: Receipt, staged_rows: Sequence[Row]) -> LinearizedRollo
     manifest = receipt.manifest
     if len(staged_rows) != len(manifest):
         return Rejection(
-            code="missing_staging_row",
+            code=RejectionCode.MISSING_STAGING_ROW,
             detail=f"expected {len(manifest)} rows in manifest order, got {len(staged_rows)}",
         )
     calls: list[_VerifiedCall] = []
@@ -216,7 +220,7 @@ def verify_rows(receipt: Receipt, staged_rows: Sequence[Row]) -> LinearizedRollo
     terminal = receipt.terminal_model_call_id
     if terminal is None or all(call.record.model_call_id != terminal for call in calls):
         return _rebuild_failed(
-            "missing_terminal", f"terminal call {terminal} is not in the manifest"
+            RebuildCode.MISSING_TERMINAL, f"terminal call {terminal} is not in the manifest"
         )
     return _linearize(receipt, calls)
 
@@ -224,55 +228,61 @@ def verify_rows(receipt: Receipt, staged_rows: Sequence[Row]) -> LinearizedRollo
 def _check_row(rollout_id: str, record: CallRecord, row: Row) -> _VerifiedCall | Rejection:
     key = record.staging_key
 
-    def bad(code: str, why: str) -> Rejection:
+    def bad(code: RejectionCode, why: str) -> Rejection:
         return Rejection(code=code, detail=f"{key}: {why}")
 
     if not isinstance(row, Row):
-        return bad("invalid_staging_row", f"expected a Row, got {type(row).__name__}")
+        return bad(RejectionCode.INVALID_STAGING_ROW, f"expected a Row, got {type(row).__name__}")
     try:
         header = StagedCallHeader.from_dict(row.metadata)
     except InvalidStateError as exc:
-        return bad("invalid_staging_row", str(exc))
+        return bad(RejectionCode.INVALID_STAGING_ROW, str(exc))
     row_key = f"{header.rollout_id}/{header.model_call_id}"
     if row_key != key:
         # The store answered with a row describing another key: misordered or mixed up.
-        return Rejection(code="staging_key_mismatch", detail=f"{key}: row holds {row_key}")
+        return Rejection(
+            code=RejectionCode.STAGING_KEY_MISMATCH, detail=f"{key}: row holds {row_key}"
+        )
     for name in FIELD_MISMATCH_FIELDS:
         staged, listed = getattr(header, name), getattr(record, name)
         if staged != listed:
-            return bad(f"{name}_mismatch", f"staged {staged!r}, manifest {listed!r}")
+            return bad(
+                RejectionCode.field_mismatch(name), f"staged {staged!r}, manifest {listed!r}"
+            )
     try:
         extras_digest = compute_extras_digest(header.extras)
     except InvalidStateError as exc:
-        return bad("corrupt_extras", str(exc))
+        return bad(RejectionCode.CORRUPT_EXTRAS, str(exc))
     if extras_digest != header.extras_digest:
-        return bad("corrupt_extras", "the staged extras do not match their digest")
+        return bad(RejectionCode.CORRUPT_EXTRAS, "the staged extras do not match their digest")
 
     arrays = (row.token_ids, row.token_mask, row.logprobs)
     names, kinds = ("token_ids", "token_mask", "logprobs"), ("iu", "f", "f")
     for name, array, kind in zip(names, arrays, kinds, strict=True):
         if not isinstance(array, np.ndarray) or array.ndim != 1 or array.dtype.kind not in kind:
-            return bad("invalid_staging_row", f"{name} must be a 1-D numeric array")
+            return bad(RejectionCode.INVALID_STAGING_ROW, f"{name} must be a 1-D numeric array")
         if array.size != record.delta_len:
             return bad(
-                "length_mismatch", f"{name} has {array.size} entries, delta_len {record.delta_len}"
+                RejectionCode.LENGTH_MISMATCH,
+                f"{name} has {array.size} entries, delta_len {record.delta_len}",
             )
     token_ids, token_mask, logprobs = arrays
     if token_ids.size and (
         int(token_ids.min()) < 0 or int(token_ids.max()) > np.iinfo(np.int32).max
     ):
-        return bad("invalid_staging_row", "token ids must lie in [0, 2**31)")
+        return bad(RejectionCode.INVALID_STAGING_ROW, "token ids must lie in [0, 2**31)")
     if not np.isin(token_mask, (0.0, 1.0)).all():
-        return bad("invalid_token_mask", "mask values must be exactly 0.0 or 1.0")
+        return bad(RejectionCode.INVALID_TOKEN_MASK, "mask values must be exactly 0.0 or 1.0")
     carry_len = int(np.count_nonzero(token_mask == 0.0))
     if carry_len == token_mask.size or not (token_mask[carry_len:] == 1.0).all():
         return bad(
-            "invalid_token_mask", "mask must be carried zeros then at least one generated one"
+            RejectionCode.INVALID_TOKEN_MASK,
+            "mask must be carried zeros then at least one generated one",
         )
     if not np.isfinite(logprobs).all():
-        return bad("non_finite_logprob", "logprobs must be finite")
+        return bad(RejectionCode.NON_FINITE_LOGPROB, "logprobs must be finite")
     if (logprobs[:carry_len] != 0.0).any():
-        return bad("misaligned_delta", "carried positions must have logprob 0.0")
+        return bad(RejectionCode.MISALIGNED_DELTA, "carried positions must have logprob 0.0")
     try:
         digest = compute_call_digest(
             rollout_id=rollout_id,
@@ -291,9 +301,9 @@ def _check_row(rollout_id: str, record: CallRecord, row: Row) -> _VerifiedCall |
             cumulative_hash=record.cumulative_hash,
         )
     except InvalidStateError as exc:
-        return bad("invalid_staging_row", str(exc))
+        return bad(RejectionCode.INVALID_STAGING_ROW, str(exc))
     if digest != record.digest:
-        return bad("digest_mismatch", "staged contents do not match the call digest")
+        return bad(RejectionCode.DIGEST_MISMATCH, "staged contents do not match the call digest")
     return _VerifiedCall(
         record=record,
         token_ids=token_ids.astype(np.int32),
@@ -304,8 +314,8 @@ def _check_row(rollout_id: str, record: CallRecord, row: Row) -> _VerifiedCall |
     )
 
 
-def _rebuild_failed(rebuild_code: str, detail: str) -> Rejection:
-    return Rejection(code="rebuild_failed", rebuild_code=rebuild_code, detail=detail)
+def _rebuild_failed(rebuild_code: RebuildCode, detail: str) -> Rejection:
+    return Rejection(code=RejectionCode.REBUILD_FAILED, rebuild_code=rebuild_code, detail=detail)
 
 
 def _check_graph(calls: Sequence[_VerifiedCall]) -> Rejection | None:
@@ -317,7 +327,7 @@ def _check_graph(calls: Sequence[_VerifiedCall]) -> Rejection | None:
             j = index.get(record.parent_call_id)
             if j is None:
                 return _rebuild_failed(
-                    "missing_parent",
+                    RebuildCode.MISSING_PARENT,
                     f"call {record.model_call_id} names parent {record.parent_call_id}, "
                     "which is not in the manifest",
                 )
@@ -325,21 +335,21 @@ def _check_graph(calls: Sequence[_VerifiedCall]) -> Rejection | None:
                 # Commit order puts every parent first; a violation is a corrupted manifest
                 # or a cycle, and both would make the chain walk ill-defined.
                 return _rebuild_failed(
-                    "manifest_order",
+                    RebuildCode.MANIFEST_ORDER,
                     f"parent {record.parent_call_id} is not listed before call "
                     f"{record.model_call_id}",
                 )
             parent = calls[j].record
             if parent.cum_len != record.prev_len:
                 return _rebuild_failed(
-                    "parent_length_mismatch",
+                    RebuildCode.PARENT_LENGTH_MISMATCH,
                     f"call {record.model_call_id} prev_len {record.prev_len} != parent "
                     f"{parent.model_call_id} cum_len {parent.cum_len}",
                 )
             parent_chain = parent.chain_hash
         if compute_chain_hash(parent_chain, call.token_ids) != record.chain_hash:
             return _rebuild_failed(
-                "chain_hash_mismatch",
+                RebuildCode.CHAIN_HASH_MISMATCH,
                 f"call {record.model_call_id} does not continue its parent's token chain",
             )
     return None
@@ -379,7 +389,7 @@ def _linearize(receipt: Receipt, calls: Sequence[_VerifiedCall]) -> LinearizedRo
         end = call.record.cum_len
         if hash_token_ids(token_ids[:end]) != call.record.cumulative_hash:
             return _rebuild_failed(
-                "cumulative_hash_mismatch",
+                RebuildCode.CUMULATIVE_HASH_MISMATCH,
                 f"call {call.record.model_call_id}: linearized prefix of {end} tokens does not "
                 "match its cumulative hash",
             )

@@ -93,7 +93,7 @@ class _Actor(Worker):
 
 
 def _closed_error() -> GenerationError:
-    return GenerationError("backend_closed", "the Ray backend is closed")
+    return GenerationError(FailureReason.BACKEND_CLOSED, "the Ray backend is closed")
 
 
 class RayGenerationBackend(AsyncResource):
@@ -249,7 +249,7 @@ class RayGenerationBackend(AsyncResource):
     async def _acquire(self) -> _Actor:
         def timed_out() -> GenerationError:
             return GenerationError(
-                "no_live_actor",
+                FailureReason.NO_LIVE_ACTOR,
                 f"no actor with the current weights for {self._settings.no_actor_wait_s} s",
             )
 
@@ -264,15 +264,13 @@ class RayGenerationBackend(AsyncResource):
         return actor
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self,
+        request: AttemptRequest,
+        capture: CaptureWriter,
+        prefix: StagedPrefix | None = None,
     ) -> AttemptResult | AttemptFailure:
-        return await self.resume_attempt(request, capture, None)
-
-    async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult | AttemptFailure:
-        """``BackendResume``: the actor continues ``prefix`` (read by the driver from the
-        shards; the dead actor that staged it is fenced, its rows are not); None: start."""
+        """One attempt on an actor; with ``prefix`` (read by the driver from the shards;
+        the dead actor that staged it is fenced, its rows are not) the actor continues it."""
         await self.start()
         try:
             actor = await self._acquire()

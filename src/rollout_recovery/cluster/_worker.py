@@ -114,9 +114,7 @@ class GenerationWorker:
         self, request: AttemptRequest, prefix: StagedPrefix | None = None
     ) -> AttemptResult | AttemptFailure:
         """One attempt; with ``prefix``, continuing an earlier attempt's staged calls."""
-        if prefix is None:
-            return await self._backend.run_attempt(request, self._capture)
-        return await self._backend.resume_attempt(request, self._capture, prefix)
+        return await self._backend.run_attempt(request, self._capture, prefix)
 
 
 def snapshot_params(weights: PolicySnapshot) -> tuple[int, Params]:

@@ -60,7 +60,7 @@ from ..ledger import (
     parse_rollout_recovery_state,
 )
 from ..policy import FileStateTrainer
-from ..rollout import BackendResume, FailureReason
+from ..rollout import FailureReason
 from ..rundir import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ._config import RunConfig, config_differences, config_from_builtins
 from ._controller import Controller
@@ -707,7 +707,7 @@ def _resumable_calls(
     lost), and what it refused. Runs after ``prepare_for_restart``: every unsealed
     sibling's current attempt is a lost one."""
     recovery = controller.config.recovery
-    if recovery.resume != "call" or not isinstance(controller.backend, BackendResume):
+    if recovery.resume != "call":
         return [], []
     store = controller.data_plane.inner
     keeps = version_filter(recovery.reuse, lineage=state.lineage, restore=True)

@@ -89,7 +89,6 @@ from ..rollout import (
     AttemptFailure,
     AttemptRequest,
     AttemptResult,
-    BackendResume,
     BackendStartup,
     BackendTelemetry,
     FailureReason,
@@ -542,11 +541,7 @@ class Controller(Generic[Weights]):
         """The staged calls of lost attempts that ``pending`` siblings continue (call-level
         resume), journaled before they are handed over; {} when nothing was lost."""
         retried = [i for i in pending if len(record.siblings[i].attempts) > 1]
-        if (
-            not retried
-            or self.config.recovery.resume != "call"
-            or not isinstance(self.backend, BackendResume)
-        ):
+        if not retried or self.config.recovery.resume != "call":
             return {}
         keeps = version_filter(self.config.recovery.reuse, lineage=(), restore=False)
         # On the loop, like the controller's other store reads: a few rows, and only for
@@ -587,9 +582,7 @@ class Controller(Generic[Weights]):
                 # and stops the run (a raised GenerationError included: it is a backend
                 # that broke the protocol, not a failed attempt).
                 async with deadline:
-                    if prefix is not None and isinstance(self.backend, BackendResume):
-                        return await self.backend.resume_attempt(request, self.capture, prefix)
-                    return await self.backend.run_attempt(request, self.capture)
+                    return await self.backend.run_attempt(request, self.capture, prefix)
             except TimeoutError:
                 if not deadline.expired():
                     raise  # the backend's own TimeoutError: a bug, not a missed deadline

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
+from .._outcomes import FailureReason
 from ..errors import GenerationError
 from ..rundir import RunDirectory
 from ..serve import PolicyServer
@@ -158,13 +159,13 @@ class LocalServerFleet(Resource):
         while not ready.exists():
             if process.poll() is not None:
                 raise GenerationError(
-                    "server_start_failed",
+                    FailureReason.SERVER_START_FAILED,
                     f"local server {index} exited with {process.returncode} before it was "
                     f"ready; its log ({log}) ends: {_tail(log)}",
                 )
             if time.monotonic() > deadline:
                 raise GenerationError(
-                    "server_start_failed",
+                    FailureReason.SERVER_START_FAILED,
                     f"local server {index} not ready after {_READY_TIMEOUT_S:.0f} s; "
                     f"its log ({log}) ends: {_tail(log)}",
                 )

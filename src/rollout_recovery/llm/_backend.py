@@ -5,7 +5,7 @@ for one-call episodes of :class:`EmitTokenTask`: one model call per attempt (the
 ``max_tokens`` sampled tokens), staged through the attempt's ``CaptureWriter`` before the
 attempt returns, rewarded by the task. The episode is the one every backend runs
 (:func:`~rollout_recovery.rollout.run_episode`); this module is its model client, so an
-attempt can also continue an earlier attempt's staged call (``BackendResume``). The model
+attempt can also continue an earlier attempt's staged call (``run_attempt``'s ``prefix``). The model
 runs in a worker thread
 (``asyncio.to_thread``), so the event loop keeps serving other attempts, deadlines and
 checkpoints while a forward pass runs.
@@ -122,15 +122,13 @@ class TransformersBackend(AsyncResource):
         return current.version, completion
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self,
+        request: AttemptRequest,
+        capture: CaptureWriter,
+        prefix: StagedPrefix | None = None,
     ) -> AttemptResult | AttemptFailure:
-        """One model call: sample, stage, reward, receipt."""
-        return await self.resume_attempt(request, capture, None)
-
-    async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult | AttemptFailure:
-        """Continue an earlier attempt's staged call (``BackendResume``); None: start."""
+        """One model call (sample, stage, reward, receipt), or ``prefix``'s staged call
+        continued."""
         if self._closed:
             return AttemptFailure.closed(request, "transformers")
         return await run_episode(

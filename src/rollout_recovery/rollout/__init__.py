@@ -3,8 +3,7 @@
 One agent episode, written once (:func:`run_episode`): a task's turns (:class:`Turn`)
 against a one-method :class:`ModelClient` (``generate(prompt_ids, *, call_id, sampling)
 -> Completion``), every call staged through the attempt's ``CaptureWriter`` before the
-episode goes on. :class:`BackendResume` is the optional capability of continuing an
-earlier attempt's staged calls.
+episode goes on; given an earlier attempt's staged calls, it continues them.
 
 :class:`SimulatedAgentBackend` runs the digit task's episodes on simulated workers,
 samples from a :class:`~rollout_recovery.policy.PolicySnapshot` and injects the faults of
@@ -18,15 +17,14 @@ sections (``from_config``): the knobs are written once, in ``[generation]``, ``[
 ``[http]`` and ``[task]``.
 """
 
+from .._outcomes import FailureReason
 from ._config import FaultsConfig, GenerationConfig, HttpConfig
 from ._episode import Completion, Sampling, Turn, run_episode
 from ._http_backend import HttpGenerationBackend
-from ._outcomes import FailureReason
 from ._protocol import (
     AttemptFailure,
     AttemptRequest,
     AttemptResult,
-    BackendResume,
     BackendStartup,
     BackendTelemetry,
     GenerationBackend,
@@ -38,7 +36,6 @@ __all__ = [
     "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
-    "BackendResume",
     "BackendStartup",
     "BackendTelemetry",
     "Completion",

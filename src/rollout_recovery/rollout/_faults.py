@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .._outcomes import FailureReason
 from ..capture import CaptureWriter, Receipt
 from ..dataplane import DataPlane, Row
 from ..errors import GenerationError, InvalidArgumentError
@@ -164,7 +165,7 @@ class FaultInjectingClient:
             if "attempt_failed" in faults:
                 self._counts["attempt_failed"] += 1
                 raise GenerationError(
-                    "attempt_failed",
+                    FailureReason.ATTEMPT_FAILED,
                     "simulated agent error after the first call",
                     worker=self._inner.worker,
                 )

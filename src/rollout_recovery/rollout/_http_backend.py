@@ -53,6 +53,7 @@ import httpx
 from .._bounds import INT32_MAX
 from .._http import parse_version
 from .._lifecycle import AsyncResource
+from .._outcomes import FailureReason
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ConfigError, GenerationError, InvalidArgumentError
 from ..policy import TaskConfig, TaskSet
@@ -66,6 +67,7 @@ from ._weight_sync import WEIGHT_SYNCS, WeightSync
 from ._wire import (
     DIALECTS,
     CallSpec,
+    DataError,
     DataFailure,
     Dialect,
     ServerReply,
@@ -182,8 +184,8 @@ def classify_status(status: int, payload: object) -> DataFailure | None:
         return None
     message = error_message(payload)
     if any(marker in message.lower() for marker in _CONTEXT_OVERFLOW_MARKERS):
-        return DataFailure("context_overflow", message, blames_server=False)
-    return DataFailure(f"http_{status}", message, blames_server=False)
+        return DataFailure(DataError.CONTEXT_OVERFLOW, message, blames_server=False)
+    return DataFailure(DataError.HTTP_REFUSED, message, blames_server=False, status=status)
 
 
 class _InfraFailure(Exception):
@@ -381,14 +383,12 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             await self._client.aclose()
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self,
+        request: AttemptRequest,
+        capture: CaptureWriter,
+        prefix: StagedPrefix | None = None,
     ) -> AttemptResult | AttemptFailure:
-        return await self.resume_attempt(request, capture, None)
-
-    async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult | AttemptFailure:
-        """Continue an earlier attempt's staged calls (``BackendResume``); None: start.
+        """One episode, continuing ``prefix``'s staged calls if given.
 
         Every server of a call failing, no live server, a closed backend: an
         ``AttemptFailure``, converted by the episode from the pool's ``GenerationError``.
@@ -417,7 +417,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         try:
             lease, reply, redispatches = await self._call(request, call, call_id)
         except DataFailure as failure:
-            self.data_failures[failure.reason] = self.data_failures.get(failure.reason, 0) + 1
+            self.data_failures[failure.code] = self.data_failures.get(failure.code, 0) + 1
             raise
         extras: dict[str, Any] = {
             "server": lease.url,
@@ -469,14 +469,14 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
                     {"rollout_id": request.rollout_id, "call": model_call_id, "error": last_error},
                 )
             except DataFailure as failure:
-                outcome, why = ("bad_data" if failure.blames_server else "data"), failure.reason
+                outcome, why = ("bad_data" if failure.blames_server else "data"), failure.code
                 self._on_event(
                     "call_data_failed",
                     lease.url,
                     {
                         "rollout_id": request.rollout_id,
                         "call": model_call_id,
-                        "reason": failure.reason,
+                        "reason": failure.code,
                         # A server writes the detail: bounded, as every event line is.
                         "detail": failure.detail[:_EVENT_DETAIL_CHARS],
                     },
@@ -489,7 +489,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             finally:
                 await self._pool.release(lease, outcome=outcome, reason=why)
         raise GenerationError(
-            "server_unavailable",
+            FailureReason.SERVER_UNAVAILABLE,
             f"call {model_call_id} failed on {len(tried)} server(s) after {budget} "
             f"redispatches: {last_error}",
             worker=None,
@@ -531,14 +531,16 @@ def _span_versions(reply: ServerReply) -> list[int]:
     spans = reply.weight_version_spans
     if not spans:
         raise DataFailure(
-            "unversioned_tokens", "the reply has no weight_versions spans", blames_server=True
+            DataError.UNVERSIONED_TOKENS,
+            "the reply has no weight_versions spans",
+            blames_server=True,
         )
     versions = [parse_version(span["version"]) for span in spans]
     known = [v for v in versions if v is not None]
     if len(known) != len(versions) or known != sorted(known):
         shown = [span["version"] for span in spans][:8]
         raise DataFailure(
-            "unversioned_tokens",
+            DataError.UNVERSIONED_TOKENS,
             f"weight_versions spans name versions {shown} (not all ours, or going backwards)",
             blames_server=True,
         )

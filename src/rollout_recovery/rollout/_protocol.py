@@ -20,16 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .._outcomes import FailureReason
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import GenerationError, InvalidArgumentError
+from ..errors import GenerationError
 from ..rewards import RewardChecks
-from ._outcomes import FailureReason
 
 __all__ = [
     "AttemptFailure",
     "AttemptRequest",
     "AttemptResult",
-    "BackendResume",
     "BackendStartup",
     "BackendTelemetry",
     "GenerationBackend",
@@ -61,7 +60,7 @@ class AttemptResult:
 
     ``generated_tokens`` counts the generated tokens of every call the receipt holds;
     ``inherited_calls`` of those calls (``inherited_tokens`` of those tokens) were an
-    earlier attempt's, continued rather than generated again (:class:`BackendResume`);
+    earlier attempt's, continued rather than generated again (``run_attempt``'s ``prefix``);
     ``resume_refused`` says why a prefix the attempt was handed was not used.
     """
 
@@ -91,24 +90,11 @@ class AttemptFailure:
 
     @classmethod
     def from_error(cls, request: AttemptRequest, error: GenerationError) -> AttemptFailure:
-        """The failure value of ``error``, raised inside ``request``'s attempt.
-
-        An unknown reason is a bug in whoever raised it (the auditor and the trail know
-        only :class:`FailureReason`), refused with the reason and the valid ones named.
-        """
-        try:
-            reason = FailureReason(error.reason)
-        except ValueError:
-            valid = ", ".join(sorted(FailureReason))
-            raise InvalidArgumentError(
-                f"GenerationError reason {error.reason!r} of attempt {request.rollout_id} "
-                f"is not a FailureReason (one of: {valid})",
-                path="$.reason",
-            ) from error
+        """The failure value of ``error``, raised inside ``request``'s attempt."""
         return cls(
             rollout_id=request.rollout_id,
             generation_index=request.generation_index,
-            reason=reason,
+            reason=error.reason,
             detail=str(error).removeprefix(f"{error.reason}: "),
             worker=error.worker,
         )
@@ -129,12 +115,26 @@ class GenerationBackend(Protocol[Weights_contra]):
 
     ``update_weights`` takes what the trainer's ``weights()`` returns (the type
     parameter): the controller calls it after every step and after a restore.
+
+    ``run_attempt`` is the one way in, fresh or continued. When a sibling's attempt was
+    lost (its worker died, the run was killed), the controller reads the calls that
+    attempt staged, verifies them (the same sibling, rows that hash to their digests, one
+    chain from the root, weights the reuse policy keeps) and hands them to the sibling's
+    next attempt as ``prefix``. The backend stages them again under
+    ``request.rollout_id`` (so the receipt covers every call, inherited and new) and
+    generates only what follows; a prefix it cannot use is ignored, the episode starts
+    over and ``AttemptResult.resume_refused`` says why.
+    :func:`~rollout_recovery.rollout.run_episode` does all of that for a backend built on
+    a model client.
     """
 
     def update_weights(self, version: int, weights: Weights_contra) -> None: ...
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self,
+        request: AttemptRequest,
+        capture: CaptureWriter,
+        prefix: StagedPrefix | None = None,
     ) -> AttemptResult | AttemptFailure: ...
 
     async def aclose(self) -> None: ...
@@ -167,23 +167,3 @@ class BackendStartup(Protocol):
     """
 
     async def start(self) -> None: ...
-
-
-@runtime_checkable
-class BackendResume(Protocol):
-    """Optional: a backend that continues an episode from an earlier attempt's staged calls.
-
-    When a sibling's attempt was lost (its worker died, the run was killed), the
-    controller reads the calls that attempt staged, verifies them (the same sibling, rows
-    that hash to their digests, one chain from the root, weights the reuse policy keeps)
-    and hands them to the sibling's next attempt here instead of :meth:`run_attempt`.
-    The backend stages them again under ``request.rollout_id`` (so the receipt covers
-    every call, inherited and new) and generates only what follows; a prefix it cannot
-    use is ignored, the episode starts over and ``AttemptResult.resume_refused`` says
-    why. :func:`~rollout_recovery.rollout.run_episode` does all of that for a backend
-    built on a model client.
-    """
-
-    async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix
-    ) -> AttemptResult | AttemptFailure: ...

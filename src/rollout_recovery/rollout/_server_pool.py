@@ -51,6 +51,7 @@ import httpx
 
 from .._clock import monotonic
 from .._lifecycle import AsyncResource
+from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import GenerationConfig, HttpConfig
@@ -111,6 +112,10 @@ class PoolSettings:
                 f"{self.on_weight_update!r}",
                 path="$.on_weight_update",
             )
+
+
+def _closed_error() -> GenerationError:
+    return GenerationError(FailureReason.BACKEND_CLOSED, "the HTTP backend is closed")
 
 
 @dataclass(slots=True)
@@ -184,9 +189,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
                 'flight: on_weight_update = "interrupt" needs "policy" or "vllm"',
                 path="$.on_weight_update",
             )
-        self._workers: WorkerPool[_Server] = WorkerPool(
-            closed_error=lambda: GenerationError("backend_closed", "the HTTP backend is closed")
-        )
+        self._workers: WorkerPool[_Server] = WorkerPool(closed_error=_closed_error)
         for url in cleaned:
             self._workers.add(_Server(name=url, capacity=settings.concurrency))
         self._settings = settings
@@ -393,7 +396,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
         def timed_out() -> GenerationError:
             return GenerationError(
-                "no_live_server",
+                FailureReason.NO_LIVE_SERVER,
                 f"no healthy server with a free slot for {self._settings.no_server_wait_s}"
                 f" s; states: {self.states()}",
             )

@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from .._lifecycle import AsyncResource
+from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool
 from ..capture import CaptureWriter, StagedPrefix
 from ..dataplane import DataPlane
@@ -66,7 +67,7 @@ class _Worker(Worker):
 
 
 def _closed_error() -> GenerationError:
-    return GenerationError("backend_closed", "the simulated backend is closed")
+    return GenerationError(FailureReason.BACKEND_CLOSED, "the simulated backend is closed")
 
 
 def _attempt_seed(seed: int, rollout_id: str) -> list[int]:
@@ -260,7 +261,7 @@ class SimulatedAgentBackend(AsyncResource):
     @staticmethod
     def _crashed_error(worker: _Worker) -> GenerationError:
         return GenerationError(
-            "worker_crashed", f"{worker.name} crashed mid-episode", worker=worker.name
+            FailureReason.WORKER_CRASHED, f"{worker.name} crashed mid-episode", worker=worker.name
         )
 
     async def _wait_on(self, worker: _Worker, life: _Life, seconds: float | None) -> None:
@@ -290,15 +291,13 @@ class SimulatedAgentBackend(AsyncResource):
     # -- one attempt ----------------------------------------------------------------------
 
     async def run_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter
+        self,
+        request: AttemptRequest,
+        capture: CaptureWriter,
+        prefix: StagedPrefix | None = None,
     ) -> AttemptResult | AttemptFailure:
-        """Run one episode on a worker; see ``_faults.py`` for the faults."""
-        return await self.resume_attempt(request, capture, None)
-
-    async def resume_attempt(
-        self, request: AttemptRequest, capture: CaptureWriter, prefix: StagedPrefix | None
-    ) -> AttemptResult | AttemptFailure:
-        """Continue an earlier attempt's staged calls (``BackendResume``); None: start."""
+        """Run one episode on a worker, continuing ``prefix``'s staged calls if given; see
+        ``_faults.py`` for the faults."""
         if self._workers.closed:
             return AttemptFailure.closed(request, "simulated")
         rng = np.random.default_rng(_attempt_seed(self._seed, request.rollout_id))

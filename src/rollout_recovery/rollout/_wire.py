@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
@@ -41,6 +42,7 @@ from ._episode import CallFailed
 __all__ = [
     "DIALECTS",
     "CallSpec",
+    "DataError",
     "DataFailure",
     "Dialect",
     "DialectName",
@@ -58,20 +60,55 @@ DialectName = Literal["vllm-completions", "vllm-generate", "sglang"]
 _T = TypeVar("_T")
 
 
+class DataError(StrEnum):
+    """Why a server's answer to a call cannot be trained on; the sealed receipt's
+    ``failure_reason`` is ``data_error:<value>`` (``data_error:http_<status>`` for a
+    refusal), so the values are an on-disk format."""
+
+    #: The request leaves the model no room (the server's own refusal says so).
+    CONTEXT_OVERFLOW = "context_overflow"
+    #: Another 4xx: the request was refused; its code is ``http_<status>``.
+    HTTP_REFUSED = "http"
+    #: Longer than the reply byte cap.
+    REPLY_TOO_LARGE = "reply_too_large"
+    #: Not JSON of the dialect's shape, not UTF-8, or nested too deeply.
+    MALFORMED_REPLY = "malformed_reply"
+    #: A token id outside the trainer's vocabulary ``[0, vocab_size)``.
+    TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
+    #: Ids, logprobs, echo or spans that disagree with each other or with the request.
+    TOKEN_MISMATCH = "token_mismatch"
+    #: A logprob that is not a finite number <= 0.
+    INVALID_LOGPROBS = "invalid_logprobs"
+    #: The server generated no token.
+    EMPTY_GENERATION = "empty_generation"
+    #: Tokens whose weight version is not one of ours (or no spans at all), where every
+    #: token's version is needed (``on_weight_update = "interrupt"``).
+    UNVERSIONED_TOKENS = "unversioned_tokens"
+
+
 class DataFailure(CallFailed):
     """The server answered, but the answer cannot be trained on: a failed attempt.
 
-    ``reason`` is a short code (``token_mismatch``, ``context_overflow``, ``http_400``, ...)
-    that ends up in the placeholder's reason (``data_error:<reason>``); ``detail`` says
-    what exactly disagreed. ``blames_server`` is False where the request was refused (a
-    4xx, a context overflow: any server would refuse it) and True where the reply itself
-    is unusable, which counts against the server's health. Raised by a model client, it
-    ends the episode as a sealed failed attempt.
+    ``reason`` says why (a :class:`DataError`); ``code`` is what ends up in the
+    placeholder's reason (``data_error:<code>``): the reason's value, or ``http_<status>``
+    for a refusal. ``detail`` says what exactly disagreed. ``blames_server`` is False
+    where the request was refused (a 4xx, a context overflow: any server would refuse it)
+    and True where the reply itself is unusable, which counts against the server's
+    health. Raised by a model client, it ends the episode as a sealed failed attempt.
     """
 
-    def __init__(self, reason: str, detail: str, *, blames_server: bool = True) -> None:
-        super().__init__(f"data_error:{reason}", detail)
+    def __init__(
+        self,
+        reason: DataError,
+        detail: str,
+        *,
+        blames_server: bool = True,
+        status: int | None = None,
+    ) -> None:
+        code = f"http_{status}" if reason is DataError.HTTP_REFUSED else reason.value
+        super().__init__(f"data_error:{code}", detail)
         self.reason = reason
+        self.code = code
         self.blames_server = blames_server
 
 
@@ -123,13 +160,15 @@ class Dialect(Protocol):
 async def read_body(response: httpx.Response, cap: int) -> bytes:
     """The body of a streamed ``response``, refused past ``cap`` bytes (as decoded).
 
-    Raises ``DataFailure("reply_too_large")`` as soon as the declared length or the bytes
+    Raises ``DataFailure(DataError.REPLY_TOO_LARGE)`` as soon as the declared length or the bytes
     read pass the cap; the caller's closing of the stream then drops the connection
     without reading the rest.
     """
     body = await read_capped(response, cap)
     if body is None:
-        raise DataFailure("reply_too_large", f"the reply is longer than the cap of {cap} bytes")
+        raise DataFailure(
+            DataError.REPLY_TOO_LARGE, f"the reply is longer than the cap of {cap} bytes"
+        )
     return body
 
 
@@ -137,12 +176,12 @@ def _decode(raw: bytes, shape: type[_T]) -> _T:
     try:
         return msgspec.json.decode(raw, type=shape)
     except msgspec.ValidationError as error:
-        raise DataFailure("malformed_reply", f"unexpected shape: {error}") from None
+        raise DataFailure(DataError.MALFORMED_REPLY, f"unexpected shape: {error}") from None
     except msgspec.DecodeError as error:
-        raise DataFailure("malformed_reply", f"not JSON: {error}") from None
+        raise DataFailure(DataError.MALFORMED_REPLY, f"not JSON: {error}") from None
     except RecursionError:
         # msgspec's own depth bound (it raises before the stack is at risk).
-        raise DataFailure("malformed_reply", "nested too deeply") from None
+        raise DataFailure(DataError.MALFORMED_REPLY, "nested too deeply") from None
 
 
 def error_payload(raw: bytes) -> object:
@@ -180,7 +219,7 @@ def _in_vocab(token_ids: list[int], where: str, vocab_size: int) -> list[int]:
     for position, token in enumerate(token_ids):
         if not 0 <= token < vocab_size:
             raise DataFailure(
-                "token_out_of_vocab",
+                DataError.TOKEN_OUT_OF_VOCAB,
                 f"{where}[{position}] is {token}, outside the vocabulary [0, {vocab_size})",
             )
     return token_ids
@@ -193,27 +232,30 @@ def _checked_logprobs(values: list[float], where: str) -> list[float]:
         bad = ~np.isfinite(array.astype(np.float32)) | (array > 0.0)
     if bad.any():
         position = int(np.flatnonzero(bad)[0])
-        raise DataFailure("invalid_logprobs", f"{where}[{position}] is {values[position]!r}")
+        raise DataFailure(
+            DataError.INVALID_LOGPROBS, f"{where}[{position}] is {values[position]!r}"
+        )
     return values
 
 
 def _only(choices: list[_T]) -> _T:
     if len(choices) != 1:
-        raise DataFailure("malformed_reply", f"choices has {len(choices)} elements, not 1")
+        raise DataFailure(DataError.MALFORMED_REPLY, f"choices has {len(choices)} elements, not 1")
     return choices[0]
 
 
 def _check_generated(call: CallSpec, token_ids: list[int], logprobs: list[float]) -> None:
     if not token_ids:
-        raise DataFailure("empty_generation", "the server generated no token")
+        raise DataFailure(DataError.EMPTY_GENERATION, "the server generated no token")
     if len(token_ids) > call.max_tokens:
         raise DataFailure(
-            "token_mismatch",
+            DataError.TOKEN_MISMATCH,
             f"{len(token_ids)} tokens generated, max_tokens was {call.max_tokens}",
         )
     if len(logprobs) != len(token_ids):
         raise DataFailure(
-            "token_mismatch", f"{len(logprobs)} logprobs for {len(token_ids)} generated tokens"
+            DataError.TOKEN_MISMATCH,
+            f"{len(logprobs)} logprobs for {len(token_ids)} generated tokens",
         )
 
 
@@ -221,10 +263,11 @@ def _check_prompt_echo(
     call: CallSpec, echoed: list[int] | None, where: str, vocab_size: int
 ) -> None:
     if echoed is None:
-        raise DataFailure("malformed_reply", f"{where} is missing")
+        raise DataFailure(DataError.MALFORMED_REPLY, f"{where} is missing")
     if _in_vocab(echoed, where, vocab_size) != list(call.prompt_token_ids):
         raise DataFailure(
-            "token_mismatch", f"{where} does not echo the {len(call.prompt_token_ids)} sent ids"
+            DataError.TOKEN_MISMATCH,
+            f"{where} does not echo the {len(call.prompt_token_ids)} sent ids",
         )
 
 
@@ -237,7 +280,9 @@ def _parse_token_id_tokens(tokens: list[str], where: str) -> list[int]:
     for i, token in enumerate(tokens):
         match = _TOKEN_ID.fullmatch(token)
         if match is None:
-            raise DataFailure("token_mismatch", f"{where}[{i}] is {token[:40]!r}, not 'token_id:N'")
+            raise DataFailure(
+                DataError.TOKEN_MISMATCH, f"{where}[{i}] is {token[:40]!r}, not 'token_id:N'"
+            )
         ids.append(int(match.group(1)))
     return ids
 
@@ -254,19 +299,21 @@ def _version_spans(value: list[_VersionSpan] | None, generated: int) -> list[dic
     if value is None:
         return None
     if not value:
-        raise DataFailure("malformed_reply", "weight_versions is an empty list")
+        raise DataFailure(DataError.MALFORMED_REPLY, "weight_versions is an empty list")
     spans: list[dict[str, Any]] = []
     position = 0
     for i, span in enumerate(value):
         if span.start != position or span.end <= span.start:
             raise DataFailure(
-                "token_mismatch", f"weight_versions[{i}] does not continue at token {position}"
+                DataError.TOKEN_MISMATCH,
+                f"weight_versions[{i}] does not continue at token {position}",
             )
         spans.append({"version": str(span.version), "start": span.start, "end": span.end})
         position = span.end
     if position != generated:
         raise DataFailure(
-            "token_mismatch", f"weight_versions cover {position} of {generated} generated tokens"
+            DataError.TOKEN_MISMATCH,
+            f"weight_versions cover {position} of {generated} generated tokens",
         )
     return spans
 
@@ -325,7 +372,7 @@ class VllmCompletions:
         logprob_ids = _parse_token_id_tokens(choice.logprobs.tokens, "logprobs.tokens")
         if logprob_ids != token_ids:
             raise DataFailure(
-                "token_mismatch", "logprobs.tokens name other ids than choices[0].token_ids"
+                DataError.TOKEN_MISMATCH, "logprobs.tokens name other ids than choices[0].token_ids"
             )
         values = _checked_logprobs(choice.logprobs.token_logprobs, "logprobs.token_logprobs")
         _check_generated(call, token_ids, values)
@@ -389,7 +436,8 @@ class VllmGenerate:
         entries = choice.logprobs.content
         if [entry.token_id for entry in entries] != token_ids:
             raise DataFailure(
-                "token_mismatch", "logprobs.content names other ids than choices[0].token_ids"
+                DataError.TOKEN_MISMATCH,
+                "logprobs.content names other ids than choices[0].token_ids",
             )
         values = _checked_logprobs(
             [entry.logprob for entry in entries], "logprobs.content[].logprob"
@@ -454,13 +502,14 @@ class SglangGenerate:
         meta = reply.meta_info
         if meta.prompt_tokens is not None and meta.prompt_tokens != len(call.prompt_token_ids):
             raise DataFailure(
-                "token_mismatch",
+                DataError.TOKEN_MISMATCH,
                 f"meta_info.prompt_tokens is {meta.prompt_tokens}, "
                 f"{len(call.prompt_token_ids)} ids were sent",
             )
         if [token.token_id for token in meta.output_token_logprobs] != token_ids:
             raise DataFailure(
-                "token_mismatch", "meta_info.output_token_logprobs name other ids than output_ids"
+                DataError.TOKEN_MISMATCH,
+                "meta_info.output_token_logprobs name other ids than output_ids",
             )
         logprobs = _checked_logprobs(
             [token.logprob for token in meta.output_token_logprobs],

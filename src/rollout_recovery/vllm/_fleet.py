@@ -32,6 +32,7 @@ import msgspec
 
 from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
+from .._outcomes import FailureReason
 from ..errors import GenerationError
 from ._config import VllmConfig
 
@@ -219,7 +220,7 @@ class VllmFleet(Resource):
                             starting[position] = self._spawn(entry.index, entry.attempts + 1)
                             continue
                         raise GenerationError(
-                            "server_start_failed",
+                            FailureReason.SERVER_START_FAILED,
                             f"vLLM server {entry.index} exited with {code} before it was "
                             f"ready; its log ({entry.log}) ends: {tail}",
                         )
@@ -232,7 +233,7 @@ class VllmFleet(Resource):
                     break
                 if time.monotonic() > deadline:
                     raise GenerationError(
-                        "server_start_failed",
+                        FailureReason.SERVER_START_FAILED,
                         f"vLLM servers not ready after {self._config.startup_timeout_s:.0f} s "
                         f"(see {self._dir})",
                     )

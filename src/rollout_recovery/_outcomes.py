@@ -6,6 +6,11 @@ its predicates (the controller branches on :meth:`FailureReason.is_retryable`; t
 kinds classify a failure for whoever reports on them), so nobody compares reason
 strings. A backend raises only for a bug or bad state, and that stops the run.
 
+A bottom module, not ``rollout``'s: :class:`~rollout_recovery.errors.GenerationError`
+carries a reason from deep inside an attempt to the backend's boundary, and the error
+model sits below every room, so the reason's type must too (the values are the strings
+the journal records; ``rollout`` re-exports the enum).
+
 Three kinds of reason (every member is exactly one of them):
 
 - *infra*: the machinery failed (a worker, a server, an actor, the clock, the process);
@@ -56,6 +61,9 @@ class FailureReason(StrEnum):
     COHORT = "cohort"
     #: The run is draining: it was not going to finish within the grace period.
     DRAIN = "drain"
+    #: Launched generation servers did not come up. Never an attempt's reason: the fleet
+    #: raises it (as a ``GenerationError``) before any attempt runs, and the run stops.
+    SERVER_START_FAILED = "server_start_failed"
 
     def is_retryable(self) -> bool:
         """Whether the sibling is worth another round: all but a closed backend, which can
@@ -81,5 +89,6 @@ _INFRA = frozenset(
         FailureReason.NO_LIVE_ACTOR,
         FailureReason.ACTOR_ERROR,
         FailureReason.RESTART,
+        FailureReason.SERVER_START_FAILED,
     }
 )
