@@ -41,19 +41,18 @@ import httpx
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
-from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
+from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
 from rollout_recovery.rollout import (
     AttemptRequest,
     AttemptResult,
+    DigitTask,
+    FaultsConfig,
     GenerationBackend,
+    GenerationConfig,
+    HttpConfig,
     HttpGenerationBackend,
     SimulatedAgentBackend,
 )
-from rollout_recovery.rollout._faults import FaultSettings
-from rollout_recovery.rollout._http_backend import HttpBackendSettings
-from rollout_recovery.rollout._server_pool import PoolSettings
-from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
-from rollout_recovery.rollout._wire import DIALECTS
 
 TASKS = TaskSet(4096, seed=0, prompt_group_every=4)
 
@@ -162,13 +161,13 @@ def _measure(
 def _simulated(transport: httpx.AsyncBaseTransport, threaded: bool) -> GenerationBackend:
     trainer = NumpyGRPOTrainer(seed=0)
     return SimulatedAgentBackend(
-        task_set=TASKS,
+        GenerationConfig(workers=16, call_latency_s=0.0, latency_jitter=0.0),
+        faults=FaultsConfig.only(),
+        # Two calls an episode (a thought, the answer), as before issue 25.
+        episodes=DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=4)),
         seed=0,
-        workers=16,
-        call_latency_s=0.0,
-        latency_jitter=0.0,
-        faults=FaultSettings(),
         initial_weights=trainer.weights(),
+        data_plane=MemoryDataPlane(),  # read only by the tamper fault, which is off
         stage_in_thread=threaded,
     )
 
@@ -177,17 +176,19 @@ def _http(urls: list[str], model: str, sync: str) -> Any:
     def make(transport: httpx.AsyncBaseTransport, threaded: bool) -> GenerationBackend:
         trainer = NumpyGRPOTrainer(seed=0)
         return HttpGenerationBackend(
-            servers=urls,
-            task_set=TASKS,
-            dialect=DIALECTS["vllm-completions"],
-            weight_sync=WEIGHT_SYNCS[sync],  # type: ignore[index]
-            settings=HttpBackendSettings(
+            HttpConfig(
+                servers=tuple(urls),
+                weight_sync=sync,  # type: ignore[arg-type]
                 model=model,
-                vocab_size=trainer.vocab_size,
-                pool=PoolSettings(concurrency=64, probe_interval_s=1.0),
+                per_server_concurrency=64,
+                probe_interval_s=1.0,
                 request_timeout_s=120.0,
-                stage_in_thread=threaded,
             ),
+            generation=GenerationConfig(),
+            # [task]'s default episode (three thinking calls), as before issue 25.
+            episodes=DigitTask(TASKS, TaskConfig()),
+            vocab_size=trainer.vocab_size,
+            stage_in_thread=threaded,
             initial_version=0,
             initial_weights=trainer.weights(),
             client=httpx.AsyncClient(transport=transport),

@@ -33,7 +33,8 @@ import ray
 from rollout_recovery import DataPlaneCheckpointBarrier, RolloutRecoveryLedger
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._receipt import assemble_receipt
-from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
+from rollout_recovery.cluster import RayConfig
+from rollout_recovery.cluster._pool import RayGenerationBackend
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane, ShardDirectory
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control._config import config_from_builtins
@@ -45,18 +46,20 @@ from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
 from rollout_recovery.rollout import (
     AttemptRequest,
     AttemptResult,
+    DigitTask,
+    FaultsConfig,
     GenerationConfig,
     SimulatedAgentBackend,
 )
-from rollout_recovery.rollout._faults import FaultSettings
 from rollout_recovery.rundir import RunDirectory
 
 # One episode shape for both backends, written once: two calls (one thinking call and the
 # answer), the episode of the embedded backend's default and of e894b17's Ray worker, so
-# ``bench_revisions.py --only ray`` compares like with like. The Ray worker builds its
-# episode from ``[task]``, whose default is four calls.
+# ``bench_revisions.py --only ray`` compares like with like (``[task]``'s default is four
+# calls).
 TASK = TaskConfig(dataset_size=4096, prompt_group_every=4, thinking_calls=1)
 TASKS = TaskSet.from_config(TASK, seed=0)
+EPISODES = DigitTask(TASKS, TASK)
 
 
 async def _attempts(backend: Any, writer: CaptureWriter, count: int, concurrency: int) -> float:
@@ -217,16 +220,12 @@ def main() -> None:
         scratch = Path(tmp)
         embedded = SqliteDataPlane(scratch / "embedded.sqlite")
         simulated = SimulatedAgentBackend(
-            task_set=TASKS,
+            GenerationConfig(workers=args.actors, call_latency_s=0.0, latency_jitter=0.0),
+            faults=FaultsConfig.only(),
+            episodes=EPISODES,
             seed=0,
-            workers=args.actors,
-            call_latency_s=0.0,
-            latency_jitter=0.0,
-            faults=FaultSettings(),
             initial_weights=weights,
-            reasoning_tokens=TASK.reasoning_tokens,
-            thinking_calls=TASK.thinking_calls,
-            stage_in_thread=True,
+            data_plane=embedded,
         )
         results["embedded attempts/s"] = asyncio.run(
             _attempts(simulated, CaptureWriter(embedded), args.attempts, args.concurrency)
@@ -236,12 +235,12 @@ def main() -> None:
             kind="simulated",
             shards=plane.layout,
             seed=0,
-            task=TASK,
+            episodes=EPISODES,
             generation=GenerationConfig(call_latency_s=0.0, latency_jitter=0.0),
         )
         pool = RayGenerationBackend(
+            RayConfig(actors_per_node=args.actors, cpus_per_actor=0.01),
             spec=spec,
-            settings=ActorPoolSettings(actors_per_node=args.actors, cpus_per_actor=0.01),
             plane=plane,
             initial_weights=weights,
         )

@@ -123,32 +123,40 @@ def _worker_pool(tmp: Path) -> AsyncResource:
 
 def _simulated_backend(tmp: Path) -> AsyncResource:
     from rollout_recovery.dataplane import MemoryDataPlane
-    from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig
-    from rollout_recovery.rollout import FaultsConfig, GenerationConfig, SimulatedAgentBackend
+    from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
+    from rollout_recovery.rollout import (
+        DigitTask,
+        FaultsConfig,
+        GenerationConfig,
+        SimulatedAgentBackend,
+    )
 
-    return SimulatedAgentBackend.from_config(
-        seed=0,
-        task=TaskConfig(),
-        generation=GenerationConfig(),
+    return SimulatedAgentBackend(
+        GenerationConfig(workers=2),
         faults=FaultsConfig(),
+        episodes=DigitTask(TaskSet(16, seed=0, prompt_group_every=4), TaskConfig()),
+        seed=0,
         initial_weights=NumpyGRPOTrainer(seed=0).weights(),
         data_plane=MemoryDataPlane(),  # the default faults include tampering with it
-        workers=2,
     )
 
 
 def _http_backend(tmp: Path) -> AsyncResource:
     from rollout_recovery.policy import NumpyGRPOTrainer, TaskConfig, TaskSet
-    from rollout_recovery.rollout import GenerationConfig, HttpConfig, HttpGenerationBackend
+    from rollout_recovery.rollout import (
+        DigitTask,
+        GenerationConfig,
+        HttpConfig,
+        HttpGenerationBackend,
+    )
 
     trainer = NumpyGRPOTrainer(seed=0)
     # Never started: no server is contacted; closing it closes the client it made.
-    return HttpGenerationBackend.from_config(
+    return HttpGenerationBackend(
         HttpConfig(servers=("http://127.0.0.1:9",)),
         generation=GenerationConfig(),
-        task=TaskConfig(),
+        episodes=DigitTask(TaskSet(16, seed=0, prompt_group_every=4), TaskConfig()),
         vocab_size=trainer.weights().vocab_size,
-        task_set=TaskSet(16, seed=0, prompt_group_every=4),
         initial_version=0,
         initial_weights=trainer.weights(),
     )
@@ -157,12 +165,12 @@ def _http_backend(tmp: Path) -> AsyncResource:
 def _server_pool(tmp: Path) -> AsyncResource:
     import httpx
 
-    from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
+    from rollout_recovery.rollout import HttpConfig
+    from rollout_recovery.rollout._server_pool import ServerPool
     from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
 
     return ServerPool(
-        ["http://127.0.0.1:9"],
-        settings=PoolSettings(),
+        HttpConfig(servers=("http://127.0.0.1:9",)),
         weight_sync=WEIGHT_SYNCS["none"],
         client=httpx.AsyncClient(),
     )

@@ -11,12 +11,8 @@ import ray
 from ray.exceptions import ActorDiedError
 
 from rollout_recovery._workers import WorkerHealth
-from rollout_recovery.cluster._pool import (
-    ActorPoolSettings,
-    ActorStats,
-    RayGenerationBackend,
-    _Actor,
-)
+from rollout_recovery.cluster import RayConfig
+from rollout_recovery.cluster._pool import ActorStats, RayGenerationBackend, _Actor
 from rollout_recovery.cluster._sharded_plane import ShardDirectory
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 
@@ -54,10 +50,10 @@ def pool_without_ray(no_actor_wait_s: float) -> tuple[RayGenerationBackend, Poli
     weights: the test adds the actors it needs with :func:`add_actor`."""
     weights = NumpyGRPOTrainer(seed=0).weights()
     backend = RayGenerationBackend(
+        RayConfig(per_actor_concurrency=1, no_actor_wait_s=no_actor_wait_s),
         spec=None,  # type: ignore[arg-type]  # no actor is ever created here
         plane=None,  # type: ignore[arg-type]
         initial_weights=weights,
-        settings=ActorPoolSettings(per_actor_concurrency=1, no_actor_wait_s=no_actor_wait_s),
     )
     return backend, weights
 

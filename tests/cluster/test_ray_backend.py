@@ -19,7 +19,8 @@ from rollout_recovery.capture import (
     StagedPrefix,
 )
 from rollout_recovery.capture._verify import fetch_and_verify
-from rollout_recovery.cluster._pool import ActorPoolSettings, RayGenerationBackend
+from rollout_recovery.cluster import RayConfig
+from rollout_recovery.cluster._pool import RayGenerationBackend
 from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control._inventory import reconcile_staging
@@ -30,6 +31,7 @@ from rollout_recovery.rollout import (
     AttemptFailure,
     AttemptRequest,
     AttemptResult,
+    DigitTask,
     FailureReason,
     GenerationConfig,
 )
@@ -51,13 +53,13 @@ def _backend(
     spec = WorkerSpec(
         kind="simulated",
         shards=plane.layout,
-        seed=2,  # TASKS' seed: the worker grades the prompts the tests send
-        task=TaskConfig(dataset_size=64, prompt_group_every=4, thinking_calls=thinking_calls),
+        seed=2,
+        # TASKS: the worker grades the prompts the tests send.
+        episodes=DigitTask(TASKS, TaskConfig(thinking_calls=thinking_calls, reasoning_tokens=4)),
         generation=GenerationConfig(call_latency_s=latency, latency_jitter=0.0),
     )
     return RayGenerationBackend(
-        spec=spec,
-        settings=ActorPoolSettings(
+        RayConfig(
             actors_per_node=actors,
             cpus_per_actor=0.01,
             ping_interval_s=0.2,
@@ -65,6 +67,7 @@ def _backend(
             ping_timeout_s=30.0,
             **settings,
         ),
+        spec=spec,
         plane=plane,
         initial_weights=NumpyGRPOTrainer(seed=0).weights(),
     )

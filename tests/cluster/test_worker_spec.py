@@ -10,13 +10,14 @@ import typing
 from rollout_recovery._settings import Section
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control import load_config
+from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
-from rollout_recovery.rollout import SimulatedAgentBackend
-from rollout_recovery.rollout._faults import FaultSettings
+from rollout_recovery.rollout import DigitTask, FaultsConfig, SimulatedAgentBackend
 
 # What a worker needs that is not a config section: which backend, where it stages, the
-# job's seed, and what the job resolves (the trainer's vocabulary, the servers' key).
-NOT_SECTIONS = {"kind", "shards", "seed", "vocab_size", "api_key"}
+# job's seed, the episodes the job's task built (shipped, so a worker runs any task), and
+# what the job resolves (the trainer's vocabulary, the servers' key).
+NOT_SECTIONS = {"kind", "shards", "seed", "episodes", "vocab_size", "api_key"}
 
 
 def test_the_worker_spec_holds_config_sections_not_copies_of_their_fields() -> None:
@@ -29,18 +30,17 @@ def test_the_worker_spec_holds_config_sections_not_copies_of_their_fields() -> N
         )
 
 
-def test_the_job_and_a_worker_build_the_same_task_set_and_episode() -> None:
+def test_a_simulated_worker_runs_the_episodes_the_job_built() -> None:
     config = load_config(None)
-    snapshot = NumpyGRPOTrainer(seed=0).weights()
-    built = SimulatedAgentBackend.from_config(
+    episodes = DigitTask(TaskSet.from_config(config.task, seed=config.job.seed), config.task)
+    built = SimulatedAgentBackend(
+        config.generation,
+        faults=FaultsConfig.only(),
+        episodes=episodes,
         seed=config.job.seed,
-        task=config.task,
-        generation=config.generation,
-        faults=FaultSettings(),
-        initial_weights=snapshot,
-        data_plane=None,
+        initial_weights=NumpyGRPOTrainer(seed=0).weights(),
+        data_plane=MemoryDataPlane(),
         workers=1,
     )
-    tasks = TaskSet.from_config(config.task, seed=config.job.seed)
-    assert [tasks[i] for i in range(8)] == [built._task.task_set[i] for i in range(8)]
-    assert built._task.thinking_calls == config.task.thinking_calls
+    assert built._task is episodes
+    assert len(built.worker_status()) == 1

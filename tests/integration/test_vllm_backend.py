@@ -22,13 +22,18 @@ import pytest
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import TaskSet
+from rollout_recovery.policy import TaskConfig, TaskSet
 from rollout_recovery.policy._tasks import ANSWER
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, HttpGenerationBackend
-from rollout_recovery.rollout._http_backend import HttpBackendSettings
-from rollout_recovery.rollout._server_pool import PoolSettings
-from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS, WeightSyncName
-from rollout_recovery.rollout._wire import DIALECTS, DialectName
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    AttemptResult,
+    DigitTask,
+    GenerationConfig,
+    HttpConfig,
+    HttpGenerationBackend,
+)
+from rollout_recovery.rollout._weight_sync import WeightSyncName
+from rollout_recovery.rollout._wire import DialectName
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory
@@ -55,22 +60,26 @@ def _backend(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> HttpGenerationBackend:
     return HttpGenerationBackend(
-        servers=urls,
-        task_set=TASKS,
-        dialect=DIALECTS[dialect],
-        weight_sync=WEIGHT_SYNCS[weight_sync],
-        settings=HttpBackendSettings(
+        HttpConfig(
+            servers=tuple(urls),
+            dialect=dialect,
+            weight_sync=weight_sync,
             model="tiny",
-            vocab_size=TINY_VOCAB,
-            pool=PoolSettings(
-                concurrency=4, probe_interval_s=0.2, probe_timeout_s=2.0, dead_after_failures=2
-            ),
+            per_server_concurrency=4,
+            probe_interval_s=0.2,
+            probe_timeout_s=2.0,
+            dead_after_failures=2,
             request_timeout_s=TIMEOUT_S,
             call_redispatch_budget=2,
             redispatch_backoff_s=0.05,
-            reasoning_tokens=reasoning_tokens,
-            thinking_calls=1,  # a thought, then the answer: the tests count two calls
         ),
+        generation=GenerationConfig(),
+        # A thought, then the answer: the tests count two calls.
+        episodes=DigitTask(
+            TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=reasoning_tokens)
+        ),
+        vocab_size=TINY_VOCAB,
+        stage_in_thread=False,
         initial_version=0,
         initial_weights=None,
         client=httpx.AsyncClient(transport=transport) if transport else None,

@@ -22,6 +22,7 @@ from rollout_recovery._settings import (
     operational_paths,
 )
 from rollout_recovery._settings import identity_fingerprint as config_fingerprint
+from rollout_recovery.control import BACKENDS
 from rollout_recovery.control._config import (
     JobConfig,
     RunConfig,
@@ -100,6 +101,8 @@ def valid_configs(draw: st.DrawFn) -> RunConfig:
     data: dict[str, dict[str, object]] = {}
     for section, field, kind in LEAVES:
         data.setdefault(section, {})[field] = draw(_value_strategy(kind))
+    # A backend's name is a str the run config checks against its table of backends.
+    data["generation"]["backend"] = draw(st.sampled_from(list(BACKENDS)))
     _hold_the_vllm_rules(data)
     # The trainer and task the drawn backend serves: on HTTP servers, the torch trainer
     # with the vLLM weight sync and the numpy one with the others.
@@ -136,8 +139,10 @@ def _hold_the_vllm_rules(data: dict[str, dict[str, object]]) -> None:
     if not uses_http:
         return
     if data["generation"]["backend"] == "ray":
+        # Ray's workers push the numpy policy to the servers: no vLLM sync, no launch.
         if http["weight_sync"] == "vllm":
             http["weight_sync"] = "none"
+        vllm["launch"] = 0
         return
     if vllm["launch"]:
         http["servers"], http["weight_sync"] = (), "vllm"

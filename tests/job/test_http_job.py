@@ -23,9 +23,10 @@ from run_fixtures import backend_events
 from serve_process import running_serve
 
 from rollout_recovery.control import RunConfig
+from rollout_recovery.control._backends import _check_pushable
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import ConfigError
-from rollout_recovery.job._components import default_components, http_weight_sync
+from rollout_recovery.job._components import default_components
 from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import HttpGenerationBackend
 
@@ -202,7 +203,7 @@ def test_the_http_backend_checks_replies_against_the_trainers_vocabulary(
     )
     parts = default_components(config, MemoryDataPlane())
     assert isinstance(parts.backend, HttpGenerationBackend)
-    assert parts.backend.settings.vocab_size == parts.trainer.vocab_size == VOCAB_SIZE
+    assert parts.backend._vocab_size == parts.trainer.vocab_size == VOCAB_SIZE
 
 
 # -- the servers' key (issue 15 items 18 and 19) -------------------------------------------
@@ -325,8 +326,7 @@ def test_the_policy_weight_sync_refuses_a_trainer_of_other_weights(
     the field (the one runtime check left of the weights' type)."""
     config = fast_config({"generation": {"backend": "http"}, "http": {"weight_sync": "policy"}})
     with pytest.raises(ConfigError, match="PolicySnapshot") as caught:
-        http_weight_sync(config, _TorchLikeTrainer())  # type: ignore[arg-type]
+        _check_pushable(config, _TorchLikeTrainer())  # type: ignore[arg-type]
     assert caught.value.path == "$.http.weight_sync"
     other = fast_config({"http": {"weight_sync": "version-tag"}})
-    # Accepted: None lets the backend take the sync [http] names.
-    assert http_weight_sync(other, _TorchLikeTrainer()) is None  # type: ignore[arg-type]
+    _check_pushable(other, _TorchLikeTrainer())  # type: ignore[arg-type]  # any weights

@@ -21,19 +21,13 @@ from vllm_fake import FakeVllmFleet
 
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.job import run_job
 from rollout_recovery.job._components import default_components
-from rollout_recovery.llm._emit_task import EmitTokenEpisodes, EmitTokenTask
+from rollout_recovery.llm._emit_task import EmitTokenTask
 from rollout_recovery.llm._model_source import model_directory
 from rollout_recovery.llm._trainer import TorchGRPOTrainer
-from rollout_recovery.policy import TaskSet
 from rollout_recovery.policy._tasks import THOUGHT_BASE
 from rollout_recovery.rollout import HttpGenerationBackend
-from rollout_recovery.rollout._http_backend import HttpBackendSettings
-from rollout_recovery.rollout._server_pool import PoolSettings
-from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
-from rollout_recovery.rollout._wire import DIALECTS
 
 SERVER = "http://vllm0:8000"
 STEPS = 3
@@ -119,29 +113,6 @@ def test_the_llm_components_on_http_are_the_trainer_and_the_emit_token_episodes(
     assert isinstance(parts.trainer, TorchGRPOTrainer)
     assert isinstance(parts.dataset, EmitTokenTask)
     assert isinstance(parts.backend, HttpGenerationBackend)
-    assert parts.backend.settings.temperature == parts.trainer.temperature
-    assert parts.backend.settings.vocab_size == parts.trainer.vocab_size == 333
+    assert parts.backend._temperature == parts.trainer.temperature
+    assert parts.backend._vocab_size == parts.trainer.vocab_size == 333
     assert list(parts.backend.pool.versions()) == [SERVER]
-
-
-def test_the_http_backend_runs_the_digit_task_or_given_episodes_not_both() -> None:
-    settings = HttpBackendSettings(model="m", pool=PoolSettings(), vocab_size=333)
-    common: dict[str, Any] = {
-        "servers": [SERVER],
-        "dialect": DIALECTS["vllm-completions"],
-        "weight_sync": WEIGHT_SYNCS["none"],
-        "settings": settings,
-        "initial_version": 0,
-        "initial_weights": None,
-    }
-    episodes = EmitTokenEpisodes(
-        EmitTokenTask(8, seed=0, vocab_size=333, target_token=5), max_tokens=MAX_TOKENS
-    )
-    neither_or_both: list[dict[str, Any]] = [
-        {},
-        {"task_set": TaskSet(4, seed=0, prompt_group_every=1), "episodes": episodes},
-    ]
-    for given in neither_or_both:
-        with pytest.raises(InvalidArgumentError) as refused:
-            HttpGenerationBackend(**common, **given)
-        assert refused.value.path == "$.episodes"

@@ -18,7 +18,7 @@ import httpx
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import TaskSet
+from rollout_recovery.policy import TaskConfig, TaskSet
 from rollout_recovery.policy._tasks import (
     ANSWER,
     DIGIT_BASE,
@@ -28,13 +28,19 @@ from rollout_recovery.policy._tasks import (
     correct_answer,
     prompt_digit,
 )
-from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
-from rollout_recovery.rollout._http_backend import HttpBackendSettings
-from rollout_recovery.rollout._server_pool import PoolSettings
-from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS, WeightSyncName
-from rollout_recovery.rollout._wire import DIALECTS, DialectName
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    DigitTask,
+    GenerationConfig,
+    HttpConfig,
+    HttpGenerationBackend,
+)
+from rollout_recovery.rollout._weight_sync import WeightSyncName
+from rollout_recovery.rollout._wire import DialectName
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)
+# Two calls an episode (a thought, the answer): the tests count calls.
+EPISODES = DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=4))
 LOGPROB = -0.25
 
 # A reply hook: (server, request body) -> a response to send instead, or None for normal.
@@ -199,31 +205,30 @@ def make_rig(
         )
     )
     data_plane = MemoryDataPlane()
+    http = HttpConfig(
+        servers=tuple(urls or fleet.servers),
+        dialect=dialect,
+        weight_sync=weight_sync,
+        model="m",
+        per_server_concurrency=4,
+        probe_interval_s=probe_interval_s,
+        probe_timeout_s=probe_timeout_s,
+        sync_timeout_s=sync_timeout_s,
+        dead_after_failures=dead_after,
+        no_server_wait_s=no_server_wait_s,
+        bad_data_quarantine_s=bad_data_quarantine_s,
+        request_timeout_s=request_timeout_s,
+        call_redispatch_budget=budget,
+        redispatch_backoff_s=0.0,
+    )
     backend = HttpGenerationBackend(
-        servers=urls or list(fleet.servers),
-        task_set=TASKS,
-        dialect=DIALECTS[dialect],
-        weight_sync=WEIGHT_SYNCS[weight_sync],
-        settings=HttpBackendSettings(
-            model="m",
-            pool=PoolSettings(
-                concurrency=4,
-                probe_interval_s=probe_interval_s,
-                probe_timeout_s=probe_timeout_s,
-                sync_timeout_s=sync_timeout_s,
-                dead_after_failures=dead_after,
-                no_server_wait_s=no_server_wait_s,
-                bad_data_quarantine_s=bad_data_quarantine_s,
-            ),
-            vocab_size=VOCAB_SIZE,
-            request_timeout_s=request_timeout_s,
-            max_reply_bytes=max_reply_bytes,
-            call_redispatch_budget=budget,
-            redispatch_backoff_s=0.0,
-            # Two calls an episode (a thought, the answer): the tests count calls.
-            thinking_calls=1,
-            api_key=api_key,
-        ),
+        http,
+        generation=GenerationConfig(),
+        episodes=EPISODES,
+        vocab_size=VOCAB_SIZE,
+        max_reply_bytes=max_reply_bytes,
+        api_key=api_key,
+        stage_in_thread=False,
         initial_version=0,
         initial_weights=snapshot(0),
         client=client,

@@ -10,20 +10,24 @@ from typing import Any
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.policy import PolicySnapshot, TaskSet
+from rollout_recovery.policy import PolicySnapshot, TaskConfig, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
 from rollout_recovery.rollout import (
     AttemptFailure,
     AttemptRequest,
     AttemptResult,
+    DigitTask,
     FailureReason,
+    FaultsConfig,
+    GenerationConfig,
     SimulatedAgentBackend,
 )
-from rollout_recovery.rollout._faults import FaultSettings
 
 LATENCY_S = 0.001
 GUARD_S = 20.0
 TASKS = TaskSet(50, seed=3, prompt_group_every=4)
+#: Two calls an episode (a thought, the answer): the tests count calls.
+EPISODES = DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=4))
 
 
 class SignallingWriter(CaptureWriter):
@@ -72,7 +76,7 @@ def snapshot(version: int = 0, seed: int = 0, spread: float = 1.0) -> PolicySnap
 
 
 def make_rig(
-    faults: FaultSettings | None = None,
+    faults: FaultsConfig | None = None,
     *,
     workers: int = 1,
     seed: int = 0,
@@ -82,12 +86,10 @@ def make_rig(
     # Built inside the running loop, so the writer's event belongs to it.
     data_plane = MemoryDataPlane()
     backend = SimulatedAgentBackend(
-        task_set=TASKS,
+        GenerationConfig(workers=workers, call_latency_s=latency_s, latency_jitter=0.3),
+        faults=faults or FaultsConfig.only(),
+        episodes=EPISODES,
         seed=seed,
-        workers=workers,
-        call_latency_s=latency_s,
-        latency_jitter=0.3,
-        faults=faults or FaultSettings(),
         initial_weights=snapshot(),
         data_plane=data_plane,
         stage_in_thread=stage_in_thread,

@@ -15,12 +15,15 @@ from rollout_recovery.capture import (
 )
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane
+from rollout_recovery.policy import TaskConfig
 from rollout_recovery.rollout import (
     AttemptRequest,
+    DigitTask,
     FailureReason,
+    FaultsConfig,
+    GenerationConfig,
     SimulatedAgentBackend,
 )
-from rollout_recovery.rollout._faults import FaultSettings
 
 
 def prefix_of(store: DataPlane, rollout_id: str) -> StagedPrefix:
@@ -44,14 +47,14 @@ def retry_of(request: AttemptRequest, attempt: str) -> AttemptRequest:
 
 def test_the_simulated_backend_continues_an_attempt_that_failed_mid_episode() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(attempt_failure_rate=1.0))
+        rig = make_rig(FaultsConfig.only(attempt_failure_rate=1.0))
         backend = rig.backend
         first = rig.request(3)
         failure_of(await backend.run_attempt(first, rig.writer), FailureReason.ATTEMPT_FAILED)
         prefix = prefix_of(rig.data_plane, first.rollout_id)
         assert len(prefix.calls) == 1  # it failed at its second call
 
-        backend.set_faults(FaultSettings())
+        backend.set_faults(FaultsConfig.only())
         staged_before = len(rig.writer.staged)
         second = retry_of(first, "b2")
         result = await backend.run_attempt(second, rig.writer, prefix)
@@ -72,15 +75,13 @@ def test_the_simulated_backend_with_many_thinking_calls_resumes_where_it_crashed
     async def main() -> None:
         rig = make_rig()
         backend = SimulatedAgentBackend(
-            task_set=TASKS,
+            GenerationConfig(workers=1, call_latency_s=0.0, latency_jitter=0.0),
+            faults=FaultsConfig.only(worker_crash_rate=1.0),
+            episodes=DigitTask(TASKS, TaskConfig(thinking_calls=3, reasoning_tokens=4)),
             seed=0,
-            workers=1,
-            call_latency_s=0.0,
-            latency_jitter=0.0,
-            faults=FaultSettings(worker_crash_rate=1.0),
             initial_weights=snapshot(),
             data_plane=rig.data_plane,
-            thinking_calls=3,
+            stage_in_thread=False,
         )
         first = rig.request(5)
         failure_of(await backend.run_attempt(first, rig.writer), FailureReason.WORKER_CRASHED)
@@ -93,7 +94,7 @@ def test_the_simulated_backend_with_many_thinking_calls_resumes_where_it_crashed
         failure_of(lost, FailureReason.WORKER_CRASHED)
         prefix = prefix_of(rig.data_plane, second.rollout_id)
         assert len(prefix.calls) == 2
-        backend.set_faults(FaultSettings())
+        backend.set_faults(FaultsConfig.only())
         third = retry_of(first, "b3")
         result = await backend.run_attempt(third, rig.writer, prefix)
         assert result.inherited_calls == 2 and len(result.receipt["manifest"]) == 4
@@ -141,7 +142,7 @@ def test_a_closed_backend_stages_nothing_and_says_it_is_closed() -> None:
     closed one returns the failure and writes no row."""
 
     async def main() -> None:
-        sim = make_rig(FaultSettings(attempt_failure_rate=1.0))
+        sim = make_rig(FaultsConfig.only(attempt_failure_rate=1.0))
         http = make_http_rig(servers=1, budget=0, dead_after=100)
         server = http.fleet[0]
         server.hook = lambda _server, _body: httpx.Response(503) if server.calls == 2 else None

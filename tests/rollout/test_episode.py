@@ -19,7 +19,7 @@ from rollout_recovery.capture import (
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import PolicySnapshot
+from rollout_recovery.policy import PolicySnapshot, TaskConfig
 from rollout_recovery.policy._tasks import ANSWER, THINK
 from rollout_recovery.rollout import (
     AttemptFailure,
@@ -105,7 +105,7 @@ def test_an_episode_thinks_in_several_calls_then_answers(
     async def main() -> None:
         store, weights = MemoryDataPlane(), snapshot(version=2, seed=seed, spread=2.0)
         client = PolicyClient(weights, seed=seed)
-        task = DigitTask(TASKS, reasoning_tokens=tokens, thinking_calls=thinking)
+        task = DigitTask(TASKS, TaskConfig(reasoning_tokens=tokens, thinking_calls=thinking))
         result = await episode(store, request(idx, "1"), client, task)
 
         assert len(result.receipt["manifest"]) == thinking + 1
@@ -141,7 +141,7 @@ def test_a_lost_attempt_is_continued_from_its_last_staged_call(
 
     async def main() -> None:
         store, weights = MemoryDataPlane(), snapshot(version=1, seed=seed)
-        task = DigitTask(TASKS, reasoning_tokens=3, thinking_calls=thinking)
+        task = DigitTask(TASKS, TaskConfig(reasoning_tokens=3, thinking_calls=thinking))
         first = request(idx, "1")
         lost = PolicyClient(weights, seed=seed, fail_at=staged_calls)
         if staged_calls <= thinking:
@@ -184,7 +184,7 @@ def test_a_lost_attempt_is_continued_from_its_last_staged_call(
 def test_a_prefix_of_another_sibling_is_not_used_and_the_result_says_so() -> None:
     async def main() -> None:
         store, weights = MemoryDataPlane(), snapshot()
-        task = DigitTask(TASKS, thinking_calls=2)
+        task = DigitTask(TASKS, TaskConfig(thinking_calls=2, reasoning_tokens=4))
         other = request(3, "1", index=1)
         failed = await episode(store, other, PolicyClient(weights, seed=0, fail_at=2), task)
         assert isinstance(failed, AttemptFailure)
@@ -206,9 +206,14 @@ def test_a_prefix_the_episode_does_not_ask_for_starts_over() -> None:
     async def main() -> None:
         store, weights = MemoryDataPlane(), snapshot()
         first = request(4, "1")
-        await episode(store, first, PolicyClient(weights, seed=0), DigitTask(TASKS))
+        await episode(
+            store,
+            first,
+            PolicyClient(weights, seed=0),
+            DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=4)),
+        )
         client = PolicyClient(weights, seed=1)
-        task = DigitTask(TASKS, thinking_calls=2)
+        task = DigitTask(TASKS, TaskConfig(thinking_calls=2, reasoning_tokens=4))
         result = await episode(
             store, request(4, "2"), client, task, prefix_of(store, first.rollout_id)
         )
@@ -229,7 +234,7 @@ def test_a_data_failure_seals_a_poisoned_receipt_listing_every_staged_call() -> 
 
     async def main() -> None:
         store = MemoryDataPlane()
-        task = DigitTask(TASKS, thinking_calls=3)
+        task = DigitTask(TASKS, TaskConfig(thinking_calls=3, reasoning_tokens=4))
         result = await episode(store, request(1, "1"), Refusing(snapshot(), seed=0), task)
         assert result.receipt["capture_poisoned"] is True
         assert result.receipt["failure_reason"] == "data_error:http_400"

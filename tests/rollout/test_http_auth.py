@@ -8,25 +8,25 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import TASKS, EventLog, FakeFleet, FakeServer, HttpRig, make_rig
+from http_support import EPISODES, TASKS, EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from rollout_support import snapshot
 
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import InvalidArgumentError
+from rollout_recovery.errors import ConfigError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 from rollout_recovery.rollout import (
     AttemptFailure,
     AttemptRequest,
     FailureReason,
+    GenerationConfig,
+    HttpConfig,
     HttpGenerationBackend,
 )
-from rollout_recovery.rollout._http_backend import HttpBackendSettings, classify_status
-from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
+from rollout_recovery.rollout._http_backend import classify_status
 from rollout_recovery.rollout._server_url import server_url_problem
-from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
-from rollout_recovery.rollout._wire import DIALECTS
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 KEY = "job-key_0123456789abcdef"
@@ -89,9 +89,16 @@ def test_without_a_key_no_authorization_is_sent() -> None:
     assert seen and all("authorization" not in request.headers for request in seen)
 
 
-def test_the_key_is_never_in_the_settings_repr() -> None:
-    settings = HttpBackendSettings(model="m", pool=PoolSettings(), api_key=KEY, vocab_size=38)
-    assert KEY not in repr(settings)
+def test_the_key_is_kept_nowhere_but_the_client_headers() -> None:
+    async def scenario() -> None:
+        rig = make_rig(1, api_key=KEY)
+        try:
+            kept = {name: value for name, value in vars(rig.backend).items() if name != "_client"}
+            assert KEY not in repr(kept)
+        finally:
+            await rig.backend.aclose()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("status", [401, 403, 421])
@@ -130,16 +137,17 @@ def _backend(
 ) -> HttpGenerationBackend:
     trainer = NumpyGRPOTrainer(seed=0)
     return HttpGenerationBackend(
-        servers=[url],
-        task_set=TASKS,
-        dialect=DIALECTS["vllm-completions"],
-        weight_sync=WEIGHT_SYNCS["policy"],
-        settings=HttpBackendSettings(
+        HttpConfig(
+            servers=(url,),
             model="rollout-recovery-numpy",
-            pool=PoolSettings(probe_interval_s=0.05, no_server_wait_s=no_server_wait_s),
-            api_key=api_key,
-            vocab_size=trainer.vocab_size,
+            probe_interval_s=0.05,
+            no_server_wait_s=no_server_wait_s,
         ),
+        generation=GenerationConfig(),
+        episodes=EPISODES,
+        vocab_size=trainer.vocab_size,
+        api_key=api_key,
+        stage_in_thread=False,
         initial_version=trainer.weight_version,
         initial_weights=trainer.weights(),
         on_event=events,
@@ -196,10 +204,10 @@ def test_a_backend_with_another_key_never_gets_a_keyed_server_into_rotation() ->
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
-        ("http://u:secret@h:1", "credentials"),
-        ("http://secret@h:1", "credentials"),
-        ("http://h:1/?key=secret", "query"),
-        ("http://h:1/#secret", "fragment"),
+        ("http://u:hunter2@h:1", "credentials"),
+        ("http://hunter2@h:1", "credentials"),
+        ("http://h:1/?key=hunter2", "query"),
+        ("http://h:1/#hunter2", "fragment"),
         ("http://h:1", None),
         ("https://h.internal:8000/base/", None),
     ],
@@ -209,13 +217,8 @@ def test_a_url_with_a_secret_is_refused_without_quoting_it(url: str, problem: st
     assert (found is None) == (problem is None)
     if problem is None:
         return
-    assert problem in found and "secret" not in found
-    with pytest.raises(InvalidArgumentError) as caught:
-        ServerPool(
-            ["http://ok:1", url],
-            settings=PoolSettings(),
-            weight_sync=WEIGHT_SYNCS["none"],
-            client=httpx.AsyncClient(),
-        )
-    assert caught.value.path == "$.servers[1]"
-    assert "secret" not in str(caught.value)
+    assert problem in found and "hunter2" not in found
+    with pytest.raises(ConfigError) as caught:
+        config_from_builtins({"http": {"servers": ["http://ok:1", url]}})
+    assert caught.value.path == "$.http.servers[1]"
+    assert "hunter2" not in str(caught.value)

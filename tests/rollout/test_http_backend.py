@@ -410,7 +410,7 @@ def test_an_oversize_reply_is_refused_at_the_cap_without_reading_the_rest() -> N
     rig, result = _data_failure(_flood(pulled, 100 * 2**20))
     _assert_sealed_failure(rig, result, "reply_too_large")
     # The default cap for a short call is a few MiB: at most one chunk past it was read.
-    cap = rig.backend.settings.reply_cap(CallSpec(prompt_token_ids=[0] * 16, max_tokens=4))
+    cap = rig.backend._reply_cap(CallSpec(prompt_token_ids=[0] * 16, max_tokens=4))
     assert 2**20 < cap < 8 * 2**20
     assert pulled[0] <= cap + 2**20
 

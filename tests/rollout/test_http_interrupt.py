@@ -15,16 +15,19 @@ import pytest
 
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.policy import PolicySnapshot, TaskSet
+from rollout_recovery.errors import ConfigError, InvalidArgumentError
+from rollout_recovery.policy import PolicySnapshot, TaskConfig, TaskSet
 from rollout_recovery.policy._numpy_policy import initial_params
 from rollout_recovery.policy._tasks import VOCAB_SIZE
-from rollout_recovery.rollout import AttemptRequest, HttpGenerationBackend
-from rollout_recovery.rollout._http_backend import HttpBackendSettings
-from rollout_recovery.rollout._server_pool import PoolSettings
-from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
-from rollout_recovery.rollout._wire import DIALECTS
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    DigitTask,
+    GenerationConfig,
+    HttpConfig,
+    HttpGenerationBackend,
+)
 from rollout_recovery.serve import PolicyServer, ServeSettings
 
 TASKS = TaskSet(20, seed=5, prompt_group_every=4)
@@ -67,20 +70,21 @@ def server(hold: Hold) -> Iterator[PolicyServer]:
 
 
 def _backend(
-    server: PolicyServer, mode: str, on_event: Any = None, dialect: str = "vllm-generate"
+    server: PolicyServer, mode: str, on_event: Any = None, weight_sync: str = "policy"
 ) -> HttpGenerationBackend:
     return HttpGenerationBackend(
-        servers=[server.url],
-        task_set=TASKS,
-        dialect=DIALECTS[dialect],  # type: ignore[index]
-        weight_sync=WEIGHT_SYNCS["policy"],
-        settings=HttpBackendSettings(
+        HttpConfig(
+            servers=(server.url,),
+            dialect="vllm-generate",
+            weight_sync=weight_sync,  # type: ignore[arg-type]
             model="rollout-recovery-numpy",
-            vocab_size=VOCAB_SIZE,
-            pool=PoolSettings(probe_interval_s=0.05, on_weight_update=mode),  # type: ignore[arg-type]
-            reasoning_tokens=REASONING,
-            thinking_calls=1,  # a thought, then the answer
+            probe_interval_s=0.05,
         ),
+        generation=GenerationConfig(on_weight_update=mode),  # type: ignore[arg-type]
+        # A thought, then the answer.
+        episodes=DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=REASONING)),
+        vocab_size=VOCAB_SIZE,
+        stage_in_thread=False,
         initial_version=0,
         initial_weights=V0,
         on_event=on_event,
@@ -170,19 +174,15 @@ def test_continue_keeps_the_call_on_the_weights_it_started_with(
 def test_interrupt_needs_a_dialect_with_spans_and_a_sync_that_pauses(
     server: PolicyServer,
 ) -> None:
-    with pytest.raises(InvalidArgumentError, match="vllm-generate"):
-        _backend(server, "interrupt", dialect="vllm-completions")
+    # The config refuses both, naming the field, when it is read.
+    base = {"generation": {"backend": "http", "on_weight_update": "interrupt"}}
+    for http, field in (
+        ({"dialect": "vllm-completions"}, "$.http.dialect"),
+        ({"dialect": "vllm-generate", "weight_sync": "version-tag"}, "$.http.weight_sync"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            config_from_builtins({**base, "http": http})
+        assert refused.value.path == field
+    # A sync handed in by code still cannot load weights under calls in flight.
     with pytest.raises(InvalidArgumentError, match="cannot load weights under calls"):
-        HttpGenerationBackend(
-            servers=[server.url],
-            task_set=TASKS,
-            dialect=DIALECTS["vllm-generate"],
-            weight_sync=WEIGHT_SYNCS["version-tag"],
-            settings=HttpBackendSettings(
-                model="m",
-                vocab_size=VOCAB_SIZE,
-                pool=PoolSettings(on_weight_update="interrupt"),
-            ),
-            initial_version=0,
-            initial_weights=V0,
-        )
+        _backend(server, "interrupt", weight_sync="version-tag")

@@ -14,12 +14,18 @@ from rollout_support import TASKS, SignallingWriter, run, snapshot
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._spans import TokenVersionSpan
 from rollout_recovery.capture._verify import fetch_and_verify
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TrainSample
-from rollout_recovery.rollout import AttemptRequest, AttemptResult
+from rollout_recovery.errors import ConfigError
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot, TaskConfig, TrainSample
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    AttemptResult,
+    DigitTask,
+    FaultsConfig,
+    GenerationConfig,
+)
 from rollout_recovery.rollout import SimulatedAgentBackend as Backend
-from rollout_recovery.rollout._faults import FaultSettings
 
 REASONING = 4
 Waits = Callable[[Any, Any, float | None], Coroutine[Any, Any, None]]
@@ -27,24 +33,17 @@ Waits = Callable[[Any, Any, float | None], Coroutine[Any, Any, None]]
 
 def _backend(mode: str, initial: PolicySnapshot, plane: MemoryDataPlane) -> Backend:
     return Backend(
-        task_set=TASKS,
-        seed=7,
-        workers=1,
-        call_latency_s=0.001,
-        latency_jitter=0.0,
-        faults=FaultSettings(
-            attempt_failure_rate=0.0,
-            straggler_rate=0.0,
-            hang_rate=0.0,
-            capture_failure_rate=0.0,
-            tamper_rate=0.0,
-            worker_crash_rate=0.0,
+        GenerationConfig(
+            workers=1,
+            call_latency_s=0.001,
+            latency_jitter=0.0,
+            on_weight_update=mode,  # type: ignore[arg-type]
         ),
+        faults=FaultsConfig.only(),
+        episodes=DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=REASONING)),
+        seed=7,
         initial_weights=initial,
         data_plane=plane,
-        reasoning_tokens=REASONING,
-        thinking_calls=1,
-        on_weight_update=mode,  # type: ignore[arg-type]
     )
 
 
@@ -193,6 +192,7 @@ def test_the_trainer_ratio_of_each_token_uses_its_own_versions_logprob() -> None
         assert trainer.loss_and_grad([whole])[0] != pytest.approx(expected, rel=1e-6)
 
 
-def test_an_unknown_mode_is_refused() -> None:
-    with pytest.raises(InvalidArgumentError, match="on_weight_update"):
-        _backend("sometimes", V0, MemoryDataPlane())
+def test_an_unknown_mode_is_refused_where_the_config_is_read() -> None:
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins({"generation": {"on_weight_update": "sometimes"}})
+    assert refused.value.path == "$.generation.on_weight_update"

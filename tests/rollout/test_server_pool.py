@@ -13,9 +13,10 @@ from loopback_support import LoopbackServer
 from rollout_support import snapshot
 
 from rollout_recovery._clock import VirtualClockLoop, monotonic
-from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.rollout import AttemptResult
-from rollout_recovery.rollout._server_pool import PoolSettings, ServerPool
+from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.errors import ConfigError, InvalidArgumentError
+from rollout_recovery.rollout import AttemptResult, HttpConfig
+from rollout_recovery.rollout._server_pool import ServerPool
 from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
 
 # How long a test waits for a state it expects: generous, for a loaded 2-core machine.
@@ -121,35 +122,38 @@ def test_without_version_tracking_every_answering_server_is_current() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("concurrency", 0),
+        ("per_server_concurrency", 0),
         ("dead_after_failures", 0),
         ("probe_interval_s", 0.0),
         ("probe_timeout_s", -1.0),
         ("bad_data_quarantine_s", 0.0),
     ],
 )
-def test_pool_settings_name_the_bad_field(field: str, value: Any) -> None:
-    with pytest.raises(InvalidArgumentError) as caught:
-        PoolSettings(**{field: value})
-    assert caught.value.path == f"$.{field}"
+def test_a_bad_pool_knob_is_refused_where_the_config_is_read(field: str, value: Any) -> None:
+    # The pool takes [http] as read: validated once, at the boundary.
+    with pytest.raises(ConfigError) as caught:
+        config_from_builtins({"http": {field: value}})
+    assert caught.value.path == f"$.http.{field}"
 
 
 @pytest.mark.parametrize(
-    "servers",
-    [[], ["http://a:1", "http://a:1/"], ["ftp://a:1"]],
-    ids=["none", "duplicate", "not-http"],
+    ("servers", "field"),
+    [(["http://a:1", "http://a:1/"], "$.http.servers[1]"), (["ftp://a:1"], "$.http.servers[0]")],
+    ids=["duplicate", "not-http"],
 )
-def test_bad_server_lists_are_refused(servers: list[str]) -> None:
-    from rollout_recovery.rollout._server_pool import ServerPool
-    from rollout_recovery.rollout._weight_sync import WEIGHT_SYNCS
+def test_bad_server_lists_are_refused_where_the_config_is_read(
+    servers: list[str], field: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_builtins({"http": {"servers": servers}})
+    assert caught.value.path == field
 
-    with pytest.raises(InvalidArgumentError, match=r"servers|url"):
-        ServerPool(
-            servers,
-            settings=PoolSettings(),
-            weight_sync=WEIGHT_SYNCS["none"],
-            client=httpx.AsyncClient(),
-        )
+
+def test_a_pool_needs_a_server() -> None:
+    # [http] servers may be empty (the job launches servers and lists them): the pool
+    # itself is built with at least one.
+    with pytest.raises(InvalidArgumentError, match="server"):
+        ServerPool(HttpConfig(), weight_sync=WEIGHT_SYNCS["none"], client=httpx.AsyncClient())
 
 
 # ------------------------------------------------- total deadlines, per-server probes
@@ -166,9 +170,11 @@ async def _drip_and_restart(probe_timeout_s: float) -> tuple[dict[str, str], int
     events = EventLog()
     async with httpx.AsyncClient() as client:
         pool = ServerPool(
-            [drip.url, restarted.url],
-            settings=PoolSettings(
-                probe_interval_s=0.05, probe_timeout_s=probe_timeout_s, dead_after_failures=2
+            HttpConfig(
+                servers=(drip.url, restarted.url),
+                probe_interval_s=0.05,
+                probe_timeout_s=probe_timeout_s,
+                dead_after_failures=2,
             ),
             weight_sync=WEIGHT_SYNCS["none"],
             client=client,
@@ -215,8 +221,7 @@ def test_a_weight_push_that_never_completes_is_cut_and_retried() -> None:
         events = EventLog()
         async with httpx.AsyncClient() as client:
             pool = ServerPool(
-                [server.url],
-                settings=PoolSettings(probe_interval_s=0.05, sync_timeout_s=0.5),
+                HttpConfig(servers=(server.url,), probe_interval_s=0.05, sync_timeout_s=0.5),
                 weight_sync=WEIGHT_SYNCS["policy"],
                 client=client,
                 on_event=events,

@@ -12,15 +12,18 @@ from rollout_support import TASKS, Rig, failure_of, make_rig, run, snapshot
 
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout, Rejection
 from rollout_recovery.capture._verify import fetch_and_verify
+from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.errors import ConfigError
 from rollout_recovery.policy._tasks import ANSWER, DIGIT_BASE, EOS, correct_answer
 from rollout_recovery.rewards import RewardChecks
 from rollout_recovery.rollout import (
     AttemptResult,
     FailureReason,
+    FaultsConfig,
     GenerationBackend,
     SimulatedAgentBackend,
 )
-from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON, FaultSettings
+from rollout_recovery.rollout._faults import CAPTURE_FAILURE_REASON
 
 
 def _verify(rig: Rig, result: AttemptResult) -> LinearizedRollout | Rejection:
@@ -106,7 +109,7 @@ def test_stage_in_thread_gives_the_same_receipt() -> None:
 
 def test_attempt_failure_ends_the_attempt_unsealed_after_the_first_call() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(attempt_failure_rate=1.0))
+        rig = make_rig(FaultsConfig.only(attempt_failure_rate=1.0))
         request = rig.request()
         outcome = await rig.backend.run_attempt(request, rig.writer)
         failure = failure_of(outcome, FailureReason.ATTEMPT_FAILED)
@@ -120,7 +123,7 @@ def test_attempt_failure_ends_the_attempt_unsealed_after_the_first_call() -> Non
 
 def test_capture_failure_poisons_the_receipt() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(capture_failure_rate=1.0))
+        rig = make_rig(FaultsConfig.only(capture_failure_rate=1.0))
         request = rig.request()
         result = await rig.backend.run_attempt(request, rig.writer)
         assert result.receipt["capture_poisoned"] is True
@@ -135,7 +138,7 @@ def test_capture_failure_poisons_the_receipt() -> None:
 
 def test_tamper_is_rejected_at_verification() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(tamper_rate=1.0))
+        rig = make_rig(FaultsConfig.only(tamper_rate=1.0))
         request = rig.request()
         result = await rig.backend.run_attempt(request, rig.writer)
         assert result.receipt["capture_poisoned"] is False
@@ -153,22 +156,9 @@ def test_tamper_is_rejected_at_verification() -> None:
     run(main)
 
 
-def test_tamper_needs_the_data_plane() -> None:
-    with pytest.raises(ValueError, match="data_plane"):
-        SimulatedAgentBackend(
-            task_set=TASKS,
-            seed=0,
-            workers=1,
-            call_latency_s=0.0,
-            latency_jitter=0.0,
-            faults=FaultSettings(tamper_rate=0.5),
-            initial_weights=snapshot(),
-        )
-
-
 def test_a_hang_waits_until_the_deadline_cancels_it() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(hang_rate=1.0))
+        rig = make_rig(FaultsConfig.only(hang_rate=1.0))
         task = asyncio.create_task(rig.backend.run_attempt(rig.request(), rig.writer))
         await rig.writer.first_staged.wait()
         # The attempt staged its first call and now hangs: it yields, it never finishes.
@@ -185,7 +175,7 @@ def test_a_hang_waits_until_the_deadline_cancels_it() -> None:
 
 def test_a_hang_under_asyncio_timeout_raises_timeout_error() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(hang_rate=1.0))
+        rig = make_rig(FaultsConfig.only(hang_rate=1.0))
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.05):
                 await rig.backend.run_attempt(rig.request(), rig.writer)
@@ -195,7 +185,7 @@ def test_a_hang_under_asyncio_timeout_raises_timeout_error() -> None:
 
 def test_a_straggler_is_slower_but_succeeds() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(straggler_rate=1.0, straggler_factor=3.0))
+        rig = make_rig(FaultsConfig.only(straggler_rate=1.0, straggler_factor=3.0))
         result = await rig.backend.run_attempt(rig.request(), rig.writer)
         assert isinstance(_verify(rig, result), LinearizedRollout)
         assert rig.backend.fault_counts["straggler"] == 1
@@ -222,9 +212,12 @@ def test_update_weights_refuses_a_mismatch() -> None:
         {"worker_crash_rate": True},
     ],
 )
-def test_fault_settings_refuse_bad_values(bad: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match=next(iter(bad))):
-        FaultSettings(**bad)
+def test_fault_rates_are_refused_once_where_the_config_is_read(bad: dict[str, float]) -> None:
+    # The backend takes [faults] as read: a bad value never gets that far.
+    (name,) = bad
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins({"faults": bad})
+    assert refused.value.path == f"$.faults.{name}"
 
 
 def test_a_prompt_that_does_not_match_its_task_is_a_bug() -> None:

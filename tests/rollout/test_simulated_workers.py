@@ -15,12 +15,11 @@ from rollout_support import Rig, failure_of, make_rig, run
 
 from rollout_recovery.capture import LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
-from rollout_recovery.rollout import AttemptFailure, AttemptResult, FailureReason
-from rollout_recovery.rollout._faults import FaultSettings
+from rollout_recovery.rollout import AttemptFailure, AttemptResult, FailureReason, FaultsConfig
 
 # With the 1 ms base latency, a straggler's calls take about 17 minutes: the attempt is
 # certainly still sleeping when the test acts on it.
-SLOW = FaultSettings(straggler_rate=1.0, straggler_factor=1e6)
+SLOW = FaultsConfig.only(straggler_rate=1.0, straggler_factor=1e6)
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -44,10 +43,10 @@ def test_a_crash_fails_every_attempt_in_flight_on_its_worker() -> None:
         backend = rig.backend
         sleeping = _start(rig, 1)
         await _until(lambda: backend.worker_load()["worker-0"] == 1)
-        backend.set_faults(FaultSettings(hang_rate=1.0))
+        backend.set_faults(FaultsConfig.only(hang_rate=1.0))
         hanging = _start(rig, 2)
         await rig.writer.first_staged.wait()
-        backend.set_faults(FaultSettings(worker_crash_rate=1.0, worker_restart_s=0.0))
+        backend.set_faults(FaultsConfig.only(worker_crash_rate=1.0, worker_restart_s=0.0))
         crasher = _start(rig, 3)
 
         for task in (crasher, sleeping, hanging):
@@ -60,7 +59,7 @@ def test_a_crash_fails_every_attempt_in_flight_on_its_worker() -> None:
         assert backend.worker_load() == {"worker-0": 0}
 
         # The worker comes back, and a fault-free attempt then runs on it.
-        backend.set_faults(FaultSettings())
+        backend.set_faults(FaultsConfig.only())
         result = await backend.run_attempt(rig.request(4), rig.writer)
         assert isinstance(fetch_and_verify(result.receipt, rig.data_plane), LinearizedRollout)
         assert backend.worker_status() == {"worker-0": True}
@@ -71,13 +70,13 @@ def test_a_crash_fails_every_attempt_in_flight_on_its_worker() -> None:
 
 def test_attempts_go_to_other_workers_while_one_is_down() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(worker_crash_rate=1.0, worker_restart_s=3600.0), workers=2)
+        rig = make_rig(FaultsConfig.only(worker_crash_rate=1.0, worker_restart_s=3600.0), workers=2)
         backend = rig.backend
         error = await _crashed(_start(rig))
         assert error.worker == "worker-0"
         assert backend.worker_status() == {"worker-0": False, "worker-1": True}
 
-        backend.set_faults(FaultSettings())
+        backend.set_faults(FaultsConfig.only())
         for idx in range(3):
             result = await backend.run_attempt(rig.request(idx), rig.writer)
             assert result.receipt["capture_poisoned"] is False
@@ -93,10 +92,10 @@ def test_attempts_go_to_other_workers_while_one_is_down() -> None:
 
 def test_attempts_wait_for_a_worker_when_all_are_down_and_close_wakes_them() -> None:
     async def main() -> None:
-        rig = make_rig(FaultSettings(worker_crash_rate=1.0, worker_restart_s=3600.0))
+        rig = make_rig(FaultsConfig.only(worker_crash_rate=1.0, worker_restart_s=3600.0))
         backend = rig.backend
         await _crashed(_start(rig))
-        backend.set_faults(FaultSettings())
+        backend.set_faults(FaultsConfig.only())
         waiting = _start(rig, 1)
         for _ in range(5):
             await asyncio.sleep(0)

@@ -23,11 +23,11 @@ import msgspec
 import pytest
 
 from rollout_recovery.control import RunConfig, load_config
+from rollout_recovery.control._backends import _vllm_sync
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import DataPlane
 from rollout_recovery.errors import ConfigError, GenerationError
 from rollout_recovery.job import JobComponents, run_job
-from rollout_recovery.job._components import http_weight_sync
 from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import HttpConfig
 from rollout_recovery.vllm import VllmConfig
@@ -208,45 +208,52 @@ def test_a_missing_vllm_python_or_model_is_refused_naming_the_field(tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("vllm", "http", "backend", "path"),
+    ("vllm", "http", "path"),
     [
         (
             {"launch": 1, "python": "p", "model": "m"},
             {"weight_sync": "vllm", "servers": ("http://h:1",)},
-            "http",
             "$.vllm.launch",
         ),
-        ({"launch": 1, "python": "p", "model": "m"}, {}, "http", "$.http.weight_sync"),
-        ({"launch": 1, "model": "m"}, {"weight_sync": "vllm"}, "http", "$.vllm.python"),
-        ({"launch": 1, "python": "p"}, {"weight_sync": "vllm"}, "http", "$.vllm.model"),
-        ({}, {"weight_sync": "vllm"}, "http", "$.http.weight_sync"),
+        ({"launch": 1, "python": "p", "model": "m"}, {}, "$.http.weight_sync"),
+        ({"launch": 1, "model": "m"}, {"weight_sync": "vllm"}, "$.vllm.python"),
+        ({"launch": 1, "python": "p"}, {"weight_sync": "vllm"}, "$.vllm.model"),
+        ({}, {"weight_sync": "vllm"}, "$.http.weight_sync"),
     ],
 )
 def test_vllm_settings_that_cannot_work_are_refused_naming_the_field(
-    vllm: dict[str, object], http: dict[str, object], backend: str, path: str
+    vllm: dict[str, object], http: dict[str, object], path: str
 ) -> None:
     with pytest.raises(ConfigError) as error:
-        check_vllm_config(VllmConfig(**vllm), HttpConfig(**http), backend)  # type: ignore[arg-type]
+        check_vllm_config(VllmConfig(**vllm), HttpConfig(**http), servers=True)  # type: ignore[arg-type]
     assert error.value.path == path
 
 
 def test_ray_http_workers_cannot_use_the_vllm_weight_sync() -> None:
-    http = HttpConfig(weight_sync="vllm", servers=("http://h:1",))
+    # The Ray backend's own pairing: its servers take the numpy policy's syncs only.
+    ray_on = {"generation": {"backend": "ray"}, "ray": {"worker": "http"}}
+    http = {"weight_sync": "vllm", "servers": ["http://h:1"]}
     with pytest.raises(ConfigError) as error:
-        check_vllm_config(VllmConfig(), http, "ray", "http")
+        config_from_builtins({**ray_on, "http": http})
     assert error.value.path == "$.http.weight_sync"
-    check_vllm_config(VllmConfig(), http, "ray", "simulated")  # [http] unused: ignored
+    # Workers that run the simulated environment use no [http] servers: ignored.
+    config_from_builtins({"generation": {"backend": "ray"}, "http": http})
 
 
 def test_vllm_settings_that_work_pass() -> None:
     launched = VllmConfig(launch=2, python="p", model="m")
-    check_vllm_config(launched, HttpConfig(weight_sync="vllm"), "http")
-    check_vllm_config(VllmConfig(), HttpConfig(weight_sync="vllm", servers=("http://h:1",)), "http")
-    check_vllm_config(VllmConfig(), HttpConfig(), "simulated")
-    check_vllm_config(launched, HttpConfig(), "simulated")  # no HTTP servers: ignored
+    check_vllm_config(launched, HttpConfig(weight_sync="vllm"), servers=True)
+    check_vllm_config(
+        VllmConfig(), HttpConfig(weight_sync="vllm", servers=("http://h:1",)), servers=True
+    )
+    check_vllm_config(VllmConfig(), HttpConfig(), servers=False)
+    check_vllm_config(launched, HttpConfig(), servers=False)  # no HTTP servers: ignored
     # No model: the torch trainer's own (it has one; check_combination knows which).
     check_vllm_config(
-        VllmConfig(launch=1, python="p"), HttpConfig(weight_sync="vllm"), "http", trainer_model=True
+        VllmConfig(launch=1, python="p"),
+        HttpConfig(weight_sync="vllm"),
+        servers=True,
+        trainer_model=True,
     )
 
 
@@ -301,7 +308,7 @@ def test_the_vllm_weight_sync_refuses_a_trainer_whose_weights_it_cannot_load(
     path.write_text(LLM_ON_VLLM.format(model=model, python=_fake_python(tmp_path)))
 
     def numpy_trainer_on_vllm(config: RunConfig, data_plane: DataPlane) -> JobComponents:
-        http_weight_sync(config, NumpyGRPOTrainer(seed=0))
+        _vllm_sync(config, NumpyGRPOTrainer(seed=0))
         raise AssertionError("the numpy trainer's weights were accepted")
 
     with pytest.raises(ConfigError) as error:

@@ -27,11 +27,16 @@ from vllm_fake import FakeVllm, FakeVllmFleet, FakeWeights, file_version, logpro
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rollout_recovery.policy import TaskConfig
 from rollout_recovery.policy._tasks import VOCAB_SIZE
-from rollout_recovery.rollout import AttemptRequest, AttemptResult, HttpGenerationBackend
-from rollout_recovery.rollout._http_backend import HttpBackendSettings
-from rollout_recovery.rollout._server_pool import PoolSettings
-from rollout_recovery.rollout._wire import DIALECTS
+from rollout_recovery.rollout import (
+    AttemptRequest,
+    AttemptResult,
+    DigitTask,
+    GenerationConfig,
+    HttpConfig,
+    HttpGenerationBackend,
+)
 from rollout_recovery.vllm._sync import LOADING_TAG, VllmWeightSync, weights_file_name
 
 GUARD_S = 30.0
@@ -55,17 +60,20 @@ class Rig:
         self.data_plane = MemoryDataPlane()
         self.writer = CaptureWriter(self.data_plane)
         self.backend = HttpGenerationBackend(
-            servers=list(self.fleet.servers),
-            task_set=TASKS,
-            dialect=DIALECTS["vllm-completions"],
-            weight_sync=self.sync,
-            settings=HttpBackendSettings(
+            HttpConfig(
+                servers=tuple(self.fleet.servers),
                 model="m",
-                pool=PoolSettings(concurrency=4, probe_interval_s=0.01, dead_after_failures=2),
-                vocab_size=VOCAB_SIZE,
+                per_server_concurrency=4,
+                probe_interval_s=0.01,
+                dead_after_failures=2,
                 redispatch_backoff_s=0.0,
-                thinking_calls=1,  # two calls an episode: the tests read the call log
             ),
+            generation=GenerationConfig(),
+            # Two calls an episode: the tests read the call log.
+            episodes=DigitTask(TASKS, TaskConfig(thinking_calls=1, reasoning_tokens=4)),
+            vocab_size=VOCAB_SIZE,
+            weight_sync=self.sync,
+            stage_in_thread=False,
             initial_version=version,
             initial_weights=FakeWeights(version),
             client=httpx.AsyncClient(transport=self.fleet.transport()),

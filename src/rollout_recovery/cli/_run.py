@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from .._settings import config_to_toml
-from ..control import load_config
+from ..control import BACKENDS, load_config
 from ..errors import (
     ConfigError,
     JobMismatchError,
@@ -39,11 +39,10 @@ __all__ = ["run"]
 @click.option("--seed", type=click.IntRange(min=0), help="Overrides job.seed.")
 @click.option(
     "--backend",
-    type=click.Choice(["simulated", "http", "ray", "transformers"]),
-    help="Overrides generation.backend: simulated agents; HTTP generation servers "
-    "([http] servers; none listed: the job starts [http] launch_servers local ones); "
-    "generation actors and data shards on Ray ([ray]; needs the [ray] extra); or the torch "
-    'trainer\'s model sampled in process ([trainer] kind = "torch"; the [llm] extra).',
+    type=click.Choice(list(BACKENDS)),
+    help="Overrides generation.backend: "
+    + "; ".join(f"{name}: {entry.summary}" for name, entry in BACKENDS.items())
+    + ".",
 )
 @click.option("--print-config", is_flag=True, help="Print the configuration as TOML and exit.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal.")

@@ -22,8 +22,14 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..dataplane import DataPlane
-    from ..policy import PolicySnapshot, TaskConfig
-    from ..rollout import FaultsConfig, GenerationBackend, GenerationConfig, HttpConfig
+    from ..policy import PolicySnapshot
+    from ..rollout import (
+        EpisodeTask,
+        FaultsConfig,
+        GenerationBackend,
+        GenerationConfig,
+        HttpConfig,
+    )
 
 __all__ = ["RayConfig"]
 
@@ -53,6 +59,9 @@ class RayConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: Dead actors replaced per run at most; then the run goes on with what is left and
     #: stops once nothing is.
     max_replacements: Annotated[NonNegativeInt, OPERATIONAL] = 100
+    #: How long an attempt waits for an actor holding the current weights before it fails
+    #: (``no_live_actor``, retried within the group's rounds).
+    no_actor_wait_s: Annotated[PositiveFloat, OPERATIONAL] = 60.0
 
     @contextlib.contextmanager
     def data_plane(self, directory: Path) -> Iterator[DataPlane]:
@@ -82,7 +91,7 @@ class RayConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         *,
         data_plane: DataPlane,
         seed: int,
-        task: TaskConfig,
+        episodes: EpisodeTask,
         generation: GenerationConfig,
         faults: FaultsConfig,
         http: HttpConfig,
@@ -90,10 +99,10 @@ class RayConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         api_key: str | None,
         initial_weights: PolicySnapshot,
     ) -> GenerationBackend[PolicySnapshot]:
-        """Generation actors of ``worker``'s kind, each built from the job's sections
-        (the same builders as the job's in-process backends) and staging into
-        ``data_plane``, the job's :meth:`data_plane`."""
-        from ._pool import ActorPoolSettings, RayGenerationBackend
+        """Generation actors of ``worker``'s kind, each built from the job's sections and
+        running its ``episodes`` (the same builders as the job's in-process backends),
+        staging into ``data_plane``, the job's :meth:`data_plane`."""
+        from ._pool import RayGenerationBackend
         from ._sharded_plane import RayShardedDataPlane
         from ._worker import WorkerSpec
 
@@ -106,7 +115,7 @@ class RayConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
             kind=self.worker,
             shards=data_plane.layout,
             seed=seed,
-            task=task,
+            episodes=episodes,
             generation=generation,
             # A worker is its own process: a simulated worker crash would only be a subset
             # of a real actor death, which the pool handles (and the chaos tests cause).
@@ -115,15 +124,6 @@ class RayConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
             vocab_size=vocab_size,
             api_key=api_key,
         )
-        settings = ActorPoolSettings(
-            actors_per_node=self.actors_per_node,
-            cpus_per_actor=self.cpus_per_actor,
-            per_actor_concurrency=self.per_actor_concurrency,
-            ping_interval_s=self.ping_interval_s,
-            ping_timeout_s=self.ping_timeout_s,
-            actor_start_timeout_s=self.actor_start_timeout_s,
-            max_replacements=self.max_replacements,
-        )
         return RayGenerationBackend(
-            spec=spec, settings=settings, plane=data_plane, initial_weights=initial_weights
+            self, spec=spec, plane=data_plane, initial_weights=initial_weights
         )

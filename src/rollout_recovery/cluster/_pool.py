@@ -28,7 +28,7 @@ import os
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -36,42 +36,20 @@ from ray.exceptions import RayActorError, RayTaskError
 from .._lifecycle import AsyncResource
 from .._workers import Worker, WorkerHealth, WorkerPool
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import ActorPoolExhaustedError, GenerationError, InvalidArgumentError
+from ..errors import ActorPoolExhaustedError, GenerationError
 from ..policy import PolicySnapshot
 from ..rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 from ._sharded_plane import RayShardedDataPlane
 from ._worker import GenerationWorker, Params, WorkerSpec, snapshot_params
 
-__all__ = ["ActorPoolSettings", "ActorStats", "RayGenerationBackend"]
+if TYPE_CHECKING:  # [ray] builds this pool (importing Ray only then): its type, for the checker
+    from ._config import RayConfig
+
+__all__ = ["ActorStats", "RayGenerationBackend"]
 
 # One remote class per process (Ray exports a class once per wrapper, not per actor). Ray
 # never restarts an actor or resends a task behind the pool's back.
 _REMOTE_WORKER: Any = ray.remote(max_restarts=0, max_task_retries=0)(GenerationWorker)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ActorPoolSettings:
-    """Placement and liveness of the generation actors (seconds unless named otherwise)."""
-
-    actors_per_node: int = 2
-    cpus_per_actor: float = 0.25
-    per_actor_concurrency: int = 32
-    ping_interval_s: float = 1.0
-    ping_timeout_s: float = 5.0
-    actor_start_timeout_s: float = 60.0
-    max_replacements: int = 100
-    # How long an attempt waits for an actor holding the current weights.
-    no_actor_wait_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        for name in ("actors_per_node", "per_actor_concurrency"):
-            if getattr(self, name) < 1:
-                raise InvalidArgumentError(f"{name} must be >= 1", path=f"$.{name}")
-        if self.max_replacements < 0:
-            raise InvalidArgumentError("max_replacements must be >= 0", path="$.max_replacements")
-        for name in ("cpus_per_actor", "ping_interval_s", "ping_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
 
 
 @dataclass(slots=True)
@@ -106,14 +84,16 @@ class RayGenerationBackend(AsyncResource):
 
     def __init__(
         self,
+        config: RayConfig,
         *,
         spec: WorkerSpec,
-        settings: ActorPoolSettings,
         plane: RayShardedDataPlane,
         initial_weights: PolicySnapshot,
     ) -> None:
+        """A pool placed and watched as ``[ray]`` (``config``) says, of workers built
+        from ``spec``."""
         self._spec = spec
-        self._settings = settings
+        self._config = config
         self._plane = plane
         version, params = snapshot_params(initial_weights)
         self._target: tuple[int, Params] = (version, params)
@@ -169,7 +149,7 @@ class RayGenerationBackend(AsyncResource):
         self._started = True
         everything: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
         nodes = [n for n in everything if n.get("Alive")]
-        count = self._settings.actors_per_node * max(1, len(nodes))
+        count = self._config.actors_per_node * max(1, len(nodes))
         self._target_ref = ray.put(self._target)
         started = await asyncio.gather(
             *(self._start_actor(replaces=None) for _ in range(count)), return_exceptions=True
@@ -185,19 +165,19 @@ class RayGenerationBackend(AsyncResource):
         version = self._target[0]
         handle = _REMOTE_WORKER.options(
             name=name,
-            num_cpus=self._settings.cpus_per_actor,
-            max_concurrency=self._settings.per_actor_concurrency + 4,
+            num_cpus=self._config.cpus_per_actor,
+            max_concurrency=self._config.per_actor_concurrency + 4,
             # Across nodes first: one node's loss takes as few actors as possible.
             scheduling_strategy="SPREAD",
         ).remote(self._spec, name, self._target_ref)
         actor = _Actor(
             name=name,
-            capacity=self._settings.per_actor_concurrency,
+            capacity=self._config.per_actor_concurrency,
             handle=handle,
             stats=ActorStats(replaces=replaces),
         )
         try:
-            async with asyncio.timeout(self._settings.actor_start_timeout_s):
+            async with asyncio.timeout(self._config.actor_start_timeout_s):
                 actor.stats.pid = await handle.ping.remote()
         except (TimeoutError, RayActorError) as error:
             ray.kill(handle, no_restart=True)
@@ -250,11 +230,11 @@ class RayGenerationBackend(AsyncResource):
         def timed_out() -> GenerationError:
             return GenerationError(
                 FailureReason.NO_LIVE_ACTOR,
-                f"no actor with the current weights for {self._settings.no_actor_wait_s} s",
+                f"no actor with the current weights for {self._config.no_actor_wait_s} s",
             )
 
         actor = await self._actors.acquire(
-            wait_s=self._settings.no_actor_wait_s,
+            wait_s=self._config.no_actor_wait_s,
             timed_out=timed_out,
             # Read at every wake-up, not once: a push while this attempt waits changes
             # which actors hold the current weights.
@@ -315,8 +295,8 @@ class RayGenerationBackend(AsyncResource):
 
     async def _replace(self, dead: str) -> None:
         while not self._actors.closed:
-            if self.replacements >= self._settings.max_replacements:
-                detail = f"the replacement budget ({self._settings.max_replacements}) is spent"
+            if self.replacements >= self._config.max_replacements:
+                detail = f"the replacement budget ({self._config.max_replacements}) is spent"
             else:
                 self.replacements += 1
                 try:
@@ -328,12 +308,12 @@ class RayGenerationBackend(AsyncResource):
                 self._actors.fail(ActorPoolExhaustedError(detail))
                 self._event("actor_pool_exhausted", detail=detail)
                 return
-            if self.replacements >= self._settings.max_replacements:
+            if self.replacements >= self._config.max_replacements:
                 return  # others still live: run on with fewer actors
 
     async def _health_loop(self) -> None:
         while not self._actors.closed:
-            await asyncio.sleep(self._settings.ping_interval_s)
+            await asyncio.sleep(self._config.ping_interval_s)
             try:
                 await self._health_round()
             except Exception as error:
@@ -347,12 +327,12 @@ class RayGenerationBackend(AsyncResource):
             if actor.health is WorkerHealth.DEAD:
                 continue
             try:
-                async with asyncio.timeout(self._settings.ping_timeout_s):
+                async with asyncio.timeout(self._config.ping_timeout_s):
                     await actor.handle.ping.remote()
             except (TimeoutError, RayActorError):
                 await self._declare_dead(actor, "ping_failed")
         revived = await asyncio.to_thread(
-            self._plane.revive_dead_shards, self._settings.ping_timeout_s
+            self._plane.revive_dead_shards, self._config.ping_timeout_s
         )
         for index in revived:
             self._event("shard_restarted", shard=index)

@@ -20,11 +20,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..capture import CaptureWriter, StagedPrefix
-from ..policy import PolicySnapshot, TaskConfig, TaskSet
+from ..policy import PolicySnapshot
 from ..rollout import (
     AttemptFailure,
     AttemptRequest,
     AttemptResult,
+    EpisodeTask,
     FaultsConfig,
     GenerationConfig,
     HttpConfig,
@@ -37,33 +38,22 @@ __all__ = ["GenerationWorker", "Params", "WorkerSpec", "snapshot_params"]
 
 Params = dict[str, npt.NDArray[np.float64]]
 
-# A spec without the job's [faults] (a test's, a benchmark's) runs fault-free.
-_NO_FAULTS = FaultsConfig(
-    attempt_failure_rate=0.0,
-    straggler_rate=0.0,
-    straggler_factor=1.0,
-    hang_rate=0.0,
-    capture_failure_rate=0.0,
-    tamper_rate=0.0,
-    worker_crash_rate=0.0,
-    worker_restart_s=0.0,
-)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
     """Everything a worker needs to build itself on another node (picklable): the job's
-    own config sections, built by the same builders as the job's in-process backends,
-    never restated field by field."""
+    own config sections and episodes, built by the same builders as the job's in-process
+    backends, never restated field by field."""
 
     kind: Literal["simulated", "http"]
     shards: ShardDirectory
     seed: int
-    task: TaskConfig = field(default_factory=TaskConfig)
+    #: The episodes the job's task builds (its prompts and its turns): built once by the
+    #: job, shipped to every worker, so a worker runs whatever task the job runs.
+    episodes: EpisodeTask
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     #: The simulated environment's faults (the job turns a worker crash into a real actor
     #: death: its rate is 0 here); none by default.
-    faults: FaultsConfig = _NO_FAULTS
+    faults: FaultsConfig = field(default_factory=FaultsConfig.only)
     http: HttpConfig = field(default_factory=HttpConfig)
     #: The trainer's vocabulary, which a proxying worker checks replies against.
     vocab_size: int = PolicySnapshot.vocab_size
@@ -81,22 +71,21 @@ class GenerationWorker:
         snapshot = PolicySnapshot(version, params)
         self._backend: SimulatedAgentBackend | HttpGenerationBackend[PolicySnapshot]
         if spec.kind == "simulated":
-            self._backend = SimulatedAgentBackend.from_config(
-                seed=spec.seed,
-                task=spec.task,
-                generation=spec.generation,
+            self._backend = SimulatedAgentBackend(
+                spec.generation,
                 faults=spec.faults,
+                episodes=spec.episodes,
+                seed=spec.seed,
                 initial_weights=snapshot,
                 data_plane=self._plane,
                 workers=1,
             )
         else:
-            self._backend = HttpGenerationBackend.from_config(
+            self._backend = HttpGenerationBackend(
                 spec.http,
                 generation=spec.generation,
-                task=spec.task,
+                episodes=spec.episodes,
                 vocab_size=spec.vocab_size,
-                task_set=TaskSet.from_config(spec.task, seed=spec.seed),
                 api_key=spec.api_key,
                 initial_version=version,
                 initial_weights=snapshot,

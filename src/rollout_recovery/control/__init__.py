@@ -6,11 +6,13 @@ capture and restore one consistent cut of it with the ledger, the replay index a
 trainer. The run config (:class:`RunConfig`) is the tree of every component's section.
 """
 
+from ._backends import BACKENDS
 from ._checkpointing import ControllerCheckpoints
 from ._config import RunConfig, load_config
 from ._controller import Controller, PromptDataset
 
 __all__ = [
+    "BACKENDS",
     "Controller",
     "ControllerCheckpoints",
     "PromptDataset",

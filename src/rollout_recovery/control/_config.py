@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -43,6 +43,7 @@ from ..rollout import (
     HttpConfig,
 )
 from ..vllm import VllmConfig
+from ._backends import BACKENDS, Backend
 
 __all__ = [
     "CheckpointConfig",
@@ -51,6 +52,7 @@ __all__ = [
     "RecoveryConfig",
     "RetryConfig",
     "RunConfig",
+    "backend_of",
     "check_combination",
     "config_differences",
     "config_from_builtins",
@@ -180,43 +182,33 @@ def load_config(
 def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
     config = _from_builtins(data, RunConfig)
+    backend = backend_of(config)
     config.http.check_server_urls()
-    config.generation.check_weight_update_mode(config.http)
+    config.generation.check_weight_update_mode(
+        config.http,
+        interrupting=[name for name, entry in BACKENDS.items() if entry.interrupts],
+        servers=backend.uses_servers(config),
+    )
     check_combination(config)
     config.vllm.check(
         config.http,
-        config.generation.backend,
-        config.ray.worker,
+        servers=backend.uses_servers(config),
         trainer_model=config.trainer.kind == "torch",
     )
     return config
 
 
-class _Parts(NamedTuple):
-    """A trainer and task kind a backend serves together, and (for the HTTP backend) the
-    ``[http] weight_sync`` values that carry that trainer's weights to its servers."""
-
-    trainer: str
-    task: str
-    weight_syncs: tuple[str, ...] | None = None
-
-
-# What each generation backend samples from and runs. The simulated agents and the Ray
-# workers generate from the numpy policy's snapshot; the HTTP backend runs the digit task
-# and pushes the numpy policy to its servers, or runs "emit token X" on vLLM servers that
-# load the torch trainer's weights (only the vLLM sync can: the others would leave the
-# servers sampling the initial weights while the trainer moves on); the transformers
-# backend samples the torch trainer's model in process.
-_NUMPY_SYNCS = ("policy", "version-tag", "none")
-_BACKEND_PARTS: dict[str, tuple[_Parts, ...]] = {
-    "simulated": (_Parts("numpy", "digits"),),
-    "ray": (_Parts("numpy", "digits"),),
-    "http": (
-        _Parts("numpy", "digits", _NUMPY_SYNCS),
-        _Parts("torch", "emit_token", ("vllm",)),
-    ),
-    "transformers": (_Parts("torch", "emit_token"),),
-}
+def backend_of(config: RunConfig) -> Backend:
+    """The registry's entry of ``[generation] backend``; refused, naming the field and the
+    backends there are, when there is none."""
+    name = config.generation.backend
+    backend = BACKENDS.get(name)
+    if backend is None:
+        raise ConfigError(
+            f"Invalid enum value {name!r}: the backends are {_choices(BACKENDS)}",
+            path="$.generation.backend",
+        )
+    return backend
 
 
 def _choices(values: Iterable[str]) -> str:
@@ -225,17 +217,19 @@ def _choices(values: Iterable[str]) -> str:
 
 
 def check_combination(config: RunConfig) -> None:
-    """Refuse a trainer, task or weight sync the generation backend cannot serve, naming
-    the field (the trainer's, then the task's, then ``[http] weight_sync``)."""
-    backend, trainer, task = config.generation.backend, config.trainer.kind, config.task.kind
-    parts = _BACKEND_PARTS[backend]
+    """Refuse a trainer, task or weight sync the generation backend cannot serve (its
+    pairings in ``BACKENDS``), naming the field (the trainer's, then the task's, then
+    ``[http] weight_sync``)."""
+    backend = backend_of(config)
+    trainer, task = config.trainer.kind, config.task.kind
+    parts = backend.pairs
     with_trainer = [part for part in parts if part.trainer == trainer]
     if not with_trainer:
         serving = [
-            name for name, ps in _BACKEND_PARTS.items() if trainer in (p.trainer for p in ps)
+            name for name, entry in BACKENDS.items() if trainer in (p.trainer for p in entry.pairs)
         ]
         raise ConfigError(
-            f"generation backend {backend!r} needs [trainer] kind = "
+            f"generation backend {backend.name!r} needs [trainer] kind = "
             f"{_choices(p.trainer for p in parts)}; trainer kind {trainer!r} works with "
             f"[generation] backend = {_choices(serving)}",
             path="$.trainer.kind",
@@ -244,15 +238,17 @@ def check_combination(config: RunConfig) -> None:
     if not fitting:
         # Name the trainer only where the backend serves more than one.
         which = f" with trainer kind {trainer!r}" if len(parts) > 1 else ""
-        serving = [name for name, ps in _BACKEND_PARTS.items() if task in (p.task for p in ps)]
+        serving = [
+            name for name, entry in BACKENDS.items() if task in (p.task for p in entry.pairs)
+        ]
         raise ConfigError(
-            f"generation backend {backend!r}{which} needs [task] kind = "
+            f"generation backend {backend.name!r}{which} needs [task] kind = "
             f"{_choices(p.task for p in with_trainer)}; task kind {task!r} works with "
             f"[generation] backend = {_choices(serving)}",
             path="$.task.kind",
         )
     syncs, sync = fitting[0].weight_syncs, config.http.weight_sync
-    if syncs is None or sync in syncs:
+    if syncs is None or sync in syncs or not backend.uses_servers(config):
         return
     if trainer == "torch":
         why = (
@@ -266,7 +262,8 @@ def check_combination(config: RunConfig) -> None:
             f"trainer's servers take {_choices(syncs)}"
         )
     raise ConfigError(
-        f"generation backend {backend!r} with trainer kind {trainer!r}: {why}, not {sync!r}",
+        f"generation backend {backend.name!r} with trainer kind {trainer!r}: {why}, not "
+        f"{sync!r}",
         path="$.http.weight_sync",
     )
 

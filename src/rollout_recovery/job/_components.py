@@ -1,14 +1,14 @@
 """The composition root: from the run config to the components a job plugs together.
 
-:func:`default_components` builds the embedded default (synthetic tasks, the numpy GRPO
-policy, and simulated agents, HTTP generation servers or Ray actors as
-``generation.backend`` says); :func:`job_data_plane` opens the job's durable row store
-and :func:`generation_servers` starts local ``serve`` processes when the HTTP backend
-has no server list (local vLLM servers with ``[vllm] launch``). ``[trainer] kind =
-"torch"`` builds the LLM job instead (``_llm_parts``: a causal LM, the emit-token task,
-in-process transformers sampling or, with ``[generation] backend = "http"``, vLLM servers
-kept in sync by ``[http] weight_sync = "vllm"``).
-A user plugs their own dataset, backend and trainer in through ``run_job(components=...)``.
+:func:`default_components` builds what the config names through the run config's table of
+backends (``control.BACKENDS``): the learner of ``[trainer]`` and ``[task]`` (the synthetic
+tasks and the numpy GRPO policy, or the torch trainer and "emit token X") and the backend
+``[generation] backend`` names (simulated agents, HTTP generation servers, Ray actors or
+the trainer's model sampled in process). :func:`job_data_plane` opens the job's durable
+row store (Ray's shards for a backend that needs Ray) and :func:`generation_servers`
+starts local ``serve`` processes when a backend on HTTP servers has no server list (local
+vLLM servers with ``[vllm] launch``). A user plugs their own dataset, backend and trainer
+in through ``run_job(components=...)``.
 """
 
 from __future__ import annotations
@@ -18,21 +18,15 @@ import contextvars
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from ..control import PromptDataset, RunConfig
+from ..control import BACKENDS, PromptDataset, RunConfig
 from ..dataplane import DataPlane, SqliteDataPlane
 from ..errors import ConfigError
-from ..policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, Trainer
-from ..rollout import (
-    GenerationBackend,
-    HttpConfig,
-    HttpGenerationBackend,
-    SimulatedAgentBackend,
-    WeightSync,
-)
+from ..policy import Trainer
+from ..rollout import GenerationBackend, HttpConfig
 from ..rundir import RunDirectory
 from ._server_fleet import LocalServerFleet
 
@@ -41,7 +35,6 @@ __all__ = [
     "configured_api_key",
     "default_components",
     "generation_servers",
-    "http_weight_sync",
     "job_data_plane",
     "require_ray",
     "server_api_key",
@@ -65,41 +58,14 @@ class JobComponents(Generic[Weights]):
     trainer: Trainer[Weights]
 
 
-def default_components(
-    config: RunConfig, data_plane: DataPlane
-) -> JobComponents[PolicySnapshot] | JobComponents[Any]:
-    """The embedded default: synthetic tasks, the numpy GRPO policy, and simulated agents
-    (``generation.backend = "simulated"``) or HTTP generation servers (``"http"``, the
-    servers of ``config.http.servers``, which :func:`run_job` fills in when it starts
-    local ones). With ``[trainer] kind = "torch"``: the LLM job (``_llm_parts``)."""
-    if config.trainer.kind == "torch":
-        # Imported here: _llm_parts imports JobComponents from this module (and imports
-        # torch only when it builds, so a default install never loads it).
-        from ._llm_parts import llm_components
-
-        return llm_components(config, data_plane)
-    job = config.job
-    dataset = TaskSet.from_config(config.task, seed=job.seed)
-    trainer = NumpyGRPOTrainer(
-        seed=job.seed,
-        learning_rate=config.policy.learning_rate,
-        clip_epsilon=config.policy.clip_epsilon,
-    )
-    backend: GenerationBackend[PolicySnapshot]
-    if config.generation.backend == "http":
-        backend = _http_backend(config, dataset, trainer)
-    elif config.generation.backend == "ray":
-        backend = _ray_backend(config, data_plane, trainer)
-    else:
-        backend = SimulatedAgentBackend.from_config(
-            seed=job.seed,
-            task=config.task,
-            generation=config.generation,
-            faults=config.faults,
-            initial_weights=trainer.weights(),
-            data_plane=data_plane,
-        )
-    return JobComponents(dataset=dataset, backend=backend, trainer=trainer)
+def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[Any]:
+    """What the config names: the learner of its trainer and task, and the backend of
+    ``[generation] backend`` (``BACKENDS``), on the servers of ``config.http.servers``
+    (which :func:`run_job` fills in when it starts local ones)."""
+    entry = BACKENDS[config.generation.backend]
+    api_key = server_api_key(config) if entry.uses_servers(config) else None
+    learner, backend = entry.build(config, data_plane=data_plane, api_key=api_key)
+    return JobComponents(dataset=learner.dataset, backend=backend, trainer=learner.trainer)
 
 
 # The key the HTTP backend presents, for the components built while run_job runs: the
@@ -127,10 +93,9 @@ def configured_api_key(http: HttpConfig) -> str | None:
 
 
 def wants_servers(config: RunConfig) -> bool:
-    """Whether the job generates through HTTP servers (directly or from Ray actors)."""
-    return config.generation.backend == "http" or (
-        config.generation.backend == "ray" and config.ray.worker == "http"
-    )
+    """Whether the job's backend generates through HTTP servers (directly or from Ray
+    actors)."""
+    return BACKENDS[config.generation.backend].uses_servers(config)
 
 
 @contextlib.contextmanager
@@ -149,81 +114,12 @@ def server_api_key(config: RunConfig) -> str | None:
     return key if key is not None else configured_api_key(config.http)
 
 
-def http_weight_sync(config: RunConfig, trainer: Trainer[Weights]) -> WeightSync[Weights] | None:
-    """How the HTTP backend's servers get ``trainer``'s weights (``[http] weight_sync``):
-    the vLLM sync, or None for a sync of the rollout package's own.
-
-    ``"policy"`` pushes the numpy policy (``PolicySnapshot``); ``"vllm"`` writes weight
-    files to ``[vllm] weights_dir`` (which :func:`generation_servers` resolves) and needs
-    a trainer whose weights it can write (``TorchWeights``). The config, not the types,
-    chooses the sync, so this is where a trainer of other weights is refused, with a
-    ``ConfigError``, before anything is sent; past it the types hold.
-    """
-    http = config.http
-    if http.weight_sync == "policy" and not isinstance(trainer.weights(), PolicySnapshot):
-        raise ConfigError(
-            'weight_sync = "policy" pushes the numpy policy\'s weights (PolicySnapshot), '
-            f"not {type(trainer.weights()).__name__}",
-            path="$.http.weight_sync",
-        )
-    if http.weight_sync != "vllm":
-        # Checked above: "policy" gets PolicySnapshot; the others take any weights. None:
-        # the backend takes the sync [http] names.
-        return None
-    if not config.vllm.weights_dir:
-        raise ConfigError(
-            "[vllm] weights_dir is resolved by the job: build the components through run_job",
-            path="$.vllm.weights_dir",
-        )
-    sync = config.vllm.weight_sync()
-    try:
-        sync.check(trainer.weight_version, trainer.weights())
-    except (TypeError, ValueError) as error:
-        raise ConfigError(
-            f'weight_sync = "vllm" loads the trainer\'s weights into vLLM: {error}',
-            path="$.http.weight_sync",
-        ) from None
-    return cast("WeightSync[Weights]", sync)  # checked just above
-
-
-def _http_backend(
-    config: RunConfig, dataset: TaskSet, trainer: NumpyGRPOTrainer
-) -> HttpGenerationBackend[PolicySnapshot]:
-    return HttpGenerationBackend.from_config(
-        config.http,
-        generation=config.generation,
-        task=config.task,
-        vocab_size=trainer.vocab_size,
-        task_set=dataset,
-        weight_sync=http_weight_sync(config, trainer),
-        api_key=server_api_key(config),
-        sync_timeout_s=config.vllm.sync_timeout_s if config.http.weight_sync == "vllm" else None,
-        initial_version=trainer.weight_version,
-        initial_weights=trainer.weights(),
-    )
-
-
-def _ray_backend(
-    config: RunConfig, data_plane: DataPlane, trainer: NumpyGRPOTrainer
-) -> GenerationBackend[PolicySnapshot]:
-    return config.ray.generation_backend(
-        data_plane=data_plane,
-        seed=config.job.seed,
-        task=config.task,
-        generation=config.generation,
-        faults=config.faults,
-        http=config.http,
-        vocab_size=trainer.vocab_size,
-        api_key=server_api_key(config),
-        initial_weights=trainer.weights(),
-    )
-
-
 @contextlib.contextmanager
 def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
-    """The job's durable store: one SQLite file, or SQLite shards served by Ray actors
-    (on a cluster this job attaches to or starts, and leaves as it found it)."""
-    if config.generation.backend != "ray":
+    """The job's durable store: one SQLite file, or, for a backend that runs on Ray, SQLite
+    shards served by Ray actors (on a cluster this job attaches to or starts, and leaves as
+    it found it)."""
+    if not BACKENDS[config.generation.backend].needs_ray:
         with SqliteDataPlane(run.data_plane_file) as store:
             yield store
         return
@@ -232,7 +128,8 @@ def job_data_plane(run: RunDirectory, config: RunConfig) -> Iterator[DataPlane]:
 
 
 def require_ray(config: RunConfig) -> None:
-    if config.generation.backend != "ray":
+    """Refuse, naming the extra, a backend that runs on Ray where Ray is not installed."""
+    if not BACKENDS[config.generation.backend].needs_ray:
         return
     try:
         import ray  # noqa: F401

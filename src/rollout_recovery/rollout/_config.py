@@ -7,6 +7,7 @@ the logprob mode, which change what the trainer sees.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from msgspec import Meta
@@ -35,8 +36,6 @@ __all__ = [
 
 #: The weight syncs that can load weights under calls in flight and let them continue.
 INTERRUPT_WEIGHT_SYNCS = frozenset({"policy", "vllm"})
-# The backends that can interrupt a call at a weight update.
-_INTERRUPT_BACKENDS = ("simulated", "http")
 
 ServerUrl = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
 EnvVarName = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
@@ -45,12 +44,14 @@ EnvVarName = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
 class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[generation]``: the generation backend and its workers."""
 
-    #: "simulated": in-process agents with injected [faults]; "http": real generation
-    #: servers, configured in [http] ([faults] is not injected there: the servers' own
-    #: failures are the faults); "ray": generation actors and data shards on a Ray
-    #: cluster, configured in [ray] (needs the [ray] extra); "transformers": the torch
-    #: trainer's own model sampled in process (the [llm] extra; [task] kind "emit_token").
-    backend: Literal["simulated", "http", "ray", "transformers"] = "simulated"
+    #: The generation backend: "simulated" (in-process agents with injected [faults]),
+    #: "http" (real generation servers, configured in [http]; [faults] is not injected
+    #: there: the servers' own failures are the faults), "ray" (generation actors and data
+    #: shards on a Ray cluster, configured in [ray]; the [ray] extra) or "transformers" (the
+    #: torch trainer's own model sampled in process; the [llm] extra, [task] kind
+    #: "emit_token"). The run config checks the name against its table of backends
+    #: (``control``'s ``BACKENDS``), which says what each one serves.
+    backend: str = "simulated"
     #: Simulated workers (the simulated backend only).
     workers: Annotated[PositiveInt, OPERATIONAL] = 4
     max_inflight_attempts: Annotated[PositiveInt, OPERATIONAL] = 64
@@ -70,19 +71,24 @@ class GenerationConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields
     #: "vllm".
     on_weight_update: Annotated[Literal["continue", "interrupt"], OPERATIONAL] = "continue"
 
-    def check_weight_update_mode(self, http: HttpConfig) -> None:
+    def check_weight_update_mode(
+        self, http: HttpConfig, *, interrupting: Sequence[str], servers: bool
+    ) -> None:
         """Refuse ``on_weight_update = "interrupt"`` where it cannot be honoured, naming the
-        field that stands in the way."""
+        field that stands in the way: ``interrupting`` names the backends that can
+        interrupt a call, ``servers`` says whether this one generates through ``[http]``
+        servers (whose dialect and weight sync must then interrupt too)."""
         if self.on_weight_update != "interrupt":
             return
-        if self.backend not in _INTERRUPT_BACKENDS:
+        if self.backend not in interrupting:
+            names = " or ".join(f'"{name}"' for name in interrupting)
             raise ConfigError(
-                f'on_weight_update = "interrupt" needs [generation] backend = "simulated" or '
-                f'"http"; the {self.backend!r} backend finishes every call under the weights '
-                "it started with",
+                f'on_weight_update = "interrupt" needs [generation] backend = {names}; the '
+                f"{self.backend!r} backend finishes every call under the weights it started "
+                "with",
                 path="$.generation.on_weight_update",
             )
-        if self.backend != "http":
+        if not servers:
             return
         if http.dialect != "vllm-generate":
             raise ConfigError(
@@ -111,6 +117,13 @@ class FaultsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     tamper_rate: Annotated[Rate, OPERATIONAL] = 0.01
     worker_crash_rate: Annotated[Rate, OPERATIONAL] = 0.002
     worker_restart_s: Annotated[NonNegativeFloat, OPERATIONAL] = 0.2
+
+    @classmethod
+    def only(cls, **faults: float) -> FaultsConfig:
+        """No fault but the ones given (``only()``: a fault-free environment), for what
+        runs without the job's ``[faults]``: a test, a benchmark, a Ray spec's default."""
+        none = {name: 0.0 for name in cls.__struct_fields__ if name.endswith("_rate")}
+        return cls(**{**none, "straggler_factor": 1.0, "worker_restart_s": 0.0, **faults})
 
 
 class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -150,8 +163,17 @@ class HttpConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     logprob_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
 
     def check_server_urls(self) -> None:
-        """Refuse a server URL that carries a secret (userinfo, a query, a fragment)."""
+        """Refuse a server URL that carries a secret (userinfo, a query, a fragment), and a
+        server listed twice (its calls and health would be counted twice)."""
+        seen: set[str] = set()
         for index, url in enumerate(self.servers):
+            base = url.rstrip("/")
+            if base in seen:
+                raise ConfigError(
+                    "a server is listed twice: list each server once",
+                    path=f"$.http.servers[{index}]",
+                )
+            seen.add(base)
             problem = server_url_problem(url)
             if problem is not None:
                 # The URL is not quoted back: it may hold the secret.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..policy import TaskSet
+from ..policy import TaskConfig, TaskSet
 from ..rewards import RewardChecks
 from ._episode import Completion, Sampling, Turn
 
@@ -138,21 +138,13 @@ class DigitEpisode:
 
 class DigitTask:
     """The digit task as an :class:`~rollout_recovery.rollout.EpisodeTask`: prompts from
-    ``task_set``, ``thinking_calls`` thinking calls of ``reasoning_tokens`` tokens each,
-    then the answer."""
+    ``task_set``; ``[task]`` (``config``) says how many thinking calls of how many tokens
+    each come before the answer."""
 
-    def __init__(
-        self, task_set: TaskSet, *, reasoning_tokens: int = 4, thinking_calls: int = 1
-    ) -> None:
-        for name, value in (
-            ("reasoning_tokens", reasoning_tokens),
-            ("thinking_calls", thinking_calls),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+    def __init__(self, task_set: TaskSet, config: TaskConfig) -> None:
         self.task_set = task_set
-        self.reasoning_tokens = reasoning_tokens
-        self.thinking_calls = thinking_calls
+        self.reasoning_tokens = config.reasoning_tokens
+        self.thinking_calls = config.thinking_calls
 
     def episode(self, prompt: Mapping[str, Any]) -> DigitEpisode:
         return DigitEpisode(

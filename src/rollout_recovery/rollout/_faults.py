@@ -26,9 +26,7 @@ among the ones that exclude each other:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -36,7 +34,8 @@ import numpy as np
 from .._outcomes import FailureReason
 from ..capture import CaptureWriter, Receipt
 from ..dataplane import DataPlane, Row
-from ..errors import GenerationError, InvalidArgumentError
+from ..errors import GenerationError
+from ._config import FaultsConfig
 from ._episode import CallFailed, Completion, ModelClient, Sampling
 from ._protocol import AttemptResult
 
@@ -44,7 +43,6 @@ __all__ = [
     "CAPTURE_FAILURE_REASON",
     "FAULT_NAMES",
     "FaultInjectingClient",
-    "FaultSettings",
     "WorkerClient",
     "draw_faults",
 ]
@@ -63,43 +61,7 @@ FAULT_NAMES = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FaultSettings:
-    """Per-attempt fault probabilities; all zero means a fault-free environment.
-
-    ``straggler_factor`` multiplies a straggler's call latencies (>= 1);
-    ``worker_restart_s`` is how long a crashed worker stays down.
-    """
-
-    attempt_failure_rate: float = 0.0
-    straggler_rate: float = 0.0
-    straggler_factor: float = 1.0
-    hang_rate: float = 0.0
-    capture_failure_rate: float = 0.0
-    tamper_rate: float = 0.0
-    worker_crash_rate: float = 0.0
-    worker_restart_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgumentError(f"{field.name} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise InvalidArgumentError(f"{field.name} must be finite, got {value!r}")
-            if field.name.endswith("_rate") and not 0.0 <= value <= 1.0:
-                raise InvalidArgumentError(f"{field.name} must be in [0, 1], got {value!r}")
-        if self.straggler_factor < 1.0:
-            raise InvalidArgumentError(
-                f"straggler_factor must be >= 1, got {self.straggler_factor!r}"
-            )
-        if self.worker_restart_s < 0.0:
-            raise InvalidArgumentError(
-                f"worker_restart_s must be >= 0, got {self.worker_restart_s!r}"
-            )
-
-
-def draw_faults(rng: np.random.Generator, faults: FaultSettings) -> frozenset[str]:
+def draw_faults(rng: np.random.Generator, faults: FaultsConfig) -> frozenset[str]:
     """The faults one attempt suffers: one uniform draw per fault, in :data:`FAULT_NAMES`
     order, whatever the rates."""
     uniforms = rng.random(len(FAULT_NAMES))
@@ -181,14 +143,12 @@ class FaultInjectingClient:
         return completion
 
     def after_episode(
-        self, result: AttemptResult, capture: CaptureWriter, data_plane: DataPlane | None
+        self, result: AttemptResult, capture: CaptureWriter, data_plane: DataPlane
     ) -> None:
         """The tamper fault: overwrite the episode's last staged row behind the writer."""
         manifest = Receipt.from_dict(result.receipt).manifest
         if "tamper" not in self._faults or result.receipt["capture_poisoned"] or not manifest:
             return
-        if data_plane is None:
-            raise InvalidArgumentError("the tamper fault needs data_plane= (the writer's store)")
         self._counts["tamper"] += 1
         _tamper(data_plane, capture.partition, manifest[-1].staging_key)
 

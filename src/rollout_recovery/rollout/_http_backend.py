@@ -45,23 +45,19 @@ import asyncio
 import collections
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
-from .._bounds import INT32_MAX
 from .._http import parse_version
 from .._lifecycle import AsyncResource
 from .._outcomes import FailureReason
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import ConfigError, GenerationError, InvalidArgumentError
-from ..policy import TaskConfig, TaskSet
+from ..errors import ConfigError, GenerationError
 from ._config import GenerationConfig, HttpConfig
-from ._digit_task import DigitTask
 from ._episode import Completion, EpisodeTask, Sampling, run_episode
 from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
-from ._server_pool import Lease, PoolSettings, ServerPool, ServerStats
+from ._server_pool import Lease, ServerPool, ServerStats
 from ._server_url import bearer_headers
 from ._weight_sync import WEIGHT_SYNCS, WeightSync
 from ._wire import (
@@ -76,7 +72,7 @@ from ._wire import (
     read_body,
 )
 
-__all__ = ["HttpBackendSettings", "HttpGenerationBackend", "classify_status"]
+__all__ = ["HttpGenerationBackend", "classify_status"]
 
 Weights = TypeVar("Weights")
 
@@ -102,77 +98,6 @@ REPLY_BYTES_PER_MAX_TOKEN = 2**10
 REPLY_BYTES_PER_PROMPT_ID = 64
 
 
-# Defaults come from the TOML sections that own them (``[http]``, ``[task]``): written once.
-_HTTP = HttpConfig()
-_TASK = TaskConfig()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HttpBackendSettings:
-    """The backend's knobs; ``pool`` holds the per-server ones.
-
-    ``api_key`` is sent as ``Authorization: Bearer`` with every request (calls, probes,
-    weight pushes); it is never in the settings' repr.
-    """
-
-    model: str
-    pool: PoolSettings
-    # The trainer's vocabulary (``Trainer.vocab_size``): a reply naming an id outside
-    # [0, vocab_size) is a data failure at the wire, so no row the trainer would refuse
-    # is ever staged or checkpointed.
-    vocab_size: int
-    # A total deadline per call (connect, send, every byte of the reply).
-    request_timeout_s: float = _HTTP.request_timeout_s
-    call_redispatch_budget: int = _HTTP.call_redispatch_budget
-    redispatch_backoff_s: float = _HTTP.redispatch_backoff_s
-    #: The digit task's episode: tokens per thought, thinking calls before the answer.
-    reasoning_tokens: int = _TASK.reasoning_tokens
-    thinking_calls: int = _TASK.thinking_calls
-    temperature: float = 1.0
-    # What the engine's logprobs are: vLLM's default is raw_logprobs (before temperature
-    # and top-p); recorded with every call so a trainer can tell.
-    logprob_mode: str = _HTTP.logprob_mode
-    stage_in_thread: bool = False
-    # The most bytes of one reply read before it is refused (``reply_too_large``); None:
-    # REPLY_BASE_BYTES + REPLY_BYTES_PER_MAX_TOKEN * max_tokens + REPLY_BYTES_PER_PROMPT_ID
-    # * prompt ids, per call.
-    max_reply_bytes: int | None = None
-    api_key: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.call_redispatch_budget < 0:
-            raise InvalidArgumentError(
-                "call_redispatch_budget must be >= 0", path="$.call_redispatch_budget"
-            )
-        if not self.request_timeout_s > 0:
-            raise InvalidArgumentError("request_timeout_s must be > 0", path="$.request_timeout_s")
-        if self.redispatch_backoff_s < 0:
-            raise InvalidArgumentError(
-                "redispatch_backoff_s must be >= 0", path="$.redispatch_backoff_s"
-            )
-        if self.reasoning_tokens < 1:
-            raise InvalidArgumentError("reasoning_tokens must be >= 1", path="$.reasoning_tokens")
-        if self.thinking_calls < 1:
-            raise InvalidArgumentError("thinking_calls must be >= 1", path="$.thinking_calls")
-        if not 1 <= self.vocab_size <= INT32_MAX + 1:  # rows store int32 ids
-            raise InvalidArgumentError(
-                f"vocab_size must be in [1, {INT32_MAX + 1}], got {self.vocab_size}",
-                path="$.vocab_size",
-            )
-        if self.max_reply_bytes is not None and self.max_reply_bytes < 1:
-            raise InvalidArgumentError("max_reply_bytes must be >= 1", path="$.max_reply_bytes")
-
-    def reply_cap(self, call: CallSpec) -> int:
-        """How many bytes of ``call``'s reply are read at most."""
-        if self.max_reply_bytes is not None:
-            return self.max_reply_bytes
-        return (
-            REPLY_BASE_BYTES
-            + REPLY_BYTES_PER_MAX_TOKEN * call.max_tokens
-            + REPLY_BYTES_PER_PROMPT_ID * len(call.prompt_token_ids)
-        )
-
-
 def _is_infra_status(status: int) -> bool:
     return status >= 500 or status in _INFRA_STATUSES
 
@@ -193,98 +118,48 @@ class _InfraFailure(Exception):
 
 
 class HttpGenerationBackend(AsyncResource, Generic[Weights]):
-    """Implements ``GenerationBackend[Weights]`` over HTTP servers; ``Weights`` is what
-    ``weight_sync`` pushes (``PolicySnapshot`` for ``rollout-recovery serve``, anything
-    for a sync that ignores the weights).
+    """Implements ``GenerationBackend[Weights]`` over the HTTP servers ``[http]`` names;
+    ``Weights`` is what the weight sync pushes (``PolicySnapshot`` for
+    ``rollout-recovery serve``, anything for a sync that ignores the weights).
 
     ``client`` may be given (tests pass one over ``httpx.MockTransport``); otherwise the
     backend makes its own and closes it in :meth:`aclose`. Either way the client carries
-    ``settings.api_key`` as a default header, so every request it sends presents it.
-    ``on_event(kind, server, detail)`` hears server state changes, redispatches and data
-    failures, for the audit trail.
-
-    The episodes are the digit task's over ``task_set``, or those of ``episodes`` (give
-    exactly one): the LLM job passes its emit-token episodes.
+    ``api_key`` as ``Authorization: Bearer`` (calls, probes, weight pushes; never
+    recorded). ``on_event(kind, server, detail)`` hears server state changes,
+    redispatches and data failures, for the audit trail.
     """
 
     def __init__(
         self,
-        *,
-        servers: Sequence[str],
-        task_set: TaskSet | None = None,
-        episodes: EpisodeTask | None = None,
-        dialect: Dialect,
-        weight_sync: WeightSync[Weights],
-        settings: HttpBackendSettings,
-        initial_version: int,
-        initial_weights: Weights,
-        client: httpx.AsyncClient | None = None,
-        on_event: Callable[[str, str, dict[str, object]], None] | None = None,
-    ) -> None:
-        self._interrupt = settings.pool.on_weight_update == "interrupt"
-        if self._interrupt and dialect.name != "vllm-generate":
-            raise InvalidArgumentError(
-                f'on_weight_update = "interrupt" needs the "vllm-generate" dialect (per-token '
-                f"weight_versions spans); {dialect.name!r} cannot say which tokens each "
-                "version generated",
-                path="$.dialect",
-            )
-        if episodes is None and task_set is not None:
-            episodes = DigitTask(
-                task_set,
-                reasoning_tokens=settings.reasoning_tokens,
-                thinking_calls=settings.thinking_calls,
-            )
-        elif episodes is None or task_set is not None:
-            raise InvalidArgumentError(
-                "give the HTTP backend either task_set (the digit task) or episodes",
-                path="$.episodes",
-            )
-        self._task: EpisodeTask = episodes
-        self._dialect = dialect
-        self._settings = settings
-        self._own_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
-        self._client.headers.update(bearer_headers(settings.api_key))
-        # Bounded: a caller that never drains must not grow memory without end.
-        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
-        self._listener = on_event
-        self._pool = ServerPool(
-            servers,
-            settings=settings.pool,
-            weight_sync=weight_sync,
-            client=self._client,
-            on_event=self._on_event,
-        )
-        # Recorded, not pushed: the backend may be built inside the running loop, before
-        # a restore sets the restored weights; the first probes sync every server.
-        self._pool.set_weights(initial_version, initial_weights, push=False)
-        self.redispatches = 0
-        self.data_failures: dict[str, int] = {}
-
-    @classmethod
-    def from_config(
-        cls,
         http: HttpConfig,
         *,
         generation: GenerationConfig,
-        task: TaskConfig,
+        episodes: EpisodeTask,
         vocab_size: int,
         initial_version: int,
         initial_weights: Weights,
-        task_set: TaskSet | None = None,
-        episodes: EpisodeTask | None = None,
         weight_sync: WeightSync[Weights] | None = None,
-        api_key: str | None = None,
         sync_timeout_s: float | None = None,
         temperature: float = 1.0,
-    ) -> HttpGenerationBackend[Weights]:
-        """The backend ``[http]``, ``[generation]`` and ``[task]`` describe: the one builder
-        of the job and of a Ray worker, so no caller restates the pool's or the backend's
-        knobs. ``vocab_size`` is the trainer's (replies are checked against it);
+        api_key: str | None = None,
+        stage_in_thread: bool = True,
+        max_reply_bytes: int | None = None,
+        client: httpx.AsyncClient | None = None,
+        on_event: Callable[[str, str, dict[str, object]], None] | None = None,
+    ) -> None:
+        """The backend ``[http]`` and ``[generation]`` describe, running ``episodes`` (the
+        digit task's, or the LLM job's "emit token X"): the one builder of the job, the
+        LLM job and a Ray worker.
+
+        ``vocab_size`` is the trainer's: a reply naming an id outside ``[0, vocab_size)``
+        is a data failure at the wire, so no row the trainer would refuse is ever staged.
         ``weight_sync`` defaults to the one ``[http] weight_sync`` names (a sync that lives
-        in another package, vLLM's, is passed in); ``sync_timeout_s`` overrides ``[http]``'s
-        (the vLLM sync has its own); ``temperature`` is the trainer's."""
+        in another package, vLLM's, is passed in, with its own ``sync_timeout_s``).
+        ``temperature`` is the trainer's: its ratio's denominator is the servers'
+        logprob. ``max_reply_bytes`` caps every reply (``reply_too_large``); None:
+        ``REPLY_BASE_BYTES`` + ``REPLY_BYTES_PER_MAX_TOKEN`` * max_tokens +
+        ``REPLY_BYTES_PER_PROMPT_ID`` * prompt ids, per call.
+        """
         if weight_sync is None:
             if http.weight_sync not in WEIGHT_SYNCS:
                 raise ConfigError(
@@ -295,40 +170,42 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             # The table's syncs take the numpy policy's snapshots or any weights; the job
             # refuses a trainer of other weights for "policy" before it gets here.
             weight_sync = cast("WeightSync[Weights]", WEIGHT_SYNCS[http.weight_sync])
-        pool = PoolSettings(
-            concurrency=http.per_server_concurrency,
-            probe_interval_s=http.probe_interval_s,
-            probe_timeout_s=http.probe_timeout_s,
-            dead_after_failures=http.dead_after_failures,
-            no_server_wait_s=http.no_server_wait_s,
-            sync_timeout_s=http.sync_timeout_s if sync_timeout_s is None else sync_timeout_s,
-            bad_data_quarantine_s=http.bad_data_quarantine_s,
-            on_weight_update=generation.on_weight_update,
-        )
-        settings = HttpBackendSettings(
-            api_key=api_key,
-            model=http.model,
-            vocab_size=vocab_size,
-            pool=pool,
-            request_timeout_s=http.request_timeout_s,
-            call_redispatch_budget=http.call_redispatch_budget,
-            redispatch_backoff_s=http.redispatch_backoff_s,
-            logprob_mode=http.logprob_mode,
-            reasoning_tokens=task.reasoning_tokens,
-            thinking_calls=task.thinking_calls,
-            temperature=temperature,
-            # A durable store blocks on every put: staging goes through worker threads.
-            stage_in_thread=True,
-        )
-        return cls(
-            servers=list(http.servers),
-            task_set=task_set,
-            episodes=episodes,
-            dialect=DIALECTS[http.dialect],
+        self._interrupt = generation.on_weight_update == "interrupt"
+        self._http = http
+        self._task = episodes
+        self._dialect: Dialect = DIALECTS[http.dialect]
+        self._vocab_size = vocab_size
+        self._temperature = temperature
+        self._stage_in_thread = stage_in_thread
+        self._max_reply_bytes = max_reply_bytes
+        self._own_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient()
+        self._client.headers.update(bearer_headers(api_key))
+        # Bounded: a caller that never drains must not grow memory without end.
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self._listener = on_event
+        self._pool = ServerPool(
+            http,
             weight_sync=weight_sync,
-            settings=settings,
-            initial_version=initial_version,
-            initial_weights=initial_weights,
+            client=self._client,
+            interrupt=self._interrupt,
+            sync_timeout_s=sync_timeout_s,
+            on_event=self._on_event,
+        )
+        # Recorded, not pushed: the backend may be built inside the running loop, before
+        # a restore sets the restored weights; the first probes sync every server.
+        self._pool.set_weights(initial_version, initial_weights, push=False)
+        self.redispatches = 0
+        self.data_failures: dict[str, int] = {}
+
+    def _reply_cap(self, call: CallSpec) -> int:
+        """How many bytes of ``call``'s reply are read at most."""
+        if self._max_reply_bytes is not None:
+            return self._max_reply_bytes
+        return (
+            REPLY_BASE_BYTES
+            + REPLY_BYTES_PER_MAX_TOKEN * call.max_tokens
+            + REPLY_BYTES_PER_PROMPT_ID * len(call.prompt_token_ids)
         )
 
     # -- introspection -----------------------------------------------------------------------
@@ -336,10 +213,6 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
     @property
     def pool(self) -> ServerPool[Weights]:
         return self._pool
-
-    @property
-    def settings(self) -> HttpBackendSettings:
-        return self._settings
 
     def server_stats(self) -> dict[str, ServerStats]:
         return self._pool.stats()
@@ -401,7 +274,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             task=self._task,
             client=_HttpClient(self, request),
             prefix=prefix,
-            stage_in_thread=self._settings.stage_in_thread,
+            stage_in_thread=self._stage_in_thread,
         )
 
     # -- one call ------------------------------------------------------------------------------
@@ -412,7 +285,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         call = CallSpec(
             prompt_token_ids=list(prompt_ids),
             max_tokens=sampling.max_tokens,
-            temperature=self._settings.temperature,
+            temperature=self._temperature,
         )
         try:
             lease, reply, redispatches = await self._call(request, call, call_id)
@@ -423,7 +296,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             "server": lease.url,
             "endpoint": self._dialect.path,
             "sampling_params": call.sampling_params(),
-            "logprob_mode": self._settings.logprob_mode,
+            "logprob_mode": self._http.logprob_mode,
             "dispatch_weight_version": request.weight_version,
             "server_weight_version": reply.server_weight_version,
             "weight_version_spans": reply.weight_version_spans,
@@ -449,11 +322,11 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         """Send ``call`` to a healthy server, redispatching infra failures elsewhere."""
         tried: set[str] = set()
         last_error = ""
-        budget = self._settings.call_redispatch_budget
+        budget = self._http.call_redispatch_budget
         for redispatch in range(budget + 1):
             if redispatch:
                 self.redispatches += 1
-                await asyncio.sleep(self._settings.redispatch_backoff_s * 2 ** (redispatch - 1))
+                await asyncio.sleep(self._http.redispatch_backoff_s * 2 ** (redispatch - 1))
             lease = await self._pool.acquire(avoid=tried)
             outcome, why = "infra", ""
             try:
@@ -496,8 +369,8 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         )
 
     async def _send(self, lease: Lease, call: CallSpec) -> ServerReply:
-        body = self._dialect.body(self._settings.model, call)
-        timeout = self._settings.request_timeout_s
+        body = self._dialect.body(self._http.model, call)
+        timeout = self._http.request_timeout_s
         try:
             # The whole exchange under one deadline: httpx's timeout bounds each read
             # only, and a server that drips a byte per read would hold the call for ever.
@@ -509,7 +382,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
                     if _is_infra_status(status):  # the body says nothing we act on
                         raise _InfraFailure(f"{lease.url}: HTTP {status}")
                     # Streamed under a cap: leaving this block early drops the connection.
-                    raw = await read_body(response, self._settings.reply_cap(call))
+                    raw = await read_body(response, self._reply_cap(call))
         except TimeoutError:
             raise _InfraFailure(f"{lease.url}: no complete reply within {timeout} s") from None
         except httpx.HTTPError as error:  # refused, reset, timed out, protocol broken
@@ -519,7 +392,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             if failure is None:
                 raise _InfraFailure(f"{lease.url}: HTTP {status}")
             raise failure
-        reply = self._dialect.parse(call, raw, vocab_size=self._settings.vocab_size)
+        reply = self._dialect.parse(call, raw, vocab_size=self._vocab_size)
         if self._interrupt:
             _span_versions(reply)  # a DataFailure here counts against the server
         return reply

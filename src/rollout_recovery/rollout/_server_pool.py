@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 import httpx
 
@@ -54,64 +54,17 @@ from .._lifecycle import AsyncResource
 from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
 from ..errors import GenerationError, InvalidArgumentError
-from ._config import GenerationConfig, HttpConfig
-from ._server_url import server_url_problem
+from ._config import HttpConfig
 from ._weight_sync import InterruptingWeightSync, WeightSync
 from ._wire import DataFailure, read_body
 
-__all__ = ["PoolSettings", "ServerPool", "ServerStats"]
+__all__ = ["ServerPool", "ServerStats"]
 
 Weights = TypeVar("Weights")
 
 # What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
 # connection, never a server's idea of a large reply.
 _PROBE_BODY_CAP = 64 * 2**10
-
-
-# ``[http]``'s defaults are the pool's and the backend's: a knob's default is written once,
-# next to its TOML field (``_config.py``), never restated here.
-_HTTP = HttpConfig()
-_GENERATION = GenerationConfig()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolSettings:
-    """How the pool judges and loads servers (seconds unless named otherwise); each field
-    is the ``[http]`` setting of (almost) the same name, documented there."""
-
-    concurrency: int = _HTTP.per_server_concurrency
-    probe_interval_s: float = _HTTP.probe_interval_s
-    probe_timeout_s: float = _HTTP.probe_timeout_s
-    dead_after_failures: int = _HTTP.dead_after_failures
-    sync_timeout_s: float = _HTTP.sync_timeout_s
-    no_server_wait_s: float = _HTTP.no_server_wait_s
-    bad_data_quarantine_s: float = _HTTP.bad_data_quarantine_s
-    # "interrupt": a push pauses a server's calls between tokens, loads and resumes them
-    # (the sync must be an ``InterruptingWeightSync``) instead of waiting for them.
-    on_weight_update: Literal["continue", "interrupt"] = _GENERATION.on_weight_update
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise InvalidArgumentError("concurrency must be >= 1", path="$.concurrency")
-        if self.dead_after_failures < 1:
-            raise InvalidArgumentError(
-                "dead_after_failures must be >= 1", path="$.dead_after_failures"
-            )
-        for name in (
-            "probe_interval_s",
-            "probe_timeout_s",
-            "sync_timeout_s",
-            "no_server_wait_s",
-            "bad_data_quarantine_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise InvalidArgumentError(f"{name} must be > 0", path=f"$.{name}")
-        if self.on_weight_update not in ("continue", "interrupt"):
-            raise InvalidArgumentError(
-                f'on_weight_update must be "continue" or "interrupt", got '
-                f"{self.on_weight_update!r}",
-                path="$.on_weight_update",
-            )
 
 
 def _closed_error() -> GenerationError:
@@ -160,39 +113,38 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
     def __init__(
         self,
-        urls: Sequence[str],
+        http: HttpConfig,
         *,
-        settings: PoolSettings,
         weight_sync: WeightSync[Weights],
         client: httpx.AsyncClient,
+        interrupt: bool = False,
+        sync_timeout_s: float | None = None,
         on_event: Callable[[str, str, dict[str, object]], None] = lambda *_: None,
     ) -> None:
+        """The servers of ``[http] servers``, judged and loaded as ``[http]`` says.
+
+        ``interrupt`` (``[generation] on_weight_update = "interrupt"``): a push pauses a
+        server's calls between tokens, loads and resumes them, so ``weight_sync`` must be
+        an ``InterruptingWeightSync``. ``sync_timeout_s`` replaces ``[http]``'s for a sync
+        with a deadline of its own (vLLM's loads take longer).
+        """
+        urls = [url.rstrip("/") for url in http.servers]
         if not urls:
-            raise InvalidArgumentError("at least one server url is needed", path="$.servers")
-        for index, url in enumerate(urls):
-            problem = server_url_problem(url)
-            if problem is not None:  # never quoted: it may hold a secret
-                raise InvalidArgumentError(
-                    f"server url {index} {problem}; send a key with api_key instead",
-                    path=f"$.servers[{index}]",
-                )
-        cleaned = [url.rstrip("/") for url in urls]
-        if len(set(cleaned)) != len(cleaned):
-            raise InvalidArgumentError("server urls must be distinct", path="$.servers")
-        for url in cleaned:
-            if not url.startswith(("http://", "https://")):
-                raise InvalidArgumentError(f"server url {url!r} must be http(s)", path="$.servers")
-        self._interrupt = settings.on_weight_update == "interrupt"
-        if self._interrupt and not isinstance(weight_sync, InterruptingWeightSync):
+            # The job fills [http] servers with the servers it launches before it builds
+            # the pool; an empty pool would fail every call after no_server_wait_s.
+            raise InvalidArgumentError("at least one server url is needed", path="$.http.servers")
+        if interrupt and not isinstance(weight_sync, InterruptingWeightSync):
             raise InvalidArgumentError(
                 f"the {weight_sync.name!r} weight sync cannot load weights under calls in "
                 'flight: on_weight_update = "interrupt" needs "policy" or "vllm"',
-                path="$.on_weight_update",
+                path="$.generation.on_weight_update",
             )
+        self._interrupt = interrupt
         self._workers: WorkerPool[_Server] = WorkerPool(closed_error=_closed_error)
-        for url in cleaned:
-            self._workers.add(_Server(name=url, capacity=settings.concurrency))
-        self._settings = settings
+        for url in urls:
+            self._workers.add(_Server(name=url, capacity=http.per_server_concurrency))
+        self._http = http
+        self._sync_timeout_s = http.sync_timeout_s if sync_timeout_s is None else sync_timeout_s
         self._sync = weight_sync
         self._client = client
         self._on_event = on_event
@@ -283,7 +235,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
                     if self._workers.closed or self._target is None or self._is_current(server):
                         break
                 version, weights = self._target
-                timeout = self._settings.sync_timeout_s
+                timeout = self._sync_timeout_s
                 started = monotonic()
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
@@ -335,7 +287,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
     async def _probe_loop(self, server: _Server) -> None:
         while not self._workers.closed:
             await self._probe(server)
-            await asyncio.sleep(self._settings.probe_interval_s)
+            await asyncio.sleep(self._http.probe_interval_s)
 
     def _quarantined(self, server: _Server) -> bool:
         return server.health is WorkerHealth.DEAD and monotonic() < server.quarantined_until
@@ -343,7 +295,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
     async def _probe(self, server: _Server) -> None:
         if self._quarantined(server):
             return  # its probes cannot vouch for its replies
-        timeout = self._settings.probe_timeout_s
+        timeout = self._http.probe_timeout_s
         try:
             # One deadline for the whole exchange: a server that drips its reply a byte
             # per read passes every per-read timeout.
@@ -369,7 +321,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
     def _failed(self, server: _Server, why: str) -> None:
         server.failures_in_a_row += 1
-        if server.failures_in_a_row >= self._settings.dead_after_failures:
+        if server.failures_in_a_row >= self._http.dead_after_failures:
             self._move(server, WorkerHealth.DEAD, why=why)
         elif server.health is WorkerHealth.HEALTHY:
             self._move(server, WorkerHealth.SUSPECT, why=why)
@@ -397,12 +349,12 @@ class ServerPool(AsyncResource, Generic[Weights]):
         def timed_out() -> GenerationError:
             return GenerationError(
                 FailureReason.NO_LIVE_SERVER,
-                f"no healthy server with a free slot for {self._settings.no_server_wait_s}"
+                f"no healthy server with a free slot for {self._http.no_server_wait_s}"
                 f" s; states: {self.states()}",
             )
 
         server = await self._workers.acquire(
-            wait_s=self._settings.no_server_wait_s,
+            wait_s=self._http.no_server_wait_s,
             timed_out=timed_out,
             eligible=self._admits,
             choose=choose,
@@ -435,8 +387,8 @@ class ServerPool(AsyncResource, Generic[Weights]):
     def _bad_reply(self, server: _Server, reason: str) -> None:
         server.bad_replies_in_a_row += 1
         in_a_row = server.bad_replies_in_a_row
-        if in_a_row >= self._settings.dead_after_failures:
-            quarantine = self._settings.bad_data_quarantine_s
+        if in_a_row >= self._http.dead_after_failures:
+            quarantine = self._http.bad_data_quarantine_s
             server.quarantined_until = monotonic() + quarantine
             if server.health is not WorkerHealth.DEAD:
                 self._on_event(

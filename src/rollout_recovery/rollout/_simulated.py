@@ -14,7 +14,7 @@ token from the snapshot current when it is produced, so a weight update in fligh
 the rest of the call to the new weights; the call's extras then carry per-token
 ``weight_version_spans`` and its staged version is its last token's.
 
-Faults (:class:`FaultSettings`) are injected by a decorator around the worker's client
+Faults (``[faults]``, :class:`FaultsConfig`) are injected by a decorator around the worker's client
 (``_faults.py``): failed, hung and straggling attempts, uncaptured replies, tampered rows
 and worker crashes, which fail every attempt in flight on that worker; the worker is then
 down for ``worker_restart_s`` and new attempts go to other workers (or wait for one).
@@ -27,9 +27,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-import msgspec
 import numpy as np
 
 from .._lifecycle import AsyncResource
@@ -37,12 +35,11 @@ from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool
 from ..capture import CaptureWriter, StagedPrefix
 from ..dataplane import DataPlane
-from ..errors import GenerationError, InvalidArgumentError, InvalidArgumentTypeError
-from ..policy import PolicySnapshot, TaskConfig, TaskSet
+from ..errors import GenerationError, InvalidArgumentError
+from ..policy import PolicySnapshot
 from ._config import FaultsConfig, GenerationConfig
-from ._digit_task import DigitTask
-from ._episode import Completion, Sampling, run_episode
-from ._faults import FAULT_NAMES, FaultInjectingClient, FaultSettings, draw_faults
+from ._episode import Completion, EpisodeTask, Sampling, run_episode
+from ._faults import FAULT_NAMES, FaultInjectingClient, draw_faults
 from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
 
 __all__ = ["SimulatedAgentBackend"]
@@ -78,54 +75,39 @@ def _attempt_seed(seed: int, rollout_id: str) -> list[int]:
 class SimulatedAgentBackend(AsyncResource):
     """Implements ``GenerationBackend[PolicySnapshot]`` in process.
 
-    ``data_plane`` must be the store the attempts' ``CaptureWriter`` writes to; it is only
-    needed (and then required) for the tamper fault, which rewrites a staged row behind the
-    writer's back. ``stage_in_thread`` runs each ``stage_call`` in a worker thread, for a
-    durable store whose fsync should not block the event loop. A backend's events belong
-    to the first event loop that waits on them: use one backend per loop.
+    ``data_plane`` must be the store the attempts' ``CaptureWriter`` writes to: the tamper
+    fault rewrites a staged row behind the writer's back. ``stage_in_thread`` runs each
+    ``stage_call`` in a worker thread, for a durable store whose fsync should not block
+    the event loop. A backend's events belong to the first event loop that waits on them:
+    use one backend per loop.
     """
 
     def __init__(
         self,
+        generation: GenerationConfig,
         *,
-        task_set: TaskSet,
+        faults: FaultsConfig,
+        episodes: EpisodeTask,
         seed: int,
-        workers: int,
-        call_latency_s: float,
-        latency_jitter: float,
-        faults: FaultSettings,
         initial_weights: PolicySnapshot,
-        data_plane: DataPlane | None = None,
-        reasoning_tokens: int = 4,
-        thinking_calls: int = 1,
-        stage_in_thread: bool = False,
-        on_weight_update: Literal["continue", "interrupt"] = "continue",
+        data_plane: DataPlane,
+        workers: int | None = None,
+        stage_in_thread: bool = True,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise InvalidArgumentError(f"workers must be a positive int, got {workers!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InvalidArgumentError(f"seed must be a non-negative int, got {seed!r}")
-        if not (math.isfinite(call_latency_s) and call_latency_s >= 0):
-            raise InvalidArgumentError(f"call_latency_s must be >= 0, got {call_latency_s!r}")
-        if not (math.isfinite(latency_jitter) and latency_jitter >= 0):
-            raise InvalidArgumentError(f"latency_jitter must be >= 0, got {latency_jitter!r}")
-        if on_weight_update not in ("continue", "interrupt"):
-            raise InvalidArgumentError(
-                f'on_weight_update must be "continue" or "interrupt", got {on_weight_update!r}'
-            )
-        self._interrupt = on_weight_update == "interrupt"
-        self._task = DigitTask(
-            task_set, reasoning_tokens=reasoning_tokens, thinking_calls=thinking_calls
-        )
+        """The backend ``[generation]`` and ``[faults]`` describe, running ``episodes``
+        (the digit task's, :class:`DigitTask`) from the job's ``seed``: the one builder of
+        the job and of a Ray worker (which runs one worker: ``workers=1``)."""
+        self._interrupt = generation.on_weight_update == "interrupt"
+        self._task = episodes
         self._seed = seed
-        self._latency = float(call_latency_s)
-        self._jitter = float(latency_jitter)
+        self._latency = generation.call_latency_s
+        self._jitter = generation.latency_jitter
         self._data_plane = data_plane
         self._stage_in_thread = stage_in_thread
-        self._faults = self._checked_faults(faults)
+        self._faults = faults
         self._snapshot = self._checked_snapshot(initial_weights.version, initial_weights)
         self._workers: WorkerPool[_Worker] = WorkerPool(closed_error=_closed_error)
-        for index in range(workers):
+        for index in range(generation.workers if workers is None else workers):
             self._workers.add(
                 _Worker(name=f"worker-{index}", index=index, health=WorkerHealth.HEALTHY)
             )
@@ -133,50 +115,7 @@ class SimulatedAgentBackend(AsyncResource):
         self._crashes = 0
         self._fault_counts = dict.fromkeys(FAULT_NAMES, 0)
 
-    @classmethod
-    def from_config(
-        cls,
-        *,
-        seed: int,
-        task: TaskConfig,
-        generation: GenerationConfig,
-        faults: FaultsConfig | FaultSettings,
-        initial_weights: PolicySnapshot,
-        data_plane: DataPlane | None,
-        workers: int | None = None,
-    ) -> SimulatedAgentBackend:
-        """The backend ``[generation]``, ``[faults]`` and ``[task]`` describe: the one
-        builder of the job and of a Ray worker (which runs one worker: ``workers=1``).
-        Staging goes through worker threads: a durable store blocks on every put."""
-        if isinstance(faults, FaultsConfig):
-            # [faults] has exactly the backend's fault fields, so a new fault cannot be
-            # configured without reaching the backend.
-            faults = FaultSettings(**msgspec.structs.asdict(faults))
-        return cls(
-            task_set=TaskSet.from_config(task, seed=seed),
-            seed=seed,
-            workers=generation.workers if workers is None else workers,
-            call_latency_s=generation.call_latency_s,
-            latency_jitter=generation.latency_jitter,
-            faults=faults,
-            initial_weights=initial_weights,
-            data_plane=data_plane,
-            reasoning_tokens=task.reasoning_tokens,
-            thinking_calls=task.thinking_calls,
-            stage_in_thread=True,
-            on_weight_update=generation.on_weight_update,
-        )
-
     # -- configuration and introspection -------------------------------------------------
-
-    def _checked_faults(self, faults: FaultSettings) -> FaultSettings:
-        if not isinstance(faults, FaultSettings):
-            raise InvalidArgumentTypeError(
-                f"faults must be FaultSettings, got {type(faults).__name__}"
-            )
-        if faults.tamper_rate > 0 and self._data_plane is None:
-            raise InvalidArgumentError("the tamper fault needs data_plane= (the writer's store)")
-        return faults
 
     @staticmethod
     def _checked_snapshot(version: int, weights: PolicySnapshot) -> PolicySnapshot:
@@ -187,12 +126,12 @@ class SimulatedAgentBackend(AsyncResource):
         return weights
 
     @property
-    def faults(self) -> FaultSettings:
+    def faults(self) -> FaultsConfig:
         return self._faults
 
-    def set_faults(self, faults: FaultSettings) -> None:
+    def set_faults(self, faults: FaultsConfig) -> None:
         """Change fault rates for attempts that start from now on (e.g. a fault schedule)."""
-        self._faults = self._checked_faults(faults)
+        self._faults = faults
 
     @property
     def weight_version(self) -> int:

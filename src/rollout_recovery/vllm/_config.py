@@ -67,17 +67,11 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: Listed servers must be able to read it (the same machine or a shared filesystem).
     weights_dir: Annotated[str, OPERATIONAL] = ""
 
-    def check(
-        self,
-        http: HttpConfig,
-        backend: str,
-        ray_worker: str = "simulated",
-        *,
-        trainer_model: bool = False,
-    ) -> None:
-        """Refuse this section with ``[http]`` and the backend if they cannot work
-        together (see :func:`check_vllm_config`)."""
-        check_vllm_config(self, http, backend, ray_worker, trainer_model=trainer_model)
+    def check(self, http: HttpConfig, *, servers: bool, trainer_model: bool = False) -> None:
+        """Refuse this section with ``[http]`` if they cannot work together for a backend
+        that does (``servers``) or does not generate through ``[http]`` servers (see
+        :func:`check_vllm_config`)."""
+        check_vllm_config(self, http, servers=servers, trainer_model=trainer_model)
 
     def weight_sync(self) -> VllmWeightSync:
         """The weight sync that writes the trainer's weights to ``weights_dir`` in
@@ -107,24 +101,15 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
 
 
 def check_vllm_config(
-    vllm: VllmConfig,
-    http: HttpConfig,
-    backend: str,
-    ray_worker: str = "simulated",
-    *,
-    trainer_model: bool = False,
+    vllm: VllmConfig, http: HttpConfig, *, servers: bool, trainer_model: bool = False
 ) -> None:
-    """Refuse a combination of ``[vllm]``, ``[http]`` and the backend that cannot work,
-    naming the field to change (before anything is written). Like ``[http]``, ``[vllm]``
-    is ignored by a job that generates without HTTP servers. ``trainer_model``: the
-    trainer has a model directory of its own, which an empty ``[vllm] model`` means."""
-    if backend == "ray" and ray_worker == "http" and http.weight_sync == "vllm":
-        raise ConfigError(
-            'weight_sync = "vllm" is for the HTTP backend; Ray workers cannot load weights '
-            "into vLLM",
-            path="$.http.weight_sync",
-        )
-    if backend != "http":
+    """Refuse a combination of ``[vllm]`` and ``[http]`` that cannot work, naming the field
+    to change (before anything is written). Like ``[http]``, ``[vllm]`` is ignored by a
+    job whose backend generates without HTTP servers (``servers`` False; which weight
+    syncs a backend's servers take is the backend's own pairing, checked by the run
+    config). ``trainer_model``: the trainer has a model directory of its own, which an
+    empty ``[vllm] model`` means."""
+    if not servers:
         return
     if vllm.launch:
         if http.servers:
