@@ -402,3 +402,113 @@ class Twice:
         "x.py: NoPrefix.run_attempt does not take prefix: StagedPrefix | None = None",
         "x.py: Twice.resume_attempt is a second attempt method: use run_attempt",
     ]
+
+
+# -- no cycles inside a room: a component takes its section, a section builds its part -----
+
+#: Optional extras: a module that imports one at its top is imported by its room inside the
+#: function that needs it, so a default install never loads the extra.
+EXTRAS = {"ray", "torch", "transformers", "safetensors", "gguf"}
+
+
+def _runtime_imports(module: Path, root: Path) -> tuple[set[str], set[str], set[str]]:
+    """(own-room modules imported at the top, own-room modules imported inside a function,
+    outside packages imported at the top) of one module; imports under ``TYPE_CHECKING``
+    name types for the checker and load nothing, so they count in neither."""
+    tree = ast.parse(module.read_text(), filename=str(module))
+    package_parts = module.relative_to(root.parent).with_suffix("").parts[:-1]
+    top: set[str] = set()
+    nested: set[str] = set()
+    external: set[str] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.level:
+                base = ".".join(package_parts[: len(package_parts) - child.level + 1])
+                target = f"{base}.{child.module}" if child.module else base
+                names = [target] + [f"{target}.{alias.name}" for alias in child.names]
+                own = {
+                    n
+                    for n in names
+                    if (root.parent / f"{n.replace('.', '/')}.py").is_file()
+                }
+                (nested if in_function else top).update(own)
+            elif isinstance(child, ast.Import | ast.ImportFrom) and not in_function:
+                heads = (
+                    [alias.name for alias in child.names]
+                    if isinstance(child, ast.Import)
+                    else [child.module or ""]
+                )
+                external.update(head.split(".")[0] for head in heads)
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(tree, False)
+    return top, nested, external
+
+
+def room_import_violations(root: Path = PACKAGE_ROOT) -> list[str]:
+    """A runtime import cycle between two modules of one room, and a function-level import
+    of an own-room module that loads no extra (a cycle broken by a lazy import)."""
+    modules = {
+        ".".join(path.relative_to(root.parent).with_suffix("").parts): path
+        for path in root.rglob("*.py")
+    }
+    facts = {name: _runtime_imports(path, root) for name, path in modules.items()}
+
+    def room(name: str) -> str:
+        return name.split(".")[1] if name.count(".") >= 2 else name
+
+    def reach(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for target in facts.get(todo.pop(), (set(), set(), set()))[0]:
+                if room(target) == room(start) and target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    def loads_an_extra(name: str) -> bool:
+        return any(facts[m][2] & EXTRAS for m in {name} | reach(name) if m in facts)
+
+    violations = []
+    for name in sorted(modules):
+        if name in reach(name):
+            violations.append(f"{name} imports itself through its room at run time (a cycle)")
+        for target in sorted(facts[name][1]):
+            if room(target) == room(name) and not loads_an_extra(target):
+                violations.append(
+                    f"{name} imports {target} inside a function, and it loads no extra: "
+                    "import it at the top (a section builds its part; the part names the "
+                    "section's type under TYPE_CHECKING)"
+                )
+    return violations
+
+
+def test_no_room_has_an_import_cycle_or_a_lazy_import_of_its_own() -> None:
+    """Issue 25, item 2: sections used to build their parts through function-level imports
+    that broke cycles (7 of them). Now a room's runtime imports form no cycle, and a module
+    imports one of its room inside a function only to keep an optional extra (Ray, torch)
+    off a default install."""
+    assert not room_import_violations(), "\n".join(room_import_violations())
+
+
+def test_the_room_import_checker_sees_a_cycle_and_a_lazy_import(tmp_path: Path) -> None:
+    room = tmp_path / "pkg" / "room"
+    room.mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (room / "__init__.py").write_text("")
+    (room / "_a.py").write_text("from ._b import B\n")
+    (room / "_b.py").write_text("from ._a import A\n")
+    (room / "_section.py").write_text("def build():\n    from ._part import Part\n")
+    (room / "_part.py").write_text("from ._section import build\n")
+    (room / "_heavy.py").write_text("import torch\n")
+    (room / "_light.py").write_text("def build():\n    from ._heavy import x\n")
+    found = room_import_violations(tmp_path / "pkg")
+    assert [line.split(" ")[0] for line in found] == [
+        "pkg.room._a",
+        "pkg.room._b",
+        "pkg.room._section",
+    ]

@@ -6,7 +6,7 @@ import pytest
 
 from rollout_recovery.errors import InvalidStateError
 from rollout_recovery.rewards import FinalizedReward, RewardChecks, RewardLogContext
-from rollout_recovery.rewards._settings import CAPTURE_PENALTIES
+from rollout_recovery.rewards._penalties import CAPTURE_PENALTIES
 
 
 def test_penalty_specs_keep_upstream_order_and_names() -> None:

@@ -5,6 +5,16 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from ._audit import audit
+from ._chaos import chaos
+from ._convert import convert
+from ._demo import demo
+from ._inspect import inspect
+from ._journal import journal
+from ._run import run
+from ._serve import serve
+from ._stop import stop
+from ._validate import validate
 
 __all__ = ["cli", "main"]
 
@@ -15,42 +25,8 @@ def cli() -> None:
     """Crash-safe ownership of GRPO prompt groups for asynchronous RL."""
 
 
-def _register() -> None:
-    # Imported here, not at module top, so that ``_main`` has no import cycle with the
-    # command modules (they import ``cli`` helpers from the package).
-    from ._demo import demo
-
-    cli.add_command(demo)
-    from ._inspect import inspect
-
-    cli.add_command(inspect)
-    from ._validate import validate
-
-    cli.add_command(validate)
-    from ._convert import convert
-
-    cli.add_command(convert)
-    from ._run import run
-
-    cli.add_command(run)
-    from ._chaos import chaos
-
-    cli.add_command(chaos)
-    from ._audit import audit
-
-    cli.add_command(audit)
-    from ._serve import serve
-
-    cli.add_command(serve)
-    from ._stop import stop
-
-    cli.add_command(stop)
-    from ._journal import journal
-
-    cli.add_command(journal)
-
-
-_register()
+for _command in (demo, inspect, validate, convert, run, chaos, audit, serve, stop, journal):
+    cli.add_command(_command)
 
 
 def main() -> None:

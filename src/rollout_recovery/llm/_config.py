@@ -1,7 +1,7 @@
 """``[trainer]`` and ``[model]``: which trainer learns, and which causal LM it trains.
 
 Light on purpose: the run config imports these sections on every install, so nothing here
-imports torch or transformers (:func:`require_llm` only looks for them). The trainer's
+imports torch or transformers (``_extra.require_llm`` only looks for them). The trainer's
 update rule is the job's identity; how many threads and how the batch is cut for memory
 are operational (the update is the same up to float rounding). A model is identified by
 the digest of its files, not by where they are: ``[model] source`` is operational, and
@@ -11,29 +11,22 @@ the identity, so a rerun against changed model files is refused and a moved mode
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from msgspec import Meta
 
 from .._settings import OPERATIONAL, NonNegativeFloat, NonNegativeInt, PositiveFloat, Section
-from ..errors import ConfigError
+from ._model_source import model_directory, resolve_model
+from ._parts import LlmParts
 
 if TYPE_CHECKING:
     from ..policy import TaskConfig
-    from ._parts import LlmParts
 
-__all__ = ["LLM_EXTRA_HINT", "ModelConfig", "TrainerConfig", "TrainerKind", "require_llm"]
+__all__ = ["ModelConfig", "TrainerConfig", "TrainerKind"]
 
 TrainerKind = Literal["numpy", "torch"]
-
-#: What to install for the torch trainer (the extra pins torch: an unpinned one may pull a
-#: multi-GB CUDA build).
-LLM_EXTRA_HINT: Final = "the [llm] extra: pip install 'rollout-recovery[llm]'"
-
-_LLM_MODULES: Final = ("torch", "transformers", "safetensors")
 
 
 class TrainerConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,9 +64,6 @@ class TrainerConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         ``task``'s emit-token prompts, from which its backends are built
         (``_parts.LlmParts.build``); a ``ConfigError`` naming the ``[llm]`` extra when it
         is missing."""
-        # _parts imports this module (the sections it reads): imported here, not at the top.
-        from ._parts import LlmParts
-
         return LlmParts.build(self, model, task, seed=seed)
 
 
@@ -102,9 +92,6 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
 
     def directory(self) -> Path:
         """Where ``source`` is (or will be, once the job prepared it)."""
-        # _model_source imports this module (the section it reads): imported here.
-        from ._model_source import model_directory
-
         return model_directory(self)
 
     def resolved(
@@ -112,25 +99,4 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     ) -> ModelConfig:
         """This section with ``digest`` taken from the model's files (built or converted
         first when missing); the refusals are ``_model_source.resolve_model``'s."""
-        from ._model_source import resolve_model
-
         return resolve_model(self, target_token=target_token, log=log)
-
-
-def require_llm(path: str = "$.trainer.kind") -> None:
-    """A :class:`ConfigError` at ``path`` naming the ``[llm]`` extra when torch,
-    transformers or safetensors is missing (looked up, not imported)."""
-    missing = [name for name in _LLM_MODULES if _missing(name)]
-    if missing:
-        raise ConfigError(
-            f"the torch trainer needs {', '.join(missing)}: install {LLM_EXTRA_HINT}",
-            path=path,
-        )
-
-
-def _missing(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):
-        # A module set to None in sys.modules (how tests hide one) raises ValueError.
-        return True

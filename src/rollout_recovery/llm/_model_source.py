@@ -20,13 +20,16 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from ..errors import ConfigError, InvalidOperationError
-from ._config import ModelConfig, require_llm
+from ._extra import require_llm
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
+
+if TYPE_CHECKING:  # the section builds with this module: its type, for the type checker
+    from ._config import ModelConfig
 
 __all__ = [
     "SMOLLM2_SOURCE",

@@ -3,7 +3,9 @@
 package.
 
 Nothing here imports torch at module level: a default install imports this package, and
-``LlmParts.build`` refuses a missing ``[llm]`` extra with a ``ConfigError`` naming it.
+``LlmParts.build`` refuses a missing ``[llm]`` extra with a ``ConfigError`` naming it. The
+sections build their parts, so ``_config`` imports this module; the sections' types are
+named here for the type checker only.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, RolloutRecoveryError
 from ..policy import TaskConfig
-from ._config import ModelConfig, TrainerConfig, require_llm
 from ._emit_task import EmitTokenEpisodes, EmitTokenTask
+from ._extra import require_llm
 from ._model_source import prepare_model
 
 if TYPE_CHECKING:  # torch is imported only when a torch job is built
     from ._backend import TransformersBackend
+    from ._config import ModelConfig, TrainerConfig
     from ._trainer import TorchGRPOTrainer
 
 __all__ = ["LlmParts"]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Final, Literal
+from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
 from .._settings import Section
 from ..errors import ConfigError
 from ._extras import EXTRAS, require
-
-if TYPE_CHECKING:
-    from ._fanout import MetricsFanout
+from ._fanout import MetricsFanout
+from ._open import open_metrics
 
 __all__ = ["SINK_NAMES", "MetricsConfig", "SinkName"]
 
@@ -63,7 +62,4 @@ class MetricsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     def open(self, run_dir: Path, *, resume_step: int) -> MetricsFanout:
         """Open every configured sink for ``run_dir``, training (re)starting at
         ``resume_step`` (see ``_open.open_metrics``)."""
-        # _open imports this module (the sinks' settings): imported here, not at the top.
-        from ._open import open_metrics
-
         return open_metrics(self, run_dir, resume_step=resume_step)

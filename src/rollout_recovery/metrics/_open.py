@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ._background import BackgroundSink
-from ._config import MetricsConfig, SinkName
 from ._fanout import MetricsFanout
 from ._keys import check_step
 from ._mlflow import MlflowSink
@@ -16,11 +16,14 @@ from ._protocol import MetricsSink
 from ._tensorboard import TensorBoardSink
 from ._wandb import WandbSink
 
+if TYPE_CHECKING:  # [metrics] opens its sinks here: its types, for the type checker
+    from ._config import MetricsConfig, SinkName
+
 __all__ = ["open_metrics"]
 
 _log = logging.getLogger("rollout_recovery.metrics")
 
-_Opener = Callable[[Path, int, MetricsConfig, str], MetricsSink]
+_Opener = Callable[[Path, int, "MetricsConfig", str], MetricsSink]
 
 # "jsonl" is DIR/metrics.jsonl, which the run's trail always writes (one line per step,
 # cut back with the rest of a checkpoint's files on a restore): nothing to open here.

@@ -7,8 +7,9 @@ the run's settings; :meth:`CaptureRewardSettings.group_metrics` records per-grou
 ``aggregate_capture_reward_metrics`` pools exactly.
 """
 
+from ._checks import RewardChecks
 from ._final_reward import CaptureRewardOutcome
-from ._records import FinalizedReward, RewardChecks, RewardLogContext, parse_reward_log_context
+from ._records import FinalizedReward, RewardLogContext, parse_reward_log_context
 from ._settings import CaptureRewardSettings
 
 __all__ = [

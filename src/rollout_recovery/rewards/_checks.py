@@ -8,19 +8,58 @@ text checks run here and their boolean results travel as :class:`RewardChecks`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidStateError
-from ._records import RewardChecks
-from ._settings import EffortRewardSettings
+
+if TYPE_CHECKING:  # the settings carry these checks' record: their type, for the checker
+    from ._settings import EffortRewardSettings
 
 __all__ = [
+    "RewardChecks",
     "compute_reward_checks",
     "has_duplicated_reasoning",
     "has_empty_final_answer",
     "is_low_effort",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class RewardChecks:
+    """Text-derived checks computed at seal time, when the agent's output text still exists.
+
+    The final reward is computed later from verified tokens; these flags are the only part of
+    the text that survives, so they are persisted with the sealed attempt.
+    """
+
+    duplicated_reasoning: bool
+    empty_final_answer: bool
+    low_effort: bool
+
+    @classmethod
+    def from_result(
+        cls,
+        result: Mapping[str, Any],
+        row: Mapping[str, Any],
+        *,
+        effort: EffortRewardSettings | None = None,
+    ) -> RewardChecks:
+        """Run all seal-time checks on one agent result and its input row
+        (:func:`compute_reward_checks`); ``effort`` is the run's active shaping settings,
+        or None when shaping is off."""
+        return compute_reward_checks(result, row, effort=effort)
+
+    def __post_init__(self) -> None:
+        # ``type(...) is bool`` on purpose: 0/1 would silently pass an isinstance check.
+        for name in ("duplicated_reasoning", "empty_final_answer", "low_effort"):
+            if type(getattr(self, name)) is not bool:
+                raise InvalidStateError(
+                    f"reward checks must be booleans; {name}={getattr(self, name)!r} "
+                    f"is {type(getattr(self, name)).__name__}",
+                    path=f"$.{name}",
+                )
 
 
 def has_duplicated_reasoning(output_items: Sequence[Any]) -> bool:

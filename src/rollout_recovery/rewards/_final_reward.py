@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InvalidStateError
-from ._records import RewardChecks
-from ._settings import (
-    CAPTURE_PENALTIES,
-    CaptureOptionalPenalty,
-    CaptureRewardSettings,
-    EffortRewardSettings,
-)
+from ._checks import RewardChecks
+from ._penalties import CAPTURE_PENALTIES, CaptureOptionalPenalty
+
+if TYPE_CHECKING:  # the settings apply this reward: their types, for the type checker
+    from ._settings import CaptureRewardSettings, EffortRewardSettings
 
 __all__ = [
     "CaptureRewardOutcome",

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ..errors import InvalidStateError
 from ._final_reward import (
@@ -24,8 +24,11 @@ from ._final_reward import (
     SHAPED_REWARD_SUM,
     CaptureRewardOutcome,
 )
+from ._penalties import CAPTURE_PENALTIES
 from ._records import FinalizedReward
-from ._settings import CAPTURE_PENALTIES, CaptureRewardSettings
+
+if TYPE_CHECKING:  # the settings compute these metrics: their type, for the type checker
+    from ._settings import CaptureRewardSettings
 
 __all__ = [
     "MetricValue",

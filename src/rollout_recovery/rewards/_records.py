@@ -1,72 +1,28 @@
 """Reward records that travel with a sealed attempt and a finalized row.
 
-These are the small, frozen values the ledger persists per sealed attempt (``RewardChecks``,
-``RewardLogContext``) and the sidecar persists per finalized canonical row
-(``FinalizedReward``). They validate on construction so an invalid value can never reach a
-checkpoint.
+These are the small, frozen values the ledger persists per sealed attempt
+(``RewardLogContext``; ``RewardChecks`` lives with its checks, ``_checks.py``) and the
+sidecar persists per finalized canonical row (``FinalizedReward``). They validate on
+construction so an invalid value can never reach a checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._checks import is_utf8_text
 from ..errors import InvalidStateError
 
-if TYPE_CHECKING:
-    from ._settings import EffortRewardSettings
-
 __all__ = [
     "FinalizedReward",
-    "RewardChecks",
     "RewardLogContext",
     "parse_reward_log_context",
 ]
 
 _REWARD_LOG_CONTEXT_FIELDS = frozenset({"agent_name", "full_result_json"})
 _FINALIZED_REWARD_FIELDS = frozenset({"sample_id", "rollout_id", "reward", "log_context"})
-
-
-@dataclass(frozen=True, slots=True)
-class RewardChecks:
-    """Text-derived checks computed at seal time, when the agent's output text still exists.
-
-    The final reward is computed later from verified tokens; these flags are the only part of
-    the text that survives, so they are persisted with the sealed attempt.
-    """
-
-    duplicated_reasoning: bool
-    empty_final_answer: bool
-    low_effort: bool
-
-    @classmethod
-    def from_result(
-        cls,
-        result: Mapping[str, Any],
-        row: Mapping[str, Any],
-        *,
-        effort: EffortRewardSettings | None = None,
-    ) -> RewardChecks:
-        """Run all seal-time checks on one agent result and its input row
-        (``_checks.compute_reward_checks``); ``effort`` is the run's active shaping
-        settings, or None when shaping is off."""
-        # Imported here: the checks build on this module.
-        from ._checks import compute_reward_checks
-
-        return compute_reward_checks(result, row, effort=effort)
-
-    def __post_init__(self) -> None:
-        # ``type(...) is bool`` on purpose: 0/1 would silently pass an isinstance check.
-        for name in ("duplicated_reasoning", "empty_final_answer", "low_effort"):
-            if type(getattr(self, name)) is not bool:
-                raise InvalidStateError(
-                    f"reward checks must be booleans; {name}={getattr(self, name)!r} "
-                    f"is {type(getattr(self, name)).__name__}",
-                    path=f"$.{name}",
-                )
 
 
 @dataclass(frozen=True, slots=True)

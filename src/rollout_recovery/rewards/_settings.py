@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final
 
 from ..errors import InvalidStateError
-from ._records import RewardChecks, describe_keys
-
-if TYPE_CHECKING:
-    from ._final_reward import CaptureRewardOutcome, LinkSpan
+from ._checks import RewardChecks
+from ._final_reward import CaptureRewardOutcome, LinkSpan, finalize_capture_reward
+from ._metrics import group_reward_metrics
+from ._penalties import CAPTURE_PENALTIES, CaptureOptionalPenalty, CapturePenalty
+from ._records import describe_keys
 
 __all__ = [
     "CAPTURE_PENALTIES",
@@ -31,37 +32,6 @@ __all__ = [
     "EffortRewardSettings",
     "effort_shaping_enabled",
 ]
-
-CaptureOptionalPenalty = Literal["duplicated_reasoning", "empty_final_answer", "unwanted_token"]
-
-
-@dataclass(frozen=True, slots=True)
-class CapturePenalty:
-    """One supported penalty: its count name, config flag, legacy metric name and input kind.
-
-    ``kind == "text"`` penalties are decided at seal time from :class:`RewardChecks`;
-    ``kind == "token"`` penalties are decided at finalization from verified tokens.
-    """
-
-    name: CaptureOptionalPenalty
-    flag: str
-    metric: str
-    kind: Literal["text", "token"]
-
-
-# Order matters: it is the order of ``enabled_penalties`` and of persisted flags.
-CAPTURE_PENALTIES: Final[tuple[CapturePenalty, ...]] = (
-    CapturePenalty(
-        "duplicated_reasoning",
-        "penalize_duplicated_reasoning",
-        "reasoning_equal_to_final_answer_rate",
-        "text",
-    ),
-    CapturePenalty(
-        "empty_final_answer", "penalize_empty_final_answer", "empty_final_answer_rate", "text"
-    ),
-    CapturePenalty("unwanted_token", "penalize_unwanted_tokens", "unwanted_token_rate", "token"),
-)
 
 _PENALTY_FLAGS: Final = tuple(penalty.flag for penalty in CAPTURE_PENALTIES)
 _UNWANTED_FLAG: Final = "penalize_unwanted_tokens"
@@ -219,9 +189,6 @@ class CaptureRewardSettings:
     ) -> CaptureRewardOutcome:
         """Shape, then penalize, under these settings: the final reward of one verified row
         (``_final_reward.finalize_capture_reward``)."""
-        # Imported here: the reward code builds on this module.
-        from ._final_reward import finalize_capture_reward
-
         return finalize_capture_reward(
             reward, settings=self, checks=checks, token_ids=token_ids, link_spans=link_spans
         )
@@ -229,9 +196,6 @@ class CaptureRewardSettings:
     def group_metrics(self, outcomes: Sequence[CaptureRewardOutcome]) -> dict[str, float]:
         """One group's reward statistics under these settings (``_metrics``), from its valid
         rows' outcomes."""
-        # Imported here: the metrics code builds on this module.
-        from ._metrics import group_reward_metrics
-
         return group_reward_metrics(outcomes, settings=self)
 
     @classmethod

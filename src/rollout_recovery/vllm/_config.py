@@ -14,7 +14,7 @@ logprobs); the rest may change when a run resumes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from .._settings import (
     OPERATIONAL,
@@ -25,10 +25,8 @@ from .._settings import (
 )
 from ..errors import ConfigError
 from ..rollout import HttpConfig
+from ._fleet import VllmFleet
 from ._sync import VllmWeightSync
-
-if TYPE_CHECKING:
-    from ._fleet import VllmFleet
 
 __all__ = ["VllmConfig", "VllmDtype", "check_launch_paths", "check_vllm_config"]
 
@@ -88,9 +86,6 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     ) -> VllmFleet:
         """The ``launch`` servers of this section, started on enter and stopped on exit
         (see ``_fleet.VllmFleet``)."""
-        # _fleet imports this module (the section it launches from): imported here.
-        from ._fleet import VllmFleet
-
         return VllmFleet(
             servers_dir, servers_file, self, served_model_name=served_model_name, api_key=api_key
         )

@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import msgspec
@@ -34,7 +35,9 @@ from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
 from .._outcomes import FailureReason
 from ..errors import GenerationError
-from ._config import VllmConfig
+
+if TYPE_CHECKING:  # [vllm] builds its fleet here: the section's type, for the type checker
+    from ._config import VllmConfig
 
 __all__ = [
     "EXTENSION_CLASS",
