@@ -19,12 +19,11 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter
-from rollout_recovery.cluster._pool import (
-    _across_the_boundary,
-)
+from rollout_recovery.cluster._pool import RayGenerationBackend, _across_the_boundary
+from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import GenerationError
-from rollout_recovery.policy import PolicySnapshot
+from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 
 WAIT_S = 30.0
@@ -121,3 +120,32 @@ def test_the_actors_death_is_actor_died_but_a_shards_death_inside_it_is_not() ->
     assert isinstance(shard, RayActorError)
     outcome = _across_the_boundary(REQUEST, "actor-7", shard)
     assert isinstance(outcome, AttemptFailure) and outcome.reason is FailureReason.ACTOR_ERROR
+
+
+def test_no_actor_wait_s_is_set_from_the_config() -> None:
+    """Issue 25: ``[ray] no_actor_wait_s`` could not be set (a mirror settings class had
+    the knob, the config had not); the pool now reads its own section."""
+    config = config_from_builtins(
+        {"generation": {"backend": "ray"}, "ray": {"no_actor_wait_s": 7.0}}
+    )
+    weights = NumpyGRPOTrainer(seed=0).weights()
+    backend = RayGenerationBackend(
+        config.ray,
+        spec=None,  # type: ignore[arg-type]  # no actor is ever created here
+        plane=None,  # type: ignore[arg-type]
+        initial_weights=weights,
+    )
+    backend._started = True  # no actor at all: every attempt waits for one
+
+    async def main() -> tuple[AttemptResult | AttemptFailure, float]:
+        started = asyncio.get_running_loop().time()
+        outcome = await backend.run_attempt(REQUEST, CaptureWriter(MemoryDataPlane()))
+        return outcome, asyncio.get_running_loop().time() - started
+
+    loop = VirtualClockLoop(autojump=True)
+    try:
+        outcome, waited = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert isinstance(outcome, AttemptFailure) and outcome.reason is FailureReason.NO_LIVE_ACTOR
+    assert waited == pytest.approx(7.0, abs=0.5)

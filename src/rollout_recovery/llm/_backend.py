@@ -73,12 +73,6 @@ class TransformersBackend(AsyncResource):
         temperature: float = 1.0,
         stage_in_thread: bool = True,
     ) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InvalidArgumentError(f"seed must be a non-negative int, got {seed!r}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidArgumentError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        if not temperature > 0:
-            raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
         self._skeleton = skeleton
         self._task = task
         self._episodes = EmitTokenEpisodes(task, max_tokens=max_tokens)
