@@ -9,6 +9,7 @@ instead of retrying the sibling.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -33,23 +34,35 @@ REQUEST = AttemptRequest(
 )
 
 
-def test_no_actor_with_the_current_weights_is_a_no_live_actor_failure() -> None:
-    backend, weights = pool_without_ray(no_actor_wait_s=WAIT_S)
-    backend._started = True  # the one actor below is the whole pool
+def _timed_attempt(
+    backend: RayGenerationBackend, before: Callable[[], None] = lambda: None
+) -> tuple[AttemptResult | AttemptFailure, float]:
+    """One attempt on a virtual clock (``before`` runs on the loop first): its outcome and
+    how long it took."""
 
     async def main() -> tuple[AttemptResult | AttemptFailure, float]:
-        add_actor(backend, "a0", version=0)
-        # New weights whose push never lands: the only actor keeps version 0.
-        backend.update_weights(1, PolicySnapshot(1, dict(weights.params)))
+        before()
         started = asyncio.get_running_loop().time()
         outcome = await backend.run_attempt(REQUEST, CaptureWriter(MemoryDataPlane()))
         return outcome, asyncio.get_running_loop().time() - started
 
     loop = VirtualClockLoop(autojump=True)
     try:
-        outcome, waited = loop.run_until_complete(main())
+        return loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+def test_no_actor_with_the_current_weights_is_a_no_live_actor_failure() -> None:
+    backend, weights = pool_without_ray(no_actor_wait_s=WAIT_S)
+    backend._started = True  # the one actor below is the whole pool
+
+    def one_stale_actor() -> None:
+        add_actor(backend, "a0", version=0)
+        # New weights whose push never lands: the only actor keeps version 0.
+        backend.update_weights(1, PolicySnapshot(1, dict(weights.params)))
+
+    outcome, waited = _timed_attempt(backend, one_stale_actor)
     assert isinstance(outcome, AttemptFailure), outcome
     assert outcome.reason is FailureReason.NO_LIVE_ACTOR
     assert outcome.reason.is_infra() and outcome.reason.is_retryable()
@@ -136,16 +149,6 @@ def test_no_actor_wait_s_is_set_from_the_config() -> None:
         initial_weights=weights,
     )
     backend._started = True  # no actor at all: every attempt waits for one
-
-    async def main() -> tuple[AttemptResult | AttemptFailure, float]:
-        started = asyncio.get_running_loop().time()
-        outcome = await backend.run_attempt(REQUEST, CaptureWriter(MemoryDataPlane()))
-        return outcome, asyncio.get_running_loop().time() - started
-
-    loop = VirtualClockLoop(autojump=True)
-    try:
-        outcome, waited = loop.run_until_complete(main())
-    finally:
-        loop.close()
+    outcome, waited = _timed_attempt(backend)
     assert isinstance(outcome, AttemptFailure) and outcome.reason is FailureReason.NO_LIVE_ACTOR
     assert waited == pytest.approx(7.0, abs=0.5)
