@@ -62,9 +62,10 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     """What the config names: the learner of its trainer and task, and the backend of
     ``[generation] backend`` (``BACKENDS``), on the servers of ``config.http.servers``
     (which :func:`run_job` fills in when it starts local ones)."""
-    entry = BACKENDS[config.generation.backend]
-    api_key = server_api_key(config) if entry.uses_servers(config) else None
-    learner, backend = entry.build(config, data_plane=data_plane, api_key=api_key)
+    api_key = server_api_key(config) if wants_servers(config) else None
+    learner, backend = BACKENDS[config.generation.backend].build(
+        config, data_plane=data_plane, api_key=api_key
+    )
     return JobComponents(dataset=learner.dataset, backend=backend, trainer=learner.trainer)
 
 

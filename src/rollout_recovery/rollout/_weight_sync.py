@@ -220,7 +220,7 @@ class NoWeightSync:
 
 # Every entry takes the numpy policy's snapshots (the version tag and no sync take any
 # weights); a trainer of other weights gets "version-tag" or "none" only, which
-# ``job.http_weight_sync`` checks where the config names one.
+# the registry's HTTP builder checks where the config names one (``control/_backends.py``).
 WEIGHT_SYNCS: dict[WeightSyncName, WeightSync[PolicySnapshot]] = {
     "policy": PolicyWeightSync(),
     "version-tag": VersionTagSync(),

@@ -133,7 +133,7 @@ class VllmWeightSync:
         """Refuse weights this sync cannot write, or of another version than announced.
 
         Takes any object: the job calls it where the config, not the types, chose this
-        sync for a trainer (``job.http_weight_sync``)."""
+        sync for a trainer (the registry's HTTP builder, ``control/_backends.py``)."""
         found = getattr(weights, "version", None)
         if not callable(getattr(weights, "safetensors_bytes", None)) or not isinstance(found, int):
             raise InvalidArgumentTypeError(
