@@ -54,10 +54,10 @@ class FileTrainer(NumpyGRPOTrainer):
 @pytest.fixture
 def file_trainer(monkeypatch: pytest.MonkeyPatch) -> type[FileTrainer]:
     """The default components build a :class:`FileTrainer` instead of the numpy one."""
-    import rollout_recovery.job._components as components
+    import rollout_recovery.control._backends as backends
 
     FileTrainer.loaded = []
-    monkeypatch.setattr(components, "NumpyGRPOTrainer", FileTrainer)
+    monkeypatch.setattr(backends, "NumpyGRPOTrainer", FileTrainer)
     return FileTrainer
 
 
@@ -99,9 +99,9 @@ def test_a_checkpoint_of_file_state_is_refused_by_a_trainer_without_files(
     out = tmp_path / "run"
     config = fast_config({"job": {"steps": 2}})
     run_job(out, config)
-    import rollout_recovery.job._components as components
+    import rollout_recovery.control._backends as backends
 
-    monkeypatch.setattr(components, "NumpyGRPOTrainer", NumpyGRPOTrainer)
+    monkeypatch.setattr(backends, "NumpyGRPOTrainer", NumpyGRPOTrainer)
     with pytest.raises(RunNotResumableError, match="NumpyGRPOTrainer"):
         run_job(out, _with_steps(config, 4))
 
