@@ -133,7 +133,6 @@ from hypothesis.stateful import (
 )
 
 import rollout_recovery.control._checkpointing as checkpointing
-import rollout_recovery.control._controller as controller_module
 from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
 from rollout_recovery.control._checkpointing import (
@@ -147,6 +146,7 @@ from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
 from rollout_recovery.control._replay import JournalReplay
 from rollout_recovery.control._sampler import dataset_position_to_idx
+from rollout_recovery.control._transitions import Transitions
 from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex, Row
 from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import GenerationError, RolloutRecoveryError, StepShortfallError
@@ -1181,17 +1181,17 @@ def _skip_prepare_for_restart(patch: pytest.MonkeyPatch) -> None:
 
 
 def _abandon_without_stamp(patch: pytest.MonkeyPatch) -> None:
+    # The record is journaled and counted, but its transition never reaches the ledger.
     async def abandon(self: Controller, group_id: str, failures: list[AttemptFailure]) -> None:
         async with self.barrier.mutation("recovery_retries"):
-            self.record(
-                AttemptsAbandoned(
-                    group_id=group_id,
-                    attempts=[
-                        AbandonedAttempt(f.generation_index, f.rollout_id, f.reason)
-                        for f in failures
-                    ],
-                )
+            record = AttemptsAbandoned(
+                group_id=group_id,
+                attempts=[
+                    AbandonedAttempt(f.generation_index, f.rollout_id, f.reason) for f in failures
+                ],
             )
+            self.state.apply(record)
+            self.history.append(record)
 
     patch.setattr(Controller, "_abandon", abandon)
 
@@ -1242,7 +1242,7 @@ def _restore_keeps_unowned_canonical(patch: pytest.MonkeyPatch) -> None:
 
 
 def _publish_keeps_staging(patch: pytest.MonkeyPatch) -> None:
-    real = controller_module.publish_finalized_group
+    real = Transitions._apply_group_published
 
     class KeepStaging:
         def __init__(self, inner: Any) -> None:
@@ -1255,10 +1255,15 @@ def _publish_keeps_staging(patch: pytest.MonkeyPatch) -> None:
             if partition != CaptureWriter.staging_partition:
                 self.inner.clear(partition, keys, cut=cut)
 
-    def publish(ledger: Any, cut: Any, *, data_plane: Any, **kwargs: Any) -> Any:
-        return real(ledger, cut, data_plane=KeepStaging(data_plane), **kwargs)
+    def publish(self: Transitions, *args: Any) -> None:
+        rows = self.rows
+        self.rows = KeepStaging(rows)  # type: ignore[assignment]
+        try:
+            real(self, *args)
+        finally:
+            self.rows = rows
 
-    patch.setattr(controller_module, "publish_finalized_group", publish)
+    patch.setattr(Transitions, "_apply_group_published", publish)
 
 
 def _restore_without_restart_stamp(patch: pytest.MonkeyPatch) -> None:
@@ -1266,14 +1271,13 @@ def _restore_without_restart_stamp(patch: pytest.MonkeyPatch) -> None:
 
 
 def _replay_drops_seals(patch: pytest.MonkeyPatch) -> None:
-    real = JournalReplay._transition
+    real = JournalReplay._apply
 
-    def transition(self: JournalReplay, cut: Any, entry: JournalEntry, *args: Any) -> bool:
-        if isinstance(entry.record, SiblingSealed):
-            return False
-        return bool(real(self, cut, entry, *args))
+    def apply(self: JournalReplay, cut: Any, entry: JournalEntry, **kwargs: Any) -> None:
+        if not isinstance(entry.record, SiblingSealed):
+            real(self, cut, entry, **kwargs)
 
-    patch.setattr(JournalReplay, "_transition", transition)
+    patch.setattr(JournalReplay, "_apply", apply)
 
 
 def _versions_reused_after_restore(patch: pytest.MonkeyPatch) -> None:
@@ -1298,16 +1302,13 @@ def _dispatch_ignores_lost_calls(patch: pytest.MonkeyPatch) -> None:
 
 
 def _replay_keeps_training(patch: pytest.MonkeyPatch) -> None:
-    real = JournalReplay._transition
+    # Only a replay ever passes rolled_back=True: the live run never rolls back.
+    real = Transitions.apply
 
-    def transition(self: JournalReplay, cut: Any, entry: JournalEntry, *args: Any) -> bool:
-        if isinstance(entry.record, StepTrained):
-            self.replay.claim(cut, entry.record.step, entry.record.group_ids)
-            self.replay.clear(cut, entry.record.group_ids)
-            return False
-        return bool(real(self, cut, entry, *args))
+    def apply(self: Transitions, cut: Any, record: Any, **kwargs: Any) -> None:
+        real(self, cut, record, **{**kwargs, "rolled_back": False})
 
-    patch.setattr(JournalReplay, "_transition", transition)
+    patch.setattr(Transitions, "apply", apply)
 
 
 PLANTED: dict[str, Callable[[pytest.MonkeyPatch], None]] = {

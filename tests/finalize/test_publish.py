@@ -1,4 +1,6 @@
-"""publish_finalized_group: the ledger -> replay index hand-off inside one group_commits cut."""
+"""publish_finalized_group: the ledger -> replay index hand-off inside one group_commits cut,
+as the controller's ``group_published`` transition runs it: ``finalize_group`` reads, then
+the hand-off puts the finalized rows (a replay runs it from the record, without rows)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from rollout_recovery.errors import (
     InvalidTransitionError,
     UnknownGroupError,
 )
-from rollout_recovery.finalize import publish_finalized_group
+from rollout_recovery.finalize import finalize_group, publish_finalized_group
 from rollout_recovery.finalize._result import FinalizedGroup
 from rollout_recovery.ledger import MutationCut, PromptGroupStatus, RolloutRecoveryLedger
 from rollout_recovery.rewards import CaptureRewardSettings
@@ -102,9 +104,12 @@ def publish(
     cut: Any = CUT,
     group_id: str = "grp",
 ) -> FinalizedGroup:
-    return publish_finalized_group(
-        ledger, cut, data_plane=plane, replay_index=index, group_id=group_id, settings=PLAIN
+    """As the controller publishes: finalize (reads only), then hand over its rows."""
+    finalized = finalize_group(group=ledger.get_group(group_id), data_plane=plane, settings=PLAIN)
+    publish_finalized_group(
+        ledger, cut, finalized, replay_index=index, data_plane=plane, rows=finalized.rows_by_key
     )
+    return finalized
 
 
 def snapshot(ledger: RolloutRecoveryLedger, plane: FaultyPlane, index: ReplayIndex) -> Any:
@@ -167,10 +172,10 @@ def test_publish_uses_an_existing_replay_slot(
 @pytest.mark.parametrize(
     ("setup", "error", "match"),
     [
-        ("generating", InvalidTransitionError, "cannot publish group 'grp' from 'generating'"),
+        ("generating", InvalidTransitionError, "cannot finalize group 'grp' from 'generating'"),
         ("unknown_group", UnknownGroupError, "unknown recovery group_id='grp'"),
-        ("no_target_step", InvalidTransitionError, "'grp': it has no target_step"),
-        ("wrong_size", InvalidTransitionError, "index takes groups of 3"),
+        ("no_target_step", InvalidTransitionError, r"'grp' for step None: .*never admitted"),
+        ("wrong_size", InvalidTransitionError, "commits 2 row keys, expected exactly 3"),
         ("already_committed", InvalidTransitionError, "already committed"),
         ("dead_cut", DeadCutError, "no longer active"),
         ("read_fault", Boom, "injected get failure"),

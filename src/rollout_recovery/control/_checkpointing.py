@@ -655,7 +655,8 @@ async def restore_controller(
                 calls_resumable=report.calls_resumable,
                 tokens_resumable=report.tokens_resumable,
                 resume_refused=list(report.resume_refused),
-            )
+            ),
+            cut=cut,
         )
         for group_id, entries in interrupted.items():
             whole_group = (
@@ -669,7 +670,8 @@ async def restore_controller(
                         for index, rollout_id in entries
                     ],
                     whole_group=whole_group,
-                )
+                ),
+                cut=cut,
             )
     await controller.history.flush()
     controller.backend.update_weights(

@@ -45,6 +45,7 @@ from ..dataplane import (
     DataPlane,
     DataPlaneCheckpointBarrier,
     ReplayIndex,
+    Row,
 )
 from ..errors import (
     GenerationError,
@@ -53,7 +54,7 @@ from ..errors import (
     NoValidRowsError,
     StepShortfallError,
 )
-from ..finalize import CanonicalRowMeta, grpo_advantages, publish_finalized_group
+from ..finalize import CanonicalRowMeta, finalize_group, grpo_advantages
 from ..history import AuditTrail
 from ..history.records import (
     AbandonedAttempt,
@@ -75,13 +76,13 @@ from ..history.records import (
     TrainedRow,
 )
 from ..ledger import (
+    MutationCut,
     PromptGroupPhase,
     PromptGroupRecoveryRecord,
     PromptGroupStatus,
     RecoveryGranularity,
     RolloutAttemptStatus,
     RolloutRecoveryLedger,
-    SiblingSealResult,
 )
 from ..policy import Trainer, TrainSample
 from ..rewards import CaptureRewardSettings
@@ -96,11 +97,11 @@ from ..rollout import (
 )
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
-from ._replay import admission_id_of
 from ._resume import choose_prefixes, resumed_record, version_filter
 from ._sampler import dataset_position_to_idx
 from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
+from ._transitions import OUTSIDE_ANY_CUT, Transitions, admission_id_of, fresh_rollout_id
 
 T = TypeVar("T")
 Weights = TypeVar("Weights")
@@ -252,17 +253,44 @@ class Controller(Generic[Weights]):
 
     # ------------------------------------------------------------------ history
 
-    def record(self, record: HistoryRecord) -> None:
-        """Append ``record`` to the journal and fold it into the state (always both: a
-        replay of the journal then arrives at the same state)."""
-        self.history.append(record)
-        self.state.apply(record)
+    @property
+    def transitions(self) -> Transitions:
+        """The one transition of every record, over this controller's ledger, replay
+        index, store and state (the same code a journal replay runs)."""
+        return Transitions(
+            ledger=self.ledger, replay=self.replay, state=self.state, rows=self.data_plane
+        )
 
-    def record_all(self, records: Sequence[HistoryRecord]) -> None:
-        """``record`` for one cut's records, written at once: a kill keeps all or none."""
+    def record(
+        self,
+        record: HistoryRecord,
+        *,
+        cut: MutationCut = OUTSIDE_ANY_CUT,
+        canonical_rows: Mapping[str, Row] | None = None,
+    ) -> None:
+        """Apply ``record`` (its one transition: ledger, replay index, rows, state), then
+        append it to the journal: a record whose transition refuses is never journaled,
+        and a replay of the journal arrives at the same state. ``cut`` is the barrier
+        section the record describes (required for a record that changes the ledger);
+        ``canonical_rows`` the rows a ``group_published`` puts."""
+        self.transitions.apply(cut, record, canonical_rows=canonical_rows)
+        self.history.append(record)
+
+    def record_all(
+        self,
+        records: Sequence[HistoryRecord],
+        *,
+        cut: MutationCut,
+        prompts: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> None:
+        """``record`` for one cut's records, appended in one write once all applied: a
+        kill keeps all or none. ``prompts[i]`` is the dataset's prompt of a
+        ``prompt_taken`` ``records[i]``."""
+        transitions = self.transitions
+        given = [None] * len(records) if prompts is None else prompts
+        for record, prompt in zip(records, given, strict=True):
+            transitions.apply(cut, record, prompt=prompt)
         self.history.append_all(records)
-        for record in records:
-            self.state.apply(record)
 
     # ------------------------------------------------------------------ running
 
@@ -369,48 +397,37 @@ class Controller(Generic[Weights]):
     async def _reserve_batch(self, batch: int) -> list[str]:
         job = self.config.job
         state = self.state
-        taken: list[HistoryRecord] = []
+        taken: list[PromptTaken] = []
+        prompts: list[Mapping[str, Any] | None] = []
         async with self.barrier.mutation("prompt_reservations") as cut:
             for position in range(state.prompts_taken, state.prompts_taken + self._batch_size):
                 idx = dataset_position_to_idx(position, size=len(self.dataset), seed=job.seed)
                 prompt = self.dataset[idx]
                 group_id = f"g{position:07d}"
-                granularity = (
-                    RecoveryGranularity.PROMPT_GROUP
-                    if prompt.get("task_source") == "atomic"
-                    else RecoveryGranularity.SIBLING
-                )
-                record = self.ledger.reserve_group(
-                    cut,
-                    prompt_id=str(idx),
-                    prompt_payload=prompt,
-                    expected_generations=job.generations_per_prompt,
-                    target_step=None,
-                    start_weight_version=state.weight_version,
-                    task_source=prompt.get("task_source"),
-                    recovery_granularity=granularity,
-                    admitted=False,
-                    group_id=group_id,
-                    admission_id=admission_id_of(batch),
-                )
                 taken.append(
                     PromptTaken(
                         group_id=group_id,
                         prompt_idx=idx,
                         position=position,
                         batch=batch,
-                        task_name=record.prompt_ref.task_name,
-                        task_source=record.task_source,
-                        granularity=granularity,
+                        task_name=prompt.get("task_name"),
+                        task_source=prompt.get("task_source"),
+                        granularity=(
+                            RecoveryGranularity.PROMPT_GROUP
+                            if prompt.get("task_source") == "atomic"
+                            else RecoveryGranularity.SIBLING
+                        ),
                         weight_version=state.weight_version,
+                        # Minted here, so the record names the attempts it reserves.
                         attempts=[
-                            record.gate_rollout_id(i) for i in range(record.expected_generations)
+                            fresh_rollout_id(group_id, i) for i in range(job.generations_per_prompt)
                         ],
                     )
                 )
+                prompts.append(prompt)
             # The batch is one cut: the journal gets all of it or none of it.
-            self.record_all(taken)
-        return [record.group_id for record in taken if isinstance(record, PromptTaken)]
+            self.record_all(taken, cut=cut, prompts=prompts)
+        return [record.group_id for record in taken]
 
     async def _wait_for_window(self, batch: int) -> None:
         """Until generation for ``batch`` (its target step) is inside the staleness window."""
@@ -427,18 +444,14 @@ class Controller(Generic[Weights]):
         """Admit one batch (target step = batch) once it is inside the staleness window."""
         await self._wait_for_window(batch)
         async with self.barrier.mutation("prompt_reservations") as cut:
-            version = self.state.weight_version
-            for group_id in group_ids:
-                self.ledger.mark_group_admitted(
-                    cut, group_id, target_step=batch, start_weight_version=version
-                )
             self.record(
                 BatchAdmitted(
                     batch=batch,
                     group_ids=list(group_ids),
                     target_step=batch,
-                    weight_version=version,
-                )
+                    weight_version=self.state.weight_version,
+                ),
+                cut=cut,
             )
         for group_id in group_ids:
             self._launch(group_id)
@@ -468,22 +481,18 @@ class Controller(Generic[Weights]):
             )
             return False
         async with self.barrier.mutation("recovery_retries") as cut:
-            record = self.ledger.prepare_incomplete_retry(cut, group_id)
-            pending = [
-                s.generation_index
-                for s in record.siblings
-                if s.current_attempt.status is RolloutAttemptStatus.RESERVED
-            ]
-            self.ledger.mark_group_dispatched(cut, group_id, generation_indices=pending)
-            rounds = state.rounds_used.get(group_id, 0) + 1
+            dispatched = _next_round(self.ledger.get_group(group_id))
             self.record(
                 RoundStarted(
                     group_id=group_id,
-                    round=rounds,
-                    dispatched=[FreshAttempt(i, record.gate_rollout_id(i)) for i in pending],
+                    round=state.rounds_used.get(group_id, 0) + 1,
+                    dispatched=dispatched,
                     weight_version=state.weight_version,
-                )
+                ),
+                cut=cut,
             )
+            record = self.ledger.get_group(group_id)
+        pending = [attempt.generation_index for attempt in dispatched]
         failures = await self._generate(record, pending)
         if failures:
             await self._abandon(group_id, failures)
@@ -551,12 +560,13 @@ class Controller(Generic[Weights]):
         )
         if not choices:
             return {}
-        async with self.barrier.mutation("recovery_retries"):
+        async with self.barrier.mutation("recovery_retries") as cut:
             self.record_all(
                 [
                     resumed_record(record.group_id, i, record.gate_rollout_id(i), choice)
                     for i, choice in sorted(choices.items())
-                ]
+                ],
+                cut=cut,
             )
         return {i: c.prefix for i, c in choices.items() if c.prefix is not None}
 
@@ -598,48 +608,24 @@ class Controller(Generic[Weights]):
 
     async def _seal_sibling(self, group_id: str, index: int, result: AttemptResult) -> None:
         async with self.barrier.mutation("sibling_seals") as cut:
-            self.ledger.mark_sibling_sealed(
-                cut,
-                group_id,
-                generation_index=index,
-                gate_rollout_id=result.rollout_id,
-                receipt=result.receipt,
-                reward=result.reward,
-                mask_sample=result.mask_sample,
-                reward_checks=result.reward_checks,
-            )
-            self.record(SiblingSealed(group_id=group_id, seal=_seal_record(index, result)))
+            self.record(SiblingSealed(group_id=group_id, seal=_seal_record(index, result)), cut=cut)
         # Acknowledged only once durable: from here the seal survives any crash.
         await self.history.flush()
 
     async def _seal_cohort(self, group_id: str, results: Mapping[int, AttemptResult]) -> None:
         async with self.barrier.mutation("sibling_seals") as cut:
-            self.ledger.mark_group_sealed(
-                cut,
-                group_id,
-                {
-                    index: SiblingSealResult(
-                        gate_rollout_id=result.rollout_id,
-                        receipt=result.receipt,
-                        reward=result.reward,
-                        mask_sample=result.mask_sample,
-                        reward_checks=result.reward_checks,
-                    )
-                    for index, result in results.items()
-                },
-            )
             self.record(
                 GroupSealed(
                     group_id=group_id,
                     seals=[_seal_record(i, result) for i, result in sorted(results.items())],
-                )
+                ),
+                cut=cut,
             )
         await self.history.flush()
 
     async def _abandon(self, group_id: str, failures: Sequence[AttemptFailure]) -> None:
         async with self.barrier.mutation("recovery_retries") as cut:
             record = self.ledger.get_group(group_id)
-            self.ledger.abandon_unsealed(cut, group_id)
             whole_group = record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
             if whole_group:
                 # The whole cohort goes, the attempts that succeeded with it included.
@@ -655,7 +641,8 @@ class Controller(Generic[Weights]):
                     AbandonedAttempt(f.generation_index, f.rollout_id, f.reason) for f in failures
                 ]
             self.record(
-                AttemptsAbandoned(group_id=group_id, attempts=attempts, whole_group=whole_group)
+                AttemptsAbandoned(group_id=group_id, attempts=attempts, whole_group=whole_group),
+                cut=cut,
             )
 
     async def _drop(self, group_id: str, *, reason: DropReason, detail: str) -> None:
@@ -678,13 +665,6 @@ class Controller(Generic[Weights]):
                     required=self._min_groups_per_step,
                     per_step=self._batch_size,
                 )
-            owned = self.ledger.expected_staging_keys()
-            self.ledger.discard_group(cut, group_id)
-            self.data_plane.clear(
-                CaptureWriter.staging_partition,
-                sorted(owned - self.ledger.expected_staging_keys()),
-                cut=cut,
-            )
             self.record(
                 PromptDropped(
                     group_id=group_id,
@@ -692,7 +672,8 @@ class Controller(Generic[Weights]):
                     target_step=target,
                     reason=reason,
                     detail=detail,
-                )
+                ),
+                cut=cut,
             )
         if self.metrics is not None:
             self.metrics.log_marker(
@@ -705,28 +686,26 @@ class Controller(Generic[Weights]):
     async def _publish(self, group_id: str) -> None:
         assert self._signals is not None
         async with self.barrier.mutation("group_commits") as cut:
-            finalized = publish_finalized_group(
-                self.ledger,
-                cut,
+            # Reads only: verify, linearize and reward the sealed siblings.
+            finalized = finalize_group(
+                group=self.ledger.get_group(group_id),
                 data_plane=self.data_plane,
-                replay_index=self.replay,
-                group_id=group_id,
                 settings=self.settings,
             )
-            # The put is the only durable effect of a publish (the staging clear is
-            # deferred), so a kill here leaves the disk exactly as a kill between the put
-            # and the ledger discard would: canonical rows no checkpoint owns.
-            crash_point("finalize.after_put")
+            if finalized.target_step is None:  # admitted for a step before it generated
+                raise InvalidArgumentError(f"group {group_id!r} was published unadmitted")
             self.record(
                 GroupPublished(
                     group_id=group_id,
-                    target_step=_required(finalized.target_step, "target_step"),
+                    target_step=finalized.target_step,
                     row_keys=list(finalized.row_keys),
                     valid_rows=finalized.valid_row_count,
                     min_weight_version=finalized.min_weight_version,
                     max_weight_version=finalized.max_weight_version,
                     metrics=dict(finalized.metrics),
-                )
+                ),
+                cut=cut,
+                canonical_rows=finalized.rows_by_key,
             )
         await self._signals.notify()
 
@@ -834,7 +813,6 @@ class Controller(Generic[Weights]):
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None
         state = self.state
         async with self.barrier.mutation("sample_clears") as cut:
-            self.replay.clear(cut, group_ids)
             self.record(
                 StepTrained(
                     step=step,
@@ -843,14 +821,15 @@ class Controller(Generic[Weights]):
                     rows=trained,
                     valid_rows=len(samples),
                     mean_reward=mean_reward,
-                )
+                ),
+                cut=cut,
             )
             backend_metrics: dict[str, Any] = {}
             if isinstance(self.backend, BackendTelemetry):
                 # Server deaths, rejoins and redispatches since the last step.
                 for event in self.backend.drain_events():
                     kind = str(event.pop("event", "unknown"))
-                    self.record(BackendEvent(kind=kind, detail=event))
+                    self.record(BackendEvent(kind=kind, detail=event), cut=cut)
                 backend_metrics["backend"] = self.backend.telemetry()
             step_metrics = {
                 "step": step,
@@ -989,10 +968,19 @@ def _train(trainer: Trainer[Any], samples: Sequence[TrainSample], version: int) 
     return trainer.train_step(samples, version=version)
 
 
-def _required(value: int | None, name: str) -> int:
-    if value is None:  # publish_finalized_group refuses a group without one
-        raise InvalidArgumentError(f"a published group must have a {name}")
-    return value
+def _next_round(group: PromptGroupRecoveryRecord) -> list[FreshAttempt]:
+    """The attempts a new round of ``group`` dispatches: every unsealed sibling's, a
+    reserved one as it is, a lost one (abandoned or failed) renewed under a fresh id minted
+    here (the ledger refuses the round if these are not exactly its lost siblings)."""
+    attempts: list[FreshAttempt] = []
+    for sibling in group.siblings:
+        index = sibling.generation_index
+        status = sibling.current_attempt.status
+        if status is RolloutAttemptStatus.RESERVED:
+            attempts.append(FreshAttempt(index, group.gate_rollout_id(index)))
+        elif status.is_retryable():
+            attempts.append(FreshAttempt(index, fresh_rollout_id(group.group_id, index)))
+    return attempts
 
 
 def _seal_record(index: int, result: AttemptResult) -> Seal:

@@ -3,32 +3,22 @@
 The sidecar's schema is closed (NeMo-RL reads it), so what only the controller needs goes
 in ``controller_state.msgpack``: the training step, the dataloader cursor, the retry rounds
 each group used, the step shortfall, the weight versions, the run counters and the job's
-configuration. The controller holds exactly one :class:`ControllerState` and changes its
-fields as the run goes; a checkpoint encodes it whole. Decoding is strict, so a damaged or
-foreign file is refused with the field path at fault.
+configuration. The controller holds exactly one :class:`ControllerState`; it changes only
+by folding in the records the run journals (:meth:`ControllerState.apply`, called by each
+record's one transition, ``_transitions.py``); a checkpoint encodes it whole. Decoding is
+strict, so a damaged or foreign file is refused with the field path at fault.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, assert_never
 
 import msgspec
 
 from .._messages import split_validation_path
 from ..errors import InvalidStateError
-from ..history.records import (
-    AttemptsAbandoned,
-    CheckpointCommitted,
-    GroupPublished,
-    GroupSealed,
-    HistoryRecord,
-    PromptDropped,
-    PromptTaken,
-    Restored,
-    RoundStarted,
-    SiblingSealed,
-    StepTrained,
-)
+from ..history import records
 from ..rollout import FailureReason
 
 __all__ = [
@@ -120,60 +110,78 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             identity="",
         )
 
-    def apply(self, record: HistoryRecord, *, rolled_back: bool = False) -> None:
+    def apply(self, record: records.HistoryRecord, *, rolled_back: bool = False) -> None:
         """Fold one history record into the state: the one place the state changes.
 
-        The live controller calls it for each record it appends, a journal replay for
-        each record it reads, so both arrive at the same state. ``rolled_back`` marks a
-        training step a restore undoes (its policy was lost): only its version is kept,
-        so versions stay unique.
+        Called by the one transition of each record (``_transitions.Transitions.apply``),
+        which the live controller and a journal replay share, so both arrive at the same
+        state. ``rolled_back`` marks a training step a restore undoes (its policy was
+        lost): only its version is kept, so versions stay unique.
         """
         counters = self.counters
-        if isinstance(record, PromptTaken):
-            self.prompts_taken = record.position + 1
-            counters.prompts_taken += 1
-        elif isinstance(record, RoundStarted):
-            self.rounds_used[record.group_id] = record.round
-            counters.attempts += len(record.dispatched)
-        elif isinstance(record, SiblingSealed | GroupSealed):
-            seals = [record.seal] if isinstance(record, SiblingSealed) else record.seals
-            for seal in seals:
-                counters.tokens_generated += seal.tokens - seal.inherited_tokens
-                counters.calls_resumed += seal.inherited_calls
-                counters.tokens_resumed += seal.inherited_tokens
-        elif isinstance(record, AttemptsAbandoned):
-            # A restart's, a drain's or a closed backend's abandons are not failures of
-            # the work: no retry.
-            if any(a.reason not in _NOT_RETRIES for a in record.attempts):
-                counters.retries += 1
-            elif record.attempts and self.rounds_used.get(record.group_id, 0) > 0:
-                # A crash interrupted the group's round: not the prompt's failure, so the
-                # round goes back to its retry budget. Counted, every kill that lands
-                # while a group generates would cost it a round, and a few kills in a
-                # row would drop healthy prompts (and strand their step short).
-                self.rounds_used[record.group_id] -= 1
-        elif isinstance(record, PromptDropped):
-            self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1
-            self.rounds_used.pop(record.group_id, None)
-            counters.prompts_dropped += 1
-        elif isinstance(record, GroupPublished):
-            self.rounds_used.pop(record.group_id, None)
-        elif isinstance(record, StepTrained):
-            self.highest_weight_version = max(self.highest_weight_version, record.weight_version)
-            if not rolled_back:
-                self._train(record)
-        elif isinstance(record, CheckpointCommitted):
-            counters.checkpoints += 1
-            counters.longest_checkpoint_hold_us = max(
-                counters.longest_checkpoint_hold_us, record.hold_us
-            )
-            counters.longest_checkpoint_stall_us = max(
-                counters.longest_checkpoint_stall_us, record.stall_us
-            )
-        elif isinstance(record, Restored):
-            counters.siblings_reused += record.sealed_siblings_kept
+        match record:
+            case records.PromptTaken():
+                self.prompts_taken = record.position + 1
+                counters.prompts_taken += 1
+            case records.RoundStarted():
+                self.rounds_used[record.group_id] = record.round
+                counters.attempts += len(record.dispatched)
+            case records.SiblingSealed():
+                self._count_generated([record.seal])
+            case records.GroupSealed():
+                self._count_generated(record.seals)
+            case records.AttemptsAbandoned():
+                self._abandoned(record)
+            case records.PromptDropped():
+                self.shortfall[record.target_step] = self.shortfall.get(record.target_step, 0) + 1
+                self.rounds_used.pop(record.group_id, None)
+                counters.prompts_dropped += 1
+            case records.GroupPublished():
+                self.rounds_used.pop(record.group_id, None)
+            case records.StepTrained():
+                self.highest_weight_version = max(
+                    self.highest_weight_version, record.weight_version
+                )
+                if not rolled_back:
+                    self._train(record)
+            case records.CheckpointCommitted():
+                counters.checkpoints += 1
+                counters.longest_checkpoint_hold_us = max(
+                    counters.longest_checkpoint_hold_us, record.hold_us
+                )
+                counters.longest_checkpoint_stall_us = max(
+                    counters.longest_checkpoint_stall_us, record.stall_us
+                )
+            case records.Restored():
+                counters.siblings_reused += record.sealed_siblings_kept
+            case (
+                records.RunStarted()
+                | records.BatchAdmitted()
+                | records.AttemptResumed()
+                | records.BackendEvent()
+            ):
+                pass  # nothing the state keeps (the seal counts what a resume inherited)
+            case _:
+                assert_never(record)
 
-    def _train(self, record: StepTrained) -> None:
+    def _count_generated(self, seals: Sequence[records.Seal]) -> None:
+        counters = self.counters
+        for seal in seals:
+            counters.tokens_generated += seal.tokens - seal.inherited_tokens
+            counters.calls_resumed += seal.inherited_calls
+            counters.tokens_resumed += seal.inherited_tokens
+
+    def _abandoned(self, record: records.AttemptsAbandoned) -> None:
+        if any(a.reason not in _NOT_RETRIES for a in record.attempts):
+            self.counters.retries += 1
+        elif record.attempts and self.rounds_used.get(record.group_id, 0) > 0:
+            # A restart's, a drain's or a closed backend's abandons are not failures of
+            # the work: the round goes back to the group's retry budget. Counted, every
+            # kill that lands while a group generates would cost it a round, and a few
+            # kills in a row would drop healthy prompts (and strand their step short).
+            self.rounds_used[record.group_id] -= 1
+
+    def _train(self, record: records.StepTrained) -> None:
         counters = self.counters
         self.step = record.step + 1
         self.weight_version = record.weight_version

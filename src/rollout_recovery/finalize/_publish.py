@@ -1,13 +1,16 @@
 """Publish one finalized group inside the caller's ``group_commits`` cut (DESIGN §4 step 5).
 
-Order, all under the one cut the caller holds (synchronous, so the cut cannot die midway)::
+The hand-over of a group from the ledger to the replay index, written once: the live
+controller runs it with the canonical rows :func:`finalize_group` built, and a journal
+replay runs it again from the ``group_published`` record, without rows (a replay touches
+none; its data plane is a metadata-only stand-in). Order, all under the one cut the
+caller holds (synchronous, so the cut cannot die midway)::
 
-    check      group is READY_TO_FINALIZE with a target step; the replay index has no
-               committed group of that id and the same group size
-    finalize   finalize_group(...)                           reads only
-    ---------- nothing has changed up to here; a failure leaves every store as it was
+    check      group READY_TO_FINALIZE, admitted for the published target step; the
+               replay index takes these row keys (its commit's own checks)
+    ---------- nothing has changed up to here; a refusal leaves every store as it was
     start      ledger.mark_finalization_started               READY -> FINALIZING
-    SUBMIT     data_plane.put(canonical partition, N rows, cut=cut)
+    SUBMIT     data_plane.put(canonical partition, N rows, cut=cut)    (rows given only)
     commit     replay_index.reserve (if no slot yet) + commit  the index owns the N rows
     clear      data_plane.clear(staging partition, every staging key of the sealed attempts)
     discard    ledger.discard_group                           ownership moved to the index
@@ -24,85 +27,115 @@ from the last checkpoint, which predates this publication.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+from .._crashpoints import crash_point
 from ..capture import CaptureWriter
-from ..dataplane import DataPlane, ReplayIndex
+from ..dataplane import DataPlane, ReplayIndex, Row
 from ..errors import FinalizationUnknownError, InvalidTransitionError
-from ..ledger import MutationCut, PromptGroupStatus, RolloutRecoveryLedger
-from ..rewards import CaptureRewardSettings
-from ._group import finalize_group
-from ._result import FinalizedGroup
+from ..ledger import MutationCut, PromptGroupStatus, RolloutAttemptStatus, RolloutRecoveryLedger
 
-__all__ = ["publish_finalized_group"]
+__all__ = ["Publication", "publish_finalized_group"]
+
+
+class Publication(Protocol):
+    """What a publish hands over: a :class:`FinalizedGroup`, or the ``group_published``
+    record that journaled one."""
+
+    @property
+    def group_id(self) -> str: ...
+
+    @property
+    def target_step(self) -> int | None: ...
+
+    @property
+    def row_keys(self) -> Sequence[str]: ...
+
+    @property
+    def min_weight_version(self) -> int: ...
+
+    @property
+    def max_weight_version(self) -> int: ...
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
 
 
 def publish_finalized_group(
     ledger: RolloutRecoveryLedger,
     cut: MutationCut,
+    published: Publication,
     *,
-    data_plane: DataPlane,
     replay_index: ReplayIndex,
-    group_id: str,
-    settings: CaptureRewardSettings,
+    data_plane: DataPlane,
+    rows: Mapping[str, Row] | None = None,
     staging_partition: str = CaptureWriter.staging_partition,
-) -> FinalizedGroup:
-    """Finalize ``group_id`` and hand its ownership from the ledger to the replay index.
+) -> None:
+    """Hand ``published``'s group from the ledger to the replay index.
 
     ``cut`` must come from ``barrier.mutation("group_commits")``; every step uses it and no
-    section is opened here. The canonical rows go to ``replay_index.partition`` of
-    ``data_plane`` (the store the index was built on). Returns the finalized group.
+    section is opened here. ``rows`` (the finalized group's ``rows_by_key``) are put into
+    ``replay_index.partition`` of ``data_plane``; without them nothing is put (a replay).
+    The group's staged rows are cleared from ``data_plane`` either way.
 
     Raises before any change: ``DeadCutError``, ``UnknownGroupError``,
-    ``InvalidTransitionError`` (not READY_TO_FINALIZE, no target step, group size differs
-    from the index, already published), and data-plane faults while reading staged rows.
-    Raises after submission: :class:`FinalizationUnknownError` from whatever failed, with
-    the group left FINALIZATION_UNKNOWN.
+    ``InvalidTransitionError`` (not READY_TO_FINALIZE, no or another target step, row
+    keys the replay index refuses, already published). Raises after submission:
+    :class:`FinalizationUnknownError` from whatever failed, with the group left
+    FINALIZATION_UNKNOWN.
     """
     cut.require_live()
+    group_id = published.group_id
     group = ledger.get_group(group_id)
     if group.status is not PromptGroupStatus.READY_TO_FINALIZE:
         raise InvalidTransitionError(
             f"cannot publish group {group_id!r} from {group.status.value!r}", group_id=group_id
         )
-    target_step = group.target_step
-    if target_step is None:
+    target_step = published.target_step
+    if target_step is None or target_step != group.target_step:
         raise InvalidTransitionError(
-            f"cannot publish group {group_id!r}: it has no target_step (never admitted)",
+            f"cannot publish group {group_id!r} for step {target_step}: it is admitted for "
+            f"step {group.target_step}"
+            + (" (never admitted)" if group.target_step is None else ""),
             group_id=group_id,
         )
-    if group.expected_generations != replay_index.group_size:
-        raise InvalidTransitionError(
-            f"group {group_id!r} has {group.expected_generations} generations but the replay "
-            f"index takes groups of {replay_index.group_size}",
-            group_id=group_id,
-        )
-    if group_id in replay_index:
-        raise InvalidTransitionError(
-            f"group {group_id!r} is already committed to the replay index", group_id=group_id
-        )
-    finalized = finalize_group(
-        group=group, data_plane=data_plane, settings=settings, staging_partition=staging_partition
-    )
-
     # Every argument check the replay commit will make, before anything is written: a
     # refusal after the canonical put would leave the outcome unknown, which is fatal.
     commit_arguments: dict[str, Any] = {
         "target_step": target_step,
-        "min_weight_version": finalized.min_weight_version,
-        "max_weight_version": finalized.max_weight_version,
-        "metrics": finalized.metrics,
+        "min_weight_version": published.min_weight_version,
+        "max_weight_version": published.max_weight_version,
+        "metrics": published.metrics,
     }
-    replay_index.check_commit(group_id, finalized.row_keys, **commit_arguments)
+    row_keys = replay_index.check_commit(group_id, published.row_keys, **commit_arguments)
+    if rows is not None and tuple(rows) != row_keys:
+        raise InvalidTransitionError(
+            f"group {group_id!r}: the rows to put are {sorted(rows)[:4]}, not its row keys "
+            f"{list(row_keys)[:4]}",
+            group_id=group_id,
+        )
+    # Every staged row of the sealed attempts (valid or not, dead branches included).
+    staging_keys = [
+        key
+        for sibling in group.siblings
+        if sibling.current_attempt.status is RolloutAttemptStatus.SEALED
+        for key in sibling.current_attempt.staging_keys
+    ]
     ledger.mark_finalization_started(cut, group_id)
     try:
-        data_plane.put(replay_index.partition, finalized.rows_by_key, cut=cut)
+        if rows is not None:
+            data_plane.put(replay_index.partition, rows, cut=cut)
+            # The put is the publish's only durable effect (the controller's staging clear
+            # is deferred), so a kill here leaves the disk as a kill anywhere up to the
+            # journal's append would: canonical rows no checkpoint owns.
+            crash_point("finalize.after_put")
         if group_id not in replay_index.reserved_group_ids():
             # Slots are in-memory only (never checkpointed), so a group restored as
             # READY_TO_FINALIZE arrives without one; taking it here keeps it in this cut.
             replay_index.reserve(cut, group_id)
-        replay_index.commit(cut, group_id, finalized.row_keys, **commit_arguments)
-        data_plane.clear(staging_partition, finalized.staging_keys, cut=cut)
+        replay_index.commit(cut, group_id, row_keys, **commit_arguments)
+        data_plane.clear(staging_partition, staging_keys, cut=cut)
         ledger.discard_group(cut, group_id)
     except BaseException as error:
         try:
@@ -125,4 +158,3 @@ def publish_finalized_group(
             "its last checkpoint",
             group_id=group_id,
         ) from error
-    return finalized
