@@ -54,8 +54,11 @@ checkpoints: those steps are rolled back and trained again from the same rows):
    the staged rows of groups that left the ledger are deleted or pending deletion.
 
 9. every seal journaled before a crash is still sealed after it (or trained); weight
-   versions are unique across the whole journal, rolled-back steps included; and at every
-   checkpoint the snapshot built from the journal on disk equals the live state.
+   versions are unique across the whole journal, rolled-back steps included; at every
+   checkpoint the snapshot built from the journal on disk equals the live state; and after
+   every rule the whole journal, replayed from its first line through the one transition
+   of each record (every restore it records included), equals the live ledger, replay
+   index and controller state (issue 25, item 1).
 
 Plus a liveness check: once every group of the current step is published or dropped, the
 step is trainable (its drops were credited).
@@ -92,7 +95,10 @@ CAUGHT:
 - ``restore_forgets_resumable_calls``: the restore keeps no lost attempt's calls for
   resumption (invariant 5 after a restore, and the resume check at the next dispatch);
 - ``dispatch_ignores_lost_calls``: the controller hands no lost attempt's calls to the next
-  attempt of a sibling (the resume check: a retried sibling starts over).
+  attempt of a sibling (the resume check: a retried sibling starts over);
+- ``live_forgets_a_record``: the live run journals ``checkpoint_committed`` without applying
+  it (invariant 9: the journal replayed from its start counts a checkpoint the live state
+  does not).
 
 Not caught, by design rather than by a gap of the machine: restore skipping
 ``discard_canonical_groups``. A publish discards the group from the ledger in the same cut
@@ -120,6 +126,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -144,8 +151,10 @@ from rollout_recovery.control._checkpointing import (
 from rollout_recovery.control._config import RunConfig, config_from_builtins
 from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
-from rollout_recovery.control._replay import JournalReplay
+from rollout_recovery.control._replay import JournalReplay, metadata_only_plane
 from rollout_recovery.control._sampler import dataset_position_to_idx
+from rollout_recovery.control._snapshot import _ReplayCut
+from rollout_recovery.control._state import ControllerState
 from rollout_recovery.control._transitions import Transitions
 from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex, Row
 from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
@@ -156,6 +165,7 @@ from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.history.records import (
     AbandonedAttempt,
     AttemptsAbandoned,
+    CheckpointCommitted,
     GroupPublished,
     GroupSealed,
     PromptDropped,
@@ -976,6 +986,19 @@ class ControllerMachine(RuleBasedStateMachine):
             f"interrupted attempts not stamped abandoned: {sorted(interrupted - restarted)}"
         )
 
+    def _journal_replays_to_the_live_state(self, entries: list[JournalEntry]) -> None:
+        ledger = RolloutRecoveryLedger()
+        replay = ReplayIndex(data_plane=metadata_only_plane(), group_size=N)
+        state = ControllerState.initial(0)
+        JournalReplay(
+            ledger=ledger, replay=replay, state=state, journal=self.run_dir / "events.jsonl"
+        ).follow(_ReplayCut(), entries)
+        controller = self.controller
+        assert ledger.state_dict() == controller.ledger.state_dict(), "the ledger diverged"
+        assert replay.state_dict() == controller.replay.state_dict(), "the index diverged"
+        live = msgspec.structs.replace(controller.state, config={}, identity="")
+        assert msgspec.structs.asdict(state) == msgspec.structs.asdict(live), "the state diverged"
+
     # -- invariants ----------------------------------------------------------------
 
     @invariant()
@@ -1006,6 +1029,9 @@ class ControllerMachine(RuleBasedStateMachine):
         # The trail checker of the auditor agrees (a run still going).
         report = check_trail(self.run_dir / "events.jsonl", complete=False)
         assert report.ok, report.violations
+        # Invariant 9: the whole journal, replayed from its first line through the one
+        # transition of each record (restores included), arrives at the live state.
+        self._journal_replays_to_the_live_state(entries)
 
         # 1. Ownership: exactly one of ledger, replay index, trained, dropped-with-reason.
         in_ledger = {group.group_id for group in ledger.groups()}
@@ -1290,6 +1316,19 @@ def _versions_reused_after_restore(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(Controller, "_train_step", train_step)
 
 
+def _live_forgets_a_record(patch: pytest.MonkeyPatch) -> None:
+    # The live run journals a checkpoint's commit without applying it (its counters).
+    real = Controller.record
+
+    def record(self: Controller, record: Any, **kwargs: Any) -> None:
+        if isinstance(record, CheckpointCommitted):
+            self.history.append(record)
+        else:
+            real(self, record, **kwargs)
+
+    patch.setattr(Controller, "record", record)
+
+
 def _restore_forgets_resumable_calls(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(checkpointing, "_resumable_calls", lambda controller, state: ([], []))
 
@@ -1327,6 +1366,7 @@ PLANTED: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "replay_keeps_training": _replay_keeps_training,
     "restore_forgets_resumable_calls": _restore_forgets_resumable_calls,
     "dispatch_ignores_lost_calls": _dispatch_ignores_lost_calls,
+    "live_forgets_a_record": _live_forgets_a_record,
 }
 
 PLANTED_SETTINGS = settings(
