@@ -22,7 +22,10 @@ seals, abandons and publish in the restore's window are not replayed; the restar
 abandons its attempts and it is generated again), unless it was dropped. The window runs
 from the snapshot to the restore, and a window of an earlier restore inside it keeps its
 own rewinds, so a rewound group stands where it stood at the snapshot or right after the
-last earlier restore. Every restore writes a ``restored`` record saying which steps
+last earlier restore. The abandons a restart writes after its ``restored`` record belong
+to that restore, not to the group's work: they are replayed for a rewound group too, so
+the rounds they gave back stay given back (a restart never costs a prompt a round, however
+many kills come in a row). Every restore writes a ``restored`` record saying which steps
 it rolled back and which seals it discarded; a later replay that crosses that record
 rewinds the same groups from it (a first pass reads every ``restored`` record), so a
 replay of the whole journal from its start arrives at the live state too.
@@ -42,7 +45,7 @@ from ..errors import InvalidStateError, RolloutRecoveryError
 from ..history import JournalEntry, records
 from ..ledger import MutationCut, RolloutRecoveryLedger
 from ._state import ControllerState
-from ._transitions import Transitions, placeholder_prompt
+from ._transitions import Transitions, by_restart, placeholder_prompt
 
 __all__ = [
     "JournalReplay",
@@ -172,6 +175,10 @@ def _when_rewound(record: records.HistoryRecord, rewound: frozenset[str]) -> _Re
             return _Rewound.APPLY  # a rewound group keeps its place and its admission
         case records.SiblingSealed() | records.GroupSealed():
             return _Rewound.COUNT if record.group_id in rewound else _Rewound.APPLY
+        case records.AttemptsAbandoned() if by_restart(record):
+            # The restore's own record (after its ``restored``), not the group's work: the
+            # round it gave back stays given back (issue 24, item 6).
+            return _Rewound.APPLY
         case (
             records.AttemptsAbandoned()
             | records.RoundStarted()
