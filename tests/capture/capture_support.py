@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from rollout_recovery._cut import MutationCut
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._digest import compute_call_digest
 from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.capture._records import CallRecord
 from rollout_recovery.dataplane._protocol import Row
-from rollout_recovery.ledger import MutationCut
 
 
 def _copy_row(row: Row) -> Row:

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from capture_support import DictDataPlane
 
+from rollout_recovery._cut import MutationCut
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._digest import hash_token_ids
 from rollout_recovery.capture._records import CallRecord, StagedCallHeader
 from rollout_recovery.dataplane._protocol import Row
 from rollout_recovery.errors import InvalidArgumentError
-from rollout_recovery.ledger import MutationCut
 
 RID = "grp_g0_a1"
 

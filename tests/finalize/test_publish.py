@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from finalize_support import CUT, build_group, reserve_dispatched
 
+from rollout_recovery._cut import MutationCut
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import (
     DataPlane,
@@ -31,7 +32,7 @@ from rollout_recovery.errors import (
 )
 from rollout_recovery.finalize import finalize_group, publish_finalized_group
 from rollout_recovery.finalize._result import FinalizedGroup
-from rollout_recovery.ledger import MutationCut, PromptGroupStatus, RolloutRecoveryLedger
+from rollout_recovery.ledger import PromptGroupStatus, RolloutRecoveryLedger
 from rollout_recovery.rewards import CaptureRewardSettings
 
 PLAIN = CaptureRewardSettings()

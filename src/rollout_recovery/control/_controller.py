@@ -40,6 +40,7 @@ import numpy as np
 
 from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
+from .._cut import MutationCut
 from ..capture import CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
     DataPlane,
@@ -76,7 +77,6 @@ from ..history.records import (
     TrainedRow,
 )
 from ..ledger import (
-    MutationCut,
     PromptGroupPhase,
     PromptGroupRecoveryRecord,
     PromptGroupStatus,

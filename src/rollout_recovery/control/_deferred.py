@@ -25,10 +25,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .._checks import check_keys_argument, check_partition
+from .._cut import MutationCut
 from .._lifecycle import Resource
 from ..dataplane import DataPlane, Row
 from ..errors import InvalidArgumentError
-from ..ledger import MutationCut
 
 __all__ = ["DeferredDeletionDataPlane"]
 

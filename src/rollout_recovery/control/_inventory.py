@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from .._cut import MutationCut
 from ..dataplane import DataPlane, ReplayIndex
 from ..errors import InvalidTransitionError, StagingInventoryError
-from ..ledger import MutationCut, RolloutRecoveryLedger
+from ..ledger import RolloutRecoveryLedger
 
 __all__ = ["reconcile_staging"]
 

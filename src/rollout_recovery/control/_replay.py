@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import assert_never
 
 from .._crashpoints import crash_point
+from .._cut import MutationCut
 from ..dataplane import DataPlane, ReplayIndex, Row
 from ..errors import InvalidStateError, RolloutRecoveryError
 from ..history import JournalEntry, records
-from ..ledger import MutationCut, RolloutRecoveryLedger
+from ..ledger import RolloutRecoveryLedger
 from ._state import ControllerState
 from ._transitions import Transitions, by_restart, placeholder_prompt
 

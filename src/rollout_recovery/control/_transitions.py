@@ -44,13 +44,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from .._cut import MutationCut
 from ..capture import CaptureWriter
 from ..dataplane import DataPlane, ReplayIndex, Row
 from ..errors import InvalidOperationError, InvalidTransitionError
 from ..finalize import publish_finalized_group
 from ..history import records
 from ..ledger import (
-    MutationCut,
     PromptGroupPhase,
     PromptGroupRecoveryRecord,
     PromptRef,

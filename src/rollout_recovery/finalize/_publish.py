@@ -31,10 +31,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from .._crashpoints import crash_point
+from .._cut import MutationCut
 from ..capture import CaptureWriter
 from ..dataplane import DataPlane, ReplayIndex, Row
 from ..errors import FinalizationUnknownError, InvalidTransitionError
-from ..ledger import MutationCut, PromptGroupStatus, RolloutAttemptStatus, RolloutRecoveryLedger
+from ..ledger import PromptGroupStatus, RolloutAttemptStatus, RolloutRecoveryLedger
 
 __all__ = ["Publication", "publish_finalized_group"]
 

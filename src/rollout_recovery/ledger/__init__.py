@@ -4,7 +4,6 @@ Pure: no I/O and no asyncio. It imports only ``rollout_recovery.rewards`` (the r
 records persisted with sealed attempts) and ``rollout_recovery.errors``.
 """
 
-from .._cut import MutationCut
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     ROLLOUT_RECOVERY_STATE_FILENAME,
@@ -37,7 +36,6 @@ __all__ = [
     "ROLLOUT_RECOVERY_SCHEMA_VERSION",
     "ROLLOUT_RECOVERY_STATE_FILENAME",
     "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
-    "MutationCut",
     "ParsedRolloutRecoveryState",
     "PromptGroupPhase",
     "PromptGroupRecoveryRecord",
