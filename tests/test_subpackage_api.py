@@ -32,7 +32,6 @@ SURFACES: dict[str, set[str]] = {
         "ROLLOUT_RECOVERY_SCHEMA_VERSION",
         "ROLLOUT_RECOVERY_STATE_FILENAME",
         "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
-        "MutationCut",
         "ParsedRolloutRecoveryState",
         "PromptGroupPhase",
         "PromptGroupRecoveryRecord",
