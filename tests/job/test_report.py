@@ -169,9 +169,17 @@ def test_the_summary_table_shows_every_field() -> None:
         "valid rows (fraction trained)": "0.981",
         "calls resumed (not generated again)": "0",
     }
-    # Every scalar field; the per-part counts get a table of their own.
-    assert len(rows) == len(fields(RunSummary)) - 1
+    # Every scalar field; the per-part counts get a table of their own, and the step time
+    # shares a row only when a step was timed.
+    assert len(rows) == len(fields(RunSummary)) - 2
     assert "generation parts" not in stream.getvalue()
+
+
+def test_the_summary_shows_where_the_steps_time_went() -> None:
+    console, stream = _plain_console()
+    shares = {"generation": 0.61, "train": 0.15, "weight_sync": 0.21, "checkpoint": 0.04}
+    render_summary(_summary(time_shares=shares), console)
+    assert "generation 61%, train 15%, weight sync 21%, checkpoint 4%" in stream.getvalue()
 
 
 def test_the_summary_shows_one_row_per_server_or_actor() -> None:

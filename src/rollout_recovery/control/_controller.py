@@ -101,6 +101,7 @@ from ._resume import choose_prefixes, resumed_record, version_filter
 from ._sampler import dataset_position_to_idx
 from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
+from ._step_timing import StepTimer
 from ._transitions import OUTSIDE_ANY_CUT, Transitions, admission_id_of, fresh_rollout_id
 
 T = TypeVar("T")
@@ -242,6 +243,8 @@ class Controller(Generic[Weights]):
         self._inflight_slots: asyncio.Semaphore | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._checkpointer: Callable[[], Any] | None = None
+        #: Where each step's wall time goes (the ``time/*`` step metrics).
+        self.step_timer = StepTimer()
         # Drain: the request, the event ``run`` waits on, the group tasks it waits for,
         # and the rollout ids it abandoned.
         self._drain: _DrainRequest | None = None
@@ -713,8 +716,11 @@ class Controller(Generic[Weights]):
 
     async def _train_pump(self) -> None:
         assert self._signals is not None
+        timer = self.step_timer
+        timer.start()
         while self.state.step < self.total_steps and self._drain is None:
             step = self.state.step
+            waited_from = monotonic()
             await self._signals.wait_for(
                 lambda: (
                     self._drain is not None
@@ -724,6 +730,7 @@ class Controller(Generic[Weights]):
                 timeout=self._wait_budget,
                 what=f"the {self._expected_groups(step)} groups of step {step}",
             )
+            timer.add("time/generation_s", monotonic() - waited_from)
             if self._drain is not None:
                 return  # a step in progress finishes; none starts while draining
             if self._expected_groups(step) < self._min_groups_per_step:
@@ -739,7 +746,9 @@ class Controller(Generic[Weights]):
                 self.state.step % self.config.checkpoint.every_steps == 0
                 or self.state.step == self.total_steps
             ):
+                checkpoint_started = monotonic()
                 await self._checkpointer()
+                timer.add("time/checkpoint_s", monotonic() - checkpoint_started)
 
     def _expected_groups(self, step: int) -> int:
         """A step trains once every group it still expects is ready (drops closed it short)."""
@@ -789,7 +798,9 @@ class Controller(Generic[Weights]):
 
     async def _train_step(self, step: int) -> None:
         # Train only on publishes that are durable: a crash cannot take back what trained.
+        flush_started = monotonic()
         await self.history.flush()
+        self.step_timer.add("time/journal_s", monotonic() - flush_started)
         groups = self.replay.ready_groups(step)
         group_ids = [group.group_id for group in groups]
         async with self.barrier.mutation("sample_clears") as cut:
@@ -809,6 +820,7 @@ class Controller(Generic[Weights]):
         except TimeoutError:
             raise LivenessError(f"trainer step {step}", budget) from None
         train_seconds = monotonic() - started
+        self.step_timer.add("time/train_s", train_seconds)
         crash_point("train.before_clear")
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None
         state = self.state
@@ -829,6 +841,8 @@ class Controller(Generic[Weights]):
                 # Server deaths, rejoins and redispatches since the last step.
                 for event in self.backend.drain_events():
                     kind = str(event.pop("event", "unknown"))
+                    if kind == "weights_loaded":  # a background push, with its seconds
+                        self.step_timer.add("time/weight_sync_s", _seconds(event))
                     self.record(BackendEvent(kind=kind, detail=event), cut=cut)
                 backend_metrics["backend"] = self.backend.telemetry()
             step_metrics = {
@@ -844,11 +858,14 @@ class Controller(Generic[Weights]):
                 **{f"train/{k}": v for k, v in metrics.items()},
                 **backend_metrics,
             }
+            step_metrics.update(self.step_timer.fields())
             self.history.metrics(step_metrics)
         if self.metrics is not None:
             self.metrics.log_record(step, step_metrics)
         self.last_mean_reward = mean_reward
+        sync_started = monotonic()  # counted in the next step's period, as its checkpoint
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
+        self.step_timer.add("time/weight_sync_s", monotonic() - sync_started)
         self._check_valid_rows(step, placeholder_reasons)
         if self.progress is not None:
             self.progress.update(
@@ -1013,6 +1030,14 @@ def _batch_of(admission_id: str) -> int:
             f"admission_id {admission_id!r} was not minted by this controller"
         )
     return int(digits)
+
+
+def _seconds(event: Mapping[str, Any]) -> float:
+    """A backend event's ``seconds`` (a push's duration); 0.0 if it has none."""
+    seconds = event.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return 0.0
+    return float(seconds) if math.isfinite(seconds) else 0.0
 
 
 def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[T]:

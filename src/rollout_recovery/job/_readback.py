@@ -37,6 +37,8 @@ class RunReadback:
     restarts: list[int] = field(default_factory=list)
     #: Per server or actor counts from the newest step's backend telemetry.
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Each ``time/<part>_s`` step field summed over the steps (``time/step_s`` too).
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, run: RunDirectory) -> RunReadback:
@@ -73,7 +75,23 @@ class RunReadback:
             reward = values.get("mean_reward")
             self.mean_rewards.append(math.nan if reward is None else float(reward))
             backend = values.get("backend")
+            for name, value in values.items():
+                if name.startswith("time/") and name.endswith("_s") and _finite(value):
+                    self.seconds[name] = self.seconds.get(name, 0.0) + float(value)
         self.parts = _parts(backend)
+
+    @property
+    def time_shares(self) -> dict[str, float]:
+        """Each part's seconds over the steps' seconds (``{"train": 0.15, ...}``); empty
+        before a timed step (runs older than the ``time/*`` fields have none)."""
+        total = self.seconds.get("time/step_s", 0.0)
+        if total <= 0.0:
+            return {}
+        return {
+            name.removeprefix("time/").removesuffix("_s"): seconds / total
+            for name, seconds in self.seconds.items()
+            if name != "time/step_s"
+        }
 
     def _read_checkpoints(self, run: RunDirectory) -> None:
         if not run.events.is_file():
@@ -81,6 +99,10 @@ class RunReadback:
         for record in AuditTrail.stream_history(run, events={"checkpoint_committed"}):
             assert isinstance(record, CheckpointCommitted)  # the only type asked for
             self.checkpoints.append(record.step)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _parts(backend: object) -> dict[str, dict[str, Any]]:

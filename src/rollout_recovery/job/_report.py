@@ -260,6 +260,9 @@ class RunSummary:
     parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Calls sealed attempts continued from lost attempts instead of generating them again.
     calls_resumed: int = 0
+    #: Where the steps' time went: each ``time/<part>_s`` field's share of ``time/step_s``
+    #: over the run (``{"generation": 0.61, "train": 0.15, ...}``).
+    time_shares: Mapping[str, float] = field(default_factory=dict)
 
     def render(self, console: Console) -> None:
         """Print the summary as tables (see :func:`render_summary`)."""
@@ -303,10 +306,17 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for item in fields(summary):
-        if item.name == "parts":
+        if item.name in ("parts", "time_shares"):
             continue
         value = getattr(summary, item.name)
         table.add_row(_SUMMARY_LABELS[item.name], _format_summary_value(item.name, value))
+    if summary.time_shares:
+        # Each part's share of the steps' time; a background push overlaps generation, so
+        # the shares need not add up to 100%.
+        shares = ", ".join(
+            f"{name.replace('_', ' ')} {share:.0%}" for name, share in summary.time_shares.items()
+        )
+        table.add_row("step time", shares)
     console.print(table)
     if summary.parts:
         console.print(_parts_table(summary.parts))

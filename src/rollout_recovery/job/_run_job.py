@@ -606,6 +606,7 @@ def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) ->
             counters.valid_rows_trained / counters.rows_trained if counters.rows_trained else None
         ),
         parts=run.parts,
+        time_shares=run.time_shares,
     )
 
 
