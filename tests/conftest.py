@@ -9,7 +9,10 @@ CI); set HYPOTHESIS_PROFILE=default for Hypothesis's own defaults.
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # The run fixtures (a fast job, the CLI in a child process group, finished runs) serve the
@@ -20,3 +23,24 @@ settings.register_profile(
     "rollout-recovery", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "rollout-recovery"))
+
+
+_GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_are_left_as_found() -> Iterator[None]:
+    """A test that leaves a signal handler installed changes what every later test in the
+    process sees: a job's "Ctrl-C while opening raises KeyboardInterrupt" holds only while
+    SIGINT's handler is Python's default. Restore it and fail the test that leaked it, so
+    the leak is named where it happens, not in whichever test runs next."""
+    before = {sig: signal.getsignal(sig) for sig in _GUARDED_SIGNALS}
+    yield
+    leaked = []
+    for sig, handler in before.items():
+        now = signal.getsignal(sig)
+        if now is not handler:
+            signal.signal(sig, handler)
+            leaked.append(f"{sig.name}: {now!r} (was {handler!r})")
+    if leaked:
+        pytest.fail("the test left signal handlers installed: " + "; ".join(leaked))
