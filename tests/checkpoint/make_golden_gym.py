@@ -51,12 +51,11 @@ def _digest(n: int) -> str:
     return f"{n:02x}" * 32
 
 
-def _attempt(
-    logical: str, index: int, status: str, uuid_n: int, *, calls: int = 2, receipt: bool = True
-) -> dict[str, Any]:
-    attempt: dict[str, Any] = {
+def bare_attempt(index: int, attempt_uuid: bytes, status: str) -> dict[str, Any]:
+    """An attempt with every field a seal fills still empty, in the lineage's key order."""
+    return {
         "attempt_index": index,
-        "attempt_uuid": _uuid(uuid_n),
+        "attempt_uuid": attempt_uuid,
         "status": status,
         "receipt": None,
         "completion_receipt": None,
@@ -64,6 +63,12 @@ def _attempt(
         "mask_sample": None,
         "staging_keys": [],
     }
+
+
+def _attempt(
+    logical: str, index: int, status: str, uuid_n: int, *, calls: int = 2, receipt: bool = True
+) -> dict[str, Any]:
+    attempt = bare_attempt(index, _uuid(uuid_n), status)
     if status != "sealed":
         return attempt
     key = capture_key(logical, index)

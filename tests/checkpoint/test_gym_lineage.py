@@ -21,6 +21,7 @@ from make_golden_gym import (
     GOLDEN_NATIVE,
     GOLDEN_PT,
     GOLDEN_PT_BUFFER,
+    bare_attempt,
     capture_key,
     gym_sidecar,
 )
@@ -437,16 +438,7 @@ def gym_states(draw: st.DrawFn) -> dict[str, Any]:
             )
             attempts = []
             for index, status in enumerate(statuses):
-                attempt: dict[str, Any] = {
-                    "attempt_index": index,
-                    "attempt_uuid": next(counter).to_bytes(16, "big"),
-                    "status": status,
-                    "receipt": None,
-                    "completion_receipt": None,
-                    "reward": None,
-                    "mask_sample": None,
-                    "staging_keys": [],
-                }
+                attempt = bare_attempt(index, next(counter).to_bytes(16, "big"), status)
                 if status == "sealed":
                     key = capture_key(logical, index)
                     calls = draw(st.integers(-1, 2))  # -1: sealed without a receipt
