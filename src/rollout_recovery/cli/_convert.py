@@ -83,11 +83,8 @@ def convert(src: Path, dst: Path, target: str, lineage: str | None, force: bool)
         fail(f"cannot write {target}: {problem_line(error)}", EXIT_INVALID)
     # Verified before anything is written, so a refusal leaves no destination behind.
     written_format, written = SidecarFormat.decode(encoded)
-    if (
-        written_format != target
-        or not same_state(written, source_state)
-        or SidecarFormat.lineage(written) is not loaded.lineage
-    ):
+    # The lineage is told from content, so an unchanged state keeps it.
+    if written_format != target or not same_state(written, source_state):
         fail(f"{os.fspath(destination)!r} would not read back unchanged", EXIT_INVALID)
     try:
         atomic_write_bytes(destination, encoded)
