@@ -9,10 +9,12 @@ a Gym attempt. ``docs/nemo-rl-lineages.md`` lists the facts and their sources.
 from __future__ import annotations
 
 import copy
+import datetime
 import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ from test_torch_pt import assert_identical
 
 from rollout_recovery import RolloutRecoveryLedger, parse_rollout_recovery_state
 from rollout_recovery.checkpoint import SidecarFormat, load_sidecar, write_sidecar
-from rollout_recovery.checkpoint._native import read_native_envelope
+from rollout_recovery.checkpoint._native import _wrap, read_native_envelope
 from rollout_recovery.checkpoint._sidecar_io import (
     LoadedGymSidecar,
     LoadedSidecar,
@@ -39,7 +41,7 @@ from rollout_recovery.checkpoint._sidecar_io import (
     encode_sidecar,
 )
 from rollout_recovery.checkpoint._torch_pt import decode_torch_pt, encode_torch_pt
-from rollout_recovery.errors import InvalidStateError, InvalidStateTypeError
+from rollout_recovery.errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 from rollout_recovery.ledger.codec_support import SidecarLineage, parse_gym_sidecar
 
 FORMATS = ("pt", "native")
@@ -96,6 +98,19 @@ def test_the_native_golden_payload_is_what_the_encoder_writes_today() -> None:
     # The envelope names the writer's version; the payload is a pure function of the state.
     golden = read_native_envelope((DATA / GOLDEN_NATIVE).read_bytes()).payload
     assert read_native_envelope(encode_sidecar(gym_sidecar())).payload == golden
+
+
+def test_a_native_gym_payload_holds_only_sidecar_primitives() -> None:
+    # The Gym payload is read untyped, past the uuid schema's own refusals of these.
+    state = gym_sidecar()
+    extra = state["groups"][0]["siblings"][0]["attempts"][0]["receipt"]["extra"]
+    extra["when"] = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)  # a timestamp ext
+    error = refused(lambda: SidecarFormat.decode(_wrap(msgspec.msgpack.encode(state))))
+    assert not isinstance(error, SidecarFormatError)
+    assert error.path == "$.groups[0].siblings[0].attempts[0].receipt.extra.when"
+    extra["when"] = msgspec.msgpack.Ext(7, b"x")
+    with pytest.raises(SidecarFormatError, match="extension type 7"):
+        SidecarFormat.decode(_wrap(msgspec.msgpack.encode(state)))
 
 
 def test_our_pt_encoding_of_the_golden_state_is_what_torch_reads() -> None:
