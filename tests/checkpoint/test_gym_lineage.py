@@ -141,6 +141,11 @@ def test_lineage_is_told_from_content() -> None:
     ours = {"schema_version": 3, "groups": rich_state()["groups"]}
     assert SidecarFormat.lineage(ours) is SidecarLineage.UUID
     assert SidecarFormat.lineage({"schema_version": 3, "groups": []}) is SidecarLineage.UUID
+    # No attempt to tell by: a Gym group still names its resolved agent (None until sealed).
+    bare = copy.deepcopy(ledger_state["groups"][:1])
+    for sibling in bare[0]["siblings"]:
+        sibling["attempts"] = []
+    assert SidecarFormat.lineage({"schema_version": 3, "groups": bare}) is SidecarLineage.GYM
     assert SidecarFormat.lineage((DATA / GOLDEN_NATIVE).read_bytes()) is SidecarLineage.GYM
 
 
