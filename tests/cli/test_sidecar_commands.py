@@ -96,13 +96,15 @@ def test_validate_lists_every_problem_with_its_path(tmp_path: Path, fmt: str) ->
     path.write_bytes(encode_sidecar(state, format=fmt, validate=False))  # type: ignore[arg-type]
     result = run("validate", str(path))
     assert result.exit_code == 1, result.output
-    lines = result.output.splitlines()
+    lines = result.stdout.splitlines()
     paths = [line.split(": ", 1)[0] for line in lines]
     assert "$.batch_shortfall[1]" in paths
     assert "$.groups[1].siblings[2].attempts[1].status" in paths
     assert "$.groups[2].siblings[0].attempts[0].staging_keys" in paths
     assert any(p.startswith("$.groups[3]") for p in paths)
     assert len(lines) == len(set(lines)) >= 4
+    # After the problems, on stderr: how many, and which lineage they were read as.
+    assert f"invalid {fmt} sidecar, {len(lines)} problems; read as lineage uuid" in result.stderr
 
 
 def test_validate_native_type_error_still_lists_everything(tmp_path: Path) -> None:
@@ -113,7 +115,7 @@ def test_validate_native_type_error_still_lists_everything(tmp_path: Path) -> No
     path.write_bytes(encode_sidecar(state, validate=False))
     result = run("validate", str(path))
     assert result.exit_code == 1, result.output
-    paths = [line.split(": ", 1)[0] for line in result.output.splitlines()]
+    paths = [line.split(": ", 1)[0] for line in result.stdout.splitlines()]
     assert paths == ["$.groups[0].expected_generations", "$.groups[2].phase"]
 
 
@@ -186,7 +188,7 @@ def test_validate_reports_a_fault_only_the_typed_decoder_sees(tmp_path: Path) ->
     path.write_bytes(encode_sidecar(state, validate=False))
     result = run("validate", str(path))
     assert result.exit_code == 1, result.output
-    paths = {line.split(": ", 1)[0] for line in result.output.splitlines()}
+    paths = {line.split(": ", 1)[0] for line in result.stdout.splitlines()}
     assert paths == {"$.groups[1].target_step", "$.groups[2].phase"}
 
 

@@ -36,7 +36,14 @@ from .. import __version__
 from .._messages import split_validation_path
 from ..errors import InvalidStateError, InvalidStateTypeError, SidecarFormatError
 from ..ledger import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryLedger
-from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
+from ..ledger.codec_support import (
+    GroupState,
+    SidecarFields,
+    SidecarLineage,
+    checkpoint_parts,
+    lineage_mismatches,
+)
+from ._torch_pt import check_primitive_tree
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -347,24 +354,68 @@ def decode_native(
 
 
 def decode_native_payload(payload: bytes) -> dict[Any, Any]:
-    """Decode an envelope's (checksum-verified) payload; raises like :func:`decode_native`."""
-    sidecar = _typed_decode(_PAYLOAD_DECODER, payload)
+    """Decode an envelope's (checksum-verified) payload; raises like :func:`decode_native`.
+
+    The typed schema is the uuid lineage's (every file this package writes); a payload it
+    refuses is read again as the Gym lineage's if that is what it holds
+    (:func:`_other_lineage`).
+    """
+    try:
+        sidecar = _typed_decode(_PAYLOAD_DECODER, payload)
+    except InvalidStateError as error:
+        return _other_lineage(payload, error)
     state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
     _refuse_timestamps(sidecar, state)
     return state
 
 
-def decode_native_payload_for_load(payload: bytes) -> tuple[dict[Any, Any], list[GroupState]]:
+def decode_native_payload_for_load(
+    payload: bytes,
+) -> tuple[dict[Any, Any], list[GroupState] | None]:
     """Decode a payload to its state dict and, separately, the ledger's storage groups.
 
     The groups share no container with the dict, and nothing else references them: hand
-    them to ``RolloutRecoveryLedger.from_decoded_groups``. Raises like
-    :func:`decode_native`.
+    them to ``RolloutRecoveryLedger.from_decoded_groups``. ``None`` instead of groups: the
+    payload is a Gym-lineage sidecar, which no ledger holds (check the dict with
+    ``parse_gym_sidecar``). Raises like :func:`decode_native`.
     """
-    sidecar = _typed_decode(_LOADABLE_DECODER, payload)
+    try:
+        sidecar = _typed_decode(_LOADABLE_DECODER, payload)
+    except InvalidStateError as error:
+        return _other_lineage(payload, error), None
     state: dict[Any, Any] = msgspec.to_builtins(sidecar, builtin_types=(bytes,), str_keys=False)
     _refuse_timestamps(sidecar, state)
     return state, sidecar.groups
+
+
+def _other_lineage(payload: bytes, refusal: InvalidStateError) -> dict[Any, Any]:
+    """A payload the uuid lineage's typed schema refused: a Gym-lineage sidecar, read as
+    plain data (its own checks are ``parse_gym_sidecar``'s), or else the refusal.
+
+    Only files this schema refuses pay for the second decode. For a uuid-lineage file
+    holding a Gym attempt the refusal says so, at that attempt's ``attempt_index``,
+    rather than msgspec's "unknown field".
+    """
+    if isinstance(refusal, SidecarFormatError):
+        raise refusal
+    try:
+        untyped = msgspec.msgpack.decode(payload, ext_hook=_refuse_extension)
+    except _ExtensionRefused as error:
+        raise SidecarFormatError(
+            f"native sidecar: payload holds MessagePack extension type {error.code}, which "
+            "is not a sidecar primitive"
+        ) from None
+    except Exception:  # the typed decoder's verdict stands on anything it did not parse
+        raise refusal from None
+    if not isinstance(untyped, dict):
+        raise refusal
+    if SidecarLineage.of(untyped) is SidecarLineage.UUID:
+        for mismatch in lineage_mismatches(untyped):
+            raise mismatch from None
+        raise refusal
+    # msgspec decodes a timestamp extension to a datetime without asking the ext hook.
+    check_primitive_tree(untyped, what="native sidecar")
+    return untyped
 
 
 def _typed_decode(decoder: msgspec.msgpack.Decoder[_T], payload: bytes) -> _T:

@@ -22,7 +22,12 @@ from ..ledger import (
     RolloutRecoveryLedger,
     parse_rollout_recovery_state,
 )
-from ..ledger.codec_support import SIDECAR_STATE_FIELDS
+from ..ledger.codec_support import (
+    SIDECAR_STATE_FIELDS,
+    SidecarLineage,
+    gym_sidecar_problems,
+    lineage_mismatches,
+)
 from ._native import read_native_envelope
 
 __all__ = ["SidecarProblem", "find_sidecar_problems"]
@@ -79,6 +84,21 @@ def find_sidecar_problems(state: object) -> list[SidecarProblem]:
         except _SchemaErrors as error:
             return [_problem(error)]
         raise AssertionError("a non-dict sidecar passed validation")  # pragma: no cover
+    try:
+        lineage = SidecarLineage.of(state)
+    except _SchemaErrors as error:  # both lineages' fields at the top: nothing else to say
+        return [_problem(error)]
+    if lineage is SidecarLineage.GYM:
+        return _unique([_problem(error) for error in gym_sidecar_problems(state)])
+    # Every attempt of the other lineage, then the rest; a group's own check stops at its
+    # first such attempt with the same path.
+    mismatches = [_problem(error) for error in lineage_mismatches(state)]
+    mismatched = {problem.path for problem in mismatches}
+    problems = mismatches + [p for p in _uuid_problems(state) if p.path not in mismatched]
+    return _unique(problems)
+
+
+def _uuid_problems(state: dict[Any, Any]) -> list[SidecarProblem]:
     problems = _top_level_problems(state)
     groups = state.get("groups")
     if isinstance(groups, list):
@@ -89,7 +109,7 @@ def find_sidecar_problems(state: object) -> list[SidecarProblem]:
             RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
         except _SchemaErrors as error:
             problems.append(_problem(error))
-    return _unique(problems)
+    return problems
 
 
 def _unique(problems: list[SidecarProblem]) -> list[SidecarProblem]:

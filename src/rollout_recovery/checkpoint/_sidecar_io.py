@@ -7,6 +7,12 @@ the file's first bytes, never from its name. Loading is all or nothing: it retur
 after ``parse_rollout_recovery_state`` and ``RolloutRecoveryLedger.from_state_dict``
 accepted the whole state.
 
+Either format may hold either of NeMo-RL's two schema-3 lineages, also told apart by
+content (:meth:`SidecarFormat.lineage`): the uuid lineage (this package's, attempts named
+by ``attempt_uuid``) and the Gym lineage (``attempt_index``, PR #4085). Every reader here
+reads both and says which; only the uuid lineage restores into a ledger, and writing or
+converting a file never changes its lineage (``docs/nemo-rl-lineages.md``).
+
 Errors a reader can see, and nothing else for bad content:
 
 * :class:`~rollout_recovery.errors.SidecarFormatError`: the bytes are not an intact
@@ -32,6 +38,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final, Unpack
 
+import msgspec
+
 from .._durable import atomic_write_bytes
 from .._gc import paused_gc
 from ..errors import InvalidArgumentError, InvalidStateError, SidecarFormatError
@@ -42,7 +50,7 @@ from ..ledger import (
     build_rollout_recovery_state,
     parse_rollout_recovery_state,
 )
-from ..ledger.codec_support import SidecarFields
+from ..ledger.codec_support import GymSidecar, SidecarFields, SidecarLineage, parse_gym_sidecar
 from ._native import (
     DEFAULT_MAX_FILE_BYTES,
     decode_native_payload,
@@ -61,6 +69,8 @@ __all__ = [
     "PT_SIDECAR_FILENAME",
     "SIDECAR_FILENAMES",
     "SIDECAR_FORMATS",
+    "AnyLoadedSidecar",
+    "LoadedGymSidecar",
     "LoadedSidecar",
     "SidecarFormat",
     "decode_sidecar",
@@ -71,6 +81,7 @@ __all__ = [
     "read_sidecar_bytes",
     "resolve_sidecar_path",
     "sidecar_filename",
+    "validate_any_sidecar_state",
     "validate_sidecar_state",
     "write_sidecar",
 ]
@@ -129,6 +140,18 @@ class SidecarFormat(StrEnum):
         return decode_sidecar(data)
 
     @staticmethod
+    def lineage(state: object) -> SidecarLineage:
+        """Which of NeMo-RL's two schema-3 lineages a decoded state is, from its content:
+        ``uuid`` (attempts named by ``attempt_uuid``, every file this package writes) or
+        ``gym`` (numeric ``attempt_index``, capture keys ``<logical>`` / ``<logical>-a<N>``).
+        ``state`` may also be a native file's bytes, as for :meth:`find_problems`. Raises
+        :class:`InvalidStateError` for a state whose top level holds both, or bytes that
+        are not an intact native file."""
+        if isinstance(state, bytes | bytearray | memoryview):
+            state = msgspec.msgpack.decode(read_native_envelope(state).payload)
+        return SidecarLineage.of(state)
+
+    @staticmethod
     def find_problems(state: object) -> list[SidecarProblem]:
         """Every fault of a decoded state (or of a native file's bytes whose typed decode
         failed), one per field; empty exactly when the state loads (see
@@ -140,37 +163,20 @@ SIDECAR_FORMATS: Final = tuple(format.value for format in SidecarFormat)
 
 
 @dataclass(frozen=True)
-class LoadedSidecar:
-    """A sidecar file that passed every check, with what ``inspect`` reports about it."""
+class _LoadedFile:
+    """What every loaded sidecar says about its file, whichever its lineage."""
 
     path: Path
     format: SidecarFormat
     size: int
-    #: The state as loaded (a fresh tree; nothing else references it). A native file's
-    #: groups come through the ledger's storage schema, so rewards read as floats, as the
-    #: ledger holds them; ``decode_sidecar`` gives the bytes' exact values.
+    #: The state as loaded (a fresh tree; nothing else references it).
     state: dict[Any, Any]
-    parsed: ParsedRolloutRecoveryState
-    #: A ledger restored from ``parsed.ledger_state`` (no runtime prompts bound yet).
-    ledger: RolloutRecoveryLedger
     #: From the native envelope; all ``None`` for ``.pt`` (which records none of them).
     format_version: int | None
     writer_version: str | None
     payload_checksum: str | None
 
-    def summary(self) -> dict[str, Any]:
-        """What ``rollout-recovery inspect`` reports about this sidecar: its file and
-        envelope, its groups, siblings and attempts by status, the staging keys a restore
-        keeps, and each finalizer metric's mean, min and max (floats as computed: a NaN
-        metric gives NaN, not ``None``)."""
-        parsed = self.parsed
-        groups: list[dict[str, Any]] = parsed.ledger_state["groups"]
-        siblings = [sibling for group in groups for sibling in group["siblings"]]
-        currents = [sibling["attempts"][-1] for sibling in siblings]
-        metrics: dict[str, list[float]] = {}
-        for values in parsed.finalizer_metrics_by_group.values():
-            for name, number in values.items():
-                metrics.setdefault(name, []).append(number)
+    def _file_summary(self, lineage: SidecarLineage, schema_version: int) -> dict[str, Any]:
         return {
             "path": str(self.path),
             "format": self.format,
@@ -178,28 +184,46 @@ class LoadedSidecar:
             "format_version": self.format_version,
             "writer_version": self.writer_version,
             "payload_checksum": self.payload_checksum,
-            "schema_version": parsed.ledger_state["schema_version"],
-            "groups": {
-                "total": len(groups),
-                "by_status": _counts([group["status"] for group in groups]),
-                "by_phase": _counts([group["phase"] for group in groups]),
-                "by_granularity": _counts([group["recovery_granularity"] for group in groups]),
+            "lineage": {
+                "name": lineage.value,
+                "attempt_identity": lineage.attempt_identity,
+                "capture_keys": lineage.capture_keys,
             },
-            "siblings": {
-                "total": len(siblings),
-                "sealed": sum(attempt["status"] == "sealed" for attempt in currents),
-                "current_attempts_by_status": _counts([attempt["status"] for attempt in currents]),
-                "attempts_per_sibling": _counts([len(sibling["attempts"]) for sibling in siblings]),
-                "attempts_total": sum(len(sibling["attempts"]) for sibling in siblings),
-            },
-            "staging_keys": {
-                # What a restore keeps in the staging partition: keys of sealed current attempts.
-                "expected": len(self.ledger.expected_staging_keys()),
-                "sealed_without_receipt": sum(
-                    attempt["status"] == "sealed" and attempt["receipt"] is None
-                    for attempt in currents
-                ),
-            },
+            "schema_version": schema_version,
+        }
+
+
+@dataclass(frozen=True)
+class LoadedSidecar(_LoadedFile):
+    """A uuid-lineage sidecar file that passed every check, with what ``inspect`` reports
+    about it. A native file's groups come through the ledger's storage schema, so in
+    ``state`` rewards read as floats, as the ledger holds them; ``decode_sidecar`` gives
+    the bytes' exact values."""
+
+    parsed: ParsedRolloutRecoveryState
+    #: A ledger restored from ``parsed.ledger_state`` (no runtime prompts bound yet).
+    ledger: RolloutRecoveryLedger
+
+    @property
+    def lineage(self) -> SidecarLineage:
+        """Always the uuid lineage: the only one a ledger holds."""
+        return SidecarLineage.UUID
+
+    def summary(self) -> dict[str, Any]:
+        """What ``rollout-recovery inspect`` reports about this sidecar: its file, envelope
+        and lineage, its groups, siblings and attempts by status, the staging keys a
+        restore keeps, and each finalizer metric's mean, min and max (floats as computed: a
+        NaN metric gives NaN, not ``None``)."""
+        parsed = self.parsed
+        metrics: dict[str, list[float]] = {}
+        for values in parsed.finalizer_metrics_by_group.values():
+            for name, number in values.items():
+                metrics.setdefault(name, []).append(number)
+        return {
+            **self._file_summary(self.lineage, parsed.ledger_state["schema_version"]),
+            **_groups_summary(
+                parsed.ledger_state["groups"], len(self.ledger.expected_staging_keys())
+            ),
             "shortfall_by_step": {
                 str(step): count for step, count in sorted(parsed.batch_shortfall.items())
             },
@@ -223,6 +247,79 @@ class LoadedSidecar:
                 },
             },
         }
+
+
+@dataclass(frozen=True)
+class LoadedGymSidecar(_LoadedFile):
+    """A Gym-lineage sidecar (NeMo-RL PR #4085's line) that passed every check of that
+    lineage; ``state`` holds it exactly as decoded. No ledger is restored from it: its
+    attempts are not this package's."""
+
+    gym: GymSidecar
+
+    @property
+    def lineage(self) -> SidecarLineage:
+        return SidecarLineage.GYM
+
+    def summary(self) -> dict[str, Any]:
+        """What ``rollout-recovery inspect`` reports: the same file, lineage, group and
+        sibling counts as for the uuid lineage, then what only this lineage holds (the
+        agents groups resolved to, completion receipts, acknowledgements still owed)."""
+        gym = self.gym
+        currents = [sibling["attempts"][-1] for g in gym.groups for sibling in g["siblings"]]
+        return {
+            **self._file_summary(self.lineage, gym.schema_version),
+            **_groups_summary(gym.groups, len(gym.expected_staging_keys())),
+            "shortfall_by_step": {
+                str(step): count for step, count in sorted(gym.batch_shortfall.items())
+            },
+            "sampler_stamps_target_steps": gym.sampler_stamps_target_steps,
+            "gym": {
+                "resolved_agents": _counts(
+                    [g["resolved_agent_name"] for g in gym.groups if g.get("resolved_agent_name")]
+                ),
+                "completion_receipts": sum(
+                    attempt.get("completion_receipt") is not None for attempt in currents
+                ),
+                "pending_acknowledgements": len(gym.pending_acknowledgements),
+                "highest_attempt_index": max(
+                    (len(s["attempts"]) - 1 for g in gym.groups for s in g["siblings"]),
+                    default=None,
+                ),
+            },
+        }
+
+
+# What ``load_sidecar`` returns: a sidecar of either lineage, each saying which.
+AnyLoadedSidecar = LoadedSidecar | LoadedGymSidecar
+
+
+def _groups_summary(groups: list[dict[str, Any]], expected_staging_keys: int) -> dict[str, Any]:
+    siblings = [sibling for group in groups for sibling in group["siblings"]]
+    currents = [sibling["attempts"][-1] for sibling in siblings]
+    return {
+        "groups": {
+            "total": len(groups),
+            "by_status": _counts([group["status"] for group in groups]),
+            "by_phase": _counts([group["phase"] for group in groups]),
+            "by_granularity": _counts([group["recovery_granularity"] for group in groups]),
+        },
+        "siblings": {
+            "total": len(siblings),
+            "sealed": sum(attempt["status"] == "sealed" for attempt in currents),
+            "current_attempts_by_status": _counts([attempt["status"] for attempt in currents]),
+            "attempts_per_sibling": _counts([len(sibling["attempts"]) for sibling in siblings]),
+            "attempts_total": sum(len(sibling["attempts"]) for sibling in siblings),
+        },
+        "staging_keys": {
+            # What a restore keeps in the staging partition: keys of sealed current attempts.
+            "expected": expected_staging_keys,
+            "sealed_without_receipt": sum(
+                attempt["status"] == "sealed" and attempt["receipt"] is None
+                for attempt in currents
+            ),
+        },
+    }
 
 
 def _counts(values: list[Any]) -> dict[str, int]:
@@ -303,21 +400,35 @@ def validate_sidecar_state(
     return parsed, ledger
 
 
+def validate_any_sidecar_state(state: object) -> SidecarLineage:
+    """Full validation by the state's own lineage (:meth:`SidecarFormat.lineage`): the
+    uuid lineage's by :func:`validate_sidecar_state`, the Gym lineage's by
+    ``parse_gym_sidecar``. Returns the lineage; raises like them."""
+    with _deep_nesting_refused():
+        lineage = SidecarLineage.of(state)
+        if lineage is SidecarLineage.GYM:
+            parse_gym_sidecar(state)
+        else:
+            validate_sidecar_state(state)
+    return lineage
+
+
 def encode_sidecar(
     state: dict[Any, Any], *, format: str = "native", validate: bool = True
 ) -> bytes:
     """The bytes of a sidecar file holding ``state`` in ``format``.
 
-    With ``validate`` (the default) the state must pass :func:`validate_sidecar_state`
-    first and must read back unchanged, so a file that could not be loaded is never
-    produced. Both formats are deterministic for a given state.
+    With ``validate`` (the default) the state must pass its lineage's full validation
+    (:func:`validate_any_sidecar_state`) first and must read back unchanged, so a file
+    that could not be loaded is never produced. Both formats are deterministic for a given
+    state, of either lineage; neither changes a state's lineage.
     """
     _check_format(format)
     # Validation and the read-back check build 10^6 acyclic containers; without the pause
     # every 700 of them trigger a collection that rescans the whole heap.
     with paused_gc():
         if validate:
-            validate_sidecar_state(state)
+            validate_any_sidecar_state(state)
         if format == "native":
             return encode_native(state, verify=validate)
         # The .pt encoder accepts exact primitive types only, so its output reads back equal.
@@ -415,14 +526,17 @@ def read_sidecar(path: str | os.PathLike[str]) -> dict[Any, Any]:
     return load_sidecar(path).state
 
 
-def load_sidecar(path: str | os.PathLike[str]) -> LoadedSidecar:
-    """Read, decode and fully validate a sidecar; all or nothing (see the module doc)."""
+def load_sidecar(path: str | os.PathLike[str]) -> AnyLoadedSidecar:
+    """Read, decode and fully validate a sidecar of either lineage by that lineage's rules;
+    all or nothing (see the module doc). A uuid-lineage file gives a
+    :class:`LoadedSidecar` with its restored ledger, a Gym-lineage one a
+    :class:`LoadedGymSidecar` (no ledger holds its attempts); ``.lineage`` says which."""
     resolved, data = read_sidecar_bytes(path)
     with paused_gc():  # decoding and validating build only acyclic containers
         return _load_bytes(resolved, data)
 
 
-def _load_bytes(resolved: Path, data: bytes) -> LoadedSidecar:
+def _load_bytes(resolved: Path, data: bytes) -> AnyLoadedSidecar:
     format = detect_sidecar_format(data)
     if format == "native":
         # Read the envelope once: it carries the metadata and the verified payload. The
@@ -436,25 +550,43 @@ def _load_bytes(resolved: Path, data: bytes) -> LoadedSidecar:
             envelope.checksum,
         )
         del envelope  # the payload bytes need not outlive the decode
-        size = len(data)
+        file = _file_fields(resolved, format, len(data), state, metadata)
         del data
+        if groups is None:  # the Gym lineage's, read as plain data
+            return _loaded_gym(file)
         with _deep_nesting_refused():
             parsed = parse_rollout_recovery_state(state)
             ledger = RolloutRecoveryLedger.from_decoded_groups(groups)
     else:
         format, state = decode_sidecar(data)
-        metadata = (None, None, None)
-        size = len(data)
+        file = _file_fields(resolved, format, len(data), state, (None, None, None))
         del data
+        if SidecarLineage.of(state) is SidecarLineage.GYM:
+            return _loaded_gym(file)
         parsed, ledger = validate_sidecar_state(state)
-    return LoadedSidecar(
-        path=resolved,
-        format=format,
-        size=size,
-        state=state,
-        parsed=parsed,
-        ledger=ledger,
-        format_version=metadata[0],
-        writer_version=metadata[1],
-        payload_checksum=metadata[2],
-    )
+    return LoadedSidecar(**file, parsed=parsed, ledger=ledger)
+
+
+def _file_fields(
+    path: Path,
+    format: SidecarFormat,
+    size: int,
+    state: dict[Any, Any],
+    metadata: tuple[int | None, str | None, str | None],
+) -> dict[str, Any]:
+    """The ``_LoadedFile`` fields, as keyword arguments of either loaded class."""
+    return {
+        "path": path,
+        "format": format,
+        "size": size,
+        "state": state,
+        "format_version": metadata[0],
+        "writer_version": metadata[1],
+        "payload_checksum": metadata[2],
+    }
+
+
+def _loaded_gym(file: dict[str, Any]) -> LoadedGymSidecar:
+    with _deep_nesting_refused():
+        gym = parse_gym_sidecar(file["state"])
+    return LoadedGymSidecar(**file, gym=gym)

@@ -49,6 +49,7 @@ __all__ = [
     "ADMITTED_GLOBALS",
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_MAX_FILE_BYTES",
+    "check_primitive_tree",
     "decode_torch_pt",
     "encode_torch_pt",
     "looks_like_torch_zip",
@@ -205,6 +206,18 @@ def decode_torch_pt(
             f"rollout_recovery.pt: {error.message}", path=error.path()
         ) from None
     return result
+
+
+def check_primitive_tree(tree: object, *, what: str, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+    """Refuse ``tree`` unless it is a bounded tree of sidecar primitives, as this reader
+    proves of every ``.pt``; for a tree another decoder built (an untyped MessagePack
+    payload, which turns a timestamp into a ``datetime``). Raises
+    :class:`InvalidStateError` whose ``path`` names the first offending value."""
+    try:
+        # A decoded tree shares no subtree, so the budget only bounds what exists anyway.
+        _Walker(max_depth=max_depth, budget=1 << 62).walk(tree, 0)
+    except _PathError as error:
+        raise InvalidStateError(f"{what}: {error.message}", path=error.path()) from None
 
 
 # Exceptions zipfile raises on malformed archives (found by the mutation fuzz tests).

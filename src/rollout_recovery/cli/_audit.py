@@ -27,7 +27,10 @@ def audit(run_dir: Path, as_json: bool) -> None:
     or prompt trained twice, every prompt trained, dropped with a reason or still owned by
     the newest checkpoint, sealed work reused, checkpoints complete and their rows present.
 
-    Read-only; works on a run in progress by checking what it committed. Exit status: 0
+    Read-only; works on a run in progress by checking what it committed. The counts name
+    the lineage its checkpoints' sidecars were read as (``sidecar_lineage``); a NeMo-RL
+    Gym-lineage sidecar (attempt_index) is never read as this run's, and is a violation
+    naming its lineage. Exit status: 0
     when every invariant holds, 1 on violations (the first ones are listed, each naming
     ids and file lines), 2 when RUN_DIR is not a run.
     """

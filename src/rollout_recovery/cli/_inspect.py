@@ -36,16 +36,21 @@ def _mapping(counts: dict[str, Any]) -> str:
 
 def _rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     groups, siblings, staging = summary["groups"], summary["siblings"], summary["staging_keys"]
-    finalizer = summary["finalizer"]
     header = f"{summary['format']}, {summary['size_bytes']} bytes"
     if summary["format_version"] is not None:
         header += (
             f", format v{summary['format_version']}, writer {summary['writer_version']}, "
             f"{summary['payload_checksum']}"
         )
+    lineage = summary["lineage"]
     rows = [
         ("file", summary["path"]),
         ("format", header),
+        (
+            "lineage",
+            f"{lineage['name']}: attempts named by {lineage['attempt_identity']}, gate ids "
+            f"{lineage['capture_keys']}",
+        ),
         ("schema version", str(summary["schema_version"])),
         ("groups", str(groups["total"])),
         ("  by status", _mapping(groups["by_status"])),
@@ -62,6 +67,18 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("shortfall by step", _mapping(summary["shortfall_by_step"])),
         ("sampler stamps steps", str(summary["sampler_stamps_target_steps"])),
+    ]
+    if "gym" in summary:  # what only the Gym lineage holds
+        gym = summary["gym"]
+        rows += [
+            ("resolved agents", _mapping(gym["resolved_agents"])),
+            ("completion receipts", f"{gym['completion_receipts']} on current attempts"),
+            ("pending acks", str(gym["pending_acknowledgements"])),
+            ("highest attempt index", str(gym["highest_attempt_index"])),
+        ]
+        return rows
+    finalizer = summary["finalizer"]
+    rows += [
         (
             "reward settings",
             "off"
@@ -98,8 +115,10 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 def inspect(path: Path, as_json: bool) -> None:
     """Summarize a sidecar file or a checkpoint directory's sidecar.
 
-    The file is fully validated first (exit 1 if invalid, 2 if unreadable); its format is
-    detected from content. Rich tables on a terminal, plain ``key: value`` lines otherwise.
+    The file is fully validated first (exit 1 if invalid, 2 if unreadable); its format and
+    its lineage (uuid: attempt_uuid, this package's; gym: NeMo-RL's attempt_index line) are
+    detected from content and reported. Rich tables on a terminal, plain ``key: value``
+    lines otherwise.
     With --json, one standard JSON document (RFC 8259) in which a number that is not
     finite, such as the mean of a NaN metric, is null.
     """

@@ -86,6 +86,7 @@ class _Checkpoint:
     marks: dict[str, int]
     ledger: RolloutRecoveryLedger
     replay_groups: dict[str, list[str]]
+    lineage: str
 
 
 def audit_run(run_dir: Path) -> AuditReport:
@@ -108,7 +109,11 @@ def audit_run(run_dir: Path) -> AuditReport:
         restored_at = _last_restore_offset(run)
         _check_checkpoint_rows(run, checkpoints, restored_at, violations)
     newest = checkpoints[0] if checkpoints else None
-    counts: dict[str, Any] = {"checkpoints": len(checkpoints)}
+    counts: dict[str, Any] = {
+        "checkpoints": len(checkpoints),
+        # Which lineage the sidecars were read as; a Gym-lineage one is a violation instead.
+        "sidecar_lineage": ", ".join(sorted({c.lineage for c in checkpoints})) or None,
+    }
     complete = False
     if newest is not None:
         complete = _audit_history(run, newest, violations, counts)
@@ -204,6 +209,8 @@ def _decode(loaded: LoadedCheckpoint) -> _Checkpoint:
     if REPLAY_FILE not in loaded.files:
         raise CheckpointDirectoryError(f"missing {REPLAY_FILE}", directory=str(loaded.directory))
     _, sidecar_state = SidecarFormat.decode(loaded.files[names[0]])
+    lineage = SidecarFormat.lineage(sidecar_state)
+    # Refuses a Gym-lineage sidecar, naming it: its attempts are never this run's.
     parsed = parse_rollout_recovery_state(sidecar_state)
     try:
         replay_state = msgspec.msgpack.decode(loaded.files[REPLAY_FILE], type=dict[str, Any])
@@ -218,6 +225,7 @@ def _decode(loaded: LoadedCheckpoint) -> _Checkpoint:
         marks=dict(loaded.marks),
         ledger=RolloutRecoveryLedger.from_state_dict(parsed.ledger_state),
         replay_groups={group_id: list(keys) for group_id, keys in replay_groups.items()},
+        lineage=lineage.value,
     )
 
 

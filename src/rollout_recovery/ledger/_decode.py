@@ -39,6 +39,13 @@ from ._enums import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
+from ._lineage import (
+    GYM_ONLY_SIDECAR_FIELDS,
+    SidecarLineage,
+    gym_state_refusal,
+    is_gym_capture_key,
+    mismatch_error,
+)
 from ._plain import any_nested_deeper_than, nested_deeper_than
 from ._receipts import receipt_staging_keys
 from ._storage import (
@@ -59,6 +66,7 @@ __all__ = [
     "check_envelope",
     "decode_ledger_state",
     "reject_unknown_fields",
+    "typed_prompt_ref",
 ]
 
 # Dict lookups instead of Enum(value) calls: about ten times cheaper per attempt.
@@ -100,6 +108,10 @@ def check_envelope(
     """
     if not isinstance(state, dict):
         raise InvalidStateTypeError(type_message.format(type=type(state).__name__), path="$")
+    if not GYM_ONLY_SIDECAR_FIELDS.isdisjoint(state):
+        # Where the seed names an unknown field: the whole state is the other lineage's.
+        marker = min(GYM_ONLY_SIDECAR_FIELDS & state.keys())
+        _fail(gym_state_refusal(context), f"$.{marker}")
     reject_unknown_fields(state, expected=fields, context=context, path="$")
     version = state.get("schema_version")
     if (
@@ -211,7 +223,7 @@ def _typed_group(raw: object, path: str) -> GroupState:
         _typed_sibling(raw_sibling, f"{path}.siblings[{index}]")
         for index, raw_sibling in enumerate(raw_siblings)
     ]
-    prompt_ref = _typed_prompt_ref(raw.get("prompt_ref"), f"{path}.prompt_ref")
+    prompt_ref = typed_prompt_ref(raw.get("prompt_ref"), f"{path}.prompt_ref")
     target_step = raw.get("target_step")
     if target_step is not None and not isinstance(target_step, int):
         _fail(f"target_step must be an integer or None, got {target_step!r}", f"{path}.target_step")
@@ -237,7 +249,7 @@ def _typed_group(raw: object, path: str) -> GroupState:
     )
 
 
-def _typed_prompt_ref(raw: object, path: str) -> PromptRefState:
+def typed_prompt_ref(raw: object, path: str) -> PromptRefState:
     if not isinstance(raw, dict):
         _fail(f"prompt_ref must be a mapping, got {type(raw).__name__}", path)
     reject_unknown_fields(
@@ -271,6 +283,9 @@ def _typed_sibling(raw: object, path: str) -> SiblingState:
 def _typed_attempt(raw: object, path: str) -> AttemptState:
     if not isinstance(raw, dict):
         _fail(f"rollout-recovery attempt must be a mapping, got {type(raw).__name__}", path)
+    if "attempt_index" in raw:
+        # The seed calls it an unknown field; it is another lineage's attempt identity.
+        _fail(mismatch_error(SidecarLineage.UUID), f"{path}.attempt_index")
     reject_unknown_fields(
         raw, expected=ATTEMPT_STATE_FIELDS, context="rollout-recovery attempt", path=path
     )
@@ -531,9 +546,15 @@ def _check_attempt(
         )
     gate_id = gate_prefix + uuid_bytes.hex()
     if receipt.get("rollout_id") != gate_id:
+        found = receipt.get("rollout_id")
+        hint = (
+            f" ({found!r} is a Gym-lineage capture key, and an attempt of one lineage is "
+            "never read as an attempt of the other)"
+            if is_gym_capture_key(found, gate_prefix[:-2])
+            else ""
+        )
         raise _Fault(
-            f"sealed receipt identity mismatch: receipt={receipt.get('rollout_id')!r}, "
-            f"expected={gate_id!r}",
+            f"sealed receipt identity mismatch: receipt={found!r}, expected={gate_id!r}{hint}",
             "@.receipt.rollout_id",
         )
     _check_manifest(receipt, attempt.staging_keys)

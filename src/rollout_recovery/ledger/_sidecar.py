@@ -32,6 +32,7 @@ __all__ = [
     "check_sampler_stamps_flag",
     "checkpoint_parts",
     "parse_rollout_recovery_state",
+    "validate_batch_shortfall",
 ]
 
 
@@ -51,7 +52,7 @@ class ParsedRolloutRecoveryState:
 _INT64_MAX = INT64_MAX
 
 
-def _validate_batch_shortfall(value: object) -> dict[int, int]:
+def validate_batch_shortfall(value: object) -> dict[int, int]:
     """Copy the per-target-step count of groups that will never arrive (the seed's checks)."""
     if not isinstance(value, dict):
         raise InvalidStateTypeError(
@@ -280,7 +281,7 @@ def checkpoint_parts(
     # the canonical filter, then the reader's validation seam.
     check_sampler_stamps_flag(sampler_stamps_target_steps)
     groups = ledger.writable_groups()
-    shortfall = _validate_batch_shortfall(batch_shortfall)
+    shortfall = validate_batch_shortfall(batch_shortfall)
     controller: dict[str, Any] = {
         "batch_shortfall": shortfall,
         "sampler_stamps_target_steps": sampler_stamps_target_steps,
@@ -360,7 +361,7 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
             f"{orphans[:10]!r}",
             path="$.finalizer_rewards_by_group",
         )
-    shortfall = _validate_batch_shortfall(state.get("batch_shortfall", {}))
+    shortfall = validate_batch_shortfall(state.get("batch_shortfall", {}))
     # Stricter than the seed, after all of its checks.
     if deferred:
         raise deferred[0]
