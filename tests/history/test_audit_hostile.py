@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import pytest
@@ -46,6 +47,8 @@ from rollout_recovery.history.records import (
     TrainedRow,
 )
 from rollout_recovery.rollout import FailureReason
+
+R = TypeVar("R")
 
 JOB = """
 [job]
@@ -116,6 +119,18 @@ def test_the_run_passes_and_holds_what_the_cases_edit(run: Path) -> None:
 
 
 # -- finding what to edit -------------------------------------------------------------------
+
+
+def _one(history: History, kind: type[R], index: int | None = None) -> tuple[JournalEntry, R]:
+    """The ``index``-th record of ``kind`` (the only one when ``index`` is None)."""
+    found = history.of(kind)
+    if index is None:
+        (entry,) = found
+    else:
+        entry = found[index]
+    record = entry.record
+    assert isinstance(record, kind)
+    return entry, record
 
 
 def _surviving_steps(history: History) -> list[JournalEntry]:
@@ -268,9 +283,7 @@ def step_weight_version_edited(history: History) -> str:
 
 
 def published_versions_edited(history: History) -> str:
-    entry = history.of(GroupPublished)[-1]
-    record = entry.record
-    assert isinstance(record, GroupPublished)
+    entry, record = _one(history, GroupPublished, -1)
     _edit(history, entry, max_weight_version=record.max_weight_version + 1)
     return f"group {record.group_id} was published with weight versions"
 
@@ -284,17 +297,13 @@ def published_valid_rows_edited(history: History) -> str:
 
 
 def taken_weight_version_edited(history: History) -> str:
-    entry = history.of(PromptTaken)[0]
-    record = entry.record
-    assert isinstance(record, PromptTaken)
+    entry, record = _one(history, PromptTaken, 0)
     _edit(history, entry, weight_version=record.weight_version + 1)
     return f"group {record.group_id} was taken at weight version"
 
 
 def admitted_for_another_step(history: History) -> str:
-    entry = history.of(BatchAdmitted)[-1]
-    record = entry.record
-    assert isinstance(record, BatchAdmitted)
+    entry, record = _one(history, BatchAdmitted, -1)
     _edit(history, entry, target_step=record.target_step - 1)
     return f"batch {record.batch} was admitted for step {record.target_step - 1}"
 
@@ -357,41 +366,31 @@ def restart_abandon_erased(history: History) -> str:
 
 
 def restore_step_edited(history: History) -> str:
-    (entry,) = history.of(Restored)
-    record = entry.record
-    assert isinstance(record, Restored)
+    entry, record = _one(history, Restored)
     _edit(history, entry, step=record.step + 1)
     return f"says step {record.step + 1}, but its snapshot follows {record.step} trained steps"
 
 
 def restore_rolled_back_nothing(history: History) -> str:
-    (entry,) = history.of(Restored)
-    record = entry.record
-    assert isinstance(record, Restored)
+    entry, _ = _one(history, Restored)
     _edit(history, entry, rolled_back_steps=[])
     return "says it rolled back steps []"
 
 
 def restore_kept_count_edited(history: History) -> str:
-    (entry,) = history.of(Restored)
-    record = entry.record
-    assert isinstance(record, Restored)
+    entry, record = _one(history, Restored)
     _edit(history, entry, sealed_siblings_kept=record.sealed_siblings_kept + 1)
     return f"says sealed_siblings_kept = {record.sealed_siblings_kept + 1}"
 
 
 def checkpoint_step_edited(history: History) -> str:
-    entry = history.of(CheckpointCommitted)[-1]
-    record = entry.record
-    assert isinstance(record, CheckpointCommitted)
+    entry, record = _one(history, CheckpointCommitted, -1)
     _edit(history, entry, step=record.step - 1)
     return f"checkpoint {record.name} says step {record.step - 1}"
 
 
 def run_started_step_edited(history: History) -> str:
-    entry = history.of(RunStarted)[-1]
-    record = entry.record
-    assert isinstance(record, RunStarted)
+    entry, record = _one(history, RunStarted, -1)
     _edit(history, entry, step=record.step + 1)
     return f"a run started at step {record.step + 1}"
 

@@ -56,7 +56,6 @@ __all__ = [
     "Sibling",
     "SiblingStatus",
     "Where",
-    "Window",
     "restart_abandon",
     "seals_of",
 ]
@@ -123,20 +122,6 @@ class _Group:
 _MISSING = object()
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """What one restore undid: the records in [start, end) after its snapshot."""
-
-    start: int
-    end: int
-    line: int
-    #: The groups it rewound: those of the seals it discarded.
-    rewound: frozenset[str]
-
-    def holds(self, offset: int) -> bool:
-        return self.start <= offset < self.end
-
-
 @dataclass(slots=True)
 class _Cells:
     """The state, every change undoable back to a journal offset."""
@@ -167,11 +152,10 @@ class _Cells:
 
 
 class Lineage:
-    """The run as the journal establishes it; :meth:`apply` checks and applies one record.
-
-    ``windows`` are every restore's, from a first pass over the whole journal (a record's
-    fate after a later restore depends on what that restore undid).
-    """
+    """The run as the journal establishes it: :meth:`apply` checks and applies one
+    record, :meth:`restart` does what a restore does after its replay, and ``cells``
+    undo back to any offset (the state a snapshot there held). Which records a restore
+    replays, and how, is the walker's (``_trail_check``)."""
 
     def __init__(self, *, group_size: int | None, prompts_per_step: int | None) -> None:
         self.group_size = group_size

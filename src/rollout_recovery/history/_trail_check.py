@@ -35,7 +35,7 @@ from typing import assert_never
 from ..errors import TrailLineError
 from ..rundir import RunDirectory
 from ._journal import JournalCorruptError, JournalEntry
-from ._lineage import Lineage, Window, restart_abandon, seals_of
+from ._lineage import Lineage, restart_abandon, seals_of
 from ._trail_reader import read_entries
 from .records import (
     AttemptResumed,
@@ -111,6 +111,20 @@ def group_of(record: HistoryRecord) -> str | None:
             assert_never(record)
 
 
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """What one restore undid: the records in [start, end) after its snapshot."""
+
+    start: int
+    end: int
+    line: int
+    #: The groups it rewound: those of the seals it discarded.
+    rewound: frozenset[str]
+
+    def holds(self, offset: int) -> bool:
+        return self.start <= offset < self.end
+
+
 @dataclass(slots=True)
 class _Facts:
     """What the history says, gathered in the walk, for the run-wide checks."""
@@ -174,7 +188,7 @@ class _Walk:
         )
         # A restore rolls back the records between its snapshot and itself.
         self.windows = [
-            Window(
+            _Window(
                 entry.record.snapshot_position,
                 entry.offset,
                 entry.line,
@@ -362,7 +376,7 @@ class _Walk:
         """Re-apply the records after the snapshot as the restore did, and check what its
         record says it rolled back and discarded."""
         lineage = self.lineage
-        current = Window(
+        current = _Window(
             record.snapshot_position,
             entry.offset,
             entry.line,
@@ -419,8 +433,8 @@ class _Walk:
     def _replay_one(
         self,
         entry: JournalEntry,
-        window: Window,
-        current: Window,
+        window: _Window,
+        current: _Window,
         rolled_back: list[int],
         discards: list[tuple[str, int, str, int, list[int]]],
     ) -> None:
