@@ -8,9 +8,8 @@ what happened to each prompt, sibling and attempt, and what each training step u
 
 This module is public (``from rollout_recovery.history import records``): the records
 are the on-disk schema a user reads and a test builds. The schema is documented in
-``docs/journal.md`` ("Records"); a change to a record is a new
-:data:`HISTORY_VERSION` once the previous one was released. Reasons are enums, not free
-text.
+``docs/journal.md`` ("Records"); a change to a record once its version was released is
+a new :data:`HISTORY_VERSION`. Reasons are enums, not free text.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ __all__ = [
 #: The version of the record schema, written in every ``run_started``. Version 2 added the
 #: ``attempt_resumed`` record and fields with defaults (``Seal``'s inherited calls,
 #: ``TrainedRow.weight_version_spans``, ``Restored``'s resume counts), and a round a
-#: restart interrupted no longer takes a round number. ``tests/history/
-#: test_history_schema.py`` pins the schema of this version.
+#: restart interrupted no longer takes a round number. The schema of this version is
+#: pinned in ``tests/history/test_history_schema.py``.
 HISTORY_VERSION = 2
 
 #: The versions a reader of this schema accepts: every version-1 line decodes as a version-2
