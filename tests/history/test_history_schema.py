@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from trail_builders import started, write_trail
 
-from rollout_recovery.errors import TrailLineError
+from rollout_recovery.errors import RunNotResumableError, TrailLineError
 from rollout_recovery.history import AuditTrail, JournalReport
 from rollout_recovery.history._trail_check import check_trail
 from rollout_recovery.history.records import (
@@ -28,7 +28,7 @@ from rollout_recovery.history.records import (
     Restored,
     RunStarted,
 )
-from rollout_recovery.rundir import RunDirectory
+from rollout_recovery.rundir import CheckpointStore, RunDirectory
 
 V1 = Path(__file__).parents[1] / "fixtures" / "history" / "v1" / "events.jsonl"
 
@@ -133,3 +133,23 @@ def test_an_older_version_appended_after_a_newer_one_is_refused(tmp_path: Path) 
     (violation,) = check_trail(path).violations
     assert f"history version 1, after version {HISTORY_VERSION} at line 1" in violation
     assert "an older rollout-recovery appended to this history" in violation
+
+
+@pytest.mark.parametrize("versions", [(HISTORY_VERSION + 1,), (HISTORY_VERSION, 1)])
+def test_a_job_refuses_to_resume_a_history_it_does_not_read_changing_nothing(
+    tmp_path: Path, versions: tuple[int, ...]
+) -> None:
+    path = _journal_with_versions(tmp_path, *versions)
+    before = path.read_bytes()
+    run = RunDirectory(tmp_path / "run")
+    with pytest.raises(RunNotResumableError, match=f"history version {versions[-1]}") as caught:
+        AuditTrail.require_synced_history(run, CheckpointStore(run.root, keep=1))
+    assert caught.value.rerun_resumes is False
+    assert path.read_bytes() == before
+
+
+def test_a_job_resumes_a_version_1_history(tmp_path: Path) -> None:
+    run = RunDirectory(tmp_path / "run")
+    run.root.mkdir()
+    run.events.write_bytes(V1.read_bytes())
+    AuditTrail.require_synced_history(run, CheckpointStore(run.root, keep=1))
