@@ -218,9 +218,10 @@ def test_a_step_with_fewer_groups_than_it_expected(tmp_path: Path) -> None:
 
 def test_steps_out_of_order(tmp_path: Path) -> None:
     records = good_history()
-    trained = records[-1]
+    last = max(i for i, r in enumerate(records) if isinstance(r, StepTrained))
+    trained = records[last]
     assert isinstance(trained, StepTrained)
-    records[-1] = msgspec.structs.replace(trained, step=2)
+    records[last] = msgspec.structs.replace(trained, step=2)
     report = check(tmp_path, records)
     violation_with(report, "step 2 trained where step 1 was due")
     violation_with(report, "step 2 was trained while step 1 was due")

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollout_recovery.history import AuditTrail
+from rollout_recovery.history._journal import frame_record
 from rollout_recovery.history.records import (
     AbandonedAttempt,
     AttemptsAbandoned,
     BatchAdmitted,
+    CheckpointCommitted,
     DropReason,
     FreshAttempt,
     GroupPublished,
@@ -170,9 +172,33 @@ def step(
     )
 
 
+def with_checkpoints(records: Sequence[HistoryRecord], after: Sequence[int]) -> list[HistoryRecord]:
+    """``records`` with a ``checkpoint_committed`` after each position in ``after``, each
+    snapshotting the journal up to itself (its position its own byte offset, its step
+    the steps trained before it), as a checkpoint with nothing appended meanwhile does."""
+    out: list[HistoryRecord] = []
+    offset = steps = 0
+    for index, record in enumerate(records):
+        out.append(record)
+        offset += len(frame_record(record))
+        steps += isinstance(record, StepTrained)
+        if index in after:
+            committed = CheckpointCommitted(step=steps, name=f"step_{steps:06d}", position=offset)
+            out.append(committed)
+            offset += len(frame_record(committed))
+    return out
+
+
 def good_history() -> list[HistoryRecord]:
     """Two steps of two prompts: g0, g1 train at step 0 (g1's sibling 1 on its second
-    attempt); g3 at step 1; g2 is dropped (its sealed sibling excused by the drop)."""
+    attempt); g3 at step 1; g2 is dropped (its sealed sibling excused by the drop). A
+    checkpoint after each step."""
+    records = _good_records()
+    steps = [i for i, r in enumerate(records) if isinstance(r, StepTrained)]
+    return with_checkpoints(records, steps)
+
+
+def _good_records() -> list[HistoryRecord]:
     return [
         started(),
         taken("g0", 0),
