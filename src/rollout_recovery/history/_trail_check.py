@@ -215,7 +215,9 @@ class _Walk:
     def run(self) -> None:
         for index, entry in enumerate(self.entries):
             self.step_at[entry.offset] = self.lineage.step
-            record = entry.record
+            # Typed here, not only through JournalEntry: each match below stays exhaustive
+            # to a checker that reads this module alone.
+            record: HistoryRecord = entry.record
             if self.restarting is not None and not (
                 isinstance(record, AttemptsAbandoned) and restart_abandon(record)
             ):
@@ -252,7 +254,8 @@ class _Walk:
         # them missing.
 
     def _gather(self, entry: JournalEntry) -> None:
-        facts, number, record = self.facts, entry.line, entry.record
+        facts, number = self.facts, entry.line
+        record: HistoryRecord = entry.record
         match record:
             case PromptTaken():
                 if record.group_id in facts.taken:
@@ -439,7 +442,7 @@ class _Walk:
         discards: list[tuple[str, int, str, int, list[int]]],
     ) -> None:
         """Apply one record as a restore's replay does (or skip it, as it does)."""
-        record = entry.record
+        record: HistoryRecord = entry.record
         group_id = group_of(record)
         if group_id is not None and group_id in window.rewound:
             match record:
