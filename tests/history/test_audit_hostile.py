@@ -149,10 +149,15 @@ def _surviving_rows(history: History) -> list[tuple[JournalEntry, TrainedRow]]:
     ]
 
 
-def _sibling_seal(history: History) -> tuple[JournalEntry, TrainedRow, JournalEntry]:
-    """A trained valid row whose seal is a ``sibling_sealed`` record: (step, row, seal)."""
+def _sibling_seal(
+    history: History, *, first_round: bool = False
+) -> tuple[JournalEntry, TrainedRow, JournalEntry]:
+    """A trained valid row whose seal is a ``sibling_sealed`` record: (step, row, seal);
+    with ``first_round``, one whose attempt its group's first round dispatched."""
     for entry, row in _surviving_rows(history):
         if not row.valid:
+            continue
+        if first_round and row.rollout_id not in _dispatched(_first_round(history, row)[1]):
             continue
         for seal in history.of(SiblingSealed):
             record = seal.record
@@ -160,6 +165,18 @@ def _sibling_seal(history: History) -> tuple[JournalEntry, TrainedRow, JournalEn
             if record.seal.rollout_id == row.rollout_id:
                 return entry, row, seal
     raise AssertionError("no trained row sealed by a sibling_sealed record")
+
+
+def _first_round(history: History, row: TrainedRow) -> tuple[JournalEntry, RoundStarted]:
+    """The first round of ``row``'s group."""
+    entry = next(e for e in history.of(RoundStarted) if e.record.group_id == row.group_id)  # type: ignore[attr-defined]
+    record = entry.record
+    assert isinstance(record, RoundStarted)
+    return entry, record
+
+
+def _dispatched(record: RoundStarted) -> list[str]:
+    return [d.rollout_id for d in record.dispatched]
 
 
 def _edit_row(history: History, entry: JournalEntry, row: TrainedRow, **changes: object) -> None:
@@ -311,14 +328,8 @@ def admitted_for_another_step(history: History) -> str:
 def round_renames_a_reserved_attempt(history: History) -> str:
     """The first round dispatches another id than the one the prompt reserved; the seal
     and the row follow it (a rename of one attempt everywhere but ``prompt_taken``)."""
-    entry, row, seal = _sibling_seal(history)
-    rounds = [e for e in history.of(RoundStarted) if e.record.group_id == row.group_id]  # type: ignore[attr-defined]
-    first = rounds[0]
-    record = first.record
-    assert isinstance(record, RoundStarted)
-    dispatched = [d.rollout_id for d in record.dispatched]
-    if row.rollout_id not in dispatched:
-        pytest.skip("the trained attempt is not the first round's")
+    entry, row, seal = _sibling_seal(history, first_round=True)
+    first, record = _first_round(history, row)
     other = _never_dispatched(row.rollout_id)
     renamed = [
         msgspec.structs.replace(d, rollout_id=other) if d.rollout_id == row.rollout_id else d
