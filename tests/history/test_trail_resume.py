@@ -43,16 +43,23 @@ def resumed(**changes: object) -> AttemptResumed:
     return msgspec.structs.replace(record, **changes)
 
 
-def seal(inherited: int = 2) -> SiblingSealed:
+def seal(
+    inherited: int = 2,
+    *,
+    index: int = 0,
+    rollout_id: str = FRESH,
+    tokens: int = 14,
+    reward: float = 1.0,
+) -> SiblingSealed:
     return SiblingSealed(
         group_id="g5",
         seal=Seal(
-            generation_index=0,
-            rollout_id=FRESH,
-            receipt={"rollout_id": FRESH},
-            reward=1.0,
+            generation_index=index,
+            rollout_id=rollout_id,
+            receipt={"rollout_id": rollout_id},
+            reward=reward,
             mask_sample=False,
-            tokens=14,
+            tokens=tokens,
             weight_versions=[0],
             inherited_calls=inherited,
             inherited_tokens=8 if inherited else 0,
@@ -73,18 +80,7 @@ def history(
             dispatched=[FreshAttempt(0, LOST), FreshAttempt(1, OTHER)],
             weight_version=0,
         ),
-        SiblingSealed(
-            group_id="g5",
-            seal=Seal(
-                generation_index=1,
-                rollout_id=OTHER,
-                receipt={"rollout_id": OTHER},
-                reward=0.0,
-                mask_sample=False,
-                tokens=6,
-                weight_versions=[0],
-            ),
-        ),
+        seal(0, index=1, rollout_id=OTHER, tokens=6, reward=0.0),
         abandoned("g5", (0, LOST)),
         RoundStarted(group_id="g5", round=2, dispatched=[FreshAttempt(0, FRESH)], weight_version=0),
         resume or resumed(),
