@@ -114,39 +114,43 @@ def test_the_run_passes_and_holds_what_the_cases_edit(run: Path) -> None:
     (restore,) = [e.record for e in history.of(Restored)]
     assert isinstance(restore, Restored)
     assert restore.discarded and restore.rolled_back_steps
-    assert any(restart_abandon(e.record) for e in history.of(AttemptsAbandoned))  # type: ignore[arg-type]
+    assert any(restart_abandon(r) for _, r in _all(history, AttemptsAbandoned))
     assert all(row.weight_version_spans for _, row in _surviving_rows(history) if row.valid)
 
 
 # -- finding what to edit -------------------------------------------------------------------
 
 
+def _all(history: History, kind: type[R]) -> list[tuple[JournalEntry, R]]:
+    """Every record of ``kind``, with its entry."""
+    found: list[tuple[JournalEntry, R]] = []
+    for entry in history.of(kind):
+        record = entry.record
+        assert isinstance(record, kind)
+        found.append((entry, record))
+    return found
+
+
 def _one(history: History, kind: type[R], index: int | None = None) -> tuple[JournalEntry, R]:
     """The ``index``-th record of ``kind`` (the only one when ``index`` is None)."""
-    found = history.of(kind)
+    found = _all(history, kind)
     if index is None:
-        (entry,) = found
-    else:
-        entry = found[index]
-    record = entry.record
-    assert isinstance(record, kind)
-    return entry, record
+        (only,) = found
+        return only
+    return found[index]
 
 
-def _surviving_steps(history: History) -> list[JournalEntry]:
-    restores = [e for e in history.of(Restored)]
-    windows = [(e.record.snapshot_position, e.offset) for e in restores]  # type: ignore[attr-defined]
+def _surviving_steps(history: History) -> list[tuple[JournalEntry, StepTrained]]:
+    windows = [(r.snapshot_position, e.offset) for e, r in _all(history, Restored)]
     return [
-        e for e in history.steps() if not any(start <= e.offset < end for start, end in windows)
+        (e, step)
+        for e, step in _all(history, StepTrained)
+        if not any(start <= e.offset < end for start, end in windows)
     ]
 
 
 def _surviving_rows(history: History) -> list[tuple[JournalEntry, TrainedRow]]:
-    return [
-        (entry, row)
-        for entry in _surviving_steps(history)
-        for row in entry.record.rows  # type: ignore[attr-defined]
-    ]
+    return [(entry, row) for entry, step in _surviving_steps(history) for row in step.rows]
 
 
 def _sibling_seal(
@@ -159,9 +163,7 @@ def _sibling_seal(
             continue
         if first_round and row.rollout_id not in _dispatched(_first_round(history, row)[1]):
             continue
-        for seal in history.of(SiblingSealed):
-            record = seal.record
-            assert isinstance(record, SiblingSealed)
+        for seal, record in _all(history, SiblingSealed):
             if record.seal.rollout_id == row.rollout_id:
                 return entry, row, seal
     raise AssertionError("no trained row sealed by a sibling_sealed record")
@@ -169,10 +171,7 @@ def _sibling_seal(
 
 def _first_round(history: History, row: TrainedRow) -> tuple[JournalEntry, RoundStarted]:
     """The first round of ``row``'s group."""
-    entry = next(e for e in history.of(RoundStarted) if e.record.group_id == row.group_id)  # type: ignore[attr-defined]
-    record = entry.record
-    assert isinstance(record, RoundStarted)
-    return entry, record
+    return next((e, r) for e, r in _all(history, RoundStarted) if r.group_id == row.group_id)
 
 
 def _dispatched(record: RoundStarted) -> list[str]:
@@ -187,8 +186,20 @@ def _edit_row(history: History, entry: JournalEntry, row: TrainedRow, **changes:
     history.replace(entry, msgspec.structs.replace(step, rows=rows))
 
 
+def _rename_sealed(
+    history: History, seal: JournalEntry, step: JournalEntry, row: TrainedRow, other: str
+) -> None:
+    """The attempt of ``seal`` (its receipt too) and of the trained ``row`` renamed ``other``."""
+    record = seal.record
+    assert isinstance(record, SiblingSealed)
+    receipt = {**record.seal.receipt, "rollout_id": other}
+    sealed = msgspec.structs.replace(record.seal, rollout_id=other, receipt=receipt)
+    history.replace(seal, msgspec.structs.replace(record, seal=sealed))
+    _edit_row(history, step, row, rollout_id=other)
+
+
 def _edit(history: History, entry: JournalEntry, **changes: object) -> None:
-    history.replace(entry, msgspec.structs.replace(entry.record, **changes))  # type: ignore[type-var]
+    history.replace(entry, msgspec.structs.replace(entry.record, **changes))
 
 
 def _padding(history: History, entry: JournalEntry) -> None:
@@ -233,12 +244,7 @@ def seal_and_row_renamed(history: History) -> str:
     """A seal and its row renamed alike, to an attempt no round dispatched."""
     entry, row, seal = _sibling_seal(history)
     other = _never_dispatched(row.rollout_id)
-    record = seal.record
-    assert isinstance(record, SiblingSealed)
-    receipt = {**record.seal.receipt, "rollout_id": other}
-    sealed = msgspec.structs.replace(record.seal, rollout_id=other, receipt=receipt)
-    history.replace(seal, msgspec.structs.replace(record, seal=sealed))
-    _edit_row(history, entry, row, rollout_id=other)
+    _rename_sealed(history, seal, entry, row, other)
     return f"sealed as {other}, but its attempt in flight was"
 
 
@@ -276,25 +282,20 @@ def row_spans_dropped(history: History) -> str:
 
 
 def step_valid_rows_edited(history: History) -> str:
-    entry = _surviving_steps(history)[-1]
-    step = entry.record
-    assert isinstance(step, StepTrained)
+    entry, step = _surviving_steps(history)[-1]
     _edit(history, entry, valid_rows=step.valid_rows - 1)
     return f"step {step.step} says it trained {step.valid_rows - 1} valid rows"
 
 
 def step_mean_reward_edited(history: History) -> str:
-    entry = _surviving_steps(history)[-1]
-    step = entry.record
-    assert isinstance(step, StepTrained) and step.mean_reward is not None
+    entry, step = _surviving_steps(history)[-1]
+    assert step.mean_reward is not None
     _edit(history, entry, mean_reward=step.mean_reward + 0.5)
     return f"step {step.step} says its mean reward was"
 
 
 def step_weight_version_edited(history: History) -> str:
-    entry = _surviving_steps(history)[-1]
-    step = entry.record
-    assert isinstance(step, StepTrained)
+    entry, step = _surviving_steps(history)[-1]
     _edit(history, entry, weight_version=step.weight_version + 1)
     return f"step {step.step} produced weight version {step.weight_version + 1}"
 
@@ -306,9 +307,7 @@ def published_versions_edited(history: History) -> str:
 
 
 def published_valid_rows_edited(history: History) -> str:
-    entry = next(e for e in history.of(GroupPublished) if e.record.valid_rows > 0)  # type: ignore[attr-defined]
-    record = entry.record
-    assert isinstance(record, GroupPublished)
+    entry, record = next((e, r) for e, r in _all(history, GroupPublished) if r.valid_rows > 0)
     _edit(history, entry, valid_rows=record.valid_rows - 1)
     return f"group {record.group_id} was published with {record.valid_rows - 1} valid rows"
 
@@ -336,16 +335,7 @@ def round_renames_a_reserved_attempt(history: History) -> str:
         for d in record.dispatched
     ]
     history.replace(first, msgspec.structs.replace(record, dispatched=renamed))
-    sealed = seal.record
-    assert isinstance(sealed, SiblingSealed)
-    receipt = {**sealed.seal.receipt, "rollout_id": other}
-    history.replace(
-        seal,
-        msgspec.structs.replace(
-            sealed, seal=msgspec.structs.replace(sealed.seal, rollout_id=other, receipt=receipt)
-        ),
-    )
-    _edit_row(history, entry, row, rollout_id=other)
+    _rename_sealed(history, seal, entry, row, other)
     return f"but its reserved attempt is {row.rollout_id}"
 
 
@@ -354,8 +344,8 @@ def abandon_excuses_a_lost_seal(history: History) -> str:
     entry, row, seal = _sibling_seal(history)
     later = next(
         e
-        for e in history.of(SiblingSealed)
-        if e.offset > seal.offset and e.record.group_id != row.group_id  # type: ignore[attr-defined]
+        for e, r in _all(history, SiblingSealed)
+        if e.offset > seal.offset and r.group_id != row.group_id
     )
     abandon = AttemptsAbandoned(
         group_id=row.group_id,
@@ -371,7 +361,7 @@ def abandon_excuses_a_lost_seal(history: History) -> str:
 
 
 def restart_abandon_erased(history: History) -> str:
-    entry = next(e for e in history.of(AttemptsAbandoned) if restart_abandon(e.record))  # type: ignore[arg-type]
+    entry, _ = next((e, r) for e, r in _all(history, AttemptsAbandoned) if restart_abandon(r))
     _padding(history, entry)
     return "and recorded no restart abandon for them"
 
