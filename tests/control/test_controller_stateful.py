@@ -583,7 +583,7 @@ class ControllerMachine(RuleBasedStateMachine):
         started = RunStarted(
             pid=os.getpid(),
             resumed_from=None if found is None else found[0].name,
-            step=0,
+            step=0 if found is None else found[1].step,
             steps=STEPS,
             prompts_per_step=BATCH,
             group_size=N,

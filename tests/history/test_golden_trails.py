@@ -18,6 +18,9 @@ from rollout_recovery.history.records import Restored, StepTrained
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "history"
 GOOD = FIXTURES / "good" / "events.jsonl"
+#: The controller's golden journal (``tests/control/test_golden_replay.py``): faults,
+#: cohorts, two kills whose restores cross each other's window, ``reuse = "none"``, a drain.
+TRANSITIONS = FIXTURES.parent / "transitions" / "events.jsonl"
 EXPECTED: dict[str, str] = json.loads((FIXTURES / "broken" / "EXPECTED.json").read_text())
 
 
@@ -34,6 +37,16 @@ def test_the_good_trail_holds_a_restore_that_rolled_training_back() -> None:
     assert restore.rolled_back_steps, "the golden trail must exercise a rollback"
     steps = [r.step for r in records if isinstance(r, StepTrained)]
     assert len(steps) > len(set(steps)), "a rolled-back step is trained again"
+
+
+def test_the_controllers_golden_journal_passes_the_auditors_own_model() -> None:
+    """The auditor re-derives the run from the records without the controller's
+    transitions: on a journal the controller wrote, the two must agree."""
+    report = check_trail(TRANSITIONS)
+    assert report.ok, report.violations
+    assert not report.complete  # drained after its third step of five
+    assert report.counts["restores"] == 2
+    assert report.counts["restored_seals_discarded"] > 0
 
 
 def test_every_invariant_has_a_broken_trail() -> None:

@@ -13,8 +13,12 @@ import msgspec
 from trail_builders import (
     N,
     abandoned,
+    admitted,
     dropped,
+    first_round,
     good_history,
+    rid,
+    round_of,
     row,
     sealed,
     started,
@@ -24,7 +28,14 @@ from trail_builders import (
 )
 
 from rollout_recovery.history._trail_check import TrailReport, check_trail
-from rollout_recovery.history.records import HistoryRecord, StepTrained
+from rollout_recovery.history.records import (
+    HistoryRecord,
+    PromptDropped,
+    PromptTaken,
+    RoundStarted,
+    SiblingSealed,
+    StepTrained,
+)
 
 
 def check(tmp_path: Path, records: list[HistoryRecord], *, complete: bool = True) -> TrailReport:
@@ -76,6 +87,10 @@ def test_a_good_run_passes_with_its_counts(tmp_path: Path) -> None:
         "seals_abandoned": 1,
         "attempts_resumed": 0,
         "calls_resumed": 0,
+        "restores": 0,
+        "restored_seals_kept": 0,
+        "restored_seals_discarded": 0,
+        "replayed_records": 0,
     }
 
 
@@ -129,9 +144,21 @@ def test_an_altered_line_is_refused_with_its_line(tmp_path: Path) -> None:
 # -- one broken history per invariant ---------------------------------------------------------
 
 
+def index_of(records: list[HistoryRecord], kind: type, group: str, *, nth: int = 0) -> int:
+    """The position of the ``nth`` record of ``kind`` about ``group``."""
+    found = [
+        i
+        for i, r in enumerate(records)
+        if isinstance(r, kind) and getattr(r, "group_id", None) == group
+    ]
+    return found[nth]
+
+
 def test_the_dataloader_positions_must_be_contiguous(tmp_path: Path) -> None:
     records = good_history()
-    records[records.index(taken("g3", 3))] = taken("g3", 3, position=5)
+    records[index_of(records, PromptTaken, "g3")] = msgspec.structs.replace(
+        taken("g3", 3, version=1), position=5, batch=1
+    )
     violation = violation_with(check(tmp_path, records), "positions are not contiguous")
     assert "missing [3, 4]" in violation
 
@@ -144,9 +171,9 @@ def test_a_group_trained_in_two_steps(tmp_path: Path) -> None:
         step(
             1,
             [
-                row("g3", 0, "r3a", prompt=3),
-                row("g3", 1, "r3b", prompt=3),
-                row("g0", 0, "r0a", prompt=0),
+                row("g3", 0, rid("g3", 0), prompt=3, version=1),
+                row("g3", 1, rid("g3", 1), prompt=3, version=1),
+                row("g0", 0, rid("g0", 0), prompt=0),
             ],
             groups=["g3"],
         ),
@@ -154,11 +181,12 @@ def test_a_group_trained_in_two_steps(tmp_path: Path) -> None:
     report = check(tmp_path, records)
     violation_with(report, "group g0 trained in steps [0, 1]")
     violation_with(report, "sibling ('g0', 0) trained twice")
+    violation_with(report, "rows of group g0 were trained, but the group was trained")
 
 
 def test_a_group_with_too_few_rows(tmp_path: Path) -> None:
     records = good_history()
-    replace_step(records, 1, step(1, [row("g3", 0, "r3a", prompt=3)]))
+    replace_step(records, 1, step(1, [row("g3", 0, rid("g3", 0), prompt=3, version=1)]))
     report = check(tmp_path, records)
     violation = violation_with(report, "group g3", "generation indices [0]")
     assert f"expected 0..{N - 1}" in violation
@@ -172,9 +200,9 @@ def test_a_group_with_too_many_rows(tmp_path: Path) -> None:
         step(
             1,
             [
-                row("g3", 0, "r3a", prompt=3),
-                row("g3", 1, "r3b", prompt=3),
-                row("g3", 2, "r3c", prompt=3),
+                row("g3", 0, rid("g3", 0), prompt=3, version=1),
+                row("g3", 1, rid("g3", 1), prompt=3, version=1),
+                row("g3", 2, rid("g3", 2), prompt=3, version=1),
             ],
         ),
     )
@@ -183,21 +211,24 @@ def test_a_group_with_too_many_rows(tmp_path: Path) -> None:
 
 def test_a_step_with_fewer_groups_than_it_expected(tmp_path: Path) -> None:
     records = good_history()
-    records.remove(dropped("g2", 2))  # step 1 still expects g2: it trained one group short
+    del records[index_of(records, PromptDropped, "g2")]  # step 1 still expects g2
     report = check(tmp_path, records)
     violation_with(report, "step 1 trained 1 groups, expected 2")
 
 
 def test_steps_out_of_order(tmp_path: Path) -> None:
     records = good_history()
-    replace_step(
-        records, 1, step(2, [row("g3", 0, "r3a", prompt=3), row("g3", 1, "r3b", prompt=3)])
-    )
-    violation_with(check(tmp_path, records), "step 2 trained where step 1 was due")
+    last = max(i for i, r in enumerate(records) if isinstance(r, StepTrained))
+    trained = records[last]
+    assert isinstance(trained, StepTrained)
+    records[last] = msgspec.structs.replace(trained, step=2)
+    report = check(tmp_path, records)
+    violation_with(report, "step 2 trained where step 1 was due")
+    violation_with(report, "step 2 was trained while step 1 was due")
 
 
 def test_a_prompt_taken_but_neither_trained_nor_dropped(tmp_path: Path) -> None:
-    records = [*good_history(), taken("g4", 4)]
+    records = [*good_history(), taken("g4", 4, version=2)]
     violation = only_violation(check(tmp_path, records))
     assert "prompt 4 (group g4" in violation
     assert f"events.jsonl:{len(records)}" in violation
@@ -205,83 +236,93 @@ def test_a_prompt_taken_but_neither_trained_nor_dropped(tmp_path: Path) -> None:
 
 
 def test_a_prompt_still_in_flight_is_accepted_when_the_run_is_incomplete(tmp_path: Path) -> None:
-    records = [*good_history(), taken("g4", 4), sealed("g4", 0, "r4a")]
+    records = [
+        *good_history(),
+        taken("g4", 4, version=2),
+        taken("g5", 5, version=2),
+        admitted(2, "g4", "g5", version=2),
+        first_round("g4", version=2),
+        sealed("g4", 0, rid("g4", 0), version=2),
+    ]
     assert check(tmp_path, records, complete=False).ok
     finished = check(tmp_path, records, complete=True)
     violation_with(finished, "group g4", "neither trained nor dropped")
-    violation_with(finished, "sibling (g4, 0) sealed as r4a", "never trained")
+    violation_with(finished, f"sibling (g4, 0) sealed as {rid('g4', 0)}", "never trained")
 
 
-def test_a_sealed_sibling_trained_as_another_rollout_without_an_abandon(tmp_path: Path) -> None:
+def test_a_sealed_sibling_trained_as_another_rollout(tmp_path: Path) -> None:
     records = good_history()
+    other = rid("g3", 0, 9)
     replace_step(
-        records, 1, step(1, [row("g3", 0, "r3z", prompt=3), row("g3", 1, "r3b", prompt=3)])
+        records,
+        1,
+        step(
+            1,
+            [
+                row("g3", 0, other, prompt=3, version=1),
+                row("g3", 1, rid("g3", 1), prompt=3, version=1),
+            ],
+        ),
     )
-    violation = only_violation(check(tmp_path, records))
-    seal_line = line_of(records, sealed("g3", 0, "r3a"))
-    assert f"sibling (g3, 0) sealed as r3a (events.jsonl:{seal_line})" in violation
-    assert "trained as r3z" in violation
-    assert "no abandon, drop or discard" in violation
-
-
-def test_the_same_is_accepted_with_an_abandon_after_the_seal(tmp_path: Path) -> None:
-    records = good_history()
-    replace_step(
-        records, 1, step(1, [row("g3", 0, "r3z", prompt=3), row("g3", 1, "r3b", prompt=3)])
-    )
-    records.insert(records.index(sealed("g3", 1, "r3b")), abandoned("g3", (0, "r3a")))
     report = check(tmp_path, records)
-    assert report.ok, report.violations
-    assert report.counts["seals_abandoned"] == 2
+    seal_line = index_of(records, SiblingSealed, "g3") + 1
+    violation = violation_with(report, "a lost seal")
+    assert f"sibling (g3, 0) sealed as {rid('g3', 0)} (events.jsonl:{seal_line})" in violation
+    assert f"trained as {other}" in violation
+    violation_with(report, f"row (g3, 0) was trained as {other}", "the seal its group published")
 
 
-def test_a_whole_group_abandon_after_the_seal_is_accepted(tmp_path: Path) -> None:
+def test_an_abandon_after_the_seal_excuses_nothing(tmp_path: Path) -> None:
+    """A sealed attempt is never abandoned: an abandon after a seal is an altered journal,
+    not a reason to train another rollout in its place."""
     records = good_history()
+    other = rid("g3", 0, 9)
     replace_step(
-        records, 1, step(1, [row("g3", 0, "r3z", prompt=3), row("g3", 1, "r3y", prompt=3)])
+        records,
+        1,
+        step(
+            1,
+            [
+                row("g3", 0, other, prompt=3, version=1),
+                row("g3", 1, rid("g3", 1), prompt=3, version=1),
+            ],
+        ),
     )
     records.insert(
-        records.index(sealed("g3", 1, "r3b")) + 1,
-        abandoned("g3", (0, "r3a"), (1, "r3b"), whole=True),
+        index_of(records, SiblingSealed, "g3", nth=1), abandoned("g3", (0, rid("g3", 0)))
     )
-    assert check(tmp_path, records).ok
+    report = check(tmp_path, records)
+    violation_with(report, "group g3's abandon lists", "a sealed attempt is never abandoned")
+    violation_with(report, f"sibling (g3, 0) sealed as {rid('g3', 0)}", "a lost seal")
 
 
 def test_an_abandon_before_the_seal_does_not_excuse_it(tmp_path: Path) -> None:
     records = good_history()
-    replace_step(
-        records, 1, step(1, [row("g3", 0, "r3z", prompt=3), row("g3", 1, "r3b", prompt=3)])
+    records.insert(index_of(records, SiblingSealed, "g3"), abandoned("g3", (0, rid("g3", 0))))
+    report = check(tmp_path, records)
+    violation_with(
+        report, f"sibling (g3, 0) sealed as {rid('g3', 0)}", "no round dispatched what was sealed"
     )
-    records.insert(records.index(sealed("g3", 0, "r3a")), abandoned("g3", (0, "r3a")))
-    violation_with(check(tmp_path, records), "sibling (g3, 0) sealed as r3a", "trained as r3z")
-
-
-def test_an_abandon_of_another_rollout_does_not_excuse_it(tmp_path: Path) -> None:
-    records = good_history()
-    replace_step(
-        records, 1, step(1, [row("g3", 0, "r3z", prompt=3), row("g3", 1, "r3b", prompt=3)])
-    )
-    records.append(abandoned("g3", (0, "r3q")))
-    only_violation(check(tmp_path, records))
 
 
 def test_a_group_both_trained_and_dropped(tmp_path: Path) -> None:
-    records = [*good_history(), dropped("g0", 0, target_step=5)]
-    violation = violation_with(check(tmp_path, records), "group g0 both trained and dropped")
+    records = [*good_history(), dropped("g0", 0, target_step=0)]
+    report = check(tmp_path, records)
+    violation = violation_with(report, "group g0 both trained and dropped")
     assert f"events.jsonl:{len(records)}" in violation
+    violation_with(report, "a drop names group g0, which is trained already")
 
 
 def test_a_group_trained_but_never_taken(tmp_path: Path) -> None:
-    records = [r for r in good_history() if r != taken("g1", 1)]
-    records[records.index(taken("g2", 2))] = taken("g2", 2, position=1)
-    records[records.index(taken("g3", 3))] = taken("g3", 3, position=2)
+    records = good_history()
+    del records[index_of(records, PromptTaken, "g1")]
     report = check(tmp_path, records)
     violation_with(report, "group g1 trained but never taken")
     violation_with(report, "prompt 1 trained 1 times but taken 0")
 
 
 def test_a_group_taken_twice(tmp_path: Path) -> None:
-    records = [*good_history(), taken("g0", 0, position=4)]
+    records = [*good_history(), taken("g0", 0, position=4, version=2)]
     violation = violation_with(check(tmp_path, records), "g0 taken twice")
     assert f"events.jsonl:{len(records)}" in violation
 
@@ -297,3 +338,10 @@ def test_a_torn_tail_is_not_part_of_the_history(tmp_path: Path) -> None:
     with open(path, "ab") as handle:
         handle.write(framed({"event": "prompt_taken"})[:30])  # a write a crash cut short
     assert check_trail(path).ok
+
+
+def test_a_second_round_gives_a_fresh_attempt_id(tmp_path: Path) -> None:
+    records = good_history()
+    index = index_of(records, RoundStarted, "g1", nth=1)
+    records[index] = round_of("g1", 2, (1, rid("g1", 1)))  # the abandoned attempt's own id
+    violation_with(check(tmp_path, records), f"attempt id {rid('g1', 1)} was given before")

@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-from trail_builders import abandoned, started, write_trail
+from trail_builders import abandoned, admitted, started, write_trail
 
 from rollout_recovery.history._trail_check import TrailReport, check_trail
 from rollout_recovery.history.records import (
+    AbandonedAttempt,
     AttemptResumed,
+    AttemptsAbandoned,
     FreshAttempt,
     HistoryRecord,
     PromptTaken,
@@ -23,6 +25,7 @@ from rollout_recovery.history.records import (
     Seal,
     SiblingSealed,
 )
+from rollout_recovery.rollout import FailureReason
 
 LOST, FRESH, OTHER = "g5_g0_a1", "g5_g0_a2", "g5_g1_a1"
 
@@ -40,16 +43,24 @@ def resumed(**changes: object) -> AttemptResumed:
     return msgspec.structs.replace(record, **changes)
 
 
-def seal(inherited: int = 2) -> SiblingSealed:
+def seal(
+    inherited: int = 2,
+    *,
+    index: int = 0,
+    rollout_id: str = FRESH,
+    tokens: int = 14,
+    reward: float = 1.0,
+) -> SiblingSealed:
     return SiblingSealed(
         group_id="g5",
         seal=Seal(
-            generation_index=0,
-            rollout_id=FRESH,
-            receipt={"rollout_id": FRESH},
-            reward=1.0,
+            generation_index=index,
+            rollout_id=rollout_id,
+            receipt={"rollout_id": rollout_id},
+            reward=reward,
             mask_sample=False,
-            tokens=14,
+            tokens=tokens,
+            weight_versions=[0],
             inherited_calls=inherited,
             inherited_tokens=8 if inherited else 0,
         ),
@@ -62,12 +73,14 @@ def history(
     return [
         started(),
         PromptTaken(group_id="g5", prompt_idx=5, position=0, batch=0, attempts=[LOST, OTHER]),
+        admitted(0, "g5"),
         RoundStarted(
             group_id="g5",
             round=1,
             dispatched=[FreshAttempt(0, LOST), FreshAttempt(1, OTHER)],
             weight_version=0,
         ),
+        seal(0, index=1, rollout_id=OTHER, tokens=6, reward=0.0),
         abandoned("g5", (0, LOST)),
         RoundStarted(group_id="g5", round=2, dispatched=[FreshAttempt(0, FRESH)], weight_version=0),
         resume or resumed(),
@@ -76,13 +89,14 @@ def history(
 
 
 def restored() -> Restored:
+    """A restore of a snapshot taken at the journal's start (its records all replayed)."""
     return Restored(
         checkpoint="step_000000",
         step=0,
         snapshot_position=0,
-        replayed_records=0,
+        replayed_records=5,  # every record before it
         groups_in_ledger=1,
-        sealed_siblings_kept=0,
+        sealed_siblings_kept=1,
         canonical_groups=0,
     )
 
@@ -111,11 +125,16 @@ def test_a_refused_resume_names_no_source_and_passes(tmp_path: Path) -> None:
     assert check(tmp_path, history(resume=refused, sealed=seal(inherited=0))).ok
 
 
-def test_continuing_an_attempt_that_was_not_abandoned_is_refused(tmp_path: Path) -> None:
-    records = history()
-    del records[3]  # the abandon
-    found = violation(check(tmp_path, records), "neither abandoned nor cut off by a restore")
-    assert f"{FRESH} continues {LOST}" in found and "events.jsonl:5" in found
+def test_continuing_the_attempt_in_flight_itself_is_refused(tmp_path: Path) -> None:
+    """Only an earlier attempt of the sibling is lost (abandoned, or cut off by a restore):
+    the attempt in flight is not."""
+    itself = resumed(from_rollout_id=FRESH, calls=[f"{FRESH}/reason-1"], weight_versions=[0])
+    found = violation(
+        check(tmp_path, history(resume=itself, sealed=seal(inherited=1))),
+        "not an earlier attempt of that sibling",
+    )
+    assert f"{FRESH} of sibling ('g5', 0) continues {FRESH}" in found
+    assert "events.jsonl:8" in found
 
 
 def test_an_attempt_a_restore_cut_off_may_be_continued_without_an_abandon(
@@ -124,8 +143,18 @@ def test_an_attempt_a_restore_cut_off_may_be_continued_without_an_abandon(
     """A restore abandons whatever it finds unsealed, also attempts it records no abandon
     for (a group its reuse policy rewound to before their round)."""
     records = history()
-    records[3] = restored()
-    assert check(tmp_path, records).ok, check(tmp_path, records).violations
+    records[5:7] = [
+        restored(),
+        AttemptsAbandoned(
+            group_id="g5",
+            attempts=[
+                AbandonedAttempt(0, LOST, FailureReason.RESTART),
+            ],
+        ),
+        RoundStarted(group_id="g5", round=2, dispatched=[FreshAttempt(0, FRESH)], weight_version=0),
+    ]
+    report = check(tmp_path, records)
+    assert report.ok, report.violations
 
 
 def test_continuing_another_siblings_attempt_is_refused(tmp_path: Path) -> None:

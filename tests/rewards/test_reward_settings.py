@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.errors import InvalidStateError, JobMismatchError
 from rollout_recovery.rewards import CaptureRewardSettings
 from rollout_recovery.rewards._settings import EffortRewardSettings
 
@@ -112,9 +112,10 @@ def test_reward_settings_reject_semantic_changes_with_field_names(
         penalties={**base, **current_penalties}, effort=current_effort
     )
     with pytest.raises(
-        InvalidStateError, match="capture reward settings differ from the checkpoint: "
+        JobMismatchError, match="capture reward settings differ from the checkpoint: "
     ) as info:
         checkpoint.require_compatible(current)
+    assert info.value.differences == [named]
     assert named in str(info.value)
     assert checkpoint.differences(current) == [named]
 
@@ -293,7 +294,7 @@ def test_require_compatible_is_empty_iff_semantically_equal(
     assert (diffs == []) == (left.state_dict() == right.state_dict())
     assert sorted(diffs) == sorted(right.differences(left))
     if diffs:
-        with pytest.raises(InvalidStateError, match=", ".join(map(_escape, diffs))):
+        with pytest.raises(JobMismatchError, match=", ".join(map(_escape, diffs))):
             left.require_compatible(right)
     else:
         left.require_compatible(right)

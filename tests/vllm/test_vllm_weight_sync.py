@@ -10,7 +10,7 @@ What each test catches (``vllm_fake.py`` models the engine's behaviour):
 - a failed load leaves the server resumed, naming no version, and out of rotation.
 
 The third trap, the stale tied ``lm_head``, lives in the worker: ``test_vllm_extension.py``
-and the real-vLLM test ``tests/integration/test_vllm_weight_sync_real.py``.
+and the real-vLLM test ``tests/integration/llm/test_vllm_weight_sync_real.py``.
 """
 
 from __future__ import annotations

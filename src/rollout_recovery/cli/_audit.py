@@ -23,9 +23,13 @@ _SHOWN_VIOLATIONS = 20
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def audit(run_dir: Path, as_json: bool) -> None:
-    """Check a run's invariants: each group trained once with exactly N rows, no sibling
-    or prompt trained twice, every prompt trained, dropped with a reason or still owned by
-    the newest checkpoint, sealed work reused, checkpoints complete and their rows present.
+    """Check a run's invariants: every record of its journal against the records that
+    established what it states (each trained row against its seal, its prompt and its
+    group's publish; each seal against the round that dispatched it; each restore against
+    a replay of the journal after its snapshot); each group trained once with exactly N
+    rows, no sibling or prompt trained twice, every prompt trained, dropped with a reason
+    or still in flight, every seal trained unless a drop or a restore's discard says why;
+    checkpoints complete and their rows present.
 
     Read-only; works on a run in progress by checking what it committed. The counts name
     the lineage its checkpoints' sidecars were read as (``sidecar_lineage``); a NeMo-RL

@@ -58,8 +58,9 @@ def run(
 
     With no --config it runs the default job: a synthetic task set, simulated agent
     episodes with injected faults, and a numpy policy that learns, in about two minutes
-    on two CPU cores. The run directory gets an audit trail (trained_rows.jsonl,
-    events.jsonl), metrics.jsonl, reward.png and its checkpoints.
+    on two CPU cores. The run directory gets its history (events.jsonl, the write-ahead
+    journal that `rollout-recovery audit` and `journal` read), metrics.jsonl, reward.png
+    and its checkpoints.
 
     SIGTERM, Ctrl-C, `rollout-recovery stop DIR` or the drain file ([job] drain_file)
     drain it: admission stops, attempts in flight get [job] drain_grace_s to finish, a

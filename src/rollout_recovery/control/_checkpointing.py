@@ -318,9 +318,10 @@ def verify_checkpoint(
     """Decode and check everything a restore will use; change nothing on disk.
 
     Raises ``InvalidStateError`` / ``CheckpointDirectoryError`` for a damaged checkpoint
-    (the caller falls back to an older one) and ``JobMismatchError`` for another job's.
-    Its last check loads the trainer's state into ``controller.trainer`` (a refused load
-    changes nothing), which a restore then uses: call it before the trainer trains.
+    (the caller falls back to an older one) and ``JobMismatchError`` for another job's,
+    or one written under other reward settings than the controller's. Its last check
+    loads the trainer's state into ``controller.trainer`` (a refused load changes
+    nothing), which a restore then uses: call it before the trainer trains.
     """
     where = str(loaded.directory)
     files = decode_checkpoint_files(loaded)
@@ -334,6 +335,8 @@ def verify_checkpoint(
             + ("; ".join(differences) or "its identity fingerprint differs"),
             differences=differences,
         )
+    if parsed.reward_settings is not None:
+        parsed.reward_settings.require_compatible(controller.settings, checkpoint=where)
     policy: dict[str, npt.NDArray[Any]] = {}
     trainer_files = {
         own: loaded.files[name]

@@ -28,7 +28,8 @@ import msgspec
 from ..errors import InvalidArgumentError, NotARunDirectoryError, RolloutRecoveryError
 from ..rundir import CheckpointStore, RunDirectory
 from ._journal import JournalCorruptError, JournalEntry, scan_journal
-from .records import HISTORY_VERSION, RECORD_TYPES, HistoryRecord, Restored, RunStarted
+from ._trail_reader import version_problems
+from .records import HISTORY_VERSION, RECORD_TYPES, HistoryRecord, Restored
 
 __all__ = [
     "JOURNAL_REPORT_FORMAT",
@@ -331,14 +332,7 @@ def inspect_journal(
     live = run.is_locked()
     size = run.events.stat().st_size
     entries, end, torn, reason, corrupt = _scan(run.events)
-    problems: list[str] = []
-    for entry in entries:
-        record = entry.record
-        if isinstance(record, RunStarted) and record.version != HISTORY_VERSION:
-            problems.append(
-                f"{run.events.name}:{entry.line} (byte {entry.offset}) is history version "
-                f"{record.version}; this rollout-recovery reads version {HISTORY_VERSION}"
-            )
+    problems = version_problems(entries, run.events.name)
     report = JournalReport(
         run_dir=run_dir,
         journal=run.events,

@@ -20,7 +20,7 @@ from .._lifecycle import Resource
 from ..errors import CheckpointDirectoryError, RunNotResumableError, StorageFullError
 from ..rundir import CheckpointStore, RunDirectory
 from ._journal import JournalCorruptError, JournalStream, JournalWriter
-from ._trail_reader import read_json_lines, read_records
+from ._trail_reader import read_json_lines, read_records, version_problems
 from .records import HistoryRecord
 
 __all__ = ["AuditTrail", "strict_json_line"]
@@ -160,7 +160,8 @@ class AuditTrail(Resource):
     @staticmethod
     def require_synced_history(run: RunDirectory, store: CheckpointStore) -> None:
         """Refuse, changing nothing, a journal that lost what a committed checkpoint
-        synced, or that is damaged anywhere before its end: ``RunNotResumableError``.
+        synced, that is damaged anywhere before its end, or that was written by a history
+        version this one does not read: ``RunNotResumableError``.
 
         Each committed checkpoint's manifest records the length of ``events.jsonl`` it
         synced before it committed, and the journal is only ever cut back to a torn tail
@@ -194,10 +195,20 @@ class AuditTrail(Resource):
             )
         if not run.events.exists():
             return
+        whole = JournalStream(run.events)
         try:
-            whole = JournalStream(run.events).verify()
+            # Every line checksummed; only the run_started records decoded, for the
+            # history versions the run was written under.
+            started = list(whole.entries(events={"run_started"}))
         except JournalCorruptError as error:
             raise RunNotResumableError(str(error), remedy=_restore_remedy(run.events)) from error
+        unreadable = version_problems(started, run.events.name)
+        if unreadable:
+            raise RunNotResumableError(
+                unreadable[0],
+                remedy="Nothing was changed. Resume it with the rollout-recovery that wrote "
+                "it, or start a new run in another directory.",
+            )
         newest = max(synced, default=None)
         if newest is not None and whole.end < newest[0]:
             position, name = newest

@@ -16,23 +16,49 @@ import msgspec
 
 from ..errors import TrailLineError
 from ._journal import JournalEntry, scan_journal
-from .records import HISTORY_VERSION, HistoryRecord, RunStarted
+from .records import READABLE_HISTORY_VERSIONS, HistoryRecord, RunStarted
 
-__all__ = ["read_entries", "read_json_lines", "read_records"]
+__all__ = ["read_entries", "read_json_lines", "read_records", "version_problems"]
+
+
+def version_problems(entries: list[JournalEntry], name: str) -> list[str]:
+    """Why a reader cannot take ``entries`` (of the journal called ``name``) as a history it
+    reads: a ``run_started`` of a version it does not read, or of a version older than one
+    before it (an older rollout-recovery appended to a newer history). Each names its line
+    and byte offset."""
+    readable = " and ".join(str(v) for v in sorted(READABLE_HISTORY_VERSIONS))
+    problems: list[str] = []
+    newest: tuple[int, int] | None = None  # (version, line)
+    for entry in entries:
+        record = entry.record
+        if not isinstance(record, RunStarted):
+            continue
+        where = f"{name}:{entry.line} (byte {entry.offset})"
+        if record.version not in READABLE_HISTORY_VERSIONS:
+            problems.append(
+                f"{where} is history version {record.version}; this rollout-recovery reads "
+                f"versions {readable}: read it with the rollout-recovery that wrote it"
+            )
+        elif newest is not None and record.version < newest[0]:
+            problems.append(
+                f"{where} is history version {record.version}, after version {newest[0]} at "
+                f"line {newest[1]}: an older rollout-recovery appended to this history"
+            )
+        if newest is None or record.version > newest[0]:
+            newest = (record.version, entry.line)
+    return problems
 
 
 def read_entries(path: Path, *, start: int = 0, limit: int | None = None) -> list[JournalEntry]:
     """The verified records of the journal at ``path`` (from byte ``start``, up to
-    ``limit``), with their offsets and line numbers; a torn tail is left out."""
+    ``limit``), with their offsets and line numbers; a torn tail is left out.
+
+    Raises :class:`TrailLineError` for a history this version cannot read
+    (:func:`version_problems`)."""
     entries = scan_journal(path, start=start, limit=limit).entries
-    for entry in entries:
-        record = entry.record
-        if isinstance(record, RunStarted) and record.version != HISTORY_VERSION:
-            raise TrailLineError(
-                f"{path.name}:{entry.line} is history version {record.version}; this "
-                f"rollout-recovery reads version {HISTORY_VERSION}",
-                file=str(path),
-            )
+    problems = version_problems(entries, path.name)
+    if problems:
+        raise TrailLineError(problems[0], file=str(path))
     return entries
 
 

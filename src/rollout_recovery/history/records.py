@@ -8,8 +8,8 @@ what happened to each prompt, sibling and attempt, and what each training step u
 
 This module is public (``from rollout_recovery.history import records``): the records
 are the on-disk schema a user reads and a test builds. The schema is documented in
-``docs/journal.md`` ("Records"); a change to a record is a new
-:data:`HISTORY_VERSION`. Reasons are enums, not free text.
+``docs/journal.md`` ("Records"); a change to a record once its version was released is
+a new :data:`HISTORY_VERSION`. Reasons are enums, not free text.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..rollout import FailureReason
 
 __all__ = [
     "HISTORY_VERSION",
+    "READABLE_HISTORY_VERSIONS",
     "RECORD_TYPES",
     "AbandonedAttempt",
     "AttemptResumed",
@@ -52,8 +53,16 @@ __all__ = [
     "encode_record",
 ]
 
-#: The version of the record schema; a reader refuses a history of another version.
-HISTORY_VERSION = 1
+#: The version of the record schema, written in every ``run_started``. Version 2 added the
+#: ``attempt_resumed`` record and fields with defaults (``Seal``'s inherited calls,
+#: ``TrainedRow.weight_version_spans``, ``Restored``'s resume counts), and a round a
+#: restart interrupted no longer takes a round number. The schema of this version is
+#: pinned in ``tests/history/test_history_schema.py``.
+HISTORY_VERSION = 2
+
+#: The versions a reader of this schema accepts: every version-1 line decodes as a version-2
+#: record (version 2 only added), so a version-1 history is read and audited as it is.
+READABLE_HISTORY_VERSIONS: frozenset[int] = frozenset({1, 2})
 
 
 class DropReason(StrEnum):

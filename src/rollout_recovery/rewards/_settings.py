@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import InvalidStateError
+from ..errors import InvalidStateError, JobMismatchError
 from ._checks import RewardChecks
 from ._final_reward import CaptureRewardOutcome, LinkSpan, finalize_capture_reward
 from ._metrics import group_reward_metrics
@@ -288,12 +288,19 @@ class CaptureRewardSettings:
             )
         return diffs
 
-    def require_compatible(self, current: CaptureRewardSettings) -> None:
-        """Refuse to resume a checkpoint (``self``) under different reward semantics."""
+    def require_compatible(
+        self, current: CaptureRewardSettings, *, checkpoint: str = "the checkpoint"
+    ) -> None:
+        """Refuse to resume ``checkpoint``, written under these settings, under ``current``
+        (``verify_checkpoint`` calls it on every restore): rows finalized after the resume
+        would be rewarded differently from the rows of the same run before it. A
+        ``JobMismatchError`` naming each differing field: the job is another one, and no
+        older checkpoint of the run and no rerun can change that."""
         diffs = self.differences(current)
         if diffs:
-            raise InvalidStateError(
-                "capture reward settings differ from the checkpoint: " + ", ".join(diffs)
+            raise JobMismatchError(
+                f"capture reward settings differ from {checkpoint}: " + ", ".join(diffs),
+                differences=diffs,
             )
 
 
