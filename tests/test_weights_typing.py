@@ -11,15 +11,16 @@ import re
 from pathlib import Path
 
 import pytest
+from mypy_support import run_mypy
 
-mypy_api = pytest.importorskip("mypy.api")
+pytest.importorskip("mypy.api")
 
 PAIRS = Path(__file__).parent / "fixtures" / "typing" / "weights_pairs.py"
 
 
 def test_mypy_refuses_exactly_the_mismatched_weights() -> None:
     pytest.importorskip("torch")  # the torch side's types come from torch and transformers
-    stdout, stderr, _ = mypy_api.run(["--strict", "--no-error-summary", str(PAIRS)])
+    stdout, stderr, _ = run_mypy(["--strict", "--no-error-summary", str(PAIRS)])
     reported = {
         int(match.group(1))
         for match in re.finditer(r"weights_pairs\.py:(\d+): error:", stdout, re.M)

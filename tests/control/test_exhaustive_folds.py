@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from mypy_support import run_mypy
 
 import rollout_recovery
 
-mypy_api = pytest.importorskip("mypy.api")
+pytest.importorskip("mypy.api")
 
 PACKAGE = Path(rollout_recovery.__file__).parent
 #: The rooms whose folds over the history union must be exhaustive.
@@ -49,22 +49,16 @@ def _folds(package: Path) -> dict[Path, set[int]]:
 
 def _assert_never_errors(package: Path, modules: list[Path]) -> set[tuple[str, int]]:
     records = package / "history" / "records.py"
-    # mypy raises the process's recursion limit and leaves it raised (tests/conftest.py
-    # fails a test that leaks it).
-    limit = sys.getrecursionlimit()
-    try:
-        stdout, stderr, _ = mypy_api.run(
-            [
-                "--strict",
-                "--follow-imports=skip",
-                "--no-error-summary",
-                "--no-incremental",
-                str(records),
-                *map(str, modules),
-            ]
-        )
-    finally:
-        sys.setrecursionlimit(limit)
+    stdout, stderr, _ = run_mypy(
+        [
+            "--strict",
+            "--follow-imports=skip",
+            "--no-error-summary",
+            "--no-incremental",
+            str(records),
+            *map(str, modules),
+        ]
+    )
     assert not stderr, stderr
     return {
         (match.group(1), int(match.group(2)))
