@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from .._clock import monotonic
+from ..errors import InvalidArgumentError
 
 __all__ = ["TIME_FIELDS", "StepTimer"]
 
@@ -59,7 +60,9 @@ class StepTimer:
     def add(self, name: str, seconds: float) -> None:
         """``seconds`` more of ``name`` (one of :data:`TIME_FIELDS`) in this period."""
         if name not in TIME_FIELDS:
-            raise KeyError(f"unknown step time field {name!r}")
+            raise InvalidArgumentError(
+                f"unknown step time field {name!r}; one of {', '.join(TIME_FIELDS)}"
+            )
         self._parts[name] = self._parts.get(name, 0.0) + max(0.0, seconds)
 
     def fields(self) -> dict[str, float]:
