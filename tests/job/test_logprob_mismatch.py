@@ -121,3 +121,20 @@ def test_the_operator_sees_each_refusal_the_stop_and_no_rerun_advice(
     assert "error: the run stopped: NoValidRowsError: 2 steps in a row" in result.stdout
     assert "rerun the same command" not in result.stdout
     assert "Traceback" not in result.stdout
+
+
+def test_the_tolerance_is_the_configs(
+    tmp_path: Path,
+    lying_server: str,
+    fast_config: Callable[..., RunConfig],
+    read_jsonl: ReadJsonl,
+) -> None:
+    # Log-ratios are bounded at 20: a tolerance of 20 turns the check off.
+    job = _http_job(lying_server, steps=2)
+    config = fast_config({**job, "trainer": {"logprob_tolerance": 20.0}})
+    out = tmp_path / "run"
+
+    assert run_job(out, config).summary.steps == 2
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["train/logprob_refused"] for m in metrics] == [0.0, 0.0]
+    assert all(m["train/logprob_gap"] > 1.0 for m in metrics)
