@@ -24,6 +24,7 @@ from run_fixtures import backend_events
 
 from rollout_recovery.control import RunConfig
 from rollout_recovery.errors import NoValidRowsError
+from rollout_recovery.history import audit_run
 from rollout_recovery.job import run_job
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 from rollout_recovery.serve import PolicyServer
@@ -83,6 +84,12 @@ def test_steps_of_another_models_logprobs_are_refused_and_the_run_stops_saying_s
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["train/logprob_refused"] for m in metrics] == [1.0, 1.0]
     assert all(m["refused_rows"] == m["valid_rows"] > 0 for m in metrics)
+    # The journal stays a true history: the audit finds nothing wrong in it.
+    report = audit_run(out)
+    assert not report.violations, report.violations
+    # ... and counts no refused row as trained.
+    assert report.counts["steps_refused"] == 2 and report.counts["valid_rows"] == 0
+    assert report.counts["valid_row_fraction"] == 0.0
 
 
 def test_an_honest_server_is_never_refused(
