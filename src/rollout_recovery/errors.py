@@ -499,24 +499,38 @@ class RunNotResumableError(RolloutRecoveryError, RuntimeError):
 
 
 class NoValidRowsError(RolloutRecoveryError, RuntimeError):
-    """Several steps in a row trained no valid row: every row was a masked placeholder.
+    """Several steps in a row trained no valid row: every row was a masked placeholder,
+    or the trainer refused the step (``refused`` says why: another model's logprobs).
 
     ``reasons`` counts the placeholders' rejection reasons in the last step.
     """
 
     rerun_resumes = False
 
-    def __init__(self, *, steps: int, last_step: int, reasons: dict[str, int]) -> None:
+    def __init__(
+        self,
+        *,
+        steps: int,
+        last_step: int,
+        reasons: dict[str, int],
+        refused: str | None = None,
+    ) -> None:
         shown = ", ".join(f"{reason} x{count}" for reason, count in sorted(reasons.items()))
+        why = (
+            f"the last was refused: {refused}"
+            if refused is not None
+            else f"every row was a masked placeholder ({shown or 'no reason recorded'})"
+        )
         super().__init__(
-            f"{steps} steps in a row (through step {last_step}) trained no valid row: every "
-            f"row was a masked placeholder ({shown or 'no reason recorded'}). The generation "
-            "side produces nothing usable: check the servers (their replies, vocabulary and "
-            "weights); job.max_steps_without_valid_rows sets how many such steps are allowed"
+            f"{steps} steps in a row (through step {last_step}) trained no valid row: {why}. "
+            "The generation side produces nothing usable: check the servers (their replies, "
+            "vocabulary and weights); job.max_steps_without_valid_rows sets how many such "
+            "steps are allowed"
         )
         self.steps = steps
         self.last_step = last_step
         self.reasons = reasons
+        self.refused = refused
 
 
 class TrainingDivergedError(RolloutRecoveryError, RuntimeError):

@@ -80,6 +80,8 @@ def test_a_good_run_passes_with_its_counts(tmp_path: Path) -> None:
         "groups_trained": 3,
         "rows_trained": 6,
         "valid_rows_trained": 6,
+        "steps_refused": 0,
+        "valid_rows_refused": 0,
         "prompts_taken": 4,
         "prompts_dropped": 1,
         "seals": 7,

@@ -168,6 +168,7 @@ def test_the_summary_table_shows_every_field() -> None:
         "mean reward, last tenth": "0.842",
         "valid rows (fraction trained)": "0.981",
         "calls resumed (not generated again)": "0",
+        "steps refused (another model's logprobs)": "0",
     }
     # Every scalar field; the per-part counts get a table of their own, and the step time
     # shares a row only when a step was timed.

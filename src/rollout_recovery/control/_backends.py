@@ -139,6 +139,7 @@ def _numpy_digits(config: RunConfig) -> Learner:
         seed=config.job.seed,
         learning_rate=config.policy.learning_rate,
         clip_epsilon=config.policy.clip_epsilon,
+        logprob_tolerance=config.trainer.logprob_tolerance,
     )
     return Learner(trainer=trainer, dataset=dataset, episodes=DigitTask(dataset, config.task))
 

@@ -97,6 +97,12 @@ from ..rollout import (
 )
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
+from ._logprob_check import (
+    logprob_refusal,
+    refusal_message,
+    token_versions,
+    trainer_weights_generate,
+)
 from ._resume import choose_prefixes, resumed_record, version_filter
 from ._sampler import dataset_position_to_idx
 from ._snapshot import SnapshotBuilder
@@ -131,6 +137,9 @@ class StepProgress(Protocol):
         retries: int,
         checkpoints: int,
     ) -> None: ...
+
+    def log(self, message: str) -> None:
+        """One line for the operator (a refused step)."""
 
 
 class StepMetrics(Protocol):
@@ -228,6 +237,9 @@ class Controller(Generic[Weights]):
             data_plane=self.data_plane, group_size=config.job.generations_per_prompt
         )
         self.capture = CaptureWriter(self.data_plane)
+        #: Whether a sample's version stamp names weights the trainer handed out, so the
+        #: trainer may check its logprobs against its own (``_logprob_check.py``).
+        self._vouch_versions = trainer_weights_generate(config)
         #: Everything a checkpoint persists of the controller, in one object; it changes
         #: only by folding in the records the controller appends (``record``).
         self.state = ControllerState.initial(trainer.weight_version)
@@ -777,6 +789,9 @@ class Controller(Generic[Weights]):
                             token_mask=row.token_mask,
                             logprobs=row.logprobs,
                             advantage=float(advantage),
+                            token_versions=token_versions(meta, row.token_mask)
+                            if self._vouch_versions
+                            else None,
                         )
                     )
                     rewards_seen.append(meta.reward)
@@ -824,6 +839,17 @@ class Controller(Generic[Weights]):
         crash_point("train.before_clear")
         mean_reward = float(np.mean(rewards_seen)) if rewards_seen else None
         state = self.state
+        refusal = None
+        if metrics.get("logprob_refused"):
+            # Another model's logprobs: the trainer applied nothing. The step's record
+            # stays what its rows are; this one says none of them trained.
+            refusal = logprob_refusal(
+                step=step,
+                metrics=metrics,
+                tolerance=self.config.trainer.logprob_tolerance,
+                rows=len(samples),
+                steps_without_valid_rows=state.steps_without_valid_rows + 1,
+            )
         async with self.barrier.mutation("sample_clears") as cut:
             self.record(
                 StepTrained(
@@ -836,6 +862,8 @@ class Controller(Generic[Weights]):
                 ),
                 cut=cut,
             )
+            if refusal is not None:
+                self.record(refusal, cut=cut)
             backend_metrics: dict[str, Any] = {}
             if isinstance(self.backend, BackendTelemetry):
                 # Server deaths, rejoins and redispatches since the last step.
@@ -852,6 +880,8 @@ class Controller(Generic[Weights]):
                 "rows": len(trained),
                 "valid_rows": len(samples),
                 "valid_row_fraction": len(samples) / len(trained) if trained else None,
+                # Valid rows the trainer refused (another model's logprobs): not trained.
+                "refused_rows": len(samples) if refusal is not None else 0,
                 "placeholder_reasons": placeholder_reasons,
                 "weight_version": state.weight_version,
                 "train_seconds": train_seconds,
@@ -866,7 +896,11 @@ class Controller(Generic[Weights]):
         sync_started = monotonic()  # counted in the next step's period, as its checkpoint
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
         self.step_timer.add("time/weight_sync_s", monotonic() - sync_started)
-        self._check_valid_rows(step, placeholder_reasons)
+        if refusal is not None and self.progress is not None:
+            self.progress.log(refusal_message(refusal))
+        self._check_valid_rows(
+            step, placeholder_reasons, None if refusal is None else refusal_message(refusal)
+        )
         if self.progress is not None:
             self.progress.update(
                 step=state.step,
@@ -876,11 +910,15 @@ class Controller(Generic[Weights]):
                 checkpoints=state.counters.checkpoints,
             )
 
-    def _check_valid_rows(self, step: int, placeholder_reasons: Mapping[str, int]) -> None:
-        """Stop a run that trains nothing: K steps in a row of placeholders only.
+    def _check_valid_rows(
+        self, step: int, placeholder_reasons: Mapping[str, int], refused: str | None
+    ) -> None:
+        """Stop a run that trains nothing: K steps in a row of placeholders only, or
+        refused (``refused`` says why this step was).
 
         A server that answers every call with garbage gives masked placeholders, which
-        train nothing; without this the run would "finish" having learned nothing.
+        train nothing; one that answers another model's logprobs gets its steps refused;
+        without this the run would "finish" having learned nothing.
         """
         state = self.state
         limit = self.config.job.max_steps_without_valid_rows
@@ -889,6 +927,7 @@ class Controller(Generic[Weights]):
                 steps=state.steps_without_valid_rows,
                 last_step=step,
                 reasons=dict(placeholder_reasons),
+                refused=refused,
             )
 
     # ------------------------------------------------------------------ drain

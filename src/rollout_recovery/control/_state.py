@@ -20,6 +20,7 @@ from .._messages import split_validation_path
 from ..errors import InvalidStateError
 from ..history import records
 from ..rollout import FailureReason
+from . import _logprob_check
 
 __all__ = [
     "CONTROLLER_STATE_VERSION",
@@ -154,6 +155,10 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 )
             case records.Restored():
                 counters.siblings_reused += record.sealed_siblings_kept
+            case records.BackendEvent(kind=_logprob_check.LOGPROB_MISMATCH, detail=detail):
+                # Right after its step's step_trained, which reset the count of steps
+                # without a valid row trained; the refusal carries the true count.
+                self.steps_without_valid_rows = int(detail["steps_without_valid_rows"])
             case (
                 records.RunStarted()
                 | records.BatchAdmitted()

@@ -168,11 +168,13 @@ def _audit_history(
         )
     torn = scan_journal(run.events, start=min(position, run.events.stat().st_size)).torn_bytes
     rows = trail.counts.get("rows_trained", 0)
-    valid = trail.counts.get("valid_rows_trained", 0)
+    # A step the trainer refused (another model's logprobs) trained none of its valid rows.
+    valid = trail.counts.get("valid_rows_trained", 0) - trail.counts.get("valid_rows_refused", 0)
     counts.update(
         rows=rows,
         valid_rows=valid,
         valid_row_fraction=round(valid / rows, 4) if rows else None,
+        steps_refused=trail.counts.get("steps_refused", 0),
         groups=trail.counts.get("groups_trained", 0),
         steps=len(trail.surviving_steps),
         prompts_taken=trail.counts.get("prompts_taken", 0),

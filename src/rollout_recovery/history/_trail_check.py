@@ -140,6 +140,8 @@ class _Facts:
     restores: list[Restored] = field(default_factory=list)
     #: Attempts handed the calls of a lost attempt (``attempt_resumed`` with a source).
     resumed: int = 0
+    #: Valid rows of each surviving step the trainer refused (``logprob_mismatch``).
+    refused_rows: list[int] = field(default_factory=list)
 
 
 def check_trail(
@@ -279,6 +281,9 @@ class _Walk:
                 facts.started = facts.started or record
             case AttemptResumed():
                 facts.resumed += record.from_rollout_id is not None
+            case BackendEvent(kind="logprob_mismatch"):  # control's record of a refused step
+                if not any(window.holds(entry.offset) for window in self.windows):
+                    facts.refused_rows.append(int(record.detail.get("rows", 0)))
             case (
                 BatchAdmitted()
                 | RoundStarted()
@@ -598,6 +603,8 @@ def _check(
             for entry in facts.steps
             if isinstance(entry.record, StepTrained)
         ),
+        "steps_refused": len(facts.refused_rows),
+        "valid_rows_refused": sum(facts.refused_rows),
         "prompts_taken": len(facts.taken),
         "prompts_dropped": len(facts.dropped),
         "seals": len(facts.seals),

@@ -39,6 +39,9 @@ class RunReadback:
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Each ``time/<part>_s`` step field summed over the steps (``time/step_s`` too).
     seconds: dict[str, float] = field(default_factory=dict)
+    #: Steps the trainer refused (another model's logprobs) and their valid rows.
+    refused_steps: int = 0
+    refused_rows: int = 0
 
     @classmethod
     def read(cls, run: RunDirectory) -> RunReadback:
@@ -78,6 +81,9 @@ class RunReadback:
             for name, value in values.items():
                 if name.startswith("time/") and name.endswith("_s") and _finite(value):
                     self.seconds[name] = self.seconds.get(name, 0.0) + float(value)
+            refused = values.get("refused_rows") or 0
+            self.refused_steps += 1 if refused else 0
+            self.refused_rows += int(refused)
         self.parts = _parts(backend)
 
     @property

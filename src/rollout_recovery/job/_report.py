@@ -253,7 +253,8 @@ class RunSummary:
     # Mean reward over the first and the last tenth of the steps (None: no reward yet).
     first_tenth_reward: float | None
     last_tenth_reward: float | None
-    #: Valid rows over all rows trained (placeholders are the rest); None before any row.
+    #: Valid rows trained over all rows (placeholders, and the valid rows of refused steps,
+    #: are the rest); None before any row.
     valid_row_fraction: float | None = None
     #: Per generation part (server or actor) counts from the backend's telemetry, when it
     #: has parts that live and die on their own: ``{name: {"state": ..., "calls": ...}}``.
@@ -263,6 +264,8 @@ class RunSummary:
     #: Where the steps' time went: each ``time/<part>_s`` field's share of ``time/step_s``
     #: over the run (``{"generation": 0.61, "train": 0.15, ...}``).
     time_shares: Mapping[str, float] = field(default_factory=dict)
+    #: Steps the trainer refused: their behaviour logprobs were another model's.
+    steps_refused: int = 0
 
     def render(self, console: Console) -> None:
         """Print the summary as tables (see :func:`render_summary`)."""
@@ -285,6 +288,7 @@ _SUMMARY_LABELS = {
     "first_tenth_reward": "mean reward, first tenth",
     "last_tenth_reward": "mean reward, last tenth",
     "valid_row_fraction": "valid rows (fraction trained)",
+    "steps_refused": "steps refused (another model's logprobs)",
 }
 
 

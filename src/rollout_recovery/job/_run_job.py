@@ -603,8 +603,11 @@ def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) ->
         first_tenth_reward=first,
         last_tenth_reward=last,
         valid_row_fraction=(
-            counters.valid_rows_trained / counters.rows_trained if counters.rows_trained else None
+            (counters.valid_rows_trained - run.refused_rows) / counters.rows_trained
+            if counters.rows_trained
+            else None
         ),
+        steps_refused=run.refused_steps,
         parts=run.parts,
         time_shares=run.time_shares,
     )

@@ -61,6 +61,7 @@ class LlmParts:
                 epochs=trainer.epochs,
                 weight_decay=trainer.weight_decay,
                 max_grad_norm=trainer.max_grad_norm or None,
+                logprob_tolerance=trainer.logprob_tolerance,
             )
         except RolloutRecoveryError:
             raise

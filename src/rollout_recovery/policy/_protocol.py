@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -24,12 +24,29 @@ class TrainSample:
     prompt tokens; ``logprobs`` are the behaviour policy's logprobs captured at generation
     (0.0 on prompt tokens); ``advantage`` is the row's GRPO advantage. Placeholders never
     reach a trainer: the controller drops them after computing advantages.
+
+    ``token_versions`` (when the controller can vouch for them; None when generation
+    serves weights the job does not control, as a server under ``weight_sync = "none"``)
+    is, per position, the weight version that generated the token, -1 on prompt tokens.
+    A trainer that holds a token's version recomputes the very logprob the generator
+    reported, up to numerical noise: it measures the mean absolute gap (nats, each
+    log-ratio bounded as in the loss) over such tokens in the step's first pass, and a gap
+    above its ``logprob_tolerance`` means the logprobs are another model's. That step
+    changes no parameter and no optimizer state, and its metrics say
+    ``logprob_refused = 1`` (with ``logprob_gap`` and ``logprob_checked_tokens`` always).
     """
+
+    #: ``[trainer] logprob_tolerance``'s default, in nats of mean absolute gap: about the
+    #: clip range (log 1.2 = 0.18), so a step at that gap is mostly clipped before it has
+    #: learned anything, and millions of times the gap honest generation shows
+    #: (docs/reliability.md has the measurements).
+    DEFAULT_LOGPROB_TOLERANCE: ClassVar[float] = 0.2
 
     token_ids: npt.NDArray[np.int32]
     token_mask: npt.NDArray[np.float32]
     logprobs: npt.NDArray[np.float32]
     advantage: float
+    token_versions: npt.NDArray[np.int64] | None = None
 
 
 class Trainer(Protocol[Weights_co]):
