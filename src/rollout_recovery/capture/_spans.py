@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .._http import parse_version
 from ..errors import InvalidArgumentError
 
 __all__ = [
     "SPANS_EXTRA",
     "TokenVersionSpan",
     "call_token_versions",
-    "parse_version_name",
     "version_spans",
 ]
 
@@ -38,19 +38,6 @@ class TokenVersionSpan(NamedTuple):
     version: int
     start: int
     end: int
-
-
-def parse_version_name(value: object) -> int | None:
-    """A version as servers name it (``7``, ``"7"``, ``"step-7"``) as an int, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, str):
-        digits = value.removeprefix("step-")
-        if digits.isascii() and digits.isdigit():
-            return int(digits)
-    return None
 
 
 def version_spans(versions: Sequence[int]) -> list[dict[str, Any]]:
@@ -75,7 +62,7 @@ def _spans_of(value: object, generated: int) -> list[TokenVersionSpan] | None:
     for item in value:
         if not isinstance(item, Mapping):
             return None
-        version = parse_version_name(item.get("version"))
+        version = parse_version(item.get("version"))
         start, end = item.get("start"), item.get("end")
         if (
             version is None
