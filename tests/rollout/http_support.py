@@ -1,9 +1,11 @@
 """A fake fleet of vLLM-style servers behind ``httpx.MockTransport``.
 
-Each fake server answers ``/health``, ``/update_weights`` and ``/v1/completions`` the way
-vLLM (and ``rollout-recovery serve``) do, with the task's right answer, so a test can break
-exactly one thing (a server's liveness, a status, a field of the reply) and watch what the
-backend makes of it. Tests wait on events the backend emits, never on the clock.
+Each fake server answers ``/health``, ``/update_weights``, ``/weight_info``,
+``/v1/completions`` and ``/inference/v1/generate`` the way ``rollout-recovery serve`` does
+(a generation answer names its weight version in ``X-Weight-Version``; the generate route
+also in its spans), with the task's right answer, so a test can break exactly one thing (a
+server's liveness, a status, a field of the reply, the weights it serves) and watch what
+the backend makes of it. Tests wait on events the backend emits, never on the clock.
 """
 
 from __future__ import annotations
@@ -74,6 +76,23 @@ def completion(prompt: list[int], tokens: list[int], **overrides: Any) -> dict[s
     return {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
 
 
+def generation(prompt: list[int], tokens: list[int], version: int | None) -> dict[str, Any]:
+    """An ``/inference/v1/generate`` reply, every token of weights ``version``."""
+    return {
+        "request_id": "generate-tokens-1",
+        "prompt_token_ids": prompt,
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": tokens,
+                "logprobs": {"content": [{"token_id": t, "logprob": LOGPROB} for t in tokens]},
+                "weight_versions": [{"version": str(version), "start": 0, "end": len(tokens)}],
+                "finish_reason": "length",
+            }
+        ],
+    }
+
+
 @dataclass
 class FakeServer:
     url: str
@@ -83,6 +102,14 @@ class FakeServer:
     pushes: list[int] = field(default_factory=list)
     hook: Hook | None = None
     refuse_pushes: bool = False
+    #: The weights it really serves, whatever it confirmed (None: what it confirmed).
+    serves: int | None = None
+    #: False: it has no /weight_info route (404).
+    weight_info_route: bool = True
+
+    @property
+    def served(self) -> int | None:
+        return self.version if self.serves is None else self.serves
 
 
 class FakeFleet:
@@ -109,15 +136,26 @@ class FakeFleet:
             server.version = version
             server.pushes.append(version)
             return httpx.Response(200, json={"weight_version": str(version)})
-        if path == "/v1/completions":
+        if path in ("/pause", "/resume"):  # an interrupting push: nothing runs here between
+            return httpx.Response(200, json={})
+        if path == "/weight_info" and server.weight_info_route:
+            return httpx.Response(200, json={"weight_version": str(server.served)})
+        if path in ("/v1/completions", "/inference/v1/generate"):
             body = json.loads(request.content)
             server.calls += 1
             if server.hook is not None:
                 replaced = server.hook(server, body)
                 if replaced is not None:
                     return replaced
-            tokens = generated_for(body["prompt"], body["max_tokens"])
-            return httpx.Response(200, json=completion(body["prompt"], tokens))
+            headers = {} if server.served is None else {"X-Weight-Version": str(server.served)}
+            if path == "/v1/completions":
+                tokens = generated_for(body["prompt"], body["max_tokens"])
+                return httpx.Response(200, json=completion(body["prompt"], tokens), headers=headers)
+            prompt, sampling = body["token_ids"], body["sampling_params"]
+            tokens = generated_for(prompt, sampling["max_tokens"])
+            return httpx.Response(
+                200, json=generation(prompt, tokens, server.served), headers=headers
+            )
         return httpx.Response(404, json={"error": {"message": "not found"}})
 
 
@@ -189,6 +227,7 @@ def make_rig(
     max_reply_bytes: int | None = None,
     bad_data_quarantine_s: float = 30.0,
     api_key: str | None = None,
+    on_weight_update: str = "continue",
 ) -> HttpRig:
     """A backend over ``servers`` fake servers, or over real ``urls`` (the fleet is then
     empty and the client a real one)."""
@@ -223,7 +262,7 @@ def make_rig(
     )
     backend = HttpGenerationBackend(
         http,
-        generation=GenerationConfig(),
+        generation=GenerationConfig(on_weight_update=on_weight_update),  # type: ignore[arg-type]
         episodes=EPISODES,
         vocab_size=VOCAB_SIZE,
         max_reply_bytes=max_reply_bytes,

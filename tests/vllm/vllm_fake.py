@@ -1,6 +1,6 @@
 """A fake vLLM 0.32 server in dev mode behind ``httpx.MockTransport``, with vLLM's traps.
 
-It answers the routes the vLLM weight sync and the HTTP backend use (``/health``,
+It answers the routes the vLLM weight sync, the pool's probes and the HTTP backend use (``/health``,
 ``/v1/completions``, ``/pause``, ``/resume``, ``/collective_rpc``,
 ``/update_weight_version``, ``/weight_info``, ``/reset_prefix_cache``) and models what a
 real engine does wrong unless the sync handles it:
@@ -66,6 +66,8 @@ class FakeVllm:
     fail_load: bool = False
     #: /health probes answered (a clock made of the pool's own probe loop).
     probes: int = 0
+    #: /weight_info asked by probes (not in ``log``).
+    weight_infos: int = 0
     #: Notified after every request: ``await server.wait_for(lambda: ...)``.
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -95,6 +97,12 @@ class FakeVllm:
             return httpx.Response(200)
         if path == "/v1/completions":
             return await self._complete(json.loads(request.content))
+        if path == "/weight_info" and self.log[-1:] != ["/resume"]:
+            # The pool's probes ask it too (never during a push): counted, not logged,
+            # so the log is the push's steps and the calls. The push's own comes right
+            # after its /resume.
+            self.weight_infos += 1
+            return httpx.Response(200, json={"weight_version": self.tag})
         query = request.url.query.decode()
         self.log.append(f"{path}?{query}" if query and path != "/update_weight_version" else path)
         if path == "/pause":

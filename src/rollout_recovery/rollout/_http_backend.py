@@ -49,7 +49,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
-from .._http import parse_version
+from .._http import ACCEPTED_ENCODINGS, WEIGHT_VERSION_HEADER, parse_version
 from .._lifecycle import AsyncResource
 from .._outcomes import FailureReason
 from ..capture import CaptureWriter, StagedPrefix
@@ -90,6 +90,8 @@ _CONTEXT_OVERFLOW_MARKERS = (
 )
 # How much of a data failure's detail (partly the server's words) an event keeps.
 _EVENT_DETAIL_CHARS = 300
+# How much of a server's own name for a weight version is quoted or recorded.
+_NAMED_CHARS = 60
 # The default reply cap: a generous multiple of what vLLM sends per token (about 150 bytes
 # per generated token with its logprob entry, under 10 per echoed prompt id), plus room
 # for the envelope.
@@ -181,6 +183,8 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         self._own_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()
         self._client.headers.update(bearer_headers(api_key))
+        # Only what read_capped inflates under its cap (httpx would offer br and zstd).
+        self._client.headers["Accept-Encoding"] = ACCEPTED_ENCODINGS
         # Bounded: a caller that never drains must not grow memory without end.
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
         self._listener = on_event
@@ -381,6 +385,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
                     status = response.status_code
                     if _is_infra_status(status):  # the body says nothing we act on
                         raise _InfraFailure(f"{lease.url}: HTTP {status}")
+                    header = response.headers.get(WEIGHT_VERSION_HEADER)
                     # Streamed under a cap: leaving this block early drops the connection.
                     raw = await read_body(response, self._reply_cap(call))
         except TimeoutError:
@@ -393,14 +398,61 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
                 raise _InfraFailure(f"{lease.url}: HTTP {status}")
             raise failure
         reply = self._dialect.parse(call, raw, vocab_size=self._vocab_size)
+        if header is not None and reply.server_weight_version is None:
+            reply = dataclasses.replace(reply, server_weight_version=header[:_NAMED_CHARS])
+        if self._pool.tracks_versions:
+            # A DataFailure here counts against the server, which is no longer trusted.
+            _check_named_versions(
+                _named_versions(reply, header),
+                confirmed=lease.version,
+                newest=self._pool.newest_version,
+            )
         if self._interrupt:
-            _span_versions(reply)  # a DataFailure here counts against the server
+            _span_versions(reply)
         return reply
+
+
+def _named_versions(reply: ServerReply, header: str | None) -> list[object]:
+    """Every weight version a reply names for its tokens: its spans' (vLLM's generate
+    route), else its own field (SGLang), and the ``X-Weight-Version`` header (serve)."""
+    named: list[object] = [span["version"] for span in reply.weight_version_spans or []]
+    if not named and reply.server_weight_version is not None:
+        named.append(reply.server_weight_version)
+    if header is not None:
+        named.append(header)
+    return named
+
+
+def _check_named_versions(
+    named: list[object], *, confirmed: int | None, newest: int | None
+) -> None:
+    """Refuse a reply whose tokens a server says came from weights it cannot have given
+    them: a version that is none of ours or later than the trainer's newest
+    (``unversioned_tokens``), or older than the one the server confirmed loading before
+    the call was sent (``weight_version_mismatch``: it acknowledged a push it never
+    loaded). A server's push may land during a call, so a version between the two is
+    its word, and the call keeps the stamp of what was confirmed at dispatch."""
+    for name in named:
+        version = parse_version(name)
+        if version is None or (newest is not None and version > newest):
+            shown = repr(name)[:_NAMED_CHARS]
+            raise DataFailure(
+                "unversioned_tokens",
+                f"the reply names weight version {shown}, which this job never had "
+                f"(its newest is {newest})",
+            )
+        if confirmed is not None and version < confirmed:
+            raise DataFailure(
+                "weight_version_mismatch",
+                f"the reply names weight version {version}, older than the version "
+                f"{confirmed} the server confirmed loading before the call",
+            )
 
 
 def _span_versions(reply: ServerReply) -> list[int]:
     """The versions of a reply's spans, oldest first: every one must name one of our
-    versions (a span we cannot place would stamp tokens with weights we cannot name)."""
+    versions (checked against the pool's in ``_send``) and none may go backwards (a span
+    we cannot place would stamp tokens with weights we cannot name)."""
     spans = reply.weight_version_spans
     if not spans:
         raise DataFailure(

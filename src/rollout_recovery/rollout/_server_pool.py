@@ -32,6 +32,14 @@ and quarantined: no probe revives it for ``bad_data_quarantine_s``; then it rejo
 any dead server, on probation (its streak stands, so one more bad reply and it is out
 again).
 
+A server's word on its weights is checked against what it confirmed: every probe asks
+``/weight_info`` (a server without the route is not asked again), and the backend checks
+the versions each reply names (``X-Weight-Version``, vLLM's spans). A server that names
+weights older than it confirmed, or a version the job never had, is *untrusted*: the
+call's reply is not used, what it confirmed is forgotten (it must be synced again before
+it is current), and it is dead and quarantined at once (``server_bad_data``), since a
+server that acknowledges pushes it never loads still answers everything else.
+
 Every exchange has a total deadline, not only httpx's per-read timeout: a probe
 ``probe_timeout_s``, a weight push ``sync_timeout_s``. Deadlines and quarantines are on
 the event loop's clock (``_clock.monotonic``), the one ``asyncio.timeout`` reads, so a test
@@ -48,8 +56,10 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import httpx
+import msgspec
 
 from .._clock import monotonic
+from .._http import parse_version
 from .._lifecycle import AsyncResource
 from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
@@ -65,6 +75,17 @@ Weights = TypeVar("Weights")
 # What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
 # connection, never a server's idea of a large reply.
 _PROBE_BODY_CAP = 64 * 2**10
+# Bad replies that are a server's word on its weights proven wrong: no streak needed.
+_UNTRUSTED_REASONS = frozenset({"weight_version_mismatch", "unversioned_tokens"})
+# How much of a server's own version string an event quotes.
+_NAMED_CHARS = 60
+# A probe that did not ask /weight_info (or got no answer from a server without it).
+_NOT_ASKED = object()
+
+
+class _WeightInfo(msgspec.Struct):
+    weight_version: object = None
+    version: object = None
 
 
 def _closed_error() -> GenerationError:
@@ -92,6 +113,8 @@ class _Server(Worker):
     quarantined_until: float = 0.0  # on the loop's clock; no revival before
     version: int | None = None  # what the server last reported holding
     syncing: bool = False
+    pushes_started: int = 0  # a probe's /weight_info is void if a push began meanwhile
+    weight_info: bool = True  # False: it has no /weight_info route (not asked again)
     stats: ServerStats = field(default_factory=ServerStats)
 
     @property
@@ -161,6 +184,16 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
     def versions(self) -> dict[str, int | None]:
         return {server.url: server.version for server in self._workers}
+
+    @property
+    def tracks_versions(self) -> bool:
+        """Whether servers report the weights they hold (the sync tracks versions)."""
+        return self._sync.tracks_versions
+
+    @property
+    def newest_version(self) -> int | None:
+        """The trainer's newest weight version: no server can hold a later one."""
+        return None if self._target is None else self._target[0]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -237,15 +270,19 @@ class ServerPool(AsyncResource, Generic[Weights]):
                 version, weights = self._target
                 timeout = self._sync_timeout_s
                 started = monotonic()
+                server.pushes_started += 1
                 try:
                     async with asyncio.timeout(timeout):  # the whole push, not each read
                         reported = await self._push(server, version, weights, timeout)
                 except TimeoutError:
+                    server.version = None  # a push cut half way: its weights are unknown
                     self._failed(server, f"weight push not done within {timeout} s")
                     return
                 except (httpx.HTTPError, OSError) as error:
                     # OSError: the push's own local work failed (a weights file not
-                    # written); the next probe retries like after a refused push.
+                    # written); the next probe retries like after a refused push. What
+                    # the server held before is not what it holds now, for all we know.
+                    server.version = None
                     self._failed(server, f"weight push failed: {error!r}")
                     return
                 server.stats.weight_pushes += 1
@@ -296,6 +333,8 @@ class ServerPool(AsyncResource, Generic[Weights]):
         if self._quarantined(server):
             return  # its probes cannot vouch for its replies
         timeout = self._http.probe_timeout_s
+        confirmed, pushes = server.version, server.pushes_started
+        reported: object = _NOT_ASKED
         try:
             # One deadline for the whole exchange: a server that drips its reply a byte
             # per read passes every per-read timeout.
@@ -305,11 +344,24 @@ class ServerPool(AsyncResource, Generic[Weights]):
                 ) as response:
                     response.raise_for_status()
                     await read_body(response, _PROBE_BODY_CAP)
+                if self._asks_weight_info(server):
+                    reported = await self._weight_info(server, timeout)
         except (httpx.HTTPError, DataFailure, TimeoutError) as error:
             if server.health is not WorkerHealth.DEAD:
                 self._failed(server, f"probe failed: {type(error).__name__}")
             return
         server.failures_in_a_row = 0
+        if (
+            reported is not _NOT_ASKED
+            and confirmed is not None
+            and confirmed == server.version
+            and pushes == server.pushes_started
+            and not server.syncing
+            and parse_version(reported) != confirmed
+        ):
+            # No push began or ended meanwhile: it serves other weights than it confirmed.
+            self._untrusted(server, "/weight_info", confirmed, reported)
+            return
         if server.health is WorkerHealth.DEAD:
             # It answers again: refit it before it takes traffic.
             server.version = None
@@ -318,6 +370,43 @@ class ServerPool(AsyncResource, Generic[Weights]):
             self._start_sync(server)  # the sync admits it once it holds the current version
         elif server.health is not WorkerHealth.HEALTHY:
             self._move(server, WorkerHealth.HEALTHY, version=server.version)
+
+    def _asks_weight_info(self, server: _Server) -> bool:
+        # A dead server that answers again is refit whatever it holds (it may have
+        # restarted): only a live one's word is held against what it confirmed.
+        return (
+            self._sync.tracks_versions
+            and server.weight_info
+            and server.version is not None
+            and not server.syncing
+            and server.health is not WorkerHealth.DEAD
+        )
+
+    async def _weight_info(self, server: _Server, timeout: float) -> object:
+        """What ``/weight_info`` names (``weight_version``, else ``version``); a server
+        without the route (404) is not asked again."""
+        async with self._client.stream(
+            "GET", f"{server.url}/weight_info", timeout=timeout
+        ) as response:
+            if response.status_code == 404:
+                server.weight_info = False
+                return _NOT_ASKED
+            response.raise_for_status()
+            raw = await read_body(response, _PROBE_BODY_CAP)
+        try:
+            reply = msgspec.json.decode(raw, type=_WeightInfo)
+        except (msgspec.DecodeError, RecursionError):
+            return raw[:40]  # names no version: not what it confirmed
+        return reply.weight_version if reply.weight_version is not None else reply.version
+
+    def _untrusted(self, server: _Server, via: str, confirmed: int, named: object) -> None:
+        """``server`` said it serves weights other than it confirmed loading."""
+        self._on_event(
+            "server_weights_mismatch",
+            server.url,
+            {"via": via, "confirmed": confirmed, "named": repr(named)[:_NAMED_CHARS]},
+        )
+        self._bad_reply(server, "weight_version_mismatch")
 
     def _failed(self, server: _Server, why: str) -> None:
         server.failures_in_a_row += 1
@@ -387,7 +476,12 @@ class ServerPool(AsyncResource, Generic[Weights]):
     def _bad_reply(self, server: _Server, reason: str) -> None:
         server.bad_replies_in_a_row += 1
         in_a_row = server.bad_replies_in_a_row
-        if in_a_row >= self._http.dead_after_failures:
+        untrusted = reason in _UNTRUSTED_REASONS
+        if untrusted:
+            # Its word on its weights is proven wrong: what it confirmed is not believed
+            # (a push must confirm again), and no streak is waited for.
+            server.version = None
+        if untrusted or in_a_row >= self._http.dead_after_failures:
             quarantine = self._http.bad_data_quarantine_s
             server.quarantined_until = monotonic() + quarantine
             if server.health is not WorkerHealth.DEAD:
@@ -396,6 +490,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
                     server.url,
                     {"reason": reason, "in_a_row": in_a_row, "quarantine_s": quarantine},
                 )
-                self._move(server, WorkerHealth.DEAD, why=f"{in_a_row} bad replies: {reason}")
+                why = reason if untrusted else f"{in_a_row} bad replies: {reason}"
+                self._move(server, WorkerHealth.DEAD, why=why)
         elif server.health is WorkerHealth.HEALTHY:
             self._move(server, WorkerHealth.SUSPECT, why=f"bad reply: {reason}")

@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from .. import __version__
+from .._http import WEIGHT_VERSION_HEADER
 from .._lifecycle import Resource
 from ..policy import PolicySnapshot
 from ._api_error import ApiError, bad_request, shown
@@ -40,9 +41,6 @@ from ._weights import WeightStore, parse_version_label, parse_weight_update
 
 __all__ = ["WEIGHT_VERSION_HEADER", "Response", "ServeApp"]
 
-# Every generation answer names the weight version that produced it (the /v1 bodies
-# cannot: vLLM's shapes have no field for it).
-WEIGHT_VERSION_HEADER = "X-Weight-Version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +204,8 @@ class ServeApp(Resource):
                 top_k=request.top_k,
                 ignore_eos=request.ignore_eos,
             )
+        # Every generation answer names the weight version that produced it (the /v1
+        # bodies cannot: vLLM's shapes have no field for it); clients check it.
         return generation, ((WEIGHT_VERSION_HEADER, version_label(generation.weight_version)),)
 
     def _generate_by_token(
