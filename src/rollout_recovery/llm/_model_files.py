@@ -14,7 +14,6 @@ snapshot alone.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from .._durable import publish_directory
 from ..errors import InvalidArgumentError, InvalidStateError
+from ._weight_index import INDEX, SINGLE, model_file, weight_file_names
 
 __all__ = [
     "buffers_of",
@@ -37,9 +37,6 @@ __all__ = [
     "vocab_size_of",
     "write_model_dir",
 ]
-
-_SINGLE = "model.safetensors"
-_INDEX = "model.safetensors.index.json"
 
 
 def model_from_config(config: PretrainedConfig, *, dtype: torch.dtype) -> PreTrainedModel:
@@ -65,20 +62,12 @@ def read_config(model_dir: Path) -> PretrainedConfig:
 
 
 def read_weight_files(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the model's safetensors file(s), by checkpoint name, as stored."""
-    single = model_dir / _SINGLE
-    if single.is_file():
-        return dict(load_file(str(single)))
-    index = model_dir / _INDEX
-    if not index.is_file():
-        raise InvalidArgumentError(f"{model_dir} has neither {_SINGLE} nor {_INDEX}")
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise InvalidStateError(f"unreadable {_INDEX}: {error}", file=str(index)) from None
+    """Every tensor of the model's safetensors file(s), by checkpoint name, as stored
+    (each file a regular file inside ``model_dir``: ``_weight_index``)."""
     tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        tensors.update(load_file(str(model_dir / shard)))
+    for name in weight_file_names(model_dir):
+        if name != INDEX:
+            tensors.update(load_file(str(model_file(model_dir, name))))
     return tensors
 
 
@@ -163,7 +152,7 @@ def write_model_dir(
 
     def fill(directory: Path) -> None:
         (directory / "config.json").write_text(config.to_json_string(use_diff=False))
-        save_file(contiguous, str(directory / _SINGLE), metadata=metadata)
+        save_file(contiguous, str(directory / SINGLE), metadata=metadata)
         for name, data in (extra_files or {}).items():
             (directory / name).write_bytes(data)
 

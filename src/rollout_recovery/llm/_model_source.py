@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from ..errors import ConfigError, InvalidOperationError
+from ..errors import ConfigError, InvalidOperationError, InvalidStateError
 from ._extra import require_llm
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
+from ._weight_index import CONFIG, model_file, weight_file_names
 
 if TYPE_CHECKING:  # the section builds with this module: its type, for the type checker
     from ._config import ModelConfig
@@ -49,7 +50,6 @@ SMOLLM2_SOURCE: Final = "smollm2"
 TINY_LLAMA_SPEC: Final = TinyLlamaSpec(dtype="float32")
 #: SmolLM2 is stored in bf16 (269 MB); the trainer reads it as fp32.
 _SMOLLM2_DIR: Final = "smollm2-135m-instruct-bf16"
-_WEIGHT_INDEX: Final = "model.safetensors.index.json"
 _CHUNK: Final = 1 << 20
 
 
@@ -125,37 +125,29 @@ def _build_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _weight_files(directory: Path) -> list[str]:
-    if (directory / "model.safetensors").is_file():
-        return ["model.safetensors"]
-    index = directory / _WEIGHT_INDEX
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(
-            f"{str(directory)!r} has neither model.safetensors nor a readable {_WEIGHT_INDEX}",
-            path="$.model.source",
-        ) from None
-    return [_WEIGHT_INDEX, *sorted(set(weight_map.values()))]
-
-
 def model_digest(directory: Path) -> str:
     """sha256 (hex) of the model's ``config.json`` and weight files, names and sizes
-    included (the identity ``[model] digest`` records)."""
+    included (the identity ``[model] digest`` records). Each file must be a regular file
+    inside ``directory`` (``_weight_index``): a ``ConfigError`` naming it otherwise."""
     directory = Path(directory)
     digest = hashlib.sha256()
-    for name in ["config.json", *_weight_files(directory)]:
-        path = directory / name
-        try:
+    path = directory
+    try:
+        for name in [CONFIG, *weight_file_names(directory)]:
+            path = model_file(directory, name)
             size = path.stat().st_size
             digest.update(f"{name}\0{size}\0".encode())
             with open(path, "rb") as handle:
                 while chunk := handle.read(_CHUNK):
                     digest.update(chunk)
-        except OSError as error:
-            raise ConfigError(
-                f"cannot read {str(path)!r}: {error.strerror or error}", path="$.model.source"
-            ) from None
+    except InvalidStateError as error:
+        raise ConfigError(
+            f"{str(directory)!r} is not a model directory: {error}", path="$.model.source"
+        ) from None
+    except OSError as error:
+        raise ConfigError(
+            f"cannot read {str(path)!r}: {error.strerror or error}", path="$.model.source"
+        ) from None
     return digest.hexdigest()
 
 
