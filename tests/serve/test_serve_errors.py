@@ -109,7 +109,7 @@ def _deep(depth: int, inner: str = "") -> str:
     return "[" * depth + inner + "]" * depth
 
 
-@pytest.mark.parametrize(
+_DEEP_BODIES = pytest.mark.parametrize(
     ("path", "body"),
     [
         ("/v1/completions", _deep(100_000)),
@@ -120,20 +120,44 @@ def _deep(depth: int, inner: str = "") -> str:
     ],
     ids=["array", "object", "in-field", "in-params", "in-generate"],
 )
-def test_a_deeply_nested_body_is_400_without_a_traceback(
+
+
+@_DEEP_BODIES
+def test_a_deeply_nested_body_is_413_before_it_is_decoded(
     client: httpx.Client, caplog: pytest.LogCaptureFixture, path: str, body: str
 ) -> None:
+    """Far more than any route takes (issue 24 item 16): refused undecoded, for its bytes
+    or (where they fit) for its JSON values."""
     caplog.set_level(logging.DEBUG, logger="rollout_recovery.serve")
     response = client.post(path, content=body, headers={"content-type": "application/json"})
-    error = _error(response, 400)
-    assert error["type"] == "Bad Request"
-    assert "nested too deeply" in error["message"]
+    error = _error(response, 413)
+    assert "limit of" in error["message"] or "JSON values" in error["message"]
     assert not caplog.records, [record.getMessage() for record in caplog.records]
     # The server goes on answering on the same connection.
     assert client.get("/health").status_code == 200
 
 
-def test_a_deeply_nested_body_is_400_without_a_transport() -> None:
+@_DEEP_BODIES
+def test_a_deeply_nested_body_the_route_would_take_is_400_without_a_traceback(
+    caplog: pytest.LogCaptureFixture, path: str, body: str
+) -> None:
+    """A context so long that a generation route takes that many values: the decoder's
+    own depth bound refuses it (a weight push never takes them)."""
+    caplog.set_level(logging.DEBUG, logger="rollout_recovery.serve")
+    settings = ServeSettings(max_model_len=300_000)
+    with PolicyServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+        if path == "/update_weights":
+            assert _error(response, 413)
+        else:
+            error = _error(response, 400)
+            assert error["type"] == "Bad Request"
+            assert "nested too deeply" in error["message"]
+        assert not caplog.records, [record.getMessage() for record in caplog.records]
+        assert client.get("/health").status_code == 200
+
+
+def test_a_deeply_nested_body_is_refused_without_a_transport() -> None:
     app = ServeApp(
         ServeSettings(),
         WeightStore(NumpyGRPOTrainer(seed=0).weights()),
@@ -141,8 +165,8 @@ def test_a_deeply_nested_body_is_400_without_a_transport() -> None:
     )
     headers = [("Host", "127.0.0.1:8000"), ("Content-Type", "application/json")]
     response = app.handle("POST", "/update_weights", _deep(100_000).encode(), headers)
-    assert response.status == 400
-    assert b"nested too deeply" in response.body
+    assert response.status == 413
+    assert b"JSON values" in response.body
 
 
 @pytest.mark.parametrize(
@@ -185,10 +209,11 @@ def test_a_duplicate_key_keeps_its_last_value_as_vllm_does(client: httpx.Client)
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/update_weights", {"version": "x" * 100_000, "params": {}}),
-        ("/update_weights", {"version": 1, "params": {"y" * 100_000: 1}}),
-        ("/update_weight_version", {"new_version": "9" * 100_000}),
-        ("/update_weight_version", {"new_version": [[[[[[[[[[1]]]]]]]]]] * 1000}),
+        # Each as large as its route takes (item 16: larger ones are 413s).
+        ("/update_weights", {"version": "x" * 60_000, "params": {}}),
+        ("/update_weights", {"version": 1, "params": {"y" * 60_000: 1}}),
+        ("/update_weight_version", {"new_version": "9" * 60_000}),
+        ("/update_weight_version", {"new_version": [[[[[[[[[[1]]]]]]]]]] * 20}),
     ],
     ids=["version", "param-name", "label", "label-list"],
 )

@@ -22,6 +22,9 @@ from rollout_recovery.serve import PolicyServer, ServeSettings
 
 PROMPT = [BOS, FILLER_BASE, digit_token(4), FILLER_BASE + 3, THINK]
 MIB = 1024 * 1024
+# A context long enough that a completion body of 1 MiB is within its route's limit
+# (``serve._limits``: a generation request takes about 32 bytes per token of context).
+LONG_CONTEXT = 32_768
 
 
 @contextlib.contextmanager
@@ -131,7 +134,9 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout() -> None:
 
 def test_bodies_past_the_in_flight_budget_are_refused_before_they_are_read() -> None:
     # The 12 pending bodies near the cap, scaled from 60 MiB to 1 MiB.
-    settings = ServeSettings(max_body_bytes=MIB, max_inflight_body_bytes=2 * MIB)
+    settings = ServeSettings(
+        max_body_bytes=MIB, max_inflight_body_bytes=2 * MIB, max_model_len=LONG_CONTEXT
+    )
     head, body = _completion_request(MIB - 1)
     with PolicyServer(settings) as server, _sockets(server.port, 12) as socks:
         for sock in socks:
@@ -156,7 +161,9 @@ def test_bodies_past_the_in_flight_budget_are_refused_before_they_are_read() -> 
 
 
 def test_an_expect_continue_body_is_admitted_or_refused_before_it_is_sent() -> None:
-    settings = ServeSettings(max_body_bytes=MIB, max_inflight_body_bytes=MIB + MIB // 2)
+    settings = ServeSettings(
+        max_body_bytes=MIB, max_inflight_body_bytes=MIB + MIB // 2, max_model_len=LONG_CONTEXT
+    )
     head, body = _completion_request(MIB, expect=True)
     with PolicyServer(settings) as server, _sockets(server.port, 3) as (first, second, third):
         first.sendall(head)
@@ -174,7 +181,9 @@ def test_an_expect_continue_body_is_admitted_or_refused_before_it_is_sent() -> N
 
 
 def test_a_refused_client_never_counts_against_the_budget() -> None:
-    settings = ServeSettings(api_key="k", max_body_bytes=MIB, max_inflight_body_bytes=MIB)
+    settings = ServeSettings(
+        api_key="k", max_body_bytes=MIB, max_inflight_body_bytes=MIB, max_model_len=LONG_CONTEXT
+    )
     head, _ = _completion_request(MIB)
     with PolicyServer(settings) as server, _sockets(server.port, 4) as socks:
         for sock in socks:  # no key: 401 from the headers, the body never read

@@ -27,6 +27,7 @@ from .._lifecycle import Resource
 from ..policy import PolicySnapshot
 from ._api_error import ApiError, bad_request, shown
 from ._guard import RequestGuard
+from ._limits import BodyLimit, body_limit
 from ._pause import PauseGate
 from ._requests import (
     SamplingRequest,
@@ -134,6 +135,11 @@ class ServeApp(Resource):
             return Response(error.status, error.body(), error.headers, error.close)
         return None
 
+    def body_limit(self, path: str) -> BodyLimit:
+        """What a body of ``path`` may be (``_limits``): the transport refuses a longer
+        one before reading it, :meth:`handle` one of more JSON values before decoding it."""
+        return body_limit(self._settings, path)
+
     def handle(
         self,
         method: str,
@@ -148,6 +154,7 @@ class ServeApp(Resource):
         """
         try:
             handler = self._admit(method, path, headers)
+            self.body_limit(path).check_values(body, path)
             params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
             return handler(self, body, params)
         except ApiError as error:

@@ -10,8 +10,10 @@ What a client can make the server hold is bounded (``ServeSettings``):
 - connections: at most ``max_connections`` open (so at most that many threads); one more
   is answered 503 from the accept loop and closed, without a thread;
 - body bytes: a body is admitted only once the app has looked at the headers (so a
-  refused client never sends one) and only if the bodies being read or handled at once
-  stay within ``max_inflight_body_bytes``; otherwise a 503, before any of it is read;
+  refused client never sends one), only if it is within what its route can use
+  (``ServeApp.body_limit``: bytes here, JSON values before the app decodes it; a 413)
+  and only if the bodies being read or handled at once stay within
+  ``max_inflight_body_bytes``; otherwise a 503, before any of it is read;
 - time: every read of a connection runs against a deadline, not a per-read timeout, so a
   client that drips one byte at a time gains nothing: ``keep_alive_timeout_s`` for the
   first byte of a request, then ``read_timeout_s`` for the whole request; an answer must
@@ -83,7 +85,6 @@ class PolicyHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], app: ServeApp, settings: ServeSettings) -> None:
         self.app = app
         self.settings = settings
-        self.max_body_bytes = settings.max_body_bytes
         self.access_log = settings.access_log
         self.stopping = False
         self._lock = threading.Condition()
@@ -305,11 +306,13 @@ class _Handler(BaseHTTPRequestHandler):
             length = -1
         if length < 0:
             raise ApiError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {raw!r}", close=True)
-        cap = self.server.max_body_bytes
+        path = self.path.split("?", 1)[0]
+        cap = self.server.app.body_limit(path).max_bytes
         if length > cap:
             raise ApiError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"request body of {length} bytes is over this server's limit of {cap} bytes",
+                f"request body of {length} bytes is over this server's limit of {cap} bytes "
+                f"for {path}",
                 close=True,
             )
         return length

@@ -72,7 +72,8 @@ class ServeSettings:
     call is generated token by token, so ``/pause?mode=keep`` can stop it between two
     tokens and weights loaded meanwhile generate the rest (0: every token at once).
 
-    Transport limits: ``max_body_bytes`` per request; ``max_inflight_body_bytes`` for
+    Transport limits: ``max_body_bytes`` per request (each route takes at most what its
+    requests can use, within it: ``_limits``); ``max_inflight_body_bytes`` for
     every body being read or handled at once (a request that would pass it is refused with
     a 503 before its body is read); ``max_connections`` open at once (more are answered
     503 and closed); ``keep_alive_timeout_s`` of idleness before a connection is closed;
