@@ -38,6 +38,7 @@ LAYERS = [
     "_checks",
     "_workers",
     "_datasets",
+    "_unix_http",
     "errors",
     "_outcomes",
     "_messages",

@@ -92,6 +92,12 @@ def _vllm_fleet(tmp: Path) -> AsyncResource:
     return VllmFleet(tmp / "s", tmp / "s.json", VllmConfig(), served_model_name="m")
 
 
+def _server_transport(tmp: Path) -> AsyncResource:
+    from rollout_recovery._unix_http import ServerTransport
+
+    return ServerTransport()
+
+
 def _fanout(tmp: Path) -> AsyncResource:
     from rollout_recovery.metrics._fanout import MetricsFanout
 
@@ -203,6 +209,7 @@ FACTORIES: dict[str, Factory] = {
     "PolicyServer": _policy_server,
     "LocalServerFleet": _local_fleet,
     "VllmFleet": _vllm_fleet,
+    "ServerTransport": _server_transport,
     "MetricsFanout": _fanout,
     "BackgroundSink": _background,
     "RunReporter": _reporter,

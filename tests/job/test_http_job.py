@@ -224,16 +224,18 @@ def test_launched_servers_require_the_jobs_random_key_found_in_no_argv_and_no_fi
     fleet = fleets[0]
     (tmp_path / "run0").mkdir()
     with fleet:
-        (url,) = fleet.start()
+        fleet.start()
         (server,) = fleet.servers
         key = fleet.api_key.encode()
         assert key not in Path(f"/proc/{server.pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
         assert LAUNCHED_API_KEY_ENV.encode() + b"=" + key in environ
         assert server.restart_command[-2:] == ["--api-key-env", LAUNCHED_API_KEY_ENV]
-        assert httpx.get(url + "/health", timeout=30).status_code == 401
-        authorized = {"authorization": f"Bearer {fleet.api_key}"}
-        assert httpx.get(url + "/health", headers=authorized, timeout=30).status_code == 200
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(server.socket))) as client:
+            assert client.get("http://localhost/health", timeout=30).status_code == 401
+            authorized = {"authorization": f"Bearer {fleet.api_key}"}
+            health = client.get("http://localhost/health", headers=authorized, timeout=30)
+            assert health.status_code == 200
     for path in (tmp_path / "run0").rglob("*"):
         if path.is_file():
             assert key not in path.read_bytes(), path

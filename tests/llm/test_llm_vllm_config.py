@@ -68,7 +68,7 @@ def test_the_llm_job_runs_on_vllm_servers_from_its_config_alone(
     real_client = httpx.AsyncClient
 
     def fake_client(*args: Any, **kwargs: Any) -> httpx.AsyncClient:
-        return real_client(*args, transport=httpx.MockTransport(handle), **kwargs)
+        return real_client(*args, **{**kwargs, "transport": httpx.MockTransport(handle)})
 
     monkeypatch.setattr(httpx, "AsyncClient", fake_client)
     config = config_from_builtins(_config(model_cache))

@@ -11,6 +11,7 @@ import pytest
 from http_support import EPISODES, TASKS, EventLog, FakeFleet, FakeServer, HttpRig, make_rig
 from rollout_support import snapshot
 
+from rollout_recovery._unix_http import private_socket_dir
 from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.control._config import config_from_builtins
@@ -180,6 +181,32 @@ def test_a_keyed_server_takes_calls_and_weights_from_a_backend_with_its_key() ->
     with PolicyServer(ServeSettings(api_key=KEY)) as server:
         asyncio.run(scenario(server))
         assert server.weights.version == 1
+
+
+def test_a_keyed_server_on_a_unix_socket_takes_calls_and_weights() -> None:
+    """As a launched server listens (issue 24 item 10): its URL names its socket, and the
+    backend's own client reaches it there, probes, calls and weight pushes alike."""
+    events = EventLog()
+    sockets = private_socket_dir("rollout-recovery-test-")
+
+    async def scenario(server: PolicyServer) -> None:
+        backend = _backend(server.url, KEY, events)
+        try:
+            result = await backend.run_attempt(_request(0), CaptureWriter(MemoryDataPlane()))
+            assert not result.mask_sample
+            backend.update_weights(1, PolicySnapshot(1, NumpyGRPOTrainer(seed=9).weights().params))
+            await events.wait(lambda: backend.pool.versions()[server.url] == 1, timeout=30)
+        finally:
+            await backend.aclose()
+
+    try:
+        settings = ServeSettings(api_key=KEY, uds=str(sockets / "server-0.sock"))
+        with PolicyServer(settings) as server:
+            assert server.url.startswith("http+unix://localhost/")
+            asyncio.run(scenario(server))
+            assert server.weights.version == 1
+    finally:
+        sockets.rmdir()
 
 
 def test_a_backend_with_another_key_never_gets_a_keyed_server_into_rotation() -> None:

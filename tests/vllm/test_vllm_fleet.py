@@ -11,17 +11,21 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import msgspec
 import pytest
 
+from rollout_recovery._unix_http import require_private_dir, unix_server_url
 from rollout_recovery.control import RunConfig, load_config
 from rollout_recovery.control._backends import _vllm_sync
 from rollout_recovery.control._config import config_from_builtins
@@ -32,7 +36,7 @@ from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rollout import HttpConfig
 from rollout_recovery.vllm import VllmConfig
 from rollout_recovery.vllm._config import check_vllm_config
-from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR, VllmFleet
+from rollout_recovery.vllm._fleet import EXTENSION_CLASS, EXTENSION_DIR, VllmFleet, launched_by
 
 FAKE = Path(__file__).with_name("fake_vllm_server.py")
 #: Bounds on waits for processes to appear or vanish: generous for a loaded machine.
@@ -97,6 +101,13 @@ def fake_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             os.killpg(int(record["pgid"]), signal.SIGKILL)  # type: ignore[call-overload]
 
 
+def _health(listed: dict[str, object]) -> int:
+    """``GET /health`` of a listed server, on its socket."""
+    transport = httpx.HTTPTransport(uds=str(listed["socket"]))
+    with httpx.Client(transport=transport, timeout=5.0) as client:
+        return client.get("http://localhost/health").status_code
+
+
 def test_the_fleet_starts_listed_servers_with_the_jobs_key_and_stops_every_process(
     tmp_path: Path, fake_dir: Path
 ) -> None:
@@ -107,30 +118,123 @@ def test_the_fleet_starts_listed_servers_with_the_jobs_key_and_stops_every_proce
     with fleet:
         urls = fleet.start()
         assert len(urls) == 2
-        for url in urls:
-            assert httpx.get(f"{url}/health", timeout=5.0).status_code == 200
         listing = json.loads((run / "servers.json").read_text())["servers"]
         assert [s["url"] for s in listing] == urls and {s["kind"] for s in listing} == {"vllm"}
+        for listed in listing:
+            assert _health(listed) == 200
+            assert listed["url"] == unix_server_url(listed["socket"])
         records = _records(fake_dir)
         processes = [int(r["pid"]) for r in records] + [int(r["child"]) for r in records]
+        sockets = Path(listing[0]["socket"]).parent
     for record in records:
         argv = record["argv"]
         assert isinstance(argv, list)
         assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
         assert argv[argv.index("--worker-extension-cls") + 1] == EXTENSION_CLASS
-        assert argv[argv.index("--host") + 1] == "127.0.0.1"
         assert argv[argv.index("--served-model-name") + 1] == "m"
+        assert Path(argv[argv.index("--uds") + 1]).parent == sockets
+        assert "--port" not in argv and "--host" not in argv  # no TCP port at all
         assert fleet.api_key not in argv  # the key is never in argv (``ps`` shows it)
         env = record["env"]
         assert isinstance(env, dict)
         assert env["VLLM_API_KEY"] == fleet.api_key and env["VLLM_SERVER_DEV_MODE"] == "1"
         assert str(EXTENSION_DIR) in str(env["PYTHONPATH"]).split(os.pathsep)
     # Stopped: each server was asked to shut down (SIGTERM reached it), then the child
-    # that ignores SIGTERM was killed; nothing of either group is left.
+    # that ignores SIGTERM was killed; nothing of either group is left, nor the sockets.
     assert len(list(fake_dir.glob("*.terminated"))) == 2
     assert not [pid for pid in processes if _alive(pid)]
+    assert not sockets.exists()
     fleet.close()  # closing again is a no-op
     assert len(list(fake_dir.glob("*.terminated"))) == 2
+
+
+class _Intruder(ThreadingHTTPServer):
+    """Another local user's listener: answers everything 200 and keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        intruder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the http.server API's name
+                intruder.seen.append(f"{self.path} {self.headers.get('Authorization')}")
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_listener_on_the_port_the_job_would_pick_is_never_taken_for_its_server(
+    tmp_path: Path, fake_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 10: the job picked a free port, closed it and started vLLM on it;
+    whoever bound it first was taken as the server (192 requests with the job's key).
+    Here the intruder holds the very port the job would have picked: it hears nothing,
+    and what answers each URL is the process the job launched."""
+    intruder = _Intruder()
+    threading.Thread(target=intruder.serve_forever, daemon=True).start()
+    monkeypatch.setattr(
+        "rollout_recovery.vllm._fleet._free_port", lambda: intruder.server_port, raising=False
+    )
+    run = tmp_path / "run"
+    fleet = VllmFleet(
+        run / "servers", run / "servers.json", _config(tmp_path), served_model_name="m"
+    )
+    try:
+        with fleet:
+            fleet.start()
+            assert intruder.seen == []  # not even asked: no key, no weights, no calls
+            listing = json.loads((run / "servers.json").read_text())["servers"]
+            for listed in listing:
+                assert launched_by(Path(listed["socket"]), int(listed["pid"]))
+                assert not launched_by(Path(listed["socket"]), os.getpgrp())
+            sockets = Path(listing[0]["socket"]).parent
+            info = sockets.stat()
+            assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+            require_private_dir(sockets)
+    finally:
+        intruder.shutdown()
+        intruder.server_close()
+    assert intruder.seen == []
+    # The fleet's readiness probes went to the launched servers.
+    for name in ("vllm-0", "vllm-1"):
+        heard = (fake_dir / f"{name}.requests").read_text().splitlines()
+        assert heard and all(line.startswith("GET /health ") for line in heard)
+
+
+def test_a_socket_another_process_listens_on_fails_the_start(
+    tmp_path: Path, fake_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only this user can bind in the socket's directory; still, a listener outside the
+    launched group (a bug, or this user's other process) is refused by name."""
+    monkeypatch.setenv("FAKE_VLLM_SILENT", "1")
+    run = tmp_path / "run"
+    fleet = VllmFleet(
+        run / "servers",
+        run / "servers.json",
+        _config(tmp_path, launch=1),
+        served_model_name="m",
+    )
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def bind_when_asked() -> None:
+        _wait_until(lambda: (fake_dir / "vllm-0.socket").exists(), "the server named its socket")
+        listener.bind((fake_dir / "vllm-0.socket").read_text())
+        listener.listen()
+
+    binder = threading.Thread(target=bind_when_asked, daemon=True)
+    binder.start()
+    try:
+        with pytest.raises(GenerationError, match=rf"listened on by pid {os.getpid()}"), fleet:
+            fleet.start()
+    finally:
+        binder.join(DEADLINE_S)
+        listener.close()
+    assert not (run / "servers.json").exists()
 
 
 JOB = """

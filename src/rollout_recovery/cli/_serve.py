@@ -83,6 +83,13 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     "can generate and replace the weights. Bind another address on a trusted network only.",
 )
 @click.option(
+    "--uds",
+    metavar="PATH",
+    help="Listen on this Unix socket (an absolute path ending in .sock) instead of --host "
+    "and --port: put it in a directory only you can enter and no other user can reach the "
+    "server or take its address. A socket file left there by a killed server is replaced.",
+)
+@click.option(
     "--api-key-env",
     metavar="NAME",
     help="Require 'Authorization: Bearer KEY' on every request, /health included, where KEY "
@@ -202,6 +209,7 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
 def serve(
     host: str,
+    uds: str | None,
     api_key_env: str | None,
     allow_hosts: tuple[str, ...],
     port: int,
@@ -236,6 +244,7 @@ def serve(
             allowed_hosts=allow_hosts,
             host=host,
             port=port,
+            uds=uds,
             model_name=model_name,
             seed=seed,
             call_latency_s=call_latency_s,
@@ -254,9 +263,8 @@ def serve(
     try:
         server = PolicyServer(settings)
     except OSError as error:
-        raise click.ClickException(
-            f"cannot listen on {host}:{port}: {error.strerror or error}"
-        ) from None
+        where = uds if uds is not None else f"{host}:{port}"
+        raise click.ClickException(f"cannot listen on {where}: {error.strerror or error}") from None
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -274,13 +282,13 @@ def serve(
                 raise click.ClickException(
                     f"cannot write the ready file {str(ready_file)!r}: {error.strerror or error}"
                 ) from None
-        if host not in _LOOPBACK and api_key_env is None:
+        if uds is None and host not in _LOOPBACK and api_key_env is None:
             click.echo(
                 f"warning: serving on {host} without authentication (--api-key-env): anyone "
                 "who can reach it can generate and replace the weights",
                 err=True,
             )
-        if host not in _LOOPBACK and not allow_hosts:
+        if uds is None and host not in _LOOPBACK and not allow_hosts:
             click.echo(
                 f"note: serving on {host}, answering only requests for 127.0.0.1, ::1 or "
                 "localhost; name the hosts clients reach it by with --allow-host",

@@ -1,11 +1,20 @@
 """Local generation servers a job starts and stops itself (``[http] servers = []``).
 
-Each server is ``python -m rollout_recovery serve`` on a free loopback port, in its own
+Each server is ``python -m rollout_recovery serve`` on a Unix socket in a directory the
+fleet makes for it, which only this user can enter (0700, ``_unix_http``), in its own
 process group (so a kill of the group ends everything it started), told to exit when the
 job that started it dies (``--parent-pid``: a SIGKILLed job leaves no server behind).
-``servers.json`` in the run directory lists them (url, pid, log file, and the command that
-restarts one on the same port), so an operator or a test can kill or restart a single
-server while the job runs.
+``servers.json`` in the run directory lists them (url, socket, pid, log file, and the
+command that restarts one on the same socket), so an operator or a test can kill or
+restart a single server while the job runs.
+
+A loopback port would be anyone's: when a server died, another local user could bind its
+port and be taken for it (the job's key, its weight pushes, every call). The socket can
+be bound only by this user (a server restarted by hand included, which replaces the
+killed one's socket file), and a server is taken as started only once its ready file and
+the socket's listener (``SO_PEERCRED``) both name the process the fleet launched. A
+server that dies is found by the pool's probes (its socket refuses), and nobody else can
+answer in its place.
 
 Every server requires the fleet's API key (``Authorization: Bearer``), so nothing else on
 the machine (another user, a web page) can generate from them or replace their weights.
@@ -23,6 +32,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +43,7 @@ from pathlib import Path
 from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
 from .._outcomes import FailureReason
+from .._unix_http import listener_pid, private_socket_dir, require_private_dir
 from ..errors import GenerationError
 from ..rundir import RunDirectory
 from ..serve import PolicyServer
@@ -44,6 +55,7 @@ LAUNCHED_API_KEY_ENV = "ROLLOUT_RECOVERY_SERVE_API_KEY"
 
 _READY_TIMEOUT_S = 60.0
 _STOP_GRACE_S = 5.0
+_SOCKET_DIR_PREFIX = "rollout-recovery-serve-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +64,7 @@ class LocalServer:
     pid: int
     log: Path
     restart_command: list[str]
+    socket: Path
 
 
 class LocalServerFleet(Resource):
@@ -83,16 +96,17 @@ class LocalServerFleet(Resource):
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
         self._key_env = api_key_env or LAUNCHED_API_KEY_ENV
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._sockets: Path | None = None
         self.servers: list[LocalServer] = []
 
-    def _command(self, port: int, ready: Path) -> list[str]:
+    def _command(self, socket: Path, ready: Path) -> list[str]:
         return [
             self._python,
             "-m",
             "rollout_recovery",
             "serve",
-            "--port",
-            str(port),
+            "--uds",
+            str(socket),
             "--ready-file",
             str(ready),
             "--seed",
@@ -117,7 +131,9 @@ class LocalServerFleet(Resource):
         that fails to start stops the ones already started and raises."""
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
-            started = [self._spawn(index) for index in range(self._count)]
+            self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
+            require_private_dir(self._sockets)
+            started = [self._spawn(index, self._sockets) for index in range(self._count)]
             self.servers = [self._await_ready(*entry) for entry in started]
         except BaseException:
             self.close()
@@ -125,6 +141,7 @@ class LocalServerFleet(Resource):
         listing = [
             {
                 "url": s.url,
+                "socket": str(s.socket),
                 "pid": s.pid,
                 "log": str(s.log),
                 "restart_command": s.restart_command,
@@ -134,13 +151,16 @@ class LocalServerFleet(Resource):
         atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
         return [server.url for server in self.servers]
 
-    def _spawn(self, index: int) -> tuple[int, Path, Path, subprocess.Popen[bytes]]:
+    def _spawn(
+        self, index: int, sockets: Path
+    ) -> tuple[int, Path, Path, Path, subprocess.Popen[bytes]]:
         ready = self._dir / f"server-{index}.ready"
         log = self._dir / f"server-{index}.log"
+        socket = sockets / f"server-{index}.sock"
         ready.unlink(missing_ok=True)  # a previous run's file must not pass for ours
         with open(log, "ab") as handle:
             process = subprocess.Popen(
-                self._command(0, ready),
+                self._command(socket, ready),
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -148,10 +168,10 @@ class LocalServerFleet(Resource):
                 env={**os.environ, self._key_env: self.api_key},
             )
         self._processes.append(process)
-        return index, ready, log, process
+        return index, ready, log, socket, process
 
     def _await_ready(
-        self, index: int, ready: Path, log: Path, process: subprocess.Popen[bytes]
+        self, index: int, ready: Path, log: Path, socket: Path, process: subprocess.Popen[bytes]
     ) -> LocalServer:
         # The child writes the file atomically once it listens; polling a file is the
         # only signal a separate process gives without a pipe protocol.
@@ -170,9 +190,19 @@ class LocalServerFleet(Resource):
                     f"its log ({log}) ends: {_tail(log)}",
                 )
             time.sleep(0.02)
-        url = PolicyServer.read_ready_file(ready).url
-        port = int(url.rsplit(":", 1)[1])
-        return LocalServer(url, process.pid, log, self._command(port, ready))
+        announced = PolicyServer.read_ready_file(ready)
+        try:
+            listener = listener_pid(socket)
+        except OSError:
+            listener = -1
+        if announced.pid != process.pid or listener not in (process.pid, None):
+            raise GenerationError(
+                FailureReason.SERVER_START_FAILED,
+                f"local server {index} is not the process this job launched (pid "
+                f"{process.pid}): its ready file names pid {announced.pid}, its socket "
+                f"{socket} is listened on by {listener}",
+            )
+        return LocalServer(announced.url, process.pid, log, self._command(socket, ready), socket)
 
     def close(self) -> None:
         """SIGTERM every server's group, then SIGKILL what is left after a grace period;
@@ -187,6 +217,9 @@ class LocalServerFleet(Resource):
                 _signal_group(process, signal.SIGKILL)
                 process.wait()
         self._processes.clear()
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

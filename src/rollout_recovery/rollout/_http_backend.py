@@ -52,6 +52,7 @@ import httpx
 from .._http import ACCEPTED_ENCODINGS, WEIGHT_VERSION_HEADER, parse_version
 from .._lifecycle import AsyncResource
 from .._outcomes import FailureReason
+from .._unix_http import ServerTransport
 from ..capture import CaptureWriter, StagedPrefix
 from ..errors import ConfigError, GenerationError
 from ._config import GenerationConfig, HttpConfig
@@ -181,7 +182,10 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         self._stage_in_thread = stage_in_thread
         self._max_reply_bytes = max_reply_bytes
         self._own_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
+        # Its own client reaches launched servers on their Unix sockets too (_unix_http).
+        self._client = (
+            client if client is not None else httpx.AsyncClient(transport=ServerTransport())
+        )
         self._client.headers.update(bearer_headers(api_key))
         # Only what read_capped inflates under its cap (httpx would offer br and zstd).
         self._client.headers["Accept-Encoding"] = ACCEPTED_ENCODINGS
@@ -437,13 +441,13 @@ def _check_named_versions(
         if version is None or (newest is not None and version > newest):
             shown = repr(name)[:_NAMED_CHARS]
             raise DataFailure(
-                "unversioned_tokens",
+                DataError.UNVERSIONED_TOKENS,
                 f"the reply names weight version {shown}, which this job never had "
                 f"(its newest is {newest})",
             )
         if confirmed is not None and version < confirmed:
             raise DataFailure(
-                "weight_version_mismatch",
+                DataError.WEIGHT_VERSION_MISMATCH,
                 f"the reply names weight version {version}, older than the version "
                 f"{confirmed} the server confirmed loading before the call",
             )

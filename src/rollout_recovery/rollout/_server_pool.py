@@ -66,7 +66,7 @@ from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import HttpConfig
 from ._weight_sync import InterruptingWeightSync, WeightSync
-from ._wire import DataFailure, read_body
+from ._wire import DataError, DataFailure, read_body
 
 __all__ = ["ServerPool", "ServerStats"]
 
@@ -76,7 +76,7 @@ Weights = TypeVar("Weights")
 # connection, never a server's idea of a large reply.
 _PROBE_BODY_CAP = 64 * 2**10
 # Bad replies that are a server's word on its weights proven wrong: no streak needed.
-_UNTRUSTED_REASONS = frozenset({"weight_version_mismatch", "unversioned_tokens"})
+_UNTRUSTED_REASONS = frozenset({DataError.WEIGHT_VERSION_MISMATCH, DataError.UNVERSIONED_TOKENS})
 # How much of a server's own version string an event quotes.
 _NAMED_CHARS = 60
 # A probe that did not ask /weight_info (or got no answer from a server without it).
@@ -406,7 +406,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
             server.url,
             {"via": via, "confirmed": confirmed, "named": repr(named)[:_NAMED_CHARS]},
         )
-        self._bad_reply(server, "weight_version_mismatch")
+        self._bad_reply(server, DataError.WEIGHT_VERSION_MISMATCH)
 
     def _failed(self, server: _Server, why: str) -> None:
         server.failures_in_a_row += 1

@@ -81,9 +81,13 @@ class DataError(StrEnum):
     INVALID_LOGPROBS = "invalid_logprobs"
     #: The server generated no token.
     EMPTY_GENERATION = "empty_generation"
-    #: Tokens whose weight version is not one of ours (or no spans at all), where every
-    #: token's version is needed (``on_weight_update = "interrupt"``).
+    #: Tokens whose weight version is not one of ours (later than the trainer's newest,
+    #: or no version at all), or no spans where every token's version is needed
+    #: (``on_weight_update = "interrupt"``).
     UNVERSIONED_TOKENS = "unversioned_tokens"
+    #: Tokens of weights older than the server confirmed loading before the call: it
+    #: acknowledged a push it never loaded.
+    WEIGHT_VERSION_MISMATCH = "weight_version_mismatch"
 
 
 class DataFailure(CallFailed):

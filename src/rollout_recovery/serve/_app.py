@@ -43,7 +43,6 @@ from ._weights import WeightStore, parse_version_label, parse_weight_update
 __all__ = ["WEIGHT_VERSION_HEADER", "Response", "ServeApp"]
 
 
-
 @dataclass(frozen=True, slots=True)
 class Response:
     """An answer: status, body bytes, extra headers; ``close`` ends the connection after it."""

@@ -26,7 +26,9 @@ import contextlib
 import dataclasses
 import io
 import logging
+import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 from ._api_error import ApiError, error_body
 from ._app import Response, ServeApp
@@ -82,7 +84,9 @@ class PolicyHTTPServer(ThreadingHTTPServer):
     # dropped and retried a second later, though the accept loop takes them at once.
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], app: ServeApp, settings: ServeSettings) -> None:
+    def __init__(
+        self, address: tuple[str, int] | str, app: ServeApp, settings: ServeSettings
+    ) -> None:
         self.app = app
         self.settings = settings
         self.access_log = settings.access_log
@@ -94,7 +98,8 @@ class PolicyHTTPServer(ThreadingHTTPServer):
         self._full_answer = _busy_answer(
             f"this server has {settings.max_connections} connections open, its limit; retry later"
         )
-        super().__init__(address, _Handler)
+        # A Unix socket's address is its path (typeshed types TCP addresses only).
+        super().__init__(cast("tuple[str, int]", address), _Handler)
 
     def _count(self, **changes: int) -> None:
         """Apply counter changes (under the lock) and wake whoever waits on them."""
@@ -198,8 +203,47 @@ class _PolicyHTTPServer6(PolicyHTTPServer):
     address_family = socket.AF_INET6
 
 
+class _PolicyUnixHTTPServer(PolicyHTTPServer):
+    """On a Unix socket. A socket file nobody listens on (a killed server's) is replaced;
+    anything else there is left alone (the bind then fails: address in use). Closing
+    removes the socket only while it is this server's (a server restarted on the same
+    path may have replaced it)."""
+
+    address_family = socket.AF_UNIX
+    _inode = 0
+
+    def server_bind(self) -> None:
+        path = str(self.server_address)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode) and not _listened_on(path):
+                os.unlink(path)
+        self.socket.bind(path)
+        os.chmod(path, 0o600)
+        self._inode = os.lstat(path).st_ino
+        self.server_name, self.server_port = "localhost", 0
+
+    def server_close(self) -> None:
+        super().server_close()
+        path = str(self.server_address)
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_ino == self._inode:
+                os.unlink(path)
+
+
+def _listened_on(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def make_http_server(settings: ServeSettings, app: ServeApp) -> PolicyHTTPServer:
-    """Bind ``settings.host:port`` (port 0: a free one), IPv6 for an IPv6 address."""
+    """Bind ``settings.uds``, else ``settings.host:port`` (port 0: a free one), IPv6 for
+    an IPv6 address."""
+    if settings.uds is not None:
+        return _PolicyUnixHTTPServer(settings.uds, app, settings)
     kind = _PolicyHTTPServer6 if ":" in settings.host else PolicyHTTPServer
     return kind((settings.host, settings.port), app, settings)
 
@@ -451,6 +495,10 @@ class _Handler(BaseHTTPRequestHandler):
             text = f"HTTP error {code}"
         self.close_connection = True
         self._write(Response(code, error_body(code, text), close=True))
+
+    def address_string(self) -> str:
+        # A Unix socket's client has no address.
+        return str(self.client_address[0]) if self.client_address else "unix"
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.access_log:

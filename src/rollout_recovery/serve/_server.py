@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import ClassVar, Self
 
 from .._lifecycle import Resource
+from .._unix_http import unix_server_url
 from ..errors import InvalidOperationError
 from ..policy import NumpyGRPOTrainer, PolicySnapshot
 from ._app import ServeApp
@@ -94,11 +95,17 @@ class PolicyServer(Resource):
 
     @property
     def port(self) -> int:
+        """The TCP port it listens on (0 on a Unix socket)."""
+        if self._settings.uds is not None:
+            return 0
         return int(self._http.server_address[1])
 
     @property
     def url(self) -> str:
-        """``http://HOST:PORT``, the base URL (the OpenAI client takes ``url + "/v1"``)."""
+        """``http://HOST:PORT``, the base URL (the OpenAI client takes ``url + "/v1"``);
+        on a Unix socket ``http+unix://localhost/PATH.sock`` (``_unix_http``)."""
+        if self._settings.uds is not None:
+            return unix_server_url(self._settings.uds)
         return f"http://{_url_host(self._settings.host)}:{self.port}"
 
     @property

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from .._unix_http import unix_server_url
 from ..errors import InvalidArgumentError
 
 __all__ = [
@@ -64,7 +65,10 @@ def _non_negative_int(name: str, value: object) -> None:
 class ServeSettings:
     """A server's configuration; every field is validated when the settings are built.
 
-    ``port`` 0 picks a free port. ``seed`` seeds the initial weights (those of
+    ``port`` 0 picks a free port. ``uds``: listen on this Unix socket instead of
+    ``host:port`` (an absolute path ending in ``.sock``; the job's launched servers do, in a
+    directory only its user can enter, so no other user can bind their address first or
+    reach them). ``seed`` seeds the initial weights (those of
     ``NumpyGRPOTrainer(seed=seed)``, version 0) and the generator of requests that carry no
     ``seed``. ``call_latency_s`` is waited by every generation request between taking its
     weight snapshot and sampling, as a real server's prefill time would be.
@@ -102,6 +106,7 @@ class ServeSettings:
     access_log: bool = False
     api_key: str | None = field(default=None, repr=False)
     allowed_hosts: tuple[str, ...] = ()
+    uds: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -141,6 +146,10 @@ class ServeSettings:
             raise InvalidArgumentError(
                 "api_key must be a non-empty string of visible ASCII characters without spaces"
             )
+        if self.uds is not None:
+            if not isinstance(self.uds, str):
+                raise InvalidArgumentError(f"uds must be a path, got {self.uds!r}")
+            unix_server_url(self.uds)  # refuses what cannot name a server's socket
         hosts = self.allowed_hosts
         if not isinstance(hosts, tuple) or not all(
             isinstance(host, str) and _VISIBLE.fullmatch(host) and "/" not in host for host in hosts

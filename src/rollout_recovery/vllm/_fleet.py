@@ -1,16 +1,30 @@
 """Local vLLM servers a job starts, supervises and stops itself (``[vllm] launch = N``).
 
 Each server is vLLM's OpenAI API server (``python -m vllm.entrypoints.openai.api_server``,
-run by the ``[vllm] python`` of its own venv) on a free loopback port, under a guard
-(``_guard.py``) that leads the server's own process group: the guard ends the whole group
-(API server, ``EngineCore``, worker) when the job dies, SIGKILL included, or when the job
-stops it, so no server outlives the job. ``servers.json`` in the run directory lists them
-(url, the guard's pid, which is the group id, the log file, the server's command line).
+run by the ``[vllm] python`` of its own venv) under a guard (``_guard.py``) that leads the
+server's own process group: the guard ends the whole group (API server, ``EngineCore``,
+worker) when the job dies, SIGKILL included, or when the job stops it, so no server
+outlives the job. ``servers.json`` in the run directory lists them (url, socket, the
+guard's pid, which is the group id, the log file, the server's command line).
+
+Each listens on a Unix socket (``--uds``) in a directory the fleet makes for it, which
+only this user can enter (0700), never on a TCP port: a port is anyone's to bind first,
+and another local user who bound the one the job had picked answered ``/health`` and was
+taken as the server (``_unix_http``). A server is ready once the process listening on its
+socket is in the group the job launched (``SO_PEERCRED``) and answers ``/health``; one
+that exits before that fails the start with its log.
 
 Every server runs in vLLM's dev mode (the weight routes, ``VLLM_SERVER_DEV_MODE=1``) with
 this package's worker extension on its ``PYTHONPATH``, and requires the job's API key on
 its generation routes (``VLLM_API_KEY``, passed in the environment, never in argv). vLLM
-does not guard the dev routes with the key: the servers bind to 127.0.0.1 only.
+does not guard the dev routes (``/pause``, ``/collective_rpc``) with the key: the private
+socket is what keeps them the job's.
+
+A controller that comes back after a crash (issue 28) can prove that a server listed in
+``servers.json`` is one this job launched before it adopts it: the socket's directory is
+still this user's and private (:func:`require_private_dir`), and the process listening on
+the socket is in the listed group (:func:`listener_pid`, ``os.getpgid``), exactly the
+check :meth:`VllmFleet.start` makes (:func:`launched_by`).
 """
 
 from __future__ import annotations
@@ -19,8 +33,8 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +48,8 @@ import msgspec
 from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
 from .._outcomes import FailureReason
-from ..errors import GenerationError
+from .._unix_http import listener_pid, private_socket_dir, require_private_dir, unix_server_url
+from ..errors import GenerationError, InvalidArgumentError
 
 if TYPE_CHECKING:  # [vllm] builds its fleet here: the section's type, for the type checker
     from ._config import VllmConfig
@@ -44,6 +59,7 @@ __all__ = [
     "EXTENSION_DIR",
     "LaunchedServer",
     "VllmFleet",
+    "launched_by",
     "server_command",
     "server_environment",
 ]
@@ -55,20 +71,30 @@ _GUARD = Path(__file__).resolve().parent / "_guard.py"
 # How long the job waits for a guard to end its group after SIGTERM (the guard itself
 # gives vLLM 20 s to shut down cleanly) before it SIGKILLs the group.
 _STOP_GRACE_S = 30.0
-# How often a starting server's /health is asked.
+# How often a starting server's socket and /health are tried.
 _READY_POLL_S = 1.0
-# A port taken between our probe and vLLM's bind: start again on another, this often.
-_PORT_RETRIES = 3
+# How long one readiness probe may take.
+_PROBE_TIMEOUT_S = 5.0
+_SOCKET_DIR_PREFIX = "rollout-recovery-vllm-"
 
 
 def server_command(
-    config: VllmConfig, *, port: int, served_model_name: str, host: str = "127.0.0.1"
+    config: VllmConfig,
+    *,
+    served_model_name: str,
+    socket: str | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """The vLLM launch line of one server (the guard's command).
+    """The vLLM launch line of one server (the guard's command), listening on the Unix
+    ``socket`` (what the job launches) or on ``host:port`` (a test's own server).
 
     ``--enable-scale-out`` registers ``/inference/v1/generate`` (the ``vllm-generate``
     dialect); the worker extension is the weight loader of ``_sync.py``.
     """
+    if (socket is None) == (port is None):
+        raise InvalidArgumentError("a vLLM server listens on a socket or on a port: give one")
+    where = ["--uds", socket] if socket is not None else ["--host", host, "--port", str(port)]
     command = [
         config.python,
         "-m",
@@ -77,10 +103,7 @@ def server_command(
         config.model,
         "--served-model-name",
         served_model_name,
-        "--host",
-        host,
-        "--port",
-        str(port),
+        *where,
         "--dtype",
         config.dtype,
         "--max-num-seqs",
@@ -112,12 +135,22 @@ def server_environment(config: VllmConfig, api_key: str) -> dict[str, str]:
     }
 
 
-def _free_port() -> int:
-    """A loopback port that was free a moment ago (vLLM binds it itself; see retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+def launched_by(socket: Path, pgid: int) -> bool:
+    """Whether the process listening on ``socket`` is in process group ``pgid`` (the
+    group the job launched); False when nothing listens there. Where the system does not
+    name the listener, the socket's private directory is the only proof."""
+    try:
+        pid = listener_pid(socket)
+    except OSError:
+        return False
+    return pid is None or _group_of(pid) == pgid
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,16 +160,16 @@ class LaunchedServer:
     pid: int
     log: Path
     command: list[str]
+    socket: Path
 
 
 @dataclass(slots=True)
 class _Starting:
     index: int
-    port: int
+    socket: Path
     process: subprocess.Popen[bytes]
     log: Path
     command: list[str]
-    attempts: int
 
 
 class VllmFleet(Resource):
@@ -164,15 +197,18 @@ class VllmFleet(Resource):
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
         self._parent = parent_pid if parent_pid is not None else os.getpid()
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._sockets: Path | None = None
         self.servers: list[LaunchedServer] = []
 
-    def _spawn(self, index: int, attempts: int = 1) -> _Starting:
-        port = _free_port()
+    def _spawn(self, index: int, sockets: Path) -> _Starting:
+        socket = sockets / f"vllm-{index}.sock"
         log = self._dir / f"vllm-{index}.log"
         config = self._config
-        command = server_command(_expanded(config), port=port, served_model_name=self._name)
+        command = server_command(
+            _expanded(config), socket=str(socket), served_model_name=self._name
+        )
         with open(log, "ab") as handle:
-            handle.write(f"--- starting on port {port}: {' '.join(command)}\n".encode())
+            handle.write(f"--- starting on {socket}: {' '.join(command)}\n".encode())
             handle.flush()
             process = subprocess.Popen(
                 [sys.executable, str(_GUARD), "--parent-pid", str(self._parent), "--", *command],
@@ -183,7 +219,7 @@ class VllmFleet(Resource):
                 env=server_environment(config, self.api_key),
             )
         self._processes.append(process)
-        return _Starting(index, port, process, log, command, attempts)
+        return _Starting(index, socket, process, log, command)
 
     def start(self) -> list[str]:
         """Start the servers and wait until each answers; returns their urls. A server
@@ -191,56 +227,60 @@ class VllmFleet(Resource):
         self._config.check_launch_paths()
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
-            starting = [self._spawn(index) for index in range(self._config.launch)]
+            self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
+            require_private_dir(self._sockets)
+            starting = [self._spawn(index, self._sockets) for index in range(self._config.launch)]
             self.servers = self._await_ready(starting)
         except BaseException:
             self.close()
             raise
         listing = [
-            {"url": s.url, "pid": s.pid, "log": str(s.log), "command": s.command, "kind": "vllm"}
+            {
+                "url": s.url,
+                "socket": str(s.socket),
+                "pid": s.pid,
+                "log": str(s.log),
+                "command": s.command,
+                "kind": "vllm",
+            }
             for s in self.servers
         ]
         atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
         return [server.url for server in self.servers]
 
     def _await_ready(self, starting: list[_Starting]) -> list[LaunchedServer]:
-        """Wait for every server's ``/health``; a server whose port was taken starts again
-        on another; one that dies otherwise, or misses the deadline, fails the job."""
+        """Wait until each server's socket is listened on by a process of its group and
+        answers ``/health``; one that exits first, or misses the deadline, fails the job."""
         deadline = time.monotonic() + self._config.startup_timeout_s
         ready: dict[int, LaunchedServer] = {}
-        with httpx.Client(timeout=5.0) as client:
-            while len(ready) < len(starting):
-                for position, entry in enumerate(starting):
-                    if entry.index in ready:
-                        continue
-                    url = f"http://127.0.0.1:{entry.port}"
-                    code = entry.process.poll()
-                    if code is not None:
-                        tail = _tail(entry.log)
-                        if "address already in use" in tail.lower() and (
-                            entry.attempts < _PORT_RETRIES
-                        ):
-                            starting[position] = self._spawn(entry.index, entry.attempts + 1)
-                            continue
-                        raise GenerationError(
-                            FailureReason.SERVER_START_FAILED,
-                            f"vLLM server {entry.index} exited with {code} before it was "
-                            f"ready; its log ({entry.log}) ends: {tail}",
-                        )
-                    with contextlib.suppress(httpx.HTTPError):
-                        if client.get(f"{url}/health").status_code == 200:
-                            ready[entry.index] = LaunchedServer(
-                                url, entry.process.pid, entry.log, entry.command
-                            )
-                if len(ready) == len(starting):
-                    break
-                if time.monotonic() > deadline:
+        while len(ready) < len(starting):
+            for entry in starting:
+                if entry.index in ready:
+                    continue
+                code = entry.process.poll()
+                if code is not None:
                     raise GenerationError(
                         FailureReason.SERVER_START_FAILED,
-                        f"vLLM servers not ready after {self._config.startup_timeout_s:.0f} s "
-                        f"(see {self._dir})",
+                        f"vLLM server {entry.index} exited with {code} before it was "
+                        f"ready; its log ({entry.log}) ends: {_tail(entry.log)}",
                     )
-                time.sleep(_READY_POLL_S)
+                if _answers(entry):
+                    ready[entry.index] = LaunchedServer(
+                        unix_server_url(entry.socket),
+                        entry.process.pid,
+                        entry.log,
+                        entry.command,
+                        entry.socket,
+                    )
+            if len(ready) == len(starting):
+                break
+            if time.monotonic() > deadline:
+                raise GenerationError(
+                    FailureReason.SERVER_START_FAILED,
+                    f"vLLM servers not ready after {self._config.startup_timeout_s:.0f} s "
+                    f"(see {self._dir})",
+                )
+            time.sleep(_READY_POLL_S)
         return [ready[index] for index in sorted(ready)]
 
     def close(self) -> None:
@@ -261,6 +301,33 @@ class VllmFleet(Resource):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         self._processes.clear()
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
+
+
+def _answers(entry: _Starting) -> bool:
+    """Whether the process listening on ``entry``'s socket is of its group and answers
+    ``/health`` (its body is never read). A listener of another group fails the start:
+    only this user can bind in the socket's directory, so it is a bug or an intruder."""
+    try:
+        pid = listener_pid(entry.socket)
+    except OSError:
+        return False  # nothing listens yet
+    if pid is not None and _group_of(pid) != entry.process.pid:
+        raise GenerationError(
+            FailureReason.SERVER_START_FAILED,
+            f"vLLM server {entry.index}'s socket {entry.socket} is listened on by pid {pid}, "
+            "not a process this job launched",
+        )
+    transport = httpx.HTTPTransport(uds=str(entry.socket))
+    with (
+        contextlib.suppress(httpx.HTTPError),
+        httpx.Client(transport=transport, timeout=_PROBE_TIMEOUT_S) as client,
+        client.stream("GET", "http://localhost/health") as response,
+    ):
+        return response.status_code == 200
+    return False
 
 
 def _expanded(config: VllmConfig) -> VllmConfig:
