@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ from vllm_weights_support import (
 from rollout_recovery._http import parse_version
 from rollout_recovery.llm._skeleton import ModelSkeleton
 from rollout_recovery.llm._weights import TorchWeights
+from rollout_recovery.vllm._fleet import EXTENSION_DIR
 from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
@@ -66,6 +68,14 @@ PUSH_TIMEOUT_S = 120.0
 #: Tokens of a request that must still arrive after a push began for the push to have met
 #: it mid-way (a token's trip to the client takes far less than a decode step).
 MID_REQUEST_TOKENS = 20
+#: The fp32 server's worker extension: the job's loader, plus slow steps on request
+#: (``slow_steps_extension.py``), so a push lands inside a request by the server's own
+#: clock, however late a busy machine lets the client react (issue 24 item 21).
+SLOW_STEPS_EXTENSION = "slow_steps_extension.SlowStepsLoader"
+SLOW_STEPS = "rollout_recovery_test_slow_steps"
+#: How long each slowed decode step lasts: 480 tokens would take 2 minutes, the client has
+#: to react within that (it reacts within milliseconds on a quiet machine).
+STEP_S = 0.25
 
 SHORT = [0, 17, 45, 99, 201, 7, 300, 12]
 LONG = [0, *((np.arange(399) * 37 + 11) % 328 + 5).tolist()]  # 400 tokens, no specials
@@ -167,7 +177,19 @@ def test_a_hot_loaded_server_answers_as_a_fresh_one_and_each_unhandled_trap_show
 
 @pytest.fixture(scope="module")
 def fp32_server(vllm_server_factory: VllmServerFactory) -> VllmServer:
-    return vllm_server_factory(dtype="float32")
+    path = os.pathsep.join([str(Path(__file__).parent), str(EXTENSION_DIR)])
+    return vllm_server_factory(
+        ["--worker-extension-cls", SLOW_STEPS_EXTENSION],  # the last one given counts
+        {"PYTHONPATH": path},
+        dtype="float32",
+    )
+
+
+async def _slow_steps(client: httpx.AsyncClient, url: str, steps: int) -> None:
+    """Make the server's next ``steps`` decode steps last ``STEP_S`` each, until the
+    next weight load."""
+    body = {"method": SLOW_STEPS, "args": [str(STEP_S), str(steps)]}
+    (await client.post(f"{url}/collective_rpc", json=body)).raise_for_status()
 
 
 def test_an_fp32_server_hot_loaded_matches_the_trainer(
@@ -252,13 +274,19 @@ def test_a_push_during_a_request_waits_for_it_so_no_request_sees_two_versions(
     first token arrived the next version is pushed (its file written beforehand, so the
     push's first request goes out at once). Tokens still arriving after that request went
     out prove the push met the request mid-way; every token must be the one the old
-    weights give: the push waited for the request before it loaded."""
+    weights give: the push waited for the request before it loaded. The request's first
+    40 steps are slowed by the server (``STEP_S`` each), so the push meets it mid-way on
+    a busy machine too."""
     url = fp32_server.url
     sync = VllmWeightSync(tmp_path / "weights", dtype="float32")
     assert _push(sync, url, versions[1]) == 1
 
     async def scenario() -> tuple[Answer, int]:
         await sync.weights_file(2, versions[2])
+        async with httpx.AsyncClient(timeout=PUSH_TIMEOUT_S) as c:
+            # The first 40 tokens take 10 s by the server's clock: the push goes out
+            # inside the request however busy the machine (the push waits for the rest).
+            await _slow_steps(c, url, 40)
         stream = _Stream(url, SHORT, 480)
         request = asyncio.create_task(stream.run())
         await stream.first_token.wait()
@@ -304,11 +332,12 @@ def test_an_interrupting_push_splits_a_request_between_two_versions_with_exact_s
     recompute of the whole sequence under that version), and the later tokens are not the
     old weights'. A streamed request beside it says when both are decoding.
 
-    It needs a quiet machine. With two CPU hogs beside it (measured 2026-12-02) the tiny
-    model's request ended before the push reached the server, so its spans were
-    ``[(1, 0, 480)]``. The client read the stream far behind the server, and its
-    reaction came too late. Timing the push by the server's own token counter
-    (``/metrics``) failed the same way. On a quiet machine it passes."""
+    With two CPU hogs beside it (measured 2026-12-02) the tiny model's request used to
+    end before the push reached the server (spans ``[(1, 0, 480)]``): the client read
+    the stream far behind the server. So the server itself makes the request long: every
+    decode step lasts ``STEP_S`` until the push loads (``slow_steps_extension.py``), 2
+    minutes for 480 tokens by its own clock, and the push, which the server takes between
+    two steps, lands inside the request however late the client reacts (issue 24 item 21)."""
     url = fp32_server.url
     sync = VllmWeightSync(tmp_path / "weights", dtype="float32")
     assert _push(sync, url, versions[1]) == 1
@@ -318,6 +347,7 @@ def test_an_interrupting_push_splits_a_request_between_two_versions_with_exact_s
         await sync.weights_file(2, versions[2])
         stream = _Stream(url, SHORT, tokens)
         async with httpx.AsyncClient(timeout=PUSH_TIMEOUT_S) as c:
+            await _slow_steps(c, url, tokens)
             generate = asyncio.create_task(
                 c.post(f"{url}/inference/v1/generate", json=_generate_body(SHORT, tokens))
             )
