@@ -281,6 +281,30 @@ def test_expect_continue_over_the_cap_is_refused_before_the_body() -> None:
     assert b"100 Continue" not in answer
 
 
+@pytest.mark.parametrize(
+    ("declared", "status"),
+    [
+        (b"1_0", 400),
+        (b"+5", 400),
+        (b"-1", 400),
+        (b"\xb2", 400),  # "2" superscript in latin-1: str.isdigit() takes it
+        (b"0x10", 400),
+        (b"9" * 5000, 413),  # int() of it would raise; more than any cap anyway
+    ],
+    ids=["underscore", "plus", "negative", "superscript", "hex", "5000-digits"],
+)
+def test_a_content_length_that_is_not_ascii_digits_is_refused(
+    server: PolicyServer, declared: bytes, status: int
+) -> None:
+    answer = _raw(
+        server.url,
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+        + declared
+        + b"\r\nContent-Type: application/json\r\n\r\n{}",
+    )
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+
+
 def test_a_chunked_body_is_411(server: PolicyServer) -> None:
     answer = _raw(
         server.url,

@@ -46,6 +46,8 @@ __all__ = ["PolicyHTTPServer", "TransportStats", "make_http_server"]
 
 _log = logging.getLogger("rollout_recovery.serve")
 
+# Content-Length digits read at most: 10**18 bytes is past any cap.
+_LENGTH_DIGITS = 18
 # How much of a turned-away connection's request is read (without waiting) before it is
 # closed: unread data makes the close a reset, which can destroy the 503 in flight.
 _TURN_AWAY_DRAIN_BYTES = 64 * 1024
@@ -344,10 +346,13 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length")
         if raw is None:
             return 0
-        try:
-            length = int(raw)
-        except ValueError:
-            length = -1
+        # ASCII digits only: int() also takes "1_000", "+5" and other scripts' digits,
+        # which a proxy in front would read otherwise (or refuse).
+        # More than 18 digits is past any cap (and int() of 5000 of them raises).
+        digits = raw.strip()
+        length = -1
+        if digits.isascii() and digits.isdigit():
+            length = int(digits) if len(digits) <= _LENGTH_DIGITS else 10**_LENGTH_DIGITS
         if length < 0:
             raise ApiError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {raw!r}", close=True)
         path = self.path.split("?", 1)[0]
