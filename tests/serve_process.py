@@ -17,6 +17,15 @@ SERVE = [sys.executable, "-m", "rollout_recovery", "serve"]
 def running_serve(log: Path, *args: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
     """``rollout-recovery serve --port 0 ARGS`` in its own process group, its stderr in
     ``log``; yields its URL once it listens, and SIGKILLs the group on the way out."""
+    with serve_process(log, *args, env=env) as (url, _pid):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_process(
+    log: Path, *args: str, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """As :func:`running_serve`, yielding the server's URL and pid."""
     with open(log, "wb") as handle:
         process = subprocess.Popen(
             [*SERVE, "--port", "0", *args],
@@ -30,7 +39,7 @@ def running_serve(log: Path, *args: str, env: Mapping[str, str] | None = None) -
         assert process.stdout is not None
         line = process.stdout.readline()  # "serving on URL", once it listens
         assert line.startswith("serving on "), log.read_text()
-        yield line.split()[-1]
+        yield line.split()[-1], process.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)

@@ -165,10 +165,11 @@ def _request(index: int) -> AttemptRequest:
     )
 
 
-def test_a_keyed_server_takes_calls_and_weights_from_a_backend_with_its_key() -> None:
+def _takes_calls_and_weights(server: PolicyServer) -> None:
+    """A backend with the server's key runs an attempt on it and pushes it version 1."""
     events = EventLog()
 
-    async def scenario(server: PolicyServer) -> None:
+    async def scenario() -> None:
         backend = _backend(server.url, KEY, events)
         try:
             result = await backend.run_attempt(_request(0), CaptureWriter(MemoryDataPlane()))
@@ -178,33 +179,24 @@ def test_a_keyed_server_takes_calls_and_weights_from_a_backend_with_its_key() ->
         finally:
             await backend.aclose()
 
+    asyncio.run(scenario())
+    assert server.weights.version == 1
+
+
+def test_a_keyed_server_takes_calls_and_weights_from_a_backend_with_its_key() -> None:
     with PolicyServer(ServeSettings(api_key=KEY)) as server:
-        asyncio.run(scenario(server))
-        assert server.weights.version == 1
+        _takes_calls_and_weights(server)
 
 
 def test_a_keyed_server_on_a_unix_socket_takes_calls_and_weights() -> None:
     """As a launched server listens (issue 24 item 10): its URL names its socket, and the
     backend's own client reaches it there, probes, calls and weight pushes alike."""
-    events = EventLog()
     sockets = private_socket_dir("rollout-recovery-test-")
-
-    async def scenario(server: PolicyServer) -> None:
-        backend = _backend(server.url, KEY, events)
-        try:
-            result = await backend.run_attempt(_request(0), CaptureWriter(MemoryDataPlane()))
-            assert not result.mask_sample
-            backend.update_weights(1, PolicySnapshot(1, NumpyGRPOTrainer(seed=9).weights().params))
-            await events.wait(lambda: backend.pool.versions()[server.url] == 1, timeout=30)
-        finally:
-            await backend.aclose()
-
     try:
         settings = ServeSettings(api_key=KEY, uds=str(sockets / "server-0.sock"))
         with PolicyServer(settings) as server:
             assert server.url.startswith("http+unix://localhost/")
-            asyncio.run(scenario(server))
-            assert server.weights.version == 1
+            _takes_calls_and_weights(server)
     finally:
         sockets.rmdir()
 

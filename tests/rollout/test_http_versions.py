@@ -38,6 +38,17 @@ async def _confirmed(rig: HttpRig, version: int, server: FakeServer) -> None:
     await rig.events.wait(lambda: rig.backend.pool.versions()[server.url] == version, GUARD_S)
 
 
+async def _attempts(rig: HttpRig, count: int, version: int) -> list[Any]:
+    """``count`` attempts one after another, each dispatched at ``version``; then closed."""
+    try:
+        return [
+            await rig.backend.run_attempt(rig.request(i, weight_version=version), rig.writer)
+            for i in range(count)
+        ]
+    finally:
+        await rig.backend.aclose()
+
+
 def _sealed(result: Any, reason: str) -> None:
     assert isinstance(result, AttemptResult), result
     assert result.receipt["failure_reason"] == f"data_error:{reason}", result.receipt
@@ -81,13 +92,7 @@ def test_a_probe_finds_a_server_serving_other_weights_than_it_confirmed() -> Non
         rig.backend.update_weights(1, snapshot(1))
         await rig.events.wait(lambda: bool(rig.events.of("server_weights_mismatch")), GUARD_S)
         await rig.events.wait(lambda: rig.backend.pool.versions()[honest.url] == 1, GUARD_S)
-        try:
-            return [
-                await rig.backend.run_attempt(rig.request(i, weight_version=1), rig.writer)
-                for i in range(4)
-            ]
-        finally:
-            await rig.backend.aclose()
+        return await _attempts(rig, 4, version=1)
 
     results = asyncio.run(scenario())
     [(server, event)] = rig.events.of("server_weights_mismatch")
@@ -103,13 +108,7 @@ def test_an_honest_server_is_never_taken_for_a_liar() -> None:
     async def scenario() -> list[Any]:
         await _confirmed(rig, 1, rig.fleet[0])
         await _confirmed(rig, 1, rig.fleet[1])
-        try:
-            return [
-                await rig.backend.run_attempt(rig.request(i, weight_version=1), rig.writer)
-                for i in range(6)
-            ]
-        finally:
-            await rig.backend.aclose()
+        return await _attempts(rig, 6, version=1)
 
     results = asyncio.run(scenario())
     assert all(isinstance(r, AttemptResult) and not r.mask_sample for r in results)

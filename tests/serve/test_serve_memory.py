@@ -10,11 +10,7 @@ thread's Python allocations) around a real server and around the app alone.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import tracemalloc
 from collections.abc import Callable
@@ -25,6 +21,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from serve_process import serve_process
 
 from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.serve import ServeSettings
@@ -80,26 +77,10 @@ def test_the_issues_bodies_cost_a_real_server_nothing(tmp_path: Path) -> None:
     the issue's 32 MiB) once took the server's peak memory up by about 170 MiB each;
     now each is a 413 before its body is sent, and the peak does not move."""
     body = b'{"prompt": [' + b",".join([b"[]"] * (8 * MIB // 3)) + b"]}"
-    with open(tmp_path / "serve.log", "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollout_recovery", "serve", "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,
-        )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # "serving on URL", once it listens
-        assert line.startswith("serving on "), (tmp_path / "serve.log").read_text()
-        url = line.split()[-1]
-        before = _peak_rss(process.pid)
+    with serve_process(tmp_path / "serve.log") as (url, pid):
+        before = _peak_rss(pid)
         answers = [_post_expecting_continue(url, "/v1/completions", body) for _ in range(2)]
-        grown = _peak_rss(process.pid) - before
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        process.stdout.close()  # type: ignore[union-attr]
+        grown = _peak_rss(pid) - before
     assert [answer.split(b" ", 2)[1] for answer in answers] == [b"413", b"413"], answers
     assert grown < 16 * MIB, f"peak memory grew {grown / MIB:.0f} MiB"
 
