@@ -15,6 +15,7 @@ import os
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from rollout_recovery._unix_http import (
     require_private_dir,
     unix_server_url,
 )
-from rollout_recovery.errors import GenerationError
+from rollout_recovery.errors import GenerationError, InvalidArgumentError
 from rollout_recovery.job._server_fleet import LAUNCHED_API_KEY_ENV, LocalServerFleet
 
 # How long a server restarted by hand may take to listen: generous, for a loaded machine.
@@ -118,3 +119,17 @@ def test_a_ready_file_naming_another_process_fails_the_start(
     with pytest.raises(GenerationError, match="not the process this job launched"), fleet:
         fleet.start()
     assert not (tmp_path / "run" / "servers.json").exists()
+
+
+def test_a_temporary_directory_too_deep_for_a_socket_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket's path holds 107 bytes: a deeper TMPDIR is refused before any server
+    starts, saying what to change."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    fleet = _fleet(tmp_path / "run", count=1)
+    with pytest.raises(InvalidArgumentError, match="TMPDIR"), fleet:
+        fleet.start()
+    assert not list(deep.iterdir())  # its socket directory is gone with it

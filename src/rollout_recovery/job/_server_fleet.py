@@ -43,7 +43,7 @@ from pathlib import Path
 from .._durable import atomic_write_bytes
 from .._lifecycle import Resource
 from .._outcomes import FailureReason
-from .._unix_http import listener_pid, private_socket_dir, require_private_dir
+from .._unix_http import listener_pid, private_socket_dir, require_private_dir, unix_server_url
 from ..errors import GenerationError
 from ..rundir import RunDirectory
 from ..serve import PolicyServer
@@ -157,6 +157,7 @@ class LocalServerFleet(Resource):
         ready = self._dir / f"server-{index}.ready"
         log = self._dir / f"server-{index}.log"
         socket = sockets / f"server-{index}.sock"
+        unix_server_url(socket)  # refuses a path too long for a socket, naming TMPDIR
         ready.unlink(missing_ok=True)  # a previous run's file must not pass for ours
         with open(log, "ab") as handle:
             process = subprocess.Popen(

@@ -202,6 +202,7 @@ class VllmFleet(Resource):
 
     def _spawn(self, index: int, sockets: Path) -> _Starting:
         socket = sockets / f"vllm-{index}.sock"
+        unix_server_url(socket)  # refuses a path too long for a socket, naming TMPDIR
         log = self._dir / f"vllm-{index}.log"
         config = self._config
         command = server_command(
