@@ -190,6 +190,9 @@ def test_a_request_waiting_out_a_pause_is_answered_at_shutdown() -> None:
     server.start()
     with httpx.Client(base_url=server.url, timeout=WAIT_S) as client:
         client.post("/pause?mode=keep", json={}).raise_for_status()
+    # The pause's own body is counted until just after its answer went out: once it is
+    # released, a body held is the generation request's.
+    assert server.wait_for_transport(lambda stats: stats.body_bytes == 0, WAIT_S)
     thread, replies = _generate_in_thread(server)
     # Paused: the request is being handled (its body held) but waits before its first
     # token; shutdown releases it with a 503.
