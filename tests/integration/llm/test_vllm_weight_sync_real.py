@@ -65,6 +65,8 @@ FP32_TOLERANCE = 1e-5
 #: batch of another shape than the trainer's single sequence, so a little above fp32's.
 INTERRUPT_TOLERANCE = 1e-4
 PUSH_TIMEOUT_S = 120.0
+#: What vLLM logs when oneDNN refuses a linear on this CPU (then it runs unpacked).
+UNPACKED_LINEARS = "fallback to torch linear"
 #: Tokens of a request that must still arrive after a push began for the push to have met
 #: it mid-way (a token's trip to the client takes far less than a decode step).
 MID_REQUEST_TOKENS = 20
@@ -167,12 +169,18 @@ def test_a_hot_loaded_server_answers_as_a_fresh_one_and_each_unhandled_trap_show
             diff = max_abs_diff(answer, recompute(skeleton, weights, answer))
             _report(f"bf16 hot {name} {which} max|d|", diff)
             assert diff <= BF16_TOLERANCE, (name, which)
-    # The traps are real: unhandled, the logprobs are far from the trainer's.
+    # The traps are real: unhandled, the logprobs are far from the trainer's. Trap 1 is
+    # vLLM's packing of its GEMM weights (oneDNN): where the CPU makes oneDNN refuse them
+    # (measured on this machine, 2026-12-06: "Failed to create oneDNN linear, fallback
+    # to torch linear"), nothing is packed and a reload cannot leave lm_head stale.
     head = max_abs_diff(stale_head, recompute(skeleton, w1, stale_head))
     cache = max_abs_diff(stale_cache, recompute(skeleton, w2, stale_cache))
     _report("stale lm_head max|d|", head)
     _report("stale prefix cache max|d|", cache)
-    assert head > BF16_TOLERANCE and cache > BF16_TOLERANCE
+    packed = UNPACKED_LINEARS not in hot.log_path.read_text(errors="replace")
+    print(f"measured: the server packs its linears with oneDNN: {packed}")
+    assert head > BF16_TOLERANCE or not packed
+    assert cache > BF16_TOLERANCE
 
 
 @pytest.fixture(scope="module")
