@@ -10,11 +10,13 @@ the process it launched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,6 +121,55 @@ def test_a_ready_file_naming_another_process_fails_the_start(
     with pytest.raises(GenerationError, match="not the process this job launched"), fleet:
         fleet.start()
     assert not (tmp_path / "run" / "servers.json").exists()
+
+
+JOB = """
+import sys, threading
+from pathlib import Path
+from rollout_recovery.job._server_fleet import LocalServerFleet
+with LocalServerFleet(Path(sys.argv[1]), 2, seed=0, call_latency_s=0.0, model="m") as fleet:
+    fleet.start()
+    print("ready", flush=True)
+    threading.Event().wait()
+"""
+
+
+def test_a_sigkilled_job_leaves_no_server_and_no_socket_directory(tmp_path: Path) -> None:
+    """The servers see their job die (``--parent-pid``), stop, remove their sockets, and
+    the last one out removes the directory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB, str(run)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"ready\n"
+        listing = json.loads((run / "servers.json").read_text())["servers"]
+        (sockets,) = {Path(listed["socket"]).parent for listed in listing}
+        pids = [int(listed["pid"]) for listed in listing]
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait()
+        # Polling the OS's own state: no event to wait on for other processes.
+        started = time.monotonic()
+        while sockets.exists() or any(_alive(pid) for pid in pids):
+            assert time.monotonic() - started < READY_S, "servers or sockets left behind"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_a_temporary_directory_too_deep_for_a_socket_is_named(

@@ -268,10 +268,14 @@ def test_servers_end_when_the_job_that_started_them_is_sigkilled(
         (record,) = _records(fake_dir)
         processes = [int(record["pid"]), int(record["child"])]  # type: ignore[call-overload]
         assert all(_alive(pid) for pid in processes)
+        (listed,) = json.loads((tmp_path / "run" / "servers.json").read_text())["servers"]
+        sockets = Path(listed["socket"]).parent
         os.kill(job.pid, signal.SIGKILL)
         job.wait()
         _wait_until(lambda: not any(_alive(pid) for pid in processes), "the server group ended")
         assert list(fake_dir.glob("*.terminated"))  # shut down, not only killed
+        # Its guard removed the socket and its directory: nothing is left in /tmp.
+        _wait_until(lambda: not sockets.exists(), "the socket directory was removed")
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

@@ -90,6 +90,12 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     "server or take its address. A socket file left there by a killed server is replaced.",
 )
 @click.option(
+    "--remove-socket-dir",
+    is_flag=True,
+    help="With --uds: when stopping, also remove the socket's directory if it is then empty "
+    "(the directory is the caller's, made for its servers, as a job's launched servers' is).",
+)
+@click.option(
     "--api-key-env",
     metavar="NAME",
     help="Require 'Authorization: Bearer KEY' on every request, /health included, where KEY "
@@ -210,6 +216,7 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
 def serve(
     host: str,
     uds: str | None,
+    remove_socket_dir: bool,
     api_key_env: str | None,
     allow_hosts: tuple[str, ...],
     port: int,
@@ -304,5 +311,8 @@ def serve(
         server.close()
         if ready_file is not None:
             _remove_own_ready_file(ready_file)
+        if uds is not None and remove_socket_dir:
+            with contextlib.suppress(OSError):  # another server's socket is still there
+                Path(uds).parent.rmdir()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

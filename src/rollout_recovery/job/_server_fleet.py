@@ -107,6 +107,8 @@ class LocalServerFleet(Resource):
             "serve",
             "--uds",
             str(socket),
+            # A job SIGKILLed leaves no socket directory: the last server out removes it.
+            "--remove-socket-dir",
             "--ready-file",
             str(ready),
             "--seed",

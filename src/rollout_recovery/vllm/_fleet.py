@@ -212,7 +212,16 @@ class VllmFleet(Resource):
             handle.write(f"--- starting on {socket}: {' '.join(command)}\n".encode())
             handle.flush()
             process = subprocess.Popen(
-                [sys.executable, str(_GUARD), "--parent-pid", str(self._parent), "--", *command],
+                [
+                    sys.executable,
+                    str(_GUARD),
+                    "--parent-pid",
+                    str(self._parent),
+                    "--socket",
+                    str(socket),
+                    "--",
+                    *command,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,

@@ -12,8 +12,10 @@ leader of a new session; it runs COMMAND in its own process group and waits unti
 Then it sends COMMAND SIGTERM (vLLM shuts its engine down and removes its shared-memory
 segments; a SIGKILL would leave them in ``/dev/shm``), waits up to ``--grace-s``, and
 SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker processes, which
-a killed API server leaves orphaned), removing the shared memory they had mapped. It exits
-with COMMAND's status.
+a killed API server leaves orphaned), removing the shared memory they had mapped. With
+``--socket PATH`` it then removes the server's Unix socket, and the socket's directory once
+it is empty (the last guard of a fleet removes it): a job that was SIGKILLed leaves no
+socket directory behind. It exits with COMMAND's status.
 """
 
 from __future__ import annotations
@@ -89,10 +91,18 @@ def _kill_the_rest() -> None:
         segment.unlink(missing_ok=True)
 
 
+def _remove_socket(socket: Path) -> None:
+    """The server's socket, and its directory if nothing else is left in it."""
+    socket.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another server's socket is still there, or gone
+        socket.parent.rmdir()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--grace-s", type=float, default=20.0)
+    parser.add_argument("--socket", type=Path, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command: list[str] = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -124,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=args.grace_s)
     _kill_the_rest()
+    if args.socket is not None:
+        _remove_socket(args.socket)
     code = child.wait()
     return code if code >= 0 else 128 - code
 
