@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from process_support import process_group
 
 SERVE = [sys.executable, "-m", "rollout_recovery", "serve"]
 
@@ -26,23 +25,11 @@ def serve_process(
     log: Path, *args: str, env: Mapping[str, str] | None = None
 ) -> Iterator[tuple[str, int]]:
     """As :func:`running_serve`, yielding the server's URL and pid."""
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(
-            [*SERVE, "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=handle,
-            text=True,
-            env=None if env is None else dict(env),
-            start_new_session=True,
-        )
-    try:
+    with (
+        open(log, "wb") as handle,
+        process_group([*SERVE, "--port", "0", *args], stderr=handle, env=env, text=True) as process,
+    ):
         assert process.stdout is not None
         line = process.stdout.readline()  # "serving on URL", once it listens
         assert line.startswith("serving on "), log.read_text()
         yield line.split()[-1], process.pid
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()

@@ -10,19 +10,18 @@ the process it launched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from process_support import alive, ready_job
 
 from rollout_recovery._unix_http import (
     ServerTransport,
@@ -139,15 +138,7 @@ def test_a_sigkilled_job_leaves_no_server_and_no_socket_directory(tmp_path: Path
     the last one out removes the directory."""
     run = tmp_path / "run"
     run.mkdir()
-    job = subprocess.Popen(
-        [sys.executable, "-c", JOB, str(run)],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        start_new_session=True,
-    )
-    try:
-        assert job.stdout is not None
-        assert job.stdout.readline() == b"ready\n"
+    with ready_job(JOB, str(run)) as job:
         listing = json.loads((run / "servers.json").read_text())["servers"]
         (sockets,) = {Path(listed["socket"]).parent for listed in listing}
         pids = [int(listed["pid"]) for listed in listing]
@@ -155,21 +146,9 @@ def test_a_sigkilled_job_leaves_no_server_and_no_socket_directory(tmp_path: Path
         job.wait()
         # Polling the OS's own state: no event to wait on for other processes.
         started = time.monotonic()
-        while sockets.exists() or any(_alive(pid) for pid in pids):
+        while sockets.exists() or any(alive(pid) for pid in pids):
             assert time.monotonic() - started < READY_S, "servers or sockets left behind"
             time.sleep(0.05)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_temporary_directory_too_deep_for_a_socket_is_named(

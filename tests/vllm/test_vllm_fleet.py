@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from process_support import alive, ready_job
 
 from rollout_recovery._unix_http import require_private_dir, unix_server_url
 from rollout_recovery.control import RunConfig, load_config
@@ -66,15 +66,6 @@ def _config(tmp_path: Path, launch: int = 2, **overrides: object) -> VllmConfig:
     }
     fields.update(overrides)
     return VllmConfig(**fields)  # type: ignore[arg-type]
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _wait_until(predicate: object, what: str) -> None:
@@ -142,7 +133,7 @@ def test_the_fleet_starts_listed_servers_with_the_jobs_key_and_stops_every_proce
     # Stopped: each server was asked to shut down (SIGTERM reached it), then the child
     # that ignores SIGTERM was killed; nothing of either group is left, nor the sockets.
     assert len(list(fake_dir.glob("*.terminated"))) == 2
-    assert not [pid for pid in processes if _alive(pid)]
+    assert not [pid for pid in processes if alive(pid)]
     assert not sockets.exists()
     fleet.close()  # closing again is a no-op
     assert len(list(fake_dir.glob("*.terminated"))) == 2
@@ -256,30 +247,19 @@ def test_servers_end_when_the_job_that_started_them_is_sigkilled(
     tmp_path: Path, fake_dir: Path
 ) -> None:
     config = _config(tmp_path, launch=1)
-    job = subprocess.Popen(
-        [sys.executable, "-c", JOB, msgspec.json.encode(config).decode(), str(tmp_path / "run")],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        start_new_session=True,
-    )
-    try:
-        assert job.stdout is not None
-        assert job.stdout.readline() == b"ready\n"
+    encoded = msgspec.json.encode(config).decode()
+    with ready_job(JOB, encoded, str(tmp_path / "run")) as job:
         (record,) = _records(fake_dir)
         processes = [int(record["pid"]), int(record["child"])]  # type: ignore[call-overload]
-        assert all(_alive(pid) for pid in processes)
+        assert all(alive(pid) for pid in processes)
         (listed,) = json.loads((tmp_path / "run" / "servers.json").read_text())["servers"]
         sockets = Path(listed["socket"]).parent
         os.kill(job.pid, signal.SIGKILL)
         job.wait()
-        _wait_until(lambda: not any(_alive(pid) for pid in processes), "the server group ended")
+        _wait_until(lambda: not any(alive(pid) for pid in processes), "the server group ended")
         assert list(fake_dir.glob("*.terminated"))  # shut down, not only killed
         # Its guard removed the socket and its directory: nothing is left in /tmp.
         _wait_until(lambda: not sockets.exists(), "the socket directory was removed")
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
 
 
 def test_a_server_that_exits_before_it_is_ready_fails_the_start_with_its_log(
