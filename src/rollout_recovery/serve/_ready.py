@@ -1,7 +1,9 @@
 """The ready file: how a parent process learns a server's URL without parsing its output.
 
 Written atomically once the socket listens, so a reader sees no file or a complete one:
-``{"url": "http://127.0.0.1:PORT", "pid": PID}``.
+``{"url": "http://127.0.0.1:PORT", "pid": PID}`` (with ``--uds``,
+``"http+unix://localhost/PATH.sock"``: the pid is what a launcher checks the socket's
+listener against).
 """
 
 from __future__ import annotations

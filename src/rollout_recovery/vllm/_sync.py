@@ -31,7 +31,8 @@ waits for any request the server still runs, e.g. one whose client gave up).
 
 Every reply is read under a small cap and decoded with msgspec; one of another shape is a
 failed push (``None``), never an exception. The dev routes (``/pause``,
-``/collective_rpc``, ...) are not covered by vLLM's API key: bind servers to loopback.
+``/collective_rpc``, ...) are not covered by vLLM's API key: launched servers listen on a
+socket only this user can reach (``_fleet.py``); run listed ones on a trusted network.
 """
 
 from __future__ import annotations
