@@ -82,6 +82,7 @@ SURFACES: dict[str, set[str]] = {
         "CaptureRewardSettings",
         "FinalizedReward",
         "RewardChecks",
+        "RewardConfig",
         "RewardLogContext",
         "parse_reward_log_context",
     },
