@@ -38,6 +38,7 @@ LAYERS = [
     "_checks",
     "_workers",
     "_datasets",
+    "_sampler",
     "errors",
     "_outcomes",
     "_messages",

@@ -287,6 +287,7 @@ def _open_job(
         history=history,
         progress=progress,
     )
+    controller.samples = parts.samples
     store = CheckpointStore(run.root, keep=config.checkpoint.keep)
     store.remove_stale()  # what a save killed mid-way left behind
     return controller, store, changes

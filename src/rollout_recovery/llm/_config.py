@@ -24,6 +24,7 @@ from ._parts import LlmParts
 
 if TYPE_CHECKING:
     from ..policy import TaskConfig
+    from ..rewards import RewardConfig
 
 __all__ = ["ModelConfig", "TrainerConfig", "TrainerKind"]
 
@@ -70,12 +71,19 @@ class TrainerConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         TrainSample.DEFAULT_LOGPROB_TOLERANCE
     )
 
-    def torch_parts(self, model: ModelConfig, task: TaskConfig, *, seed: int) -> LlmParts:
+    def torch_parts(
+        self,
+        model: ModelConfig,
+        task: TaskConfig,
+        *,
+        seed: int,
+        reward: RewardConfig | None = None,
+    ) -> LlmParts:
         """The torch trainer on ``model`` (prepared: :meth:`ModelConfig.resolved`) and
-        ``task``'s emit-token prompts, from which its backends are built
-        (``_parts.LlmParts.build``); a ``ConfigError`` naming the ``[llm]`` extra when it
-        is missing."""
-        return LlmParts.build(self, model, task, seed=seed)
+        ``task``'s prompts (emit-token, or a dataset's rows scored by ``reward``), from
+        which its backends are built (``_parts.LlmParts.build``); a ``ConfigError`` naming
+        the ``[llm]`` extra when it is missing."""
+        return LlmParts.build(self, model, task, seed=seed, reward=reward)
 
 
 _Digest = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")]
@@ -111,3 +119,16 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
         """This section with ``digest`` taken from the model's files (built or converted
         first when missing); the refusals are ``_model_source.resolve_model``'s."""
         return resolve_model(self, target_token=target_token, log=log)
+
+    def resolved_dataset(
+        self, task: TaskConfig, *, log: Callable[[str], None] = lambda _: None
+    ) -> TaskConfig:
+        """``task`` with ``digest`` and ``dataset_size`` taken from its dataset's files
+        and this (prepared) model's tokenizer, which make the prompts; the refusals are
+        ``_dataset.resolve_dataset``'s. Other task kinds are returned as they are."""
+        if task.kind != "dataset":
+            return task
+        from ._dataset import resolve_dataset
+
+        return resolve_dataset(task, self.directory(), log=log)
+

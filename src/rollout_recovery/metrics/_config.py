@@ -45,6 +45,10 @@ class MetricsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: How long a log call waits for room in a slow sink's queue, and a flush for the sink
     #: to catch up; past it that sink is given up for the rest of the session.
     flush_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 60.0
+    #: Sample completions of the LLM job shown per step (prompt, completion, reward): on
+    #: the console, in metrics.jsonl and in each sink (a W&B table, TensorBoard text, an
+    #: MLflow artifact). 0 shows none.
+    samples: Annotated[int, Meta(ge=0, le=64)] = 2
 
     def __post_init__(self) -> None:
         # msgspec turns this (a ValueError) into a ValidationError with the section's path.
