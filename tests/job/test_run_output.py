@@ -95,7 +95,7 @@ def test_a_fresh_run_prints_one_start_line_and_a_resume_one_resume_line(
     out = tmp_path / "run"
     # Long enough to be killed at step 3, not finished, on a loaded machine.
     args = ["--out", str(out), "--config", str(write_config({"job": {"steps": 20}})), "--plain"]
-    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 3/"))
+    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 2 ("))
     assert killed.returncode == -signal.SIGKILL, killed.stdout
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stdout
@@ -106,4 +106,4 @@ def test_a_fresh_run_prints_one_start_line_and_a_resume_one_resume_line(
     assert not any("new run" in line for line in fresh)
     again = resumed.stdout.splitlines()
     assert not any(line.startswith("starting") or "new run" in line for line in again)
-    assert len([line for line in again if line.startswith("resuming after step ")]) == 1
+    assert len([line for line in again if line.startswith("resuming at step ")]) == 1

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from .._durable import atomic_write_bytes
-from .._settings import config_to_toml
+from .._settings import config_to_builtins, config_to_toml
 from ..capture import CaptureWriter
 from ..control import Controller, ControllerCheckpoints, RunConfig, load_config
 from ..dataplane import DataPlane, ReplayIndex, SqliteDataPlane
@@ -60,7 +60,7 @@ from ._drain import DrainTriggers, drain_file_of, remove_stale_drain_request
 from ._llm_parts import resolve_model
 from ._plot import write_reward_plot
 from ._readback import RunReadback
-from ._report import RunProgress, RunSummary
+from ._report import ConsoleSamples, RunProgress, RunSummary, ShowsSamples
 
 __all__ = ["JobResult", "claim_run_directory", "run_job"]
 
@@ -414,7 +414,16 @@ async def _run_installed(
     )
     # From here the snapshot builder follows the journal on its own.
     checkpoints.follow_journal()
-    metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
+    # The job's config is the tools' run config; the console shows each step's samples.
+    console: list[tuple[str, ConsoleSamples]] = []
+    if isinstance(progress, ShowsSamples):
+        console.append(("console", ConsoleSamples(progress)))
+    metrics = _tool_sinks(config).open(
+        run.root,
+        resume_step=controller.step,
+        job_config=config_to_builtins(config),
+        also=console,
+    )
     controller.metrics = metrics
     # A sink may block on its tool (a flush, a network call): closed off the loop.
     stack.push_async_callback(asyncio.to_thread, metrics.close)
