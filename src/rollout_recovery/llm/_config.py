@@ -11,7 +11,7 @@ the identity, so a rerun against changed model files is refused and a moved mode
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -121,6 +121,20 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
         """This section with ``digest`` taken from the model's files (built or converted
         first when missing); the refusals are ``_model_source.resolve_model``'s."""
         return resolve_model(self, target_token=target_token, log=log)
+
+    def export(
+        self,
+        files: Mapping[str, bytes],
+        out: Path,
+        *,
+        dtype: str = "float32",
+        log: Callable[[str], None] = lambda _: None,
+    ) -> Path:
+        """Write a torch job's checkpoint ``files`` as a Hugging Face model directory at
+        ``out`` with this model's config and tokenizer (``_export.export_model``)."""
+        from ._export import export_model
+
+        return export_model(self, files, out, dtype=dtype, log=log)
 
     def resolved_dataset(
         self, task: TaskConfig, *, log: Callable[[str], None] = lambda _: None
