@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from rollout_recovery.job._report import (
+    RestoreTotals,
     RunReporter,
     RunSummary,
     render_summary,
@@ -133,7 +134,6 @@ def _summary(**overrides: object) -> RunSummary:
         "prompts_dropped": 14,
         "attempts": 1412,
         "retries": 97,
-        "siblings_reused": 58,
         "checkpoints": 8,
         "restores": 2,
         "longest_checkpoint_stall_s": 0.125,
@@ -161,7 +161,6 @@ def test_the_summary_table_shows_every_field() -> None:
         "prompts dropped": "14",
         "attempts": "1412",
         "retries": "97",
-        "siblings reused": "58",
         "checkpoints written": "8",
         "restores": "2",
         "longest checkpoint stall": "0.125 s",
@@ -171,10 +170,17 @@ def test_the_summary_table_shows_every_field() -> None:
         "valid rows (fraction trained)": "0.981",
         "calls resumed (not generated again)": "0",
         "steps refused (another model's logprobs)": "0",
+        "finished groups kept by restores": "0",
+        "rows kept by restores (not generated again)": "0",
+        "tokens kept by restores": "0",
+        "steps rolled back and trained again": "0",
+        "groups trained again (from kept rows)": "0",
+        "rows trained again": "0",
+        "tokens lost by restores (generated again)": "0",
     }
-    # Every scalar field; the per-part counts get a table of their own, and the step time
-    # shares a row only when a step was timed.
-    assert len(rows) == len(fields(RunSummary)) - 2
+    # Every scalar field and what the restores did; the per-part counts get a table of
+    # their own, and the step time shares a row only when a step was timed.
+    assert len(rows) == len(fields(RunSummary)) - 3 + len(fields(RestoreTotals))
     assert "generation parts" not in stream.getvalue()
 
 

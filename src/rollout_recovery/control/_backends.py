@@ -266,7 +266,8 @@ def _transformers(inputs: BackendInputs) -> GenerationBackend[Any]:
 # policy to its servers, or runs "emit token X" on vLLM servers that load the torch
 # trainer's weights (only the vLLM sync can: the others would leave the servers sampling the
 # initial weights while the trainer moves on); the transformers backend samples the torch
-# trainer's model in process, on "emit token X" or a dataset of the user's. Ray workers proxying to [http] servers push the numpy policy.
+# trainer's model in process, on "emit token X" or a dataset of the user's. Ray workers
+# proxying to [http] servers push the numpy policy.
 _NUMPY_SYNCS = ("policy", "version-tag", "none")
 BACKENDS: Mapping[str, Backend] = {
     backend.name: backend

@@ -13,7 +13,7 @@ import errno
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Protocol, TextIO, runtime_checkable
 
@@ -24,9 +24,11 @@ from rich.table import Table
 
 from .._lifecycle import Resource
 from ..errors import ClosedResourceError
+from ..history.records import HistoryRecord, Restored, StepTrained
 
 __all__ = [
     "ConsoleSamples",
+    "RestoreTotals",
     "RunProgress",
     "RunReporter",
     "RunSummary",
@@ -342,6 +344,55 @@ class RunReporter(Resource):
 
 
 @dataclass(frozen=True, slots=True)
+class RestoreTotals:
+    """What every restore of a run kept and what it cost, from its ``restored`` records.
+
+    A restore keeps the work the journal holds: finished groups (their canonical rows,
+    trained as they are) and the sealed siblings of unfinished ones; what was trained
+    after its snapshot is rolled back and trained again from those kept rows (the policy
+    lives only in checkpoints), and what it lost is generated again.
+    """
+
+    #: Finished groups kept (their rows trained without generating them again).
+    groups_kept: int = 0
+    #: Their rows plus the sealed siblings of unfinished groups.
+    rows_kept: int = 0
+    #: The generated tokens of those rows, and of staged calls kept for resumption.
+    tokens_kept: int = 0
+    #: Steps trained after a snapshot and trained again (with their groups and rows).
+    steps_retrained: int = 0
+    groups_retrained: int = 0
+    rows_retrained: int = 0
+    #: Generated tokens thrown away (seals the reuse policy discarded, calls in flight).
+    tokens_lost: int = 0
+
+    @classmethod
+    def of(cls, history: Iterable[HistoryRecord], group_size: int) -> RestoreTotals:
+        """The totals over every ``restored`` record of ``history`` (in journal order;
+        streamed: of each step's newest training only its group and row counts are kept)."""
+        totals: dict[str, int] = {name.name: 0 for name in fields(cls)}
+        trained: dict[int, tuple[int, int]] = {}  # step: (groups, rows) of its newest training
+        for record in history:
+            if isinstance(record, StepTrained):
+                trained[record.step] = (len(record.group_ids), len(record.rows))
+            elif isinstance(record, Restored):
+                totals["groups_kept"] += record.canonical_groups
+                totals["rows_kept"] += (
+                    record.canonical_groups * group_size + record.sealed_siblings_kept
+                )
+                totals["tokens_kept"] += (
+                    record.canonical_tokens_kept + record.tokens_reused + record.tokens_resumable
+                )
+                totals["tokens_lost"] += record.tokens_lost + record.tokens_in_flight_lost
+                for step in record.rolled_back_steps:
+                    totals["steps_retrained"] += 1
+                    groups, rows = trained.get(step, (0, 0))
+                    totals["groups_retrained"] += groups
+                    totals["rows_retrained"] += rows
+        return cls(**totals)
+
+
+@dataclass(frozen=True, slots=True)
 class RunSummary:
     """The end-of-run numbers printed by :meth:`render`."""
 
@@ -351,7 +402,6 @@ class RunSummary:
     prompts_dropped: int
     attempts: int
     retries: int
-    siblings_reused: int
     checkpoints: int
     restores: int
     longest_checkpoint_stall_s: float
@@ -372,6 +422,8 @@ class RunSummary:
     time_shares: Mapping[str, float] = field(default_factory=dict)
     #: Steps the trainer refused: their behaviour logprobs were another model's.
     steps_refused: int = 0
+    #: What the restores kept, retrained and lost (shown when there were restores).
+    restored: RestoreTotals = field(default_factory=RestoreTotals)
 
     def render(self, console: Console) -> None:
         """Print the summary as tables (see :func:`render_summary`)."""
@@ -385,7 +437,6 @@ _SUMMARY_LABELS = {
     "prompts_dropped": "prompts dropped",
     "attempts": "attempts",
     "retries": "retries",
-    "siblings_reused": "siblings reused",
     "calls_resumed": "calls resumed (not generated again)",
     "checkpoints": "checkpoints written",
     "restores": "restores",
@@ -395,6 +446,15 @@ _SUMMARY_LABELS = {
     "last_tenth_reward": "mean reward, last tenth",
     "valid_row_fraction": "valid rows (fraction trained)",
     "steps_refused": "steps refused (another model's logprobs)",
+}
+_RESTORE_LABELS = {
+    "groups_kept": "finished groups kept by restores",
+    "rows_kept": "rows kept by restores (not generated again)",
+    "tokens_kept": "tokens kept by restores",
+    "steps_retrained": "steps rolled back and trained again",
+    "groups_retrained": "groups trained again (from kept rows)",
+    "rows_retrained": "rows trained again",
+    "tokens_lost": "tokens lost by restores (generated again)",
 }
 
 
@@ -416,10 +476,14 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for item in fields(summary):
-        if item.name in ("parts", "time_shares"):
+        if item.name in ("parts", "time_shares", "restored"):
             continue
         value = getattr(summary, item.name)
         table.add_row(_SUMMARY_LABELS[item.name], _format_summary_value(item.name, value))
+    if summary.restores:
+        for item in fields(summary.restored):
+            value = getattr(summary.restored, item.name)
+            table.add_row(_RESTORE_LABELS[item.name], _format_summary_value(item.name, value))
     if summary.time_shares:
         # Each part's share of the steps' time; a background push overlaps generation, so
         # the shares need not add up to 100%.

@@ -184,7 +184,7 @@ def run_job(
         raise
     # Streamed: a process end reads the run's files in memory that follows its steps,
     # not its history's bytes (_readback.py).
-    readback = RunReadback.read(run)
+    readback = RunReadback.read(run, group_size=config.job.generations_per_prompt)
     result.summary = _summary(readback, controller, time.monotonic() - started)
     _plot(run, readback, config)
     return result
@@ -591,7 +591,7 @@ def _tenth_means(rewards: list[float]) -> tuple[float | None, float | None]:
 
 
 def _empty_summary() -> RunSummary:
-    return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
+    return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
 
 
 def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) -> RunSummary:
@@ -604,7 +604,6 @@ def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) ->
         prompts_dropped=counters.prompts_dropped,
         attempts=counters.attempts,
         retries=counters.retries,
-        siblings_reused=counters.siblings_reused,
         calls_resumed=counters.calls_resumed,
         checkpoints=counters.checkpoints,
         restores=len(run.restarts),
@@ -620,6 +619,7 @@ def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) ->
         steps_refused=run.refused_steps,
         parts=run.parts,
         time_shares=run.time_shares,
+        restored=run.restored,
     )
 
 
