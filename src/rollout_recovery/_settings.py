@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,10 @@ def config_from_builtins(data: object, tree: type[TreeT]) -> TreeT:
         config = msgspec.convert(data, tree)
     except msgspec.ValidationError as exc:
         message, field_path = split_validation_path(str(exc))
+        choices = _choices_at(tree, field_path) if message.startswith("Invalid enum") else None
+        if choices:
+            # msgspec names the bad value only: say what the field takes.
+            message += f"; expected one of {', '.join(map(repr, choices))}"
         raise ConfigError(message, path=field_path or "$") from exc
     for field_path, value in _leaves(config):
         # `inf` passes a lower bound (a latency of inf seconds would hang the run forever);
@@ -102,6 +107,34 @@ def config_from_builtins(data: object, tree: type[TreeT]) -> TreeT:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"Expected a finite `float`, got {value!r}", path=field_path)
     return config
+
+
+_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def _choices_at(tree: type[Section], path: str | None) -> list[object] | None:
+    """The values a ``Literal`` or enum field at ``path`` (``$.a.b[1]``) takes, if it is
+    one; None for any other type or a path this walk does not follow."""
+    kind: msgspec.inspect.Type = msgspec.inspect.type_info(tree)
+    for field_name, index in _PATH_PART.findall((path or "$")[1:]):
+        while isinstance(kind, msgspec.inspect.Metadata):
+            kind = kind.type
+        if field_name and isinstance(kind, msgspec.inspect.StructType):
+            found = [f.type for f in kind.fields if f.name == field_name]
+            if not found:
+                return None
+            kind = found[0]
+        elif index and isinstance(kind, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
+            kind = kind.item_type
+        else:
+            return None
+    while isinstance(kind, msgspec.inspect.Metadata):
+        kind = kind.type
+    if isinstance(kind, msgspec.inspect.LiteralType):
+        return list(kind.values)
+    if isinstance(kind, msgspec.inspect.EnumType):
+        return [member.value for member in kind.cls]
+    return None
 
 
 def _leaves(tree: Section, prefix: str = "$") -> Iterator[tuple[str, object]]:

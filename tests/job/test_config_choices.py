@@ -1,0 +1,65 @@
+"""A refused choice lists the valid ones (issue 27 item 6): every ``Literal`` or enum field
+of the run config, given a value it does not take, is refused naming the field and
+every value it does take."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import msgspec.inspect as mi
+import pytest
+
+from rollout_recovery.control import RunConfig
+from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.errors import ConfigError
+
+
+def _choice_fields() -> list[tuple[str, str, list[Any], bool]]:
+    """``(section, field, values, in_a_list)`` of every choice field, one level deep."""
+    found = []
+    root = mi.type_info(RunConfig)
+    assert isinstance(root, mi.StructType)
+    for section in root.fields:
+        kind = section.type
+        while isinstance(kind, mi.Metadata):
+            kind = kind.type
+        assert isinstance(kind, mi.StructType)
+        for field in kind.fields:
+            leaf, in_list = field.type, False
+            while isinstance(leaf, mi.Metadata):
+                leaf = leaf.type
+            if isinstance(leaf, mi.VarTupleType | mi.ListType):
+                leaf, in_list = leaf.item_type, True
+            if isinstance(leaf, mi.LiteralType):
+                found.append((section.name, field.name, list(leaf.values), in_list))
+            elif isinstance(leaf, mi.EnumType) and issubclass(leaf.cls, Enum):
+                found.append((section.name, field.name, [m.value for m in leaf.cls], in_list))
+    return found
+
+
+CHOICES = _choice_fields()
+
+
+def test_the_walk_finds_the_choice_fields() -> None:
+    names = {(section, field) for section, field, _, _ in CHOICES}
+    assert {("generation", "backend"), ("task", "kind"), ("metrics", "sinks")} <= names
+    assert ("recovery", "reuse") in names  # an enum, not a Literal
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "values", "in_list"),
+    CHOICES,
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_refused_choice_names_every_valid_value(
+    section: str, field: str, values: list[Any], in_list: bool
+) -> None:
+    bad = "not-a-choice"
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins({section: {field: [bad] if in_list else bad}})
+    message = str(refused.value)
+    assert refused.value.path == f"$.{section}.{field}" + ("[0]" if in_list else "")
+    assert f"Invalid enum value {bad!r}; expected one of " in message
+    listed = message.rsplit("expected one of ", 1)[1]
+    assert sorted(listed.split(", ")) == sorted(map(repr, values))
