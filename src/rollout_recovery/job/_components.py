@@ -149,7 +149,9 @@ def require_ray(config: RunConfig) -> None:
 
 
 @contextlib.contextmanager
-def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
+def generation_servers(
+    run: RunDirectory, config: RunConfig, log: Callable[[str], None] = lambda _: None
+) -> Iterator[RunConfig]:
     """The config the components see: with local servers started (and stopped on exit)
     when the HTTP backend has no server list (``[vllm] launch`` vLLM servers, else
     ``rollout-recovery serve`` processes), ``[vllm] weights_dir`` resolved for the vLLM
@@ -180,7 +182,11 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
                 config, vllm=msgspec.structs.replace(config.vllm, model=model)
             )
         vllm_fleet = config.vllm.fleet(
-            run.servers_dir, run.servers_file, served_model_name=http.model, api_key=api_key
+            run.servers_dir,
+            run.servers_file,
+            served_model_name=http.model,
+            api_key=api_key,
+            log=log,
         )
         with vllm_fleet, _presenting(vllm_fleet.api_key):
             urls = vllm_fleet.start()

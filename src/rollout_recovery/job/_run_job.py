@@ -260,7 +260,7 @@ def _open_job(
         log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
     if config.generation.backend == "http":
         log("backend http: [faults] is not injected; the servers' own failures are the faults")
-    resolved = stack.enter_context(generation_servers(run, config))
+    resolved = stack.enter_context(generation_servers(run, config, log))
     if resolved.http.servers != config.http.servers:
         count = len(resolved.http.servers)
         log(f"started {count} local generation servers (listed in {run.servers_file.name})")
