@@ -94,10 +94,10 @@ def test_a_missing_path_is_refused(tmp_path: Path) -> None:
     assert empty.value.path == "$.task.path"
 
 
-def test_a_prompt_is_one_user_message_in_the_chat_template(
-    tmp_path: Path, tokenizer: Any
-) -> None:
-    task = DatasetTask(load_rows(_task(write_dataset(tmp_path, "jsonl"))), _task(tmp_path), tokenizer)
+def test_a_prompt_is_one_user_message_in_the_chat_template(tmp_path: Path, tokenizer: Any) -> None:
+    task = DatasetTask(
+        load_rows(_task(write_dataset(tmp_path, "jsonl"))), _task(tmp_path), tokenizer
+    )
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": "1+2="}], add_generation_prompt=True, tokenize=False
     )
@@ -125,7 +125,9 @@ def test_a_messages_field_is_rendered_as_the_chat(tmp_path: Path, tokenizer: Any
     path.write_text("".join(json.dumps(row) + "\n" for row in chats))
     config = _task(path, messages_field="chat")
     task = DatasetTask(load_rows(config), config, tokenizer)
-    expected = tokenizer.apply_chat_template(chats[2]["chat"], add_generation_prompt=True, tokenize=False)
+    expected = tokenizer.apply_chat_template(
+        chats[2]["chat"], add_generation_prompt=True, tokenize=False
+    )
     assert task.prompt_ids(2) == tokenizer(expected, add_special_tokens=False)["input_ids"]
     assert task.prompt_text(2) == "2+1="
 
@@ -155,9 +157,7 @@ def test_the_digest_is_the_data_and_the_tokenizer(tmp_path: Path, tiny_model_dir
     assert refused.value.path == "$.task.digest" and "the data changed" in str(refused.value)
 
 
-def test_the_model_config_resolves_only_the_dataset_task(
-    tmp_path: Path, model_cache: Path
-) -> None:
+def test_the_model_config_resolves_only_the_dataset_task(tmp_path: Path, model_cache: Path) -> None:
     model = ModelConfig(source="tiny-llama", cache_dir=str(model_cache))
     emit = TaskConfig(kind="emit_token")
     assert model.resolved_dataset(emit) is emit
@@ -182,7 +182,9 @@ def test_grading_gives_the_reward_the_prompt_completion_and_fields(
     turn = episode.next_turn()
     assert turn is not None and list(turn.prompt_ids) == task[4]["prompt_token_ids"]
     completion = tokenizer("3 ok", add_special_tokens=False)["input_ids"]
-    episode.observe(Completion(token_ids=completion, logprobs=[0.0] * len(completion), weight_version=0))
+    episode.observe(
+        Completion(token_ids=completion, logprobs=[0.0] * len(completion), weight_version=0)
+    )
     assert episode.next_turn() is None
     reward, checks = asyncio.run(episode.grade())  # type: ignore[arg-type]
     assert (reward, checks) == (1.5, None)

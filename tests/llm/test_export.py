@@ -19,6 +19,7 @@ from rollout_recovery.control import load_config
 from rollout_recovery.job import run_job
 from rollout_recovery.rundir import CheckpointStore
 
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Path:
     """Two steps of the dataset task with a reward that always differs between siblings
@@ -122,6 +123,6 @@ def test_a_numpy_run_and_a_non_run_are_refused(
     tmp_path: Path, finished_run: tuple[Path, Any]
 ) -> None:
     numpy = _export(str(finished_run[0]), str(tmp_path / "a"))
-    assert numpy.exit_code == 2 and "export is for [trainer] kind = \"torch\" runs" in numpy.output
+    assert numpy.exit_code == 2 and 'export is for [trainer] kind = "torch" runs' in numpy.output
     nothing = _export(str(tmp_path), str(tmp_path / "b"))
     assert nothing.exit_code == 2 and "not a rollout-recovery run directory" in nothing.output

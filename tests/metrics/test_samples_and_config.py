@@ -130,9 +130,7 @@ def test_wandb_gets_a_samples_table_and_the_config(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     from rollout_recovery.metrics._wandb_files import offline_run_files, read_records
 
-    metrics = open_metrics(
-        MetricsConfig(sinks=("wandb",)), tmp_path, resume_step=0, job_config=JOB
-    )
+    metrics = open_metrics(MetricsConfig(sinks=("wandb",)), tmp_path, resume_step=0, job_config=JOB)
     metrics.log_record(0, {"loss": 1.0, "samples": SAMPLES})
     metrics.log_record(1, {"loss": 2.0})
     metrics.close()

@@ -62,7 +62,9 @@ def test_a_function_with_kwargs_gets_every_field(tmp_path: Path) -> None:
     assert function.call(ARGUMENTS) == RewardValue(5.0, {"seen": 5.0})
 
 
-def test_an_importable_module_function_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_importable_module_function_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _file(tmp_path, "def score(completion):\n    return len(completion)\n", "my_rewards.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
@@ -244,7 +246,9 @@ def test_score_raises_the_failure_for_the_episode(tmp_path: Path) -> None:
     assert failed.value.reason == "reward_not_finite"
 
 
-def test_a_failure_is_logged_once_per_kind(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failure_is_logged_once_per_kind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     function = _load(tmp_path, "def score(answer):\n    raise ValueError(answer)\n")
     with caplog.at_level("WARNING", logger="rollout_recovery.rewards"):
         for _ in range(3):
@@ -262,6 +266,6 @@ def test_the_dataset_task_needs_a_function_and_the_others_refuse_one() -> None:
     assert missing.value.path == "$.reward.function"
     with pytest.raises(ConfigError) as extra:
         RewardConfig(function="r.py:f").check("emit_token")
-    assert "is for [task] kind = \"dataset\"" in str(extra.value)
+    assert 'is for [task] kind = "dataset"' in str(extra.value)
     RewardConfig(function="r.py:f").check("dataset")
     RewardConfig().check("digits")

@@ -22,7 +22,9 @@ from rollout_recovery.rollout import (
     run_episode,
 )
 
-Grade = Callable[[], "tuple[float, RewardChecks | None] | Awaitable[tuple[float, RewardChecks | None]]"]
+Grade = Callable[
+    [], "tuple[float, RewardChecks | None] | Awaitable[tuple[float, RewardChecks | None]]"
+]
 
 
 class OneCall:
@@ -78,7 +80,7 @@ def test_an_awaitable_grade_is_awaited() -> None:
         await asyncio.sleep(0)
         return 0.75, None
 
-    result, store = _attempt(later)
+    result, _ = _attempt(later)
     assert result.reward == 0.75 and not result.mask_sample
     assert not Receipt.from_dict(result.receipt).capture_poisoned
 

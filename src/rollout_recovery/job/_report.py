@@ -68,9 +68,9 @@ class ShowsSamples(Protocol):
     def show_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None: ...
 
 
-class ConsoleSamples:
+class ConsoleSamples(Resource):
     """A metrics sink (beside TensorBoard, W&B, MLflow) that shows only each step's
-    samples, on the run's progress display."""
+    samples, on the run's progress display (which the CLI closes, not this)."""
 
     def __init__(self, display: ShowsSamples) -> None:
         self._display = display
@@ -88,7 +88,7 @@ class ConsoleSamples:
         pass
 
     def close(self) -> None:
-        pass  # the display is the CLI's, closed by it
+        pass  # holds nothing: the display is the CLI's, closed by it
 
 
 def _shown(text: object) -> str:
