@@ -19,6 +19,8 @@ from msgspec import Meta
 
 from .._settings import OPERATIONAL, NonNegativeFloat, NonNegativeInt, PositiveFloat, Section
 from ..policy import TrainSample
+from ._dataset import resolve_dataset
+from ._export import export_model
 from ._model_source import model_directory, resolve_model
 from ._parts import LlmParts
 
@@ -132,8 +134,6 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     ) -> Path:
         """Write a torch job's checkpoint ``files`` as a Hugging Face model directory at
         ``out`` with this model's config and tokenizer (``_export.export_model``)."""
-        from ._export import export_model
-
         return export_model(self, files, out, dtype=dtype, log=log)
 
     def resolved_dataset(
@@ -144,7 +144,5 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
         ``_dataset.resolve_dataset``'s. Other task kinds are returned as they are."""
         if task.kind != "dataset":
             return task
-        from ._dataset import resolve_dataset
-
         return resolve_dataset(task, self.directory(), log=log)
 

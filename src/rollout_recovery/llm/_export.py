@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .._datasets import tokenizer_files
 from ..errors import ConfigError, InvalidStateError
-from ._config import ModelConfig
 from ._extra import require_llm
 from ._model_source import model_digest, prepare_model
+
+if TYPE_CHECKING:  # the section exports with this module: its type, for the type checker
+    from ._config import ModelConfig
 
 __all__ = ["EXPORT_DTYPES", "WEIGHTS_FILE", "export_model"]
 

@@ -8,15 +8,13 @@ built (:meth:`RewardConfig.load`).
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from msgspec import Meta
 
 from .._settings import OPERATIONAL, Section
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ._function import RewardFunction
+from ._function import RewardFunction
 
 __all__ = ["RewardConfig"]
 
@@ -60,6 +58,4 @@ class RewardConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         """The function, imported and checked against the names it will be given:
         ``prompt``, ``completion``, ``completion_ids`` and the dataset's ``fields``
         (``_function.RewardFunction.load``; its refusals are ``ConfigError``)."""
-        from ._function import RewardFunction
-
         return RewardFunction.load(self.function, timeout_s=self.timeout_s, fields=fields)
