@@ -33,6 +33,7 @@ LAYERS = [
     "checkpoint",
     "ledger",
     "rewards",
+    "_reward_function",
     "_settings",
     "_crashpoints",
     "_checks",

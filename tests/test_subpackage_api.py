@@ -82,7 +82,6 @@ SURFACES: dict[str, set[str]] = {
         "CaptureRewardSettings",
         "FinalizedReward",
         "RewardChecks",
-        "RewardConfig",
         "RewardLogContext",
         "parse_reward_log_context",
     },

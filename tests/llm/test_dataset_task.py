@@ -13,12 +13,12 @@ import msgspec
 import pytest
 from dataset_support import FORMATS, ROWS, write_dataset, write_reward
 
+from rollout_recovery._reward_function import RewardConfig
 from rollout_recovery.errors import ConfigError, InvalidArgumentError
 from rollout_recovery.llm import ModelConfig
 from rollout_recovery.llm._dataset import load_rows, resolve_dataset
 from rollout_recovery.llm._dataset_task import DatasetEpisodes, DatasetTask
 from rollout_recovery.policy import TaskConfig
-from rollout_recovery.rewards import RewardConfig
 from rollout_recovery.rollout import Completion
 
 pytest.importorskip("datasets")

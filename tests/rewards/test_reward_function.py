@@ -17,9 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_recovery._clock import VirtualClockLoop
+from rollout_recovery._reward_function import (
+    RewardConfig,
+    RewardFailure,
+    RewardFunction,
+    RewardValue,
+    judge,
+)
 from rollout_recovery.errors import ConfigError, RewardFunctionError
-from rollout_recovery.rewards import RewardConfig
-from rollout_recovery.rewards._function import RewardFailure, RewardFunction, RewardValue, judge
 
 FIELDS = ["answer", "level"]
 ARGUMENTS = {"prompt": "1+1=", "completion": "2", "completion_ids": [7], "answer": 2, "level": 1}

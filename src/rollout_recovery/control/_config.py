@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from .._reward_function import RewardConfig
 from .._settings import (
     OPERATIONAL,
     NonNegativeFloat,
@@ -37,7 +38,6 @@ from ..history.records import ReusePolicy
 from ..llm import ModelConfig, TrainerConfig
 from ..metrics import MetricsConfig
 from ..policy import PolicyConfig, TaskConfig
-from ..rewards import RewardConfig
 from ..rollout import (
     FaultsConfig,
     GenerationConfig,

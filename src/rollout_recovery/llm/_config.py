@@ -25,8 +25,8 @@ from ._model_source import model_directory, resolve_model
 from ._parts import LlmParts
 
 if TYPE_CHECKING:
+    from .._reward_function import RewardConfig
     from ..policy import TaskConfig
-    from ..rewards import RewardConfig
 
 __all__ = ["ModelConfig", "TrainerConfig", "TrainerKind"]
 

@@ -50,8 +50,8 @@ class Tokenizer(Protocol):
 
 
 class RewardScorer(Protocol):
-    """A reward function (``rewards.RewardConfig.load``): the reward and its components,
-    or ``RewardFunctionError``."""
+    """A reward function (``_reward_function.RewardConfig.load``): the reward and its
+    components, or ``RewardFunctionError``."""
 
     async def score(self, arguments: Mapping[str, Any]) -> tuple[float, Mapping[str, float]]: ...
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .._reward_function import RewardConfig
 from ..errors import ConfigError, RolloutRecoveryError
 from ..policy import TaskConfig
-from ..rewards import RewardConfig
 from ._dataset import load_rows
 from ._dataset_task import DatasetEpisodes, DatasetTask, Tokenizer
 from ._emit_task import EmitTokenEpisodes, EmitTokenTask

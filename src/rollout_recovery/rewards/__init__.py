@@ -5,13 +5,9 @@ Seal time: :meth:`RewardChecks.from_result` turns the agent's text into
 then penalizes, the raw reward of a verified row (walking its link spans) under
 the run's settings; :meth:`CaptureRewardSettings.group_metrics` records per-group sums that
 ``aggregate_capture_reward_metrics`` pools exactly.
-
-A reward function of one's own (``[reward] function``, :class:`RewardConfig`) scores the
-dataset task's completions: ``RewardConfig.load`` imports and checks it.
 """
 
 from ._checks import RewardChecks
-from ._config import RewardConfig
 from ._final_reward import CaptureRewardOutcome
 from ._records import FinalizedReward, RewardLogContext, parse_reward_log_context
 from ._settings import CaptureRewardSettings
@@ -21,7 +17,6 @@ __all__ = [
     "CaptureRewardSettings",
     "FinalizedReward",
     "RewardChecks",
-    "RewardConfig",
     "RewardLogContext",
     "parse_reward_log_context",
 ]
