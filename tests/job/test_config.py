@@ -352,7 +352,9 @@ def test_every_bounded_field_refuses_a_value_past_its_bound(
 
 def test_an_unknown_literal_names_the_field(tmp_path: Path) -> None:
     error = _load_error(tmp_path, '[checkpoint]\nformat = "zip"\n')
-    assert str(error) == "$.checkpoint.format: Invalid enum value 'zip'"
+    assert str(error) == (
+        "$.checkpoint.format: Invalid enum value 'zip'; expected one of 'native', 'pt'"
+    )
     error = _load_error(tmp_path, '[generation]\nbackend = "vllm"\n')
     assert error.path == "$.generation.backend"
 

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec.inspect as mi
 import pytest
 
-from rollout_recovery.control import RunConfig
+from rollout_recovery.control import BACKENDS, RunConfig
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.errors import ConfigError
 
@@ -43,7 +43,7 @@ CHOICES = _choice_fields()
 
 def test_the_walk_finds_the_choice_fields() -> None:
     names = {(section, field) for section, field, _, _ in CHOICES}
-    assert {("generation", "backend"), ("task", "kind"), ("metrics", "sinks")} <= names
+    assert {("checkpoint", "format"), ("task", "kind"), ("metrics", "sinks")} <= names
     assert ("recovery", "reuse") in names  # an enum, not a Literal
 
 
@@ -63,3 +63,11 @@ def test_a_refused_choice_names_every_valid_value(
     assert f"Invalid enum value {bad!r}; expected one of " in message
     listed = message.rsplit("expected one of ", 1)[1]
     assert sorted(listed.split(", ")) == sorted(map(repr, values))
+
+
+def test_a_refused_backend_names_every_registered_one() -> None:
+    # [generation] backend is a name in the registry, not a Literal: refused the same way.
+    with pytest.raises(ConfigError) as refused:
+        config_from_builtins({"generation": {"backend": "not-a-backend"}})
+    assert refused.value.path == "$.generation.backend"
+    assert all(repr(name) in str(refused.value) for name in BACKENDS)
