@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from ..errors import ConfigError, InvalidOperationError
+from .._datasets import files_digest
+from ..errors import ConfigError, InvalidArgumentError, InvalidOperationError
 from ._extra import LLM_EXTRA_HINT, require_llm
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
 
@@ -57,7 +58,6 @@ TINY_LLAMA_SPEC: Final = TinyLlamaSpec(dtype="float32")
 #: SmolLM2 is stored in bf16 (269 MB); the trainer reads it as fp32.
 _SMOLLM2_DIR: Final = "smollm2-135m-instruct-bf16"
 _WEIGHT_INDEX: Final = "model.safetensors.index.json"
-_CHUNK: Final = 1 << 20
 
 
 def default_cache_dir() -> Path:
@@ -214,20 +214,10 @@ def model_digest(directory: Path) -> str:
     """sha256 (hex) of the model's ``config.json`` and weight files, names and sizes
     included (the identity ``[model] digest`` records)."""
     directory = Path(directory)
-    digest = hashlib.sha256()
-    for name in ["config.json", *_weight_files(directory)]:
-        path = directory / name
-        try:
-            size = path.stat().st_size
-            digest.update(f"{name}\0{size}\0".encode())
-            with open(path, "rb") as handle:
-                while chunk := handle.read(_CHUNK):
-                    digest.update(chunk)
-        except OSError as error:
-            raise ConfigError(
-                f"cannot read {str(path)!r}: {error.strerror or error}", path="$.model.source"
-            ) from None
-    return digest.hexdigest()
+    try:
+        return files_digest(directory / name for name in ["config.json", *_weight_files(directory)])
+    except InvalidArgumentError as error:
+        raise ConfigError(str(error), path="$.model.source") from None
 
 
 def resolve_model(
