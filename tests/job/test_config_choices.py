@@ -9,8 +9,9 @@ from typing import Any
 
 import msgspec.inspect as mi
 import pytest
+from run_fixtures import run_config_fields
 
-from rollout_recovery.control import BACKENDS, RunConfig
+from rollout_recovery.control import BACKENDS
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.errors import ConfigError
 
@@ -18,23 +19,14 @@ from rollout_recovery.errors import ConfigError
 def _choice_fields() -> list[tuple[str, str, list[Any], bool]]:
     """``(section, field, values, in_a_list)`` of every choice field, one level deep."""
     found = []
-    root = mi.type_info(RunConfig)
-    assert isinstance(root, mi.StructType)
-    for section in root.fields:
-        kind = section.type
-        while isinstance(kind, mi.Metadata):
-            kind = kind.type
-        assert isinstance(kind, mi.StructType)
-        for field in kind.fields:
-            leaf, in_list = field.type, False
-            while isinstance(leaf, mi.Metadata):
-                leaf = leaf.type
-            if isinstance(leaf, mi.VarTupleType | mi.ListType):
-                leaf, in_list = leaf.item_type, True
-            if isinstance(leaf, mi.LiteralType):
-                found.append((section.name, field.name, list(leaf.values), in_list))
-            elif isinstance(leaf, mi.EnumType) and issubclass(leaf.cls, Enum):
-                found.append((section.name, field.name, [m.value for m in leaf.cls], in_list))
+    for section, field, leaf in run_config_fields():
+        in_list = isinstance(leaf, mi.VarTupleType | mi.ListType)
+        if in_list:
+            leaf = leaf.item_type
+        if isinstance(leaf, mi.LiteralType):
+            found.append((section, field, list(leaf.values), in_list))
+        elif isinstance(leaf, mi.EnumType) and issubclass(leaf.cls, Enum):
+            found.append((section, field, [m.value for m in leaf.cls], in_list))
     return found
 
 
