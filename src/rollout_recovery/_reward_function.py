@@ -42,7 +42,7 @@ from typing import Annotated, Any, Final
 from msgspec import Meta
 
 from ._clock import off_loop
-from ._settings import OPERATIONAL, Section
+from ._settings import IDENTITY_WHEN_SET, OPERATIONAL, Section
 from .errors import ConfigError, RewardFunctionError
 
 __all__ = ["RewardConfig", "RewardFailure", "RewardFunction", "RewardValue"]
@@ -328,7 +328,7 @@ class RewardConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """
 
     #: The reward function; required by the dataset task, refused by the others.
-    function: Annotated[str, Meta(max_length=4096)] = ""
+    function: Annotated[str, Meta(max_length=4096), IDENTITY_WHEN_SET] = ""
     #: How long one call may run; past it the completion fails with
     #: ``data_error:reward_timeout`` (the call's thread is left to finish on its own).
     timeout_s: Annotated[float, Meta(gt=0, le=3600), OPERATIONAL] = 30.0

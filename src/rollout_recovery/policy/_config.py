@@ -10,15 +10,24 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from .._settings import OPERATIONAL, NonNegativeInt, PositiveFloat, PositiveInt, Section
+from .._settings import (
+    IDENTITY_WHEN_SET,
+    OPERATIONAL,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+)
 
 __all__ = ["PolicyConfig", "TaskConfig", "TaskKind"]
 
 TaskKind = Literal["digits", "emit_token", "dataset"]
 
 # A column name of a dataset (the `datasets` library takes any non-empty string).
-_Field = Annotated[str, Meta(min_length=1, max_length=256)]
-_Digest = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")]
+# The dataset task's fields came after runs existed: at their defaults they leave a run's
+# identity fingerprint as it was (IDENTITY_WHEN_SET).
+_Field = Annotated[str, Meta(min_length=1, max_length=256), IDENTITY_WHEN_SET]
+_Digest = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$"), IDENTITY_WHEN_SET]
 
 
 class TaskConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -61,7 +70,7 @@ class TaskConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     prompt_field: _Field = "prompt"
     #: When set, the column holding each row's chat, a list of ``{"role", "content"}``
     #: messages, rendered by the chat template instead of ``prompt_field``.
-    messages_field: Annotated[str, Meta(max_length=256)] = ""
+    messages_field: Annotated[str, Meta(max_length=256), IDENTITY_WHEN_SET] = ""
     #: The split of a ``save_to_disk`` directory holding several ("dataset").
     split: _Field = "train"
     #: sha256 of the dataset's files and of the model's tokenizer files (what the
