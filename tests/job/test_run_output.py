@@ -58,7 +58,7 @@ def test_a_reader_that_goes_away_never_stops_training(
     try:
         assert process.stdout is not None and process.stderr is not None
         head = [process.stdout.readline() for _ in range(2)]
-        assert head[0] == b"starting 20 steps\n", head
+        assert head[0] == b"starting 20 steps (step 0 to 19)\n", head
         # `head -2` exits here. Stop the job first, so the check below holds at the close:
         # it has steps (and the summary) left to print into a pipe nobody reads.
         os.killpg(process.pid, signal.SIGSTOP)
@@ -101,8 +101,8 @@ def test_a_fresh_run_prints_one_start_line_and_a_resume_one_resume_line(
     assert resumed.returncode == 0, resumed.stdout
 
     fresh = killed.stdout.splitlines()
-    assert fresh[0] == "starting 20 steps"
-    assert [line for line in fresh if "start" in line] == ["starting 20 steps"]
+    assert fresh[0] == "starting 20 steps (step 0 to 19)"
+    assert [line for line in fresh if "start" in line] == ["starting 20 steps (step 0 to 19)"]
     assert not any("new run" in line for line in fresh)
     again = resumed.stdout.splitlines()
     assert not any(line.startswith("starting") or "new run" in line for line in again)
