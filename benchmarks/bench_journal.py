@@ -263,7 +263,7 @@ def _killed_run(out: Path, config: Path, step: int) -> None:
     )
     assert child.stdout is not None
     for line in child.stdout:
-        if line.startswith(f"step {step}/"):
+        if line.startswith(f"step {step - 1} ("):
             os.killpg(child.pid, signal.SIGKILL)
             break
     child.stdout.close()

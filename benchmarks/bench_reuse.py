@@ -49,7 +49,7 @@ def _child(out: Path, config: Path, seed: int, kill_after: int | None) -> tuple[
     lines = []
     for line in child.stdout:
         lines.append(line)
-        if kill_after is not None and line.startswith(f"step {kill_after}/"):
+        if kill_after is not None and line.startswith(f"step {kill_after - 1} ("):
             os.killpg(child.pid, signal.SIGKILL)
             break
     child.stdout.close()

@@ -46,7 +46,7 @@ def _run_cli(out: Path, *, kill_after_step: int | None = None) -> tuple[int, flo
     lines = []
     for line in child.stdout:
         lines.append(line)
-        if kill_after_step is not None and line.startswith(f"step {kill_after_step}/"):
+        if kill_after_step is not None and line.startswith(f"step {kill_after_step - 1} ("):
             os.killpg(child.pid, signal.SIGKILL)
             break
     child.wait()

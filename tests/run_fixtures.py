@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import msgspec.inspect as mi
 import pytest
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV, reset_crash_points_for_tests
@@ -77,6 +78,25 @@ NO_FAULTS: dict[str, dict[str, Any]] = {
 
 #: Upper bound on any single child's lifetime (a watchdog kills the group after it).
 CHILD_TIMEOUT_S = 120.0
+
+
+def run_config_fields() -> list[tuple[str, str, mi.Type]]:
+    """``(section, field, type)`` of every field of every section of ``RunConfig``, the
+    type with its constraints (``Meta``) unwrapped."""
+    found = []
+    root = mi.type_info(RunConfig)
+    assert isinstance(root, mi.StructType)
+    for section in root.fields:
+        section_type = _unwrapped(section.type)
+        assert isinstance(section_type, mi.StructType)
+        found += [(section.name, f.name, _unwrapped(f.type)) for f in section_type.fields]
+    return found
+
+
+def _unwrapped(kind: mi.Type) -> mi.Type:
+    while isinstance(kind, mi.Metadata):
+        kind = kind.type
+    return kind
 
 
 def merge_sections(*layers: Sections | None) -> dict[str, dict[str, Any]]:

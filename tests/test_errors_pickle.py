@@ -20,6 +20,7 @@ CASES = [
     errors.DataPlaneBusyError("busy", file="f", operation="put", holder_pids=[7]),
     errors.StorageFullError("staging a row", filename="/runs/x/dataplane.sqlite"),
     errors.NotARegularFileError(22, "not a regular file", "/runs/x/fifo"),
+    errors.RewardFunctionError("reward_raised", "ZeroDivisionError: division by zero"),
 ]
 
 

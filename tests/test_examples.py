@@ -1,6 +1,7 @@
 """The example configs in examples/: each loads as a job, and the README shows how to run
 it. (tests/llm/test_llm_job.py runs the tiny one: it learns and survives a SIGKILL;
-tests/integration/llm/test_vllm_llm_job.py the same job on vLLM servers.)"""
+tests/integration/llm/test_vllm_llm_job.py the same job on vLLM servers;
+tests/llm/test_dataset_examples.py runs the dataset examples from their configs.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from rollout_recovery.control import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.toml"))
 
 
 def test_there_are_examples() -> None:
@@ -20,6 +21,8 @@ def test_there_are_examples() -> None:
         "smollm2-emit-newline.toml",
         "tiny-llama-vllm.toml",
         "smollm2-vllm.toml",
+        "tiny-llama-math.toml",
+        "tiny-llama-answer-tag.toml",
     }
 
 
@@ -35,5 +38,11 @@ def test_an_example_loads_and_the_readme_runs_it(example: Path) -> None:
         assert config.vllm.model == "" and config.vllm.python.startswith("~/")
     # No cache directory of the author's machine, no pinned digest: it runs anywhere.
     assert config.model.cache_dir == "" and config.model.digest == ""
-    command = f"rollout-recovery run --config examples/{example.name} --out"
+    if config.task.kind == "dataset":
+        # Its data and its reward beside it, found from the config alone.
+        assert config.task.digest == "" and Path(config.task.path).is_file()
+        assert Path(config.task.path).parent == example.parent
+        reward_file = Path(config.reward.function.rpartition(":")[0])
+        assert reward_file.is_file() and reward_file.parent == example.parent
+    command = f"rollout-recovery run --config {example.relative_to(ROOT)} --out"
     assert command in (ROOT / "README.md").read_text()

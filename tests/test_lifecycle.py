@@ -120,6 +120,14 @@ def _reporter(tmp: Path) -> AsyncResource:
     return RunReporter(io.StringIO())
 
 
+def _console_samples(tmp: Path) -> AsyncResource:
+    import io
+
+    from rollout_recovery.job._report import ConsoleSamples, RunReporter
+
+    return ConsoleSamples(RunReporter(io.StringIO()))
+
+
 def _worker_pool(tmp: Path) -> AsyncResource:
     from rollout_recovery._workers import Worker, WorkerPool
 
@@ -213,6 +221,7 @@ FACTORIES: dict[str, Factory] = {
     "MetricsFanout": _fanout,
     "BackgroundSink": _background,
     "RunReporter": _reporter,
+    "ConsoleSamples": _console_samples,
 }
 
 #: Factories of classes defined in a module that imports an extra: without the extra the

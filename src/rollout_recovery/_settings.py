@@ -13,6 +13,10 @@ when a run resumes; a field says so by carrying :data:`OPERATIONAL` in its annot
 
     attempt_deadline_s: Annotated[PositiveFloat, OPERATIONAL] = 2.0
 
+An identity field added after runs existed carries :data:`IDENTITY_WHEN_SET`: at its
+default it is left out of the identity fingerprint, so the runs started before it keep
+theirs (and resume); set to anything else it counts like any identity field.
+
 Every integer is bounded by the 64-bit range the checkpoint formats can hold, and every
 float must be finite, so a value that validates can always be written to a checkpoint.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +39,7 @@ from ._messages import split_validation_path
 from .errors import ConfigError, InvalidArgumentTypeError
 
 __all__ = [
+    "IDENTITY_WHEN_SET",
     "OPERATIONAL",
     "NonNegativeFloat",
     "NonNegativeInt",
@@ -51,6 +57,8 @@ __all__ = [
 
 #: Marks a field as operational: it may change when a run resumes.
 OPERATIONAL = Meta(extra={"operational": True})
+#: Marks an identity field added later: fingerprinted only when it is not at its default.
+IDENTITY_WHEN_SET = Meta(extra={"identity_when_set": True})
 
 # Every int is bounded by INT64_MAX: a larger value passes a lower bound but dies later
 # with OverflowError in a checkpoint encoder, after the run directory was claimed.
@@ -95,6 +103,10 @@ def config_from_builtins(data: object, tree: type[TreeT]) -> TreeT:
         config = msgspec.convert(data, tree)
     except msgspec.ValidationError as exc:
         message, field_path = split_validation_path(str(exc))
+        choices = _choices_at(tree, field_path) if message.startswith("Invalid enum") else None
+        if choices:
+            # msgspec names the bad value only: say what the field takes.
+            message += f"; expected one of {', '.join(map(repr, choices))}"
         raise ConfigError(message, path=field_path or "$") from exc
     for field_path, value in _leaves(config):
         # `inf` passes a lower bound (a latency of inf seconds would hang the run forever);
@@ -102,6 +114,34 @@ def config_from_builtins(data: object, tree: type[TreeT]) -> TreeT:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"Expected a finite `float`, got {value!r}", path=field_path)
     return config
+
+
+_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def _choices_at(tree: type[Section], path: str | None) -> list[object] | None:
+    """The values a ``Literal`` or enum field at ``path`` (``$.a.b[1]``) takes, if it is
+    one; None for any other type or a path this walk does not follow."""
+    kind: msgspec.inspect.Type = msgspec.inspect.type_info(tree)
+    for field_name, index in _PATH_PART.findall((path or "$")[1:]):
+        while isinstance(kind, msgspec.inspect.Metadata):
+            kind = kind.type
+        if field_name and isinstance(kind, msgspec.inspect.StructType):
+            found = [f.type for f in kind.fields if f.name == field_name]
+            if not found:
+                return None
+            kind = found[0]
+        elif index and isinstance(kind, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
+            kind = kind.item_type
+        else:
+            return None
+    while isinstance(kind, msgspec.inspect.Metadata):
+        kind = kind.type
+    if isinstance(kind, msgspec.inspect.LiteralType):
+        return list(kind.values)
+    if isinstance(kind, msgspec.inspect.EnumType):
+        return [member.value for member in kind.cls]
+    return None
 
 
 def _leaves(tree: Section, prefix: str = "$") -> Iterator[tuple[str, object]]:
@@ -114,8 +154,10 @@ def _leaves(tree: Section, prefix: str = "$") -> Iterator[tuple[str, object]]:
             yield f"{prefix}.{name}", value
 
 
-def _operational_paths(tree: type[Section], prefix: str = "$", inherited: bool = False) -> set[str]:
-    """Leaf paths marked operational; a section marked operational marks all its leaves."""
+def _operational_paths(
+    tree: type[Section], prefix: str = "$", inherited: bool = False, key: str = "operational"
+) -> set[str]:
+    """Leaf paths marked ``key`` (operational); a section marked so marks all its leaves."""
     found: set[str] = set()
     info = msgspec.inspect.type_info(tree)
     assert isinstance(info, msgspec.inspect.StructType)
@@ -124,10 +166,10 @@ def _operational_paths(tree: type[Section], prefix: str = "$", inherited: bool =
         path = f"{prefix}.{field.name}"
         operational = inherited
         if isinstance(kind, msgspec.inspect.Metadata):
-            operational = operational or bool((kind.extra or {}).get("operational"))
+            operational = operational or bool((kind.extra or {}).get(key))
             kind = kind.type
         if isinstance(kind, msgspec.inspect.StructType) and issubclass(kind.cls, Section):
-            found |= _operational_paths(kind.cls, path, operational)
+            found |= _operational_paths(kind.cls, path, operational, key)
         elif operational:
             found.add(path)
     return found
@@ -141,6 +183,20 @@ def operational_paths(tree: type[Section]) -> frozenset[str]:
     cached = _OPERATIONAL_CACHE.get(tree)
     if cached is None:
         cached = _OPERATIONAL_CACHE[tree] = frozenset(_operational_paths(tree))
+    return cached
+
+
+_UNSET: Any = object()
+_WHEN_SET_CACHE: dict[type[Section], dict[str, object]] = {}
+
+
+def _identity_when_set(tree: type[Section]) -> dict[str, object]:
+    """The paths of ``tree`` marked :data:`IDENTITY_WHEN_SET`, each with its default."""
+    cached = _WHEN_SET_CACHE.get(tree)
+    if cached is None:
+        marked = _operational_paths(tree, key="identity_when_set")
+        defaults = dict(_leaves(tree()))
+        cached = _WHEN_SET_CACHE[tree] = {path: defaults[path] for path in marked}
     return cached
 
 
@@ -182,7 +238,12 @@ def identity_fingerprint(config: Section) -> str:
     """
     canonical = config_from_builtins(config_to_builtins(config), type(config))
     operational = operational_paths(type(config))
-    identity = {path: value for path, value in _leaves(canonical) if path not in operational}
+    when_set = _identity_when_set(type(config))
+    identity = {
+        path: value
+        for path, value in _leaves(canonical)
+        if path not in operational and when_set.get(path, _UNSET) != value
+    }
     encoded = msgspec.json.encode(identity, order="sorted")
     return hashlib.sha256(encoded).hexdigest()
 

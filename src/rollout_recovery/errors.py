@@ -53,6 +53,7 @@ __all__ = [
     "NoValidRowsError",
     "NotARegularFileError",
     "NotARunDirectoryError",
+    "RewardFunctionError",
     "RolloutRecoveryError",
     "RunDirectoryLockedError",
     "RunNotResumableError",
@@ -364,6 +365,26 @@ class GenerationError(RolloutRecoveryError, RuntimeError):
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.worker = worker
+
+
+class RewardFunctionError(RolloutRecoveryError, ValueError):
+    """A reward function of one's own (``[reward] function``) failed on one completion:
+    it raised, returned NaN, infinity or no number, or ran past ``[reward] timeout_s``.
+
+    Raised by an episode's grading; ``rollout.run_episode`` seals that attempt as a failed
+    one whose receipt says why (``data_error:<reason>``, ``reason`` being
+    ``reward_raised``, ``reward_not_finite``, ``reward_not_a_number`` or
+    ``reward_timeout``): the sibling trains as a masked placeholder and the run goes on.
+    ``detail`` says what the function did (the exception, the value it returned).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
 
 
 class ConfigError(RolloutRecoveryError, ValueError):

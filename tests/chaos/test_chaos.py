@@ -40,7 +40,7 @@ CHAOS_JOB: dict[str, dict[str, Any]] = {
 #: Every kill but the last loses at most the two steps since the last checkpoint, so the
 #: 10-step job is still running when each of them comes.
 SCHEDULE = [
-    PlannedKill(None, 4),  # after "step 2/10": the bootstrap checkpoint is committed
+    PlannedKill(None, 4),  # after "step 1 (2/10 done)": the bootstrap checkpoint is committed
     PlannedKill("restore.mid", 1),
     PlannedKill("journal.before_cut", 1),  # the harness tears the journal's tail first
     PlannedKill("checkpoint.before_committed", 1),

@@ -232,7 +232,7 @@ def test_restores_say_what_they_kept_and_discarded(
     out = tmp_path / "run"
     killed = run_cli_until(
         ["--out", str(out), "--config", str(config), "--plain"],
-        stop=lambda line, lines: line.startswith("step 4/"),
+        stop=lambda line, lines: line.startswith("step 3 ("),
     )
     assert killed.returncode == -9, killed.stdout
     with open(out / "events.jsonl", "ab") as handle:

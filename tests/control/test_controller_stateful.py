@@ -140,6 +140,7 @@ from hypothesis.stateful import (
 )
 
 import rollout_recovery.control._checkpointing as checkpointing
+from rollout_recovery._sampler import dataset_position_to_idx
 from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
 from rollout_recovery.control._checkpointing import (
@@ -152,7 +153,6 @@ from rollout_recovery.control._config import RunConfig, config_from_builtins
 from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
 from rollout_recovery.control._replay import JournalReplay, metadata_only_plane
-from rollout_recovery.control._sampler import dataset_position_to_idx
 from rollout_recovery.control._snapshot import _ReplayCut
 from rollout_recovery.control._state import ControllerState
 from rollout_recovery.control._transitions import Transitions

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollout_recovery._sampler import dataset_position_to_idx
 from rollout_recovery.control import RunConfig
-from rollout_recovery.control._sampler import dataset_position_to_idx
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.history._trail_check import check_trail
 from rollout_recovery.history._trail_reader import read_records

@@ -520,7 +520,7 @@ def test_a_killed_run_audits_through_its_newest_checkpoint_then_completes(
     )
     out = tmp_path / "killed"
     args = ["--out", str(out), "--plain", "--config", str(config)]
-    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 3/"))
+    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 2 ("))
     assert killed.returncode == -9, killed.stdout
 
     newest = CheckpointStore(out, keep=3).committed()[0].step

@@ -92,8 +92,13 @@ def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
 
 
 #: Fields a generation backend constrains together (``check_combination``): the trainer
-#: and the task a backend serves.
-COMBINED = {("generation", "backend"), ("trainer", "kind"), ("task", "kind")}
+#: and the task a backend serves, and the reward function only the dataset task takes.
+COMBINED = {
+    ("generation", "backend"),
+    ("trainer", "kind"),
+    ("task", "kind"),
+    ("reward", "function"),
+}
 
 
 @st.composite
@@ -110,6 +115,10 @@ def valid_configs(draw: st.DrawFn) -> RunConfig:
     llm = backend == "transformers" or (backend == "http" and data["http"]["weight_sync"] == "vllm")
     data["trainer"]["kind"] = "torch" if llm else "numpy"
     data["task"]["kind"] = "emit_token" if llm else "digits"
+    if backend == "transformers":
+        data["task"]["kind"] = draw(st.sampled_from(["emit_token", "dataset"]))
+    # [reward] function belongs to the dataset task, which needs one.
+    data["reward"]["function"] = "reward.py:score" if data["task"]["kind"] == "dataset" else ""
     _hold_the_interrupt_rules(data)
     return config_from_builtins(data)
 
@@ -343,7 +352,9 @@ def test_every_bounded_field_refuses_a_value_past_its_bound(
 
 def test_an_unknown_literal_names_the_field(tmp_path: Path) -> None:
     error = _load_error(tmp_path, '[checkpoint]\nformat = "zip"\n')
-    assert str(error) == "$.checkpoint.format: Invalid enum value 'zip'"
+    assert str(error) == (
+        "$.checkpoint.format: Invalid enum value 'zip'; expected one of 'native', 'pt'"
+    )
     error = _load_error(tmp_path, '[generation]\nbackend = "vllm"\n')
     assert error.path == "$.generation.backend"
 
@@ -575,8 +586,8 @@ LLM_ON_HTTP = {
         (
             {"generation": {"backend": "transformers"}, "trainer": {"kind": "torch"}},
             "$.task.kind",
-            "needs [task] kind = 'emit_token'; task kind 'digits' works with [generation] "
-            "backend = 'simulated' or 'ray' or 'http'",
+            "needs [task] kind = 'emit_token' or 'dataset'; task kind 'digits' works with "
+            "[generation] backend = 'simulated' or 'ray' or 'http'",
         ),
         (
             {"trainer": {"kind": "torch"}},

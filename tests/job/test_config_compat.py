@@ -15,13 +15,23 @@ import pytest
 
 from rollout_recovery._settings import config_to_toml, identity_fingerprint
 from rollout_recovery.control import load_config
+from rollout_recovery.control._config import config_from_builtins
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "config"
 EXPECTED: dict[str, str] = json.loads((FIXTURES / "EXPECTED.json").read_text())[
     "identity_fingerprints"
 ]
-#: What the format gained since: the one knob that could not be set before.
-ADDED = "no_actor_wait_s = 60.0\n"
+#: What the format gained since: the one knob that could not be set before, the trainer's
+#: logprob tolerance, and issue 27's dataset task, reward function and sample completions
+#: (at their defaults, which leave the identity as it was: IDENTITY_WHEN_SET, or
+#: operational).
+ADDED = (
+    "no_actor_wait_s = 60.0\n",
+    'path = ""\nprompt_field = "prompt"\nmessages_field = ""\nsplit = "train"\ndigest = ""\n'
+    '\n[reward]\nfunction = ""\ntimeout_s = 30.0\n',
+    "samples = 2\n",
+    "logprob_tolerance = 0.2\n",
+)
 
 
 @pytest.mark.parametrize("backend", sorted(EXPECTED))
@@ -32,5 +42,17 @@ def test_a_printed_config_of_main_loads_as_the_same_job(backend: str) -> None:
     assert identity_fingerprint(config) == EXPECTED[backend]
     # Written back, it is main's text but for the added field.
     printed = config_to_toml(config)
-    assert ADDED in printed
-    assert printed.replace(ADDED, "") == path.read_text()
+    for added in ADDED:
+        assert added in printed
+        printed = printed.replace(added, "")
+    assert printed == path.read_text()
+
+
+def test_a_field_added_later_counts_in_the_identity_once_it_is_set() -> None:
+    # IDENTITY_WHEN_SET: at its default the field is left out (the fingerprints above);
+    # any other value is the identity like any field.
+    fingerprints = {
+        identity_fingerprint(config_from_builtins(data))
+        for data in ({}, {"task": {"prompt_field": "question"}}, {"task": {"prompt_field": "q"}})
+    }
+    assert len(fingerprints) == 3

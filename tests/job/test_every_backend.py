@@ -1,4 +1,5 @@
-"""Every backend of the registry runs the default job (issue 25, item 3).
+"""Every backend of the registry runs the default job (issue 25, item 3), and every
+pairing of a trainer and a task it serves runs too.
 
 The job is built from the registry alone (``control.BACKENDS``: the learner of the
 backend's pairing and the backend's own builder), so a backend that is registered but
@@ -7,7 +8,9 @@ small, fast config (``FAST_BY_BACKEND``); a backend added to the registry withou
 fails ``test_every_registered_backend_has_a_fast_config``. The HTTP job launches its own
 ``rollout-recovery serve`` process; Ray's starts a local cluster (the ``ray`` marker, and
 skipped without the ``[ray]`` extra); the transformers job trains the tiny Llama (skipped
-without the ``[llm]`` extra).
+without the ``[llm]`` extra). A pairing beyond a backend's default config gets its own
+(``OTHER_PAIRINGS``, or where it runs instead: ``ELSEWHERE``); a pairing added to the
+registry without either fails ``test_every_registered_pairing_is_run``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import pytest
 from run_fixtures import FAST, merge_sections
 
-from rollout_recovery.control import BACKENDS
+from rollout_recovery.control import BACKENDS, RunConfig
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.history import audit_run
 from rollout_recovery.job import run_job
@@ -57,6 +60,19 @@ FAST_BY_BACKEND: Mapping[str, dict[str, dict[str, Any]]] = {
         "task": {"kind": "emit_token", "dataset_size": 16, "max_tokens": 2},
     },
 }
+#: Pairings (backend, trainer, task) besides the backends' defaults above, and their configs.
+OTHER_PAIRINGS: Mapping[tuple[str, str, str], dict[str, dict[str, Any]]] = {
+    # A dataset of the user's and a reward function of theirs (issue 27): written by the
+    # test into its directory (``_with_user_files``).
+    ("transformers", "torch", "dataset"): merge_sections(
+        FAST_BY_BACKEND["transformers"],
+        {"task": {"kind": "dataset", "max_tokens": 2}},
+    ),
+}
+#: Pairings not run here: they need what a unit test does not start, and run there.
+ELSEWHERE: Mapping[tuple[str, str, str], str] = {
+    ("http", "torch", "emit_token"): "vLLM servers: tests/integration/llm/test_vllm_llm_job.py",
+}
 #: What a backend's job needs installed, and what marks its test.
 NEEDS: Mapping[str, tuple[str | None, list[pytest.MarkDecorator]]] = {
     "ray": ("ray", [pytest.mark.ray]),
@@ -68,22 +84,59 @@ def test_every_registered_backend_has_a_fast_config() -> None:
     assert set(FAST_BY_BACKEND) == set(BACKENDS)
 
 
+def _kinds(sections: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+    """The trainer and task kinds of ``sections`` (the defaults where they name none)."""
+    defaults = RunConfig()
+    trainer = sections.get("trainer", {}).get("kind", defaults.trainer.kind)
+    return trainer, sections.get("task", {}).get("kind", defaults.task.kind)
+
+
+def test_every_registered_pairing_is_run() -> None:
+    registered = {
+        (name, pairing.trainer, pairing.task)
+        for name, entry in BACKENDS.items()
+        for pairing in entry.pairs
+    }
+    defaults = {(name, *_kinds(sections)) for name, sections in FAST_BY_BACKEND.items()}
+    assert defaults.isdisjoint(OTHER_PAIRINGS) and set(OTHER_PAIRINGS).isdisjoint(ELSEWHERE)
+    assert registered == defaults | set(OTHER_PAIRINGS) | set(ELSEWHERE)
+
+
 def _cases() -> list[Any]:
     cases = []
-    for name in FAST_BY_BACKEND:
+    for name, sections in FAST_BY_BACKEND.items():
         _, marks = NEEDS.get(name, (None, []))
-        cases.append(pytest.param(name, marks=marks, id=name))
+        cases.append(pytest.param(name, sections, marks=marks, id=name))
+    for (name, trainer, task), sections in OTHER_PAIRINGS.items():
+        _, marks = NEEDS.get(name, (None, []))
+        cases.append(pytest.param(name, sections, marks=marks, id=f"{name}-{trainer}-{task}"))
     return cases
 
 
-@pytest.mark.parametrize("backend", _cases())
+def _with_user_files(sections: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """A dataset task's sections with a small dataset and a reward file of the user's."""
+    if sections.get("task", {}).get("kind") != "dataset":
+        return sections
+    pytest.importorskip("datasets")
+    from dataset_support import write_dataset, write_reward  # tests/llm's helpers
+
+    data = write_dataset(directory, "jsonl")
+    reward = write_reward(directory)
+    user = {"task": {"path": str(data)}, "reward": {"function": f"{reward}:score"}}
+    return merge_sections(sections, user)
+
+
+@pytest.mark.parametrize(("backend", "own"), _cases())
 def test_every_registered_backend_runs_the_default_job(
-    backend: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    backend: str,
+    own: dict[str, dict[str, Any]],
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     extra, _ = NEEDS.get(backend, (None, []))
     if extra is not None and importlib.util.find_spec(extra) is None:
         pytest.skip(f"the {backend} backend needs {extra}")
-    sections = merge_sections(FAST, SMALL, FAST_BY_BACKEND[backend])
+    sections = _with_user_files(merge_sections(FAST, SMALL, own), tmp_path)
     if backend == "transformers":
         # The tiny Llama, built once for the session outside the user's cache.
         cache = tmp_path_factory.getbasetemp() / "models"

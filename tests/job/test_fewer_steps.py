@@ -53,7 +53,7 @@ def test_fewer_steps_than_taken_are_refused_at_once_with_the_number_to_use(
 ) -> None:
     out = tmp_path / "run"
     first = ["--out", str(out), "--config", str(write_config(JOB)), "--plain"]
-    killed = run_cli_until(first, stop=lambda line, lines: line.startswith("step 4/"))
+    killed = run_cli_until(first, stop=lambda line, lines: line.startswith("step 3 (4/"))
     assert killed.returncode == -9, killed.stdout
     batches = {
         e.record.batch

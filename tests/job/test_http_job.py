@@ -65,9 +65,9 @@ def _logged_dead(out: Path, url: str) -> bool:
 
 
 def _step_of(line: str) -> int | None:
-    # Plain progress lines read "step N/M reward=...".
+    # Plain progress lines read "step N-1 (N/M done) reward=...": N steps done.
     if line.startswith("step ") and "/" in line:
-        return int(line.split()[1].split("/")[0])
+        return int(line.split("(", 1)[1].split("/")[0])
     return None
 
 

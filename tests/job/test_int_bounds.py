@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec.inspect as mi
 import pytest
 from click.testing import CliRunner
+from run_fixtures import run_config_fields
 
 from rollout_recovery._bounds import INT64_MAX
 from rollout_recovery.cli._main import cli
@@ -25,21 +26,7 @@ from rollout_recovery.job import run_job
 
 
 def _int_fields() -> list[tuple[str, str]]:
-    found = []
-    run = mi.type_info(RunConfig)
-    assert isinstance(run, mi.StructType)
-    for section in run.fields:
-        section_type = section.type
-        while isinstance(section_type, mi.Metadata):
-            section_type = section_type.type
-        assert isinstance(section_type, mi.StructType)
-        for field in section_type.fields:
-            kind = field.type
-            while isinstance(kind, mi.Metadata):
-                kind = kind.type
-            if isinstance(kind, mi.IntType):
-                found.append((section.name, field.name))
-    return found
+    return [(s, f) for s, f, kind in run_config_fields() if isinstance(kind, mi.IntType)]
 
 
 INT_FIELDS = _int_fields()

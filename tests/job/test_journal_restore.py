@@ -74,7 +74,7 @@ def kill_at_step(
 ) -> subprocess.CompletedProcess[str]:
     killed = run_cli_until(
         ["--out", str(out), "--config", str(config), "--plain"],
-        stop=lambda line, lines: line.startswith(f"step {step}/"),
+        stop=lambda line, lines: line.startswith(f"step {step - 1} ("),
     )
     assert killed.returncode == -9, killed.stdout
     return killed

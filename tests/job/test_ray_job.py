@@ -147,7 +147,7 @@ def test_sigkill_the_ray_controller_and_rerun(
     config = write_config(RAY_JOB)
     args = ["--out", str(out), "--config", str(config), "--plain"]
     killed = run_cli_until(
-        args, stop=lambda line, lines: line.startswith("step 6/"), timeout=CLI_TIMEOUT_S
+        args, stop=lambda line, lines: line.startswith("step 5 ("), timeout=CLI_TIMEOUT_S
     )
     assert killed.returncode == -signal.SIGKILL, killed.stdout
     finished = run_cli(args, timeout=CLI_TIMEOUT_S)

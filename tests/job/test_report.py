@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from rollout_recovery.job._report import (
+    RestoreTotals,
     RunReporter,
     RunSummary,
     render_summary,
@@ -43,11 +44,11 @@ def test_plain_mode_prints_one_line_per_step_update() -> None:
         reporter.log("checkpoint written at step 2 [bold]not markup[/]")
         _update(reporter, 3, None)
     assert stream.getvalue().splitlines() == [
-        "starting 40 steps",
-        "step 1/40 reward=0.250 in_flight=23 retries=4 checkpoints=2",
-        "step 2/40 reward=0.531 in_flight=23 retries=4 checkpoints=2",
+        "starting 40 steps (step 0 to 39)",
+        "step 0 (1/40 done) reward=0.250 in_flight=23 retries=4 checkpoints=2",
+        "step 1 (2/40 done) reward=0.531 in_flight=23 retries=4 checkpoints=2",
         "checkpoint written at step 2 [bold]not markup[/]",
-        "step 3/40 reward=n/a in_flight=23 retries=4 checkpoints=2",
+        "step 2 (3/40 done) reward=n/a in_flight=23 retries=4 checkpoints=2",
     ]
 
 
@@ -59,7 +60,7 @@ def test_plain_mode_folds_repeated_updates_of_one_step() -> None:
         reporter.update(step=1, mean_reward=0.5, in_flight=7, retries=4, checkpoints=2)
         _update(reporter, 2)
     lines = stream.getvalue().splitlines()
-    assert [line.split()[1] for line in lines[1:]] == ["1/5", "2/5"]
+    assert [line.split()[1] for line in lines[1:]] == ["0", "1"]
 
 
 def test_plain_mode_reports_a_resume() -> None:
@@ -68,8 +69,8 @@ def test_plain_mode_reports_a_resume() -> None:
         reporter.start(40, 15)
         _update(reporter, 16)
     assert stream.getvalue().splitlines() == [
-        "resuming after step 15: 25 of 40 steps left",
-        "step 16/40 reward=0.500 in_flight=23 retries=4 checkpoints=2",
+        "resuming at step 15: 25 of 40 steps left",
+        "step 15 (16/40 done) reward=0.500 in_flight=23 retries=4 checkpoints=2",
     ]
 
 
@@ -81,7 +82,9 @@ def test_force_plain_overrides_a_terminal() -> None:
         _update(reporter, 1)
     output = stream.getvalue()
     assert "\x1b" not in output
-    assert output.splitlines()[-1] == "step 1/3 reward=0.500 in_flight=23 retries=4 checkpoints=2"
+    assert output.splitlines()[-1] == (
+        "step 0 (1/3 done) reward=0.500 in_flight=23 retries=4 checkpoints=2"
+    )
 
 
 def test_a_stream_is_accepted_in_place_of_a_console() -> None:
@@ -89,7 +92,7 @@ def test_a_stream_is_accepted_in_place_of_a_console() -> None:
     with RunReporter(stream) as reporter:
         reporter.start(2, None)
         _update(reporter, 1)
-    assert stream.getvalue().splitlines()[-1].startswith("step 1/2 ")
+    assert stream.getvalue().splitlines()[-1].startswith("step 0 (1/2 done) ")
 
 
 def test_terminal_mode_renders_a_progress_bar() -> None:
@@ -103,7 +106,7 @@ def test_terminal_mode_renders_a_progress_bar() -> None:
     assert "a log line" in output
     # The bar's final state is left on screen when the reporter closes.
     final = output.rsplit("\r", 1)[-1]
-    assert "step 4/10" in final
+    assert "4/10 steps done" in final
     assert "reward=0.750 in_flight=9 retries=1 checkpoints=1" in final
 
 
@@ -131,7 +134,6 @@ def _summary(**overrides: object) -> RunSummary:
         "prompts_dropped": 14,
         "attempts": 1412,
         "retries": 97,
-        "siblings_reused": 58,
         "checkpoints": 8,
         "restores": 2,
         "longest_checkpoint_stall_s": 0.125,
@@ -159,7 +161,6 @@ def test_the_summary_table_shows_every_field() -> None:
         "prompts dropped": "14",
         "attempts": "1412",
         "retries": "97",
-        "siblings reused": "58",
         "checkpoints written": "8",
         "restores": "2",
         "longest checkpoint stall": "0.125 s",
@@ -169,10 +170,17 @@ def test_the_summary_table_shows_every_field() -> None:
         "valid rows (fraction trained)": "0.981",
         "calls resumed (not generated again)": "0",
         "steps refused (another model's logprobs)": "0",
+        "finished groups kept by restores": "0",
+        "rows kept by restores (not generated again)": "0",
+        "tokens kept by restores": "0",
+        "steps rolled back and trained again": "0",
+        "groups trained again (from kept rows)": "0",
+        "rows trained again": "0",
+        "tokens lost by restores (generated again)": "0",
     }
-    # Every scalar field; the per-part counts get a table of their own, and the step time
-    # shares a row only when a step was timed.
-    assert len(rows) == len(fields(RunSummary)) - 2
+    # Every scalar field and what the restores did; the per-part counts get a table of
+    # their own, and the step time shares a row only when a step was timed.
+    assert len(rows) == len(fields(RunSummary)) - 3 + len(fields(RestoreTotals))
     assert "generation parts" not in stream.getvalue()
 
 

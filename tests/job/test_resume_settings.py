@@ -35,7 +35,7 @@ Snapshot = Callable[[Path], dict[str, Any]]
 
 def _step_of(line: str) -> int | None:
     if line.startswith("step ") and "/" in line:
-        return int(line.split()[1].split("/")[0])
+        return int(line.split("(", 1)[1].split("/")[0])
     return None
 
 

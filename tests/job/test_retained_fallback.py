@@ -44,7 +44,7 @@ def test_an_older_retained_checkpoint_restores_after_the_newest_is_lost_followin
 ) -> None:
     out = tmp_path / "run"
     args = ["--out", str(out), "--config", str(write_config(JOB)), "--plain"]
-    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 7/"))
+    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 6 (7/"))
     assert killed.returncode == -9, killed.stdout
     checkpoints = sorted(path.name for path in (out / "checkpoints").glob("step_*"))
     assert len(checkpoints) == 3, checkpoints

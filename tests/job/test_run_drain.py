@@ -51,7 +51,7 @@ DRAIN_JOB: dict[str, dict[str, Any]] = {
     "job": {"steps": 8, "drain_grace_s": 60.0},
     "generation": {"call_latency_s": 0.5, "latency_jitter": 0.0, "attempt_deadline_s": 60.0},
 }
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
+STEP_LINE = re.compile(r"^step \d+ \((\d+)/(\d+) done\) ")
 DRAINING = re.compile(r"draining \((?P<reason>.*)\): admission stopped; (?P<n>\d+) attempts")
 DRAINED = re.compile(
     r"drained \((?P<reason>.*)\) at step (?P<step>\d+): waited (?P<waited>[\d.]+) s of the "

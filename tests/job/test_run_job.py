@@ -30,7 +30,7 @@ Snapshot = Callable[[Path], dict[str, tuple[int, int, str]]]
 ReadJsonl = Callable[[Path], list[dict[str, Any]]]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
+STEP_LINE = re.compile(r"^step \d+ \((\d+)/(\d+) done\) ")
 
 #: The learning job: the default policy, data, faults and deadlines; only the job is
 #: shorter and the model calls faster.

@@ -52,7 +52,7 @@ def test_a_second_run_on_a_live_directory_exits_2_naming_the_pid_and_writes_noth
     second: dict[str, Any] = {}
 
     def meet_a_second_job(line: str, lines: list[str]) -> bool:
-        if second or not line.startswith("step 2/"):
+        if second or not line.startswith("step 1 ("):
             return False
         # The first job's pid, from its own start record (its group is run_cli_until's).
         (started,) = read_jsonl(out / "run_log.jsonl")

@@ -58,7 +58,7 @@ def test_a_reader_that_goes_away_never_stops_training(
     try:
         assert process.stdout is not None and process.stderr is not None
         head = [process.stdout.readline() for _ in range(2)]
-        assert head[0] == b"starting 20 steps\n", head
+        assert head[0] == b"starting 20 steps (step 0 to 19)\n", head
         # `head -2` exits here. Stop the job first, so the check below holds at the close:
         # it has steps (and the summary) left to print into a pipe nobody reads.
         os.killpg(process.pid, signal.SIGSTOP)
@@ -95,15 +95,15 @@ def test_a_fresh_run_prints_one_start_line_and_a_resume_one_resume_line(
     out = tmp_path / "run"
     # Long enough to be killed at step 3, not finished, on a loaded machine.
     args = ["--out", str(out), "--config", str(write_config({"job": {"steps": 20}})), "--plain"]
-    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 3/"))
+    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 2 ("))
     assert killed.returncode == -signal.SIGKILL, killed.stdout
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stdout
 
     fresh = killed.stdout.splitlines()
-    assert fresh[0] == "starting 20 steps"
-    assert [line for line in fresh if "start" in line] == ["starting 20 steps"]
+    assert fresh[0] == "starting 20 steps (step 0 to 19)"
+    assert [line for line in fresh if "start" in line] == ["starting 20 steps (step 0 to 19)"]
     assert not any("new run" in line for line in fresh)
     again = resumed.stdout.splitlines()
     assert not any(line.startswith("starting") or "new run" in line for line in again)
-    assert len([line for line in again if line.startswith("resuming after step ")]) == 1
+    assert len([line for line in again if line.startswith("resuming at step ")]) == 1

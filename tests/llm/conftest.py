@@ -53,6 +53,31 @@ def dropout_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The `datasets` library's cache for the session (and the jobs it starts), never the
+    user's ~/.cache/huggingface/datasets."""
+    import os
+
+    cache = tmp_path_factory.mktemp("hf-datasets")
+    before = os.environ.get("HF_DATASETS_CACHE")
+    os.environ["HF_DATASETS_CACHE"] = str(cache)  # what a job subprocess reads
+    try:
+        import datasets
+    except ImportError:
+        datasets = None
+    previous = None if datasets is None else datasets.config.HF_DATASETS_CACHE
+    if datasets is not None:
+        datasets.config.HF_DATASETS_CACHE = cache  # read by every load in this process
+    yield cache
+    if datasets is not None:
+        datasets.config.HF_DATASETS_CACHE = previous
+    if before is None:
+        os.environ.pop("HF_DATASETS_CACHE", None)
+    else:
+        os.environ["HF_DATASETS_CACHE"] = before
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:
     """One intra-op thread: on a loaded 2-core machine two threads made a tiny-model step

@@ -16,7 +16,7 @@ from rollout_recovery.rundir import CheckpointStore
 #: Each kill comes within the two steps a child runs after its restore, so the 8-step job
 #: is still running when it comes.
 SCHEDULE = [
-    PlannedKill(None, 5),  # after "step 3/8": the bootstrap checkpoint is committed
+    PlannedKill(None, 5),  # after "step 2 (3/8 done)": the bootstrap checkpoint is committed
     PlannedKill("checkpoint.before_committed", 1),
     PlannedKill("restore.mid", 1),
     PlannedKill("capture.before_ack", 20),

@@ -125,7 +125,7 @@ def test_sigkill_of_the_cli_mid_run_costs_nothing(
     args = ["--config", str(config_path), "--out", str(out), "--plain"]
 
     def second_checkpoint(line: str, lines: list[str]) -> bool:
-        # "step 6/30 reward=... checkpoints=2": the bootstrap checkpoint is number 1.
+        # "step 5 (6/30 done) reward=... checkpoints=2": the bootstrap checkpoint is number 1.
         return line.startswith("step ") and int(line.rsplit("checkpoints=", 1)[1]) >= 2
 
     killed = run_cli_until(args, stop=second_checkpoint, timeout=CHILD_TIMEOUT_S)

@@ -22,7 +22,7 @@ from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import InvalidArgumentError
 from rollout_recovery.llm import _backend as backend_module
 from rollout_recovery.llm._backend import TransformersBackend
-from rollout_recovery.llm._emit_task import EmitTokenTask
+from rollout_recovery.llm._emit_task import EmitTokenEpisodes, EmitTokenTask
 from rollout_recovery.llm._generate import generate, seed_for
 from rollout_recovery.llm._trainer import TorchGRPOTrainer
 from rollout_recovery.llm._weights import TorchWeights
@@ -45,13 +45,16 @@ def _backend(trainer: TorchGRPOTrainer, **kwargs: Any) -> TransformersBackend:
     task = EmitTokenTask(64, seed=1, vocab_size=trainer.vocab_size, target_token=TARGET)
     options: dict[str, Any] = {"seed": SEED, "max_tokens": 6}
     options.update(kwargs)
+    episodes = EmitTokenEpisodes(task, max_tokens=options["max_tokens"])
     return TransformersBackend(
-        skeleton=trainer.skeleton, task=task, initial_weights=trainer.weights(), **options
+        skeleton=trainer.skeleton, episodes=episodes, initial_weights=trainer.weights(), **options
     )
 
 
 def _request(backend: TransformersBackend, idx: int, rollout_id: str) -> AttemptRequest:
-    prompt = backend._task[idx]
+    episodes = backend._episodes
+    assert isinstance(episodes, EmitTokenEpisodes)
+    prompt = episodes._task[idx]
     return AttemptRequest(
         group_id=f"g{idx}",
         generation_index=0,

@@ -408,3 +408,32 @@ def test_the_vllm_weight_sync_refuses_a_trainer_whose_weights_it_cannot_load(
     argv = record["argv"]
     assert isinstance(argv, list) and argv[argv.index("--model") + 1] == str(model.resolve())
     assert len(list(fake_dir.glob("*.terminated"))) == 1
+
+
+def test_the_start_says_where_the_logs_are_and_how_long_each_server_took(
+    tmp_path: Path, fake_dir: Path
+) -> None:
+    """vLLM takes about a minute to start on CPU: the job says so, names the logs, says
+    how long it has waited every ``progress_every_s`` and when each server is ready."""
+    heard: list[str] = []
+    run = tmp_path / "run"
+    fleet = VllmFleet(
+        run / "servers",
+        run / "servers.json",
+        _config(tmp_path),
+        served_model_name="m",
+        log=heard.append,
+        progress_every_s=0.0,
+    )
+    with fleet:
+        urls = fleet.start()
+    assert heard[0].startswith("starting 2 vLLM server(s) from ")
+    assert f"their logs: {run / 'servers'}/vllm-<n>.log" in heard[0]
+    ready = [line for line in heard if line.startswith("vLLM server ")]
+    assert sorted(line.split(" ready at ")[1].split(" (")[0] for line in ready) == sorted(urls)
+    assert all(line.endswith(" s)") for line in ready)
+    # Every poll that found a server still starting said so, naming its log.
+    for line in heard[1:]:
+        assert line in ready or (
+            line.startswith("waiting for vLLM: ") and "/vllm-" in line and " ends: " in line
+        )

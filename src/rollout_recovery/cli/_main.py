@@ -9,6 +9,7 @@ from ._audit import audit
 from ._chaos import chaos
 from ._convert import convert
 from ._demo import demo
+from ._export import export
 from ._inspect import inspect
 from ._journal import journal
 from ._run import run
@@ -25,7 +26,7 @@ def cli() -> None:
     """Crash-safe ownership of GRPO prompt groups for asynchronous RL."""
 
 
-for _command in (demo, inspect, validate, convert, run, chaos, audit, serve, stop, journal):
+for _command in (demo, inspect, validate, convert, run, chaos, audit, serve, stop, journal, export):
     cli.add_command(_command)
 
 

@@ -24,11 +24,11 @@ them together (a user who plugs in their own components keeps the typed pairing 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, Row
 from ..errors import ConfigError
 from ..policy import NumpyGRPOTrainer, PolicySnapshot, TaskSet, Trainer
 from ..rollout import (
@@ -53,13 +53,16 @@ class Learner:
 
     ``temperature`` is the sampling temperature the trainer's ratio assumes (its
     denominator is the sampler's logprob); ``sampler`` builds the trainer's own model
-    sampled in process, for a trainer that has one (the torch trainer)."""
+    sampled in process, for a trainer that has one (the torch trainer); ``samples`` what
+    each step's metrics say about its completions (the LLM tasks' sample texts), called
+    with the step and the canonical rows it trained (``Controller.samples``)."""
 
     trainer: Trainer[Any]
     dataset: PromptDataset
     episodes: EpisodeTask
     temperature: float = 1.0
     sampler: Callable[[], GenerationBackend[Any]] | None = None
+    samples: Callable[[int, Sequence[Row]], Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,21 +147,27 @@ def _numpy_digits(config: RunConfig) -> Learner:
     return Learner(trainer=trainer, dataset=dataset, episodes=DigitTask(dataset, config.task))
 
 
-def _torch_emit_token(config: RunConfig) -> Learner:
-    """The torch trainer on ``[model]`` (prepared by the job first) and "emit token X"."""
-    parts = config.trainer.torch_parts(config.model, config.task, seed=config.job.seed)
+def _torch(config: RunConfig) -> Learner:
+    """The torch trainer on ``[model]`` (prepared by the job first) and ``[task]``: "emit
+    token X", or the rows of a dataset scored by ``[reward] function``."""
+    parts = config.trainer.torch_parts(
+        config.model, config.task, seed=config.job.seed, reward=config.reward
+    )
+    samples = parts.step_samples(config.metrics.samples)
     return Learner(
         trainer=parts.trainer,
         dataset=parts.dataset,
         episodes=parts.episodes(),
         temperature=parts.trainer.temperature,
         sampler=parts.transformers_backend,
+        samples=None if samples is None else samples.describe,
     )
 
 
 #: The trainer and task kinds that learn together, each with how it builds its learner.
 _NUMPY_DIGITS = Pairing("numpy", "digits", _numpy_digits)
-_TORCH_EMIT_TOKEN = Pairing("torch", "emit_token", _torch_emit_token)
+_TORCH_EMIT_TOKEN = Pairing("torch", "emit_token", _torch)
+_TORCH_DATASET = Pairing("torch", "dataset", _torch)
 
 
 # -- builders --------------------------------------------------------------------------
@@ -257,7 +266,8 @@ def _transformers(inputs: BackendInputs) -> GenerationBackend[Any]:
 # policy to its servers, or runs "emit token X" on vLLM servers that load the torch
 # trainer's weights (only the vLLM sync can: the others would leave the servers sampling the
 # initial weights while the trainer moves on); the transformers backend samples the torch
-# trainer's model in process. Ray workers proxying to [http] servers push the numpy policy.
+# trainer's model in process, on "emit token X" or a dataset of the user's. Ray workers
+# proxying to [http] servers push the numpy policy.
 _NUMPY_SYNCS = ("policy", "version-tag", "none")
 BACKENDS: Mapping[str, Backend] = {
     backend.name: backend
@@ -290,7 +300,7 @@ BACKENDS: Mapping[str, Backend] = {
             name="transformers",
             summary='the torch trainer\'s model sampled in process ([trainer] kind = "torch"; '
             "the [llm] extra)",
-            pairs=(_TORCH_EMIT_TOKEN,),
+            pairs=(_TORCH_EMIT_TOKEN, _TORCH_DATASET),
             builder=_transformers,
         ),
     )

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from .._reward_function import RewardConfig
 from .._settings import (
     OPERATIONAL,
     NonNegativeFloat,
@@ -136,6 +137,7 @@ class RunConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
     job: JobConfig = msgspec.field(default_factory=JobConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
@@ -170,6 +172,8 @@ def load_config(
     parsed names the file (and, for a syntax error, the line and column).
     """
     data: dict[str, Any] = {} if path is None else read_toml(path)
+    if path is not None:
+        _relative_to(data, path.parent)
     for section, key, value in (("job", "seed", seed), ("generation", "backend", backend)):
         if value is not None:
             table = data.setdefault(section, {})
@@ -179,9 +183,27 @@ def load_config(
     return config_from_builtins(data)
 
 
+def _relative_to(data: dict[str, Any], base: Path) -> None:
+    """Make the user's own files (``[task] path``, a file ``[reward] function``) relative
+    to the config file's directory, so a config runs from any working directory."""
+    task, reward = data.get("task"), data.get("reward")
+    if isinstance(task, dict) and isinstance(task.get("path"), str) and task["path"]:
+        task["path"] = _beside(base, task["path"])
+    if isinstance(reward, dict) and isinstance(reward.get("function"), str):
+        target, sep, name = reward["function"].rpartition(":")
+        if sep and (target.endswith(".py") or "/" in target):
+            reward["function"] = f"{_beside(base, target)}:{name}"
+
+
+def _beside(base: Path, path: str) -> str:
+    expanded = Path(path).expanduser()
+    return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+
+
 def config_from_builtins(data: object) -> RunConfig:
     """Strictly convert plain data (parsed TOML, a checkpoint's copy) to a ``RunConfig``."""
     config = _from_builtins(data, RunConfig)
+    config.reward.check(config.task.kind)
     backend = backend_of(config)
     config.http.check_server_urls()
     config.generation.check_weight_update_mode(

@@ -41,6 +41,7 @@ import numpy as np
 from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
 from .._cut import MutationCut
+from .._sampler import dataset_position_to_idx
 from ..capture import CaptureWriter, Receipt, StagedPrefix
 from ..dataplane import (
     DataPlane,
@@ -104,7 +105,6 @@ from ._logprob_check import (
     trainer_weights_generate,
 )
 from ._resume import choose_prefixes, resumed_record, version_filter
-from ._sampler import dataset_position_to_idx
 from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
 from ._step_timing import StepTimer
@@ -248,6 +248,9 @@ class Controller(Generic[Weights]):
         #: Where each step's metrics and the run's markers go besides metrics.jsonl
         #: (TensorBoard, W&B, MLflow); opened by the job once it knows the resume step.
         self.metrics: StepMetrics | None = None
+        #: What a step's metrics record adds about the canonical rows it trained (the LLM
+        #: job's sample completions and reward components); set by the job.
+        self.samples: Callable[[int, Sequence[Row]], Mapping[str, Any]] | None = None
         # Runtime only.
         self.in_flight = 0
         self.last_mean_reward: float | None = None
@@ -767,16 +770,18 @@ class Controller(Generic[Weights]):
         return self._batch_size - self.state.shortfall.get(step, 0)
 
     def _samples(
-        self, step: int, groups: Sequence[Sequence[str]]
+        self, step: int, groups: Sequence[Sequence[str]], fetched: list[Row] | None = None
     ) -> tuple[list[TrainSample], list[TrainedRow], list[float], dict[str, int]]:
         """The step's trainable samples (GRPO advantages, placeholders out) and its rows, from
-        each group's canonical row keys."""
+        each group's canonical row keys; the rows read are appended to ``fetched``."""
         samples: list[TrainSample] = []
         trained: list[TrainedRow] = []
         rewards_seen: list[float] = []
         placeholder_reasons: dict[str, int] = {}
         for row_keys in groups:
             rows = self.data_plane.get(ReplayIndex.canonical_partition, list(row_keys))
+            if fetched is not None:
+                fetched.extend(rows)
             metas = [CanonicalRowMeta.of(row) for row in rows]
             rewards = np.array([meta.reward for meta in metas])
             mask = np.array([meta.trainable for meta in metas])
@@ -820,9 +825,11 @@ class Controller(Generic[Weights]):
         group_ids = [group.group_id for group in groups]
         async with self.barrier.mutation("sample_clears") as cut:
             self.replay.claim(cut, step, group_ids)
+        fetched: list[Row] = []
         samples, trained, rewards_seen, placeholder_reasons = self._samples(
-            step, [group.row_keys for group in groups]
+            step, [group.row_keys for group in groups], fetched
         )
+        described = dict(self.samples(step, fetched)) if self.samples is not None else {}
         # Above every version the run ever produced, rolled-back ones included.
         version = self.state.highest_weight_version + 1
         started = monotonic()
@@ -887,6 +894,7 @@ class Controller(Generic[Weights]):
                 "train_seconds": train_seconds,
                 **{f"train/{k}": v for k, v in metrics.items()},
                 **backend_metrics,
+                **described,
             }
             step_metrics.update(self.step_timer.fields())
             self.history.metrics(step_metrics)

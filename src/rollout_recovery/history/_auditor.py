@@ -21,7 +21,10 @@ checkpoints:
      the index owns (checkpoints older than the last restore are superseded and skipped);
 5-6. every ``step_*`` directory is complete and ``LATEST`` names a committed checkpoint;
      the history files are at least as long as the newest checkpoint recorded and hold the
-     steps it trained, so an emptied or truncated trail cannot pass.
+     steps it trained, so an emptied or truncated trail cannot pass;
+and for a dataset task, exactly once over the user's data (``_dataset_check``): the data
+unchanged, each prompt the row the dataloader's order gives, no row trained twice in an
+epoch.
 
 A run that is still going (or was killed) is complete once its history trained every
 step; until then, prompts and seals still in flight are not violations. Every problem is
@@ -50,6 +53,7 @@ from ..errors import (
 )
 from ..ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
 from ..rundir import CheckpointStore, LoadedCheckpoint, RunDirectory
+from ._dataset_check import check_dataset
 from ._journal import JournalCorruptError, scan_journal
 from ._trail_check import check_trail
 from ._trail_reader import read_entries
@@ -103,7 +107,7 @@ def audit_run(run_dir: Path) -> AuditReport:
             f"{run_dir} is not a rollout-recovery run directory (no {run.job_file.name})"
         )
     try:
-        read_toml(run.job_file)
+        job = read_toml(run.job_file)
     except ConfigError as error:
         raise NotARunDirectoryError(f"{run.job_file} is not a valid job file: {error}") from None
     violations: list[str] = []
@@ -123,6 +127,8 @@ def audit_run(run_dir: Path) -> AuditReport:
     complete = False
     if newest is not None:
         complete = _audit_history(run, newest, violations, counts)
+        if not violations:
+            _audit_dataset(run, job, violations, counts)
     counts.setdefault("steps", newest.step if newest else 0)
     return AuditReport(
         run_dir=run_dir,
@@ -189,6 +195,17 @@ def _audit_history(
         replayed_records=trail.counts.get("replayed_records", 0),
     )
     return trail.complete
+
+
+def _audit_dataset(
+    run: RunDirectory, job: dict[str, Any], violations: list[str], counts: dict[str, Any]
+) -> None:
+    """A dataset task's journal against its data (``_dataset_check``)."""
+    found, dataset_counts = check_dataset(
+        job, read_entries(run.events), check_trail(run.events).rows, journal=run.events.name
+    )
+    violations.extend(found)
+    counts.update(dataset_counts)
 
 
 def _committed_checkpoints(store: CheckpointStore, violations: list[str]) -> list[_Checkpoint]:

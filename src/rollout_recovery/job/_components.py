@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from ..control import BACKENDS, PromptDataset, RunConfig
-from ..dataplane import DataPlane, SqliteDataPlane
+from ..dataplane import DataPlane, Row, SqliteDataPlane
 from ..errors import ConfigError
 from ..policy import Trainer
 from ..rollout import GenerationBackend, HttpConfig
@@ -56,6 +56,9 @@ class JobComponents(Generic[Weights]):
     dataset: PromptDataset
     backend: GenerationBackend[Weights]
     trainer: Trainer[Weights]
+    #: What each step's metrics say about its completions (the LLM job's sample texts):
+    #: called with the step and the canonical rows it trained (``Controller.samples``).
+    samples: Callable[[int, Sequence[Row]], Mapping[str, Any]] | None = None
 
 
 def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponents[Any]:
@@ -66,7 +69,12 @@ def default_components(config: RunConfig, data_plane: DataPlane) -> JobComponent
     learner, backend = BACKENDS[config.generation.backend].build(
         config, data_plane=data_plane, api_key=api_key
     )
-    return JobComponents(dataset=learner.dataset, backend=backend, trainer=learner.trainer)
+    return JobComponents(
+        dataset=learner.dataset,
+        backend=backend,
+        trainer=learner.trainer,
+        samples=learner.samples,
+    )
 
 
 # The key the HTTP backend presents, for the components built while run_job runs: the
@@ -141,7 +149,9 @@ def require_ray(config: RunConfig) -> None:
 
 
 @contextlib.contextmanager
-def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
+def generation_servers(
+    run: RunDirectory, config: RunConfig, log: Callable[[str], None] = lambda _: None
+) -> Iterator[RunConfig]:
     """The config the components see: with local servers started (and stopped on exit)
     when the HTTP backend has no server list (``[vllm] launch`` vLLM servers, else
     ``rollout-recovery serve`` processes), ``[vllm] weights_dir`` resolved for the vLLM
@@ -172,7 +182,11 @@ def generation_servers(run: RunDirectory, config: RunConfig) -> Iterator[RunConf
                 config, vllm=msgspec.structs.replace(config.vllm, model=model)
             )
         vllm_fleet = config.vllm.fleet(
-            run.servers_dir, run.servers_file, served_model_name=http.model, api_key=api_key
+            run.servers_dir,
+            run.servers_file,
+            served_model_name=http.model,
+            api_key=api_key,
+            log=log,
         )
         with vllm_fleet, _presenting(vllm_fleet.api_key):
             urls = vllm_fleet.start()

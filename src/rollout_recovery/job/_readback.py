@@ -12,21 +12,23 @@ over (``AuditTrail.stream_history``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidStateError, RunNotResumableError
 from ..history import AuditTrail
-from ..history.records import CheckpointCommitted
+from ..history.records import CheckpointCommitted, HistoryRecord
 from ..rundir import RunDirectory
+from ._report import RestoreTotals
 
 __all__ = ["RunReadback"]
 
 
 @dataclass(slots=True)
 class RunReadback:
-    """The run's steps and mean rewards, checkpoints, restarts and newest backend parts."""
+    """The run's steps and mean rewards, checkpoints, restarts, what its restores kept and
+    newest backend parts."""
 
     steps: list[int] = field(default_factory=list)
     #: NaN where a step had no reward.
@@ -42,26 +44,29 @@ class RunReadback:
     #: Steps the trainer refused (another model's logprobs) and their valid rows.
     refused_steps: int = 0
     refused_rows: int = 0
+    #: What the restores kept, trained again and lost (zeros in a run that never restarted).
+    restored: RestoreTotals = field(default_factory=RestoreTotals)
 
     @classmethod
-    def read(cls, run: RunDirectory) -> RunReadback:
-        """Stream ``run``'s metrics, journal and run log. A journal or metrics file that
+    def read(cls, run: RunDirectory, *, group_size: int = 1) -> RunReadback:
+        """Stream ``run``'s metrics, journal and run log (``group_size``: the job's
+        generations per prompt, the rows of a kept group). A journal or metrics file that
         cannot be read (altered while the job ran) is a ``RunNotResumableError``: the next
         start refuses the same damage before it trains."""
         found = cls()
         try:
+            found.restarts = [e.step for e in run.read_run_log() if e.event == "resume"]
+        except ValueError:
+            found.restarts = []
+        try:
             found._read_metrics(run)
-            found._read_checkpoints(run)
+            found._read_history(run, group_size)
         except InvalidStateError as error:
             raise RunNotResumableError(
                 f"the run's history cannot be read back: {error}",
                 remedy="Restore the file it names from a backup, or start a new run in "
                 "another directory (rollout-recovery audit DIR shows the damage).",
             ) from error
-        try:
-            found.restarts = [e.step for e in run.read_run_log() if e.event == "resume"]
-        except ValueError:
-            found.restarts = []
         return found
 
     @property
@@ -99,12 +104,22 @@ class RunReadback:
             if name != "time/step_s"
         }
 
-    def _read_checkpoints(self, run: RunDirectory) -> None:
+    def _read_history(self, run: RunDirectory, group_size: int) -> None:
         if not run.events.is_file():
             return
-        for record in AuditTrail.stream_history(run, events={"checkpoint_committed"}):
-            assert isinstance(record, CheckpointCommitted)  # the only type asked for
-            self.checkpoints.append(record.step)
+        # Each step's training is decoded only where a restore may have rolled it back.
+        events = {"checkpoint_committed"}
+        if self.restarts:
+            events |= {"restored", "step_trained"}
+        self.restored = RestoreTotals.of(self._checkpoints_taken(run, events), group_size)
+
+    def _checkpoints_taken(self, run: RunDirectory, events: set[str]) -> Iterator[HistoryRecord]:
+        """``events`` of the journal, the checkpoints' steps kept on the way."""
+        for record in AuditTrail.stream_history(run, events=events):
+            if isinstance(record, CheckpointCommitted):
+                self.checkpoints.append(record.step)
+            else:
+                yield record
 
 
 def _finite(value: object) -> bool:

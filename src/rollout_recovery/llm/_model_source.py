@@ -3,7 +3,12 @@
 ``"tiny-llama"`` is built and ``"smollm2"`` converted into the cache directory once, under
 a file lock (two jobs starting together build it once), and published whole (a killed
 build leaves no model a later start would take as complete). A local directory is used
-in place. Imports torch only when a model has to be built.
+in place. A Hugging Face repo id (``"org/name"``, or ``"org/name@revision"``) that is no
+local path is the snapshot in the Hugging Face hub cache (``huggingface_hub``'s layout,
+``$HF_HUB_CACHE``, by default ``~/.cache/huggingface/hub``): taken from the cache when it
+is there, downloaded into it where the hub is reachable (config, tokenizer and
+safetensors files only), and otherwise refused naming the cache. Imports torch only when
+a model has to be built.
 
 The digest is the job's identity for a model (``[model] digest``): sha256 over the files
 the trainer reads (``config.json``, the safetensors weights and their index), names and
@@ -17,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from ..errors import ConfigError, InvalidOperationError, InvalidStateError
-from ._extra import require_llm
+from ._extra import LLM_EXTRA_HINT, require_llm
 from ._tiny_llama import TinyLlamaSpec, build_tiny_llama, is_complete
 from ._weight_index import CONFIG, model_file, weight_file_names
 
@@ -37,6 +43,7 @@ __all__ = [
     "TINY_LLAMA_SOURCE",
     "TINY_LLAMA_SPEC",
     "default_cache_dir",
+    "hub_repo",
     "model_digest",
     "model_directory",
     "prepare_model",
@@ -68,12 +75,73 @@ def _tiny_name() -> str:
     return f"tiny-llama-{hashlib.sha256(spec).hexdigest()[:12]}"
 
 
+# "org/name" or "org/name@revision": the hub's repo id grammar, loosely.
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?\Z")
+# What a causal LM needs of a hub snapshot (the trainer reads safetensors only).
+_HUB_FILES: Final = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+def hub_repo(source: str) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` when ``source`` names a Hugging Face repo rather than a
+    local path (a path that exists, or one starting with ``.``, ``/`` or ``~``, is one)."""
+    if source.startswith((".", "/", "~")) or not _REPO_ID.match(source):
+        return None
+    if Path(source).exists():
+        return None
+    repo, _, revision = source.partition("@")
+    return repo, revision or None
+
+
+def _hub_snapshot(source: str, *, download: bool) -> Path:
+    """The snapshot directory of a hub repo in the local cache, downloaded first when
+    ``download`` and the hub is reachable; a ``ConfigError`` naming the cache otherwise."""
+    repo = hub_repo(source)
+    assert repo is not None
+    repo_id, revision = repo
+    try:
+        from huggingface_hub import constants, snapshot_download
+    except ImportError:
+        raise ConfigError(
+            f"{source!r} is a Hugging Face repo id: reading it needs huggingface_hub ("
+            f"{LLM_EXTRA_HINT})",
+            path="$.model.source",
+        ) from None
+    cache = constants.HF_HUB_CACHE
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except Exception as error:  # not cached (LocalEntryNotFoundError), or a broken cache
+        cached_error = error
+    why = "HF_HUB_OFFLINE is set" if download else "it is not downloaded here"
+    if download and not constants.HF_HUB_OFFLINE:
+        try:
+            return Path(snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES))
+        except Exception as error:
+            raise ConfigError(
+                f"{source!r} is no local directory, and as a Hugging Face repo id it is not "
+                f"in the cache {cache} and could not be downloaded ({type(error).__name__}: "
+                f"{error}). On a machine that reaches the hub, `hf download {repo_id}` fills "
+                "that cache (copy it here, or point HF_HUB_CACHE at a copy); or set [model] "
+                "source to a local model directory",
+                path="$.model.source",
+            ) from None
+    raise ConfigError(
+        f"{source!r} is no local directory, and as a Hugging Face repo id it is not in the "
+        f"cache {cache} ({type(cached_error).__name__}), and {why}: `hf download "
+        f"{repo_id}` fills that cache where the hub is reachable (or point HF_HUB_CACHE at "
+        "a copy); or set [model] source to a local model directory",
+        path="$.model.source",
+    )
+
+
 def model_directory(model: ModelConfig) -> Path:
-    """Where ``model.source`` is (or will be, once :func:`prepare_model` built it)."""
+    """Where ``model.source`` is (or will be, once :func:`prepare_model` built it); a hub
+    repo id must be in the cache already (``prepare_model`` downloads it)."""
     if model.source == TINY_LLAMA_SOURCE:
         return _cache(model) / _tiny_name()
     if model.source == SMOLLM2_SOURCE:
         return _cache(model) / _SMOLLM2_DIR
+    if hub_repo(model.source) is not None:
+        return _hub_snapshot(model.source, download=False)
     return Path(model.source).expanduser()
 
 
@@ -83,13 +151,16 @@ def prepare_model(model: ModelConfig) -> Path:
     A ``ConfigError`` at ``$.model.source`` for a directory that is not a model, or for
     SmolLM2 without its wheel (the message says what to install).
     """
-    directory = model_directory(model)
+    if hub_repo(model.source) is not None:
+        directory = _hub_snapshot(model.source, download=True)
+    else:
+        directory = model_directory(model)
     if model.source not in (TINY_LLAMA_SOURCE, SMOLLM2_SOURCE):
         if not (directory / "config.json").is_file():
             raise ConfigError(
                 f"{str(directory)!r} is not a model directory (no config.json); the source "
-                f"is {TINY_LLAMA_SOURCE!r}, {SMOLLM2_SOURCE!r} or the path of a local "
-                "Hugging Face model directory",
+                f"is {TINY_LLAMA_SOURCE!r}, {SMOLLM2_SOURCE!r}, the path of a local "
+                "Hugging Face model directory or a Hugging Face repo id ('org/name')",
                 path="$.model.source",
             )
         return directory

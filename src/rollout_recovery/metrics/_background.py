@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .._lifecycle import Resource
 from ..errors import ClosedResourceError, LivenessError
-from ._protocol import MarkerField, MetricsSink, Scalar
+from ._protocol import MarkerField, MetricsSink, Sample, Scalar
 
 __all__ = ["BackgroundSink"]
 
@@ -37,6 +37,12 @@ class _Marker:
 
 
 @dataclass(frozen=True, slots=True)
+class _Samples:
+    step: int
+    samples: Sequence[Sample]
+
+
+@dataclass(frozen=True, slots=True)
 class _Barrier:
     """Flush (or, with ``close``, close) the sink, then set ``done``."""
 
@@ -44,7 +50,7 @@ class _Barrier:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-_Item = _Step | _Marker | _Barrier
+_Item = _Step | _Marker | _Samples | _Barrier
 
 
 class BackgroundSink(Resource):
@@ -89,6 +95,8 @@ class BackgroundSink(Resource):
             self._sink.log_step(item.step, item.values)
         elif isinstance(item, _Marker):
             self._sink.log_marker(item.step, item.kind, item.fields)
+        elif isinstance(item, _Samples):
+            self._sink.log_samples(item.step, item.samples)
         else:
             self._sink.flush()
 
@@ -117,6 +125,9 @@ class BackgroundSink(Resource):
 
     def log_marker(self, step: int, kind: str, fields: Mapping[str, MarkerField]) -> None:
         self._put(_Marker(step, kind, fields))
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        self._put(_Samples(step, samples))
 
     def flush(self) -> None:
         barrier = _Barrier(close=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
@@ -12,6 +13,7 @@ from ..errors import ConfigError
 from ._extras import EXTRAS, require
 from ._fanout import MetricsFanout
 from ._open import open_metrics
+from ._protocol import MetricsSink
 
 __all__ = ["SINK_NAMES", "MetricsConfig", "SinkName"]
 
@@ -45,6 +47,10 @@ class MetricsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: How long a log call waits for room in a slow sink's queue, and a flush for the sink
     #: to catch up; past it that sink is given up for the rest of the session.
     flush_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 60.0
+    #: Sample completions of the LLM job shown per step (prompt, completion, reward): on
+    #: the console, in metrics.jsonl and in each sink (a W&B table, TensorBoard text, an
+    #: MLflow artifact). 0 shows none.
+    samples: Annotated[int, Meta(ge=0, le=64)] = 2
 
     def __post_init__(self) -> None:
         # msgspec turns this (a ValueError) into a ValidationError with the section's path.
@@ -59,7 +65,17 @@ class MetricsConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             if sink_name in EXTRAS:
                 require(sink_name)
 
-    def open(self, run_dir: Path, *, resume_step: int) -> MetricsFanout:
+    def open(
+        self,
+        run_dir: Path,
+        *,
+        resume_step: int,
+        job_config: Mapping[str, object] | None = None,
+        also: Sequence[tuple[str, MetricsSink]] = (),
+    ) -> MetricsFanout:
         """Open every configured sink for ``run_dir``, training (re)starting at
-        ``resume_step`` (see ``_open.open_metrics``)."""
-        return open_metrics(self, run_dir, resume_step=resume_step)
+        ``resume_step``, with ``job_config`` as the tools' run config, and the sinks
+        ``also`` names beside them (the console's samples; see ``_open.open_metrics``)."""
+        return open_metrics(
+            self, run_dir, resume_step=resume_step, job_config=job_config, also=also
+        )

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from .._lifecycle import Resource
 from ..errors import ClosedResourceError, InvalidArgumentError
 from ._keys import check_fields, check_kind, check_step, check_values, flatten_scalars
-from ._protocol import MarkerField, MetricsSink, Scalar
+from ._protocol import MarkerField, MetricsSink, Sample, Scalar
+from ._samples import check_samples
 
 __all__ = ["MetricsFanout"]
 
@@ -106,8 +107,26 @@ class MetricsFanout(Resource):
 
     def log_record(self, step: int, record: Mapping[str, object]) -> None:
         """``log_step`` of the numbers of a nested record (a step's ``metrics.jsonl``
-        record) as flat ``a/b/c`` keys (``_keys.flatten_scalars``)."""
+        record) as flat ``a/b/c`` keys (``_keys.flatten_scalars``), after
+        ``log_samples`` of its ``samples`` when it has some."""
+        samples = record.get("samples")
+        if isinstance(samples, list) and samples:
+            self.log_samples(step, samples)
         self.log_step(step, flatten_scalars(record))
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        """The step's sample completions; call before its ``log_step``."""
+        check_step(step)
+        checked = check_samples(samples)
+        with self._lock:
+            self._check_open()
+            self._check_not_before_resume(step)
+            if self._last_step is not None and step <= self._last_step:
+                raise InvalidArgumentError(
+                    f"samples of step {step} after step {self._last_step} was logged: give "
+                    "a step's samples before its values"
+                )
+        self._each("log_samples", step, checked)
 
     def log_marker(self, step: int, kind: str, fields: Mapping[str, MarkerField]) -> None:
         check_step(step)

@@ -13,6 +13,12 @@ the middle of a step leaves that step's remaining keys to the next session). Aft
 restore to S, steps S..H keep the values the rolled-back attempt logged; ``metrics.jsonl``
 and TensorBoard have the re-trained ones.
 
+A step's sample completions are the artifact ``samples/step_<NNNNNN>.json`` (the run's
+Artifacts tab shows it; a re-trained step's replaces the rolled-back one's). The job's
+config is the run's parameters (``section.field``), logged once: MLflow refuses to change
+a parameter, so a resume that changed an operational setting records the new value as
+the tag ``rollout_recovery.config.<key>``.
+
 Markers are metrics at their own step: ``markers/<kind>/count`` = 1 and
 ``markers/<kind>/<field>`` (several at one step are kept side by side, as MLflow does). A
 restore also sets the run tags ``rollout_recovery.restarts`` (how many) and
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,13 +42,16 @@ from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 from ._extras import require
 from ._markers import marker_scalars, marker_text
-from ._protocol import MarkerField, Scalar
+from ._protocol import MarkerField, Sample, Scalar
 from ._run_state import SinkRunState, load_state, save_state
+from ._samples import SAMPLE_COLUMNS, sample_table
 
 __all__ = ["MLFLOW_DIR", "MlflowSink"]
 
 MLFLOW_DIR: Final = "mlflow"
 _BATCH: Final = 1000  # MLflow's limit of metrics per log_batch
+_PARAMS_BATCH: Final = 100  # and of parameters
+_MAX_PARAM: Final = 6000  # characters of a parameter's value
 _RESTARTS_TAG: Final = "rollout_recovery.restarts"
 
 
@@ -51,7 +60,15 @@ class MlflowSink(Resource):
 
     __slots__ = ("_Metric", "_client", "_high_water", "_restarts", "_run_id")
 
-    def __init__(self, run_dir: Path, *, resume_step: int, experiment: str, run_name: str) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        resume_step: int,
+        experiment: str,
+        run_name: str,
+        job_config: Mapping[str, object] | None = None,
+    ) -> None:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         tracking: Any = require("mlflow", "mlflow.tracking")
         entities: Any = require("mlflow", "mlflow.entities")
@@ -77,6 +94,22 @@ class MlflowSink(Resource):
         }
         self._restarts = int(run.data.tags.get(_RESTARTS_TAG, "0"))
         self._client: Any = client
+        if job_config:
+            self._log_params(entities.Param, dict(run.data.params), job_config)
+
+    def _log_params(
+        self, param: Any, held: Mapping[str, str], job_config: Mapping[str, object]
+    ) -> None:
+        client = self._live()
+        new = []
+        for key, value in job_config.items():
+            text = str(value)[:_MAX_PARAM]
+            if key not in held:
+                new.append(param(key, text))
+            elif held[key] != text:
+                client.set_tag(self._run_id, f"rollout_recovery.config.{key}", text)
+        for start in range(0, len(new), _PARAMS_BATCH):
+            client.log_batch(self._run_id, params=new[start : start + _PARAMS_BATCH])
 
     @property
     def run_id(self) -> str:
@@ -112,6 +145,15 @@ class MlflowSink(Resource):
                 f"rollout_recovery.restart.{self._restarts}",
                 marker_text(step, kind, fields),
             )
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        table = {
+            "step": step,
+            "columns": list(SAMPLE_COLUMNS),
+            "data": sample_table(samples),
+            "samples": [dict(sample) for sample in samples],
+        }
+        self._live().log_dict(self._run_id, table, f"samples/step_{step:06d}.json")
 
     def flush(self) -> None:
         self._live()  # every call above is on disk when it returns

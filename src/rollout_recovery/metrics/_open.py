@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +12,7 @@ from ._background import BackgroundSink
 from ._fanout import MetricsFanout
 from ._keys import check_step
 from ._mlflow import MlflowSink
+from ._params import flat_params
 from ._protocol import MetricsSink
 from ._tensorboard import TensorBoardSink
 from ._wandb import WandbSink
@@ -23,27 +24,47 @@ __all__ = ["open_metrics"]
 
 _log = logging.getLogger("rollout_recovery.metrics")
 
-_Opener = Callable[[Path, int, "MetricsConfig", str], MetricsSink]
+_Params = Mapping[str, object] | None
+_Opener = Callable[[Path, int, "MetricsConfig", str, _Params], MetricsSink]
 
 # "jsonl" is DIR/metrics.jsonl, which the run's trail always writes (one line per step,
 # cut back with the rest of a checkpoint's files on a restore): nothing to open here.
 _OPENERS: dict[SinkName, _Opener] = {
-    "tensorboard": lambda run_dir, resume, config, name: TensorBoardSink(
+    "tensorboard": lambda run_dir, resume, config, name, params: TensorBoardSink(
         run_dir, resume_step=resume, max_queue=config.queue_size
     ),
-    "wandb": lambda run_dir, resume, config, name: WandbSink(
-        run_dir, resume_step=resume, project=config.wandb_project, run_name=name
+    "wandb": lambda run_dir, resume, config, name, params: WandbSink(
+        run_dir,
+        resume_step=resume,
+        project=config.wandb_project,
+        run_name=name,
+        job_config=params,
     ),
-    "mlflow": lambda run_dir, resume, config, name: MlflowSink(
-        run_dir, resume_step=resume, experiment=config.mlflow_experiment, run_name=name
+    "mlflow": lambda run_dir, resume, config, name, params: MlflowSink(
+        run_dir,
+        resume_step=resume,
+        experiment=config.mlflow_experiment,
+        run_name=name,
+        job_config=params,
     ),
 }
 # A few ms a step: their calls run on a worker thread, off the train loop.
 _SLOW: frozenset[SinkName] = frozenset({"wandb", "mlflow"})
 
 
-def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> MetricsFanout:
+def open_metrics(
+    config: MetricsConfig,
+    run_dir: Path,
+    *,
+    resume_step: int,
+    job_config: Mapping[str, object] | None = None,
+    also: Sequence[tuple[str, MetricsSink]] = (),
+) -> MetricsFanout:
     """Open every sink of ``config`` for ``run_dir``, training (re)starting at ``resume_step``.
+
+    ``job_config`` (the job's config, nested sections) becomes the W&B run's config and
+    the MLflow run's parameters, as flat ``section.field`` keys. ``also`` are sinks of the
+    caller's (the console showing samples), fanned out to like the rest.
 
     ``resume_step`` is the first step this session trains: 0 for a new run, the restored
     checkpoint's step after a restart. A sink whose extra is not installed is a
@@ -54,6 +75,7 @@ def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> M
     check_step(resume_step, name="resume_step")
     config.check_installed()
     run_name = config.run_name or run_dir.resolve().name
+    params = None if job_config is None else flat_params(job_config)
     opened: list[tuple[str, MetricsSink]] = []
     failures: dict[str, str] = {}
     try:
@@ -61,7 +83,7 @@ def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> M
             if sink_name not in _OPENERS:
                 continue  # jsonl: the trail's own metrics.jsonl
             try:
-                sink = _OPENERS[sink_name](run_dir, resume_step, config, run_name)
+                sink = _OPENERS[sink_name](run_dir, resume_step, config, run_name, params)
             except ConfigError:
                 raise
             except Exception as exc:
@@ -80,4 +102,4 @@ def open_metrics(config: MetricsConfig, run_dir: Path, *, resume_step: int) -> M
         for _, sink in opened:
             sink.close()
         raise
-    return MetricsFanout(opened, resume_step=resume_step, failures=failures)
+    return MetricsFanout([*also, *opened], resume_step=resume_step, failures=failures)

@@ -12,15 +12,19 @@ belongs in its fields).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-__all__ = ["MarkerField", "MetricsSink", "Scalar"]
+__all__ = ["MarkerField", "MetricsSink", "Sample", "Scalar"]
 
 #: A metric value; ``None`` is "no value this step" (JSONL writes null, the tools skip it).
 Scalar = float | int | None
 #: A marker's field: shown as text; the numeric ones are charted too.
 MarkerField = str | int | float | bool | None
+#: One sample completion of a step: ``prompt``, ``completion``, ``reward``, where it came
+#: from (``group_id``, ``generation_index``, ``prompt_idx``), ``components`` and, for a
+#: placeholder, ``reason`` (``_samples.check_samples``).
+Sample = Mapping[str, Any]
 
 
 class MetricsSink(Protocol):
@@ -33,6 +37,11 @@ class MetricsSink(Protocol):
     def log_marker(self, step: int, kind: str, fields: Mapping[str, MarkerField]) -> None:
         """Something that happened at ``step``: ``restored``, ``checkpoint_committed``,
         ``prompt_dropped``, ... with its fields (``tokens_lost``, ``reason``, ...)."""
+        ...
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        """A few of the step's completions as text, given before the step's values (a
+        W&B table, TensorBoard text, an MLflow artifact)."""
         ...
 
     def flush(self) -> None:

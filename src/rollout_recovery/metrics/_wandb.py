@@ -17,7 +17,9 @@ Markers go into the row of the next step logged (W&B rows are one per step):
 ``markers/<kind>/count`` counts them, ``markers/<kind>/<field>`` keeps the last numeric fields,
 ``markers/<kind>/step`` the step the last one happened at. A restore is also a W&B alert
 (recorded offline, sent when synced). Markers after a session's last step are not in
-W&B (``events.jsonl`` has them).
+W&B (``events.jsonl`` has them). A step's sample completions are a ``samples`` table in its
+row (the W&B UI's table panel steps through them). The job's config is the run's config
+(``section.field`` keys; a resume updates what it changed).
 
 W&B offline writes its ``.wandb`` file from a buffer, in its own ``wandb-core`` process,
 and wandb 0.31 has no call that makes it write now: a SIGKILL loses what it had not
@@ -32,7 +34,7 @@ waits for the sink's queue to reach wandb, not for wandb's write.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,9 @@ from .._lifecycle import Resource
 from ..errors import ClosedResourceError
 from ._extras import require
 from ._markers import PendingMarkers, marker_text
-from ._protocol import MarkerField, Scalar
+from ._protocol import MarkerField, Sample, Scalar
 from ._run_state import SinkRunState, load_state, save_state
+from ._samples import SAMPLE_COLUMNS, sample_table
 from ._wandb_files import WANDB_DIR, history_steps, offline_run_files
 
 __all__ = ["WandbSink"]
@@ -63,9 +66,17 @@ def _known_high_water(run_dir: Path, state: SinkRunState) -> tuple[SinkRunState,
 class WandbSink(Resource):
     """Logs each step as one W&B history row, ``step`` = the training step."""
 
-    __slots__ = ("_alert_level", "_high_water", "_pending", "_run")
+    __slots__ = ("_alert_level", "_high_water", "_pending", "_run", "_samples", "_wandb")
 
-    def __init__(self, run_dir: Path, *, resume_step: int, project: str, run_name: str) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        resume_step: int,
+        project: str,
+        run_name: str,
+        job_config: Mapping[str, object] | None = None,
+    ) -> None:
         wandb: Any = require("wandb")
         directory = run_dir / WANDB_DIR
         directory.mkdir(exist_ok=True)
@@ -96,8 +107,13 @@ class WandbSink(Resource):
             reinit="create_new",
             settings=wandb.Settings(**options),
         )
+        if job_config:
+            # A resume may have changed operational settings: the run shows the current.
+            self._run.config.update(dict(job_config), allow_val_change=True)
+        self._wandb: Any = wandb
         self._alert_level = wandb.AlertLevel.WARN
         self._pending = PendingMarkers()
+        self._samples: Any = None
 
     @property
     def run_id(self) -> str:
@@ -114,7 +130,18 @@ class WandbSink(Resource):
             return  # W&B already holds this step: the rolled-back attempt's row stays
         row: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
         row.update(self._pending.drain())
+        if self._samples is not None:
+            row["samples"], self._samples = self._samples, None
         run.log(row, step=step, commit=True)
+
+    def log_samples(self, step: int, samples: Sequence[Sample]) -> None:
+        self._live()
+        if step <= self._high_water:
+            return  # that step's row (and its table) is the rolled-back attempt's
+        # Rides on the step's row, which log_step writes next.
+        self._samples = self._wandb.Table(
+            columns=list(SAMPLE_COLUMNS), data=sample_table(samples)
+        )
 
     def log_marker(self, step: int, kind: str, fields: Mapping[str, MarkerField]) -> None:
         run = self._live()

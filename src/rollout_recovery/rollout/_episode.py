@@ -12,16 +12,18 @@ model), and what an episode asks for is the task's (:class:`EpisodeTask`: the di
    *before* it is sent, the client generates a :class:`Completion`, and the call is staged
    through the attempt's ``CaptureWriter`` before the episode sees it: the staged record is
    the acknowledgement;
-3. the episode grades itself and the receipt is assembled over every staged call.
+3. the episode grades itself (a grade may be awaited: a reward function of one's own runs
+   off the event loop) and the receipt is assembled over every staged call.
 
 A client signals a call that produced nothing usable (a refused request, a reply that
 fails its checks, a capture that did not commit) by raising :class:`CallFailed`: the
 attempt then ends as a *sealed failed attempt*, its receipt poisoned with the reason, so
-the sibling trains as a masked placeholder that says why. Infrastructure failures (a dead
-server, a crashed worker) raise :class:`~rollout_recovery.errors.GenerationError` out of the
-client; the episode returns them as an :class:`~rollout_recovery.rollout.AttemptFailure`
-(unsealed, the calls staged so far kept for the next attempt to continue) and the
-controller retries the sibling.
+the sibling trains as a masked placeholder that says why; so does a grade whose reward
+function failed (``RewardFunctionError``: ``data_error:reward_raised``, ...).
+Infrastructure failures (a dead server, a crashed worker) raise
+:class:`~rollout_recovery.errors.GenerationError` out of the client; the episode returns
+them as an :class:`~rollout_recovery.rollout.AttemptFailure` (unsealed, the calls staged so
+far kept for the next attempt to continue) and the controller retries the sibling.
 
 Resume. Given a :class:`~rollout_recovery.capture.StagedPrefix` (the staged calls of an
 earlier attempt of the same sibling, already verified against the store), the episode is
@@ -37,12 +39,13 @@ episode does not ask for, is not used: the episode starts over, and the result s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..capture import CaptureWriter, StagedPrefix
-from ..errors import GenerationError, InvalidArgumentError
+from ..errors import GenerationError, InvalidArgumentError, RewardFunctionError
 from ..rewards import RewardChecks
 from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
 
@@ -142,8 +145,11 @@ class Episode(Protocol):
         """The completion of the call :meth:`next_turn` last returned."""
         ...
 
-    def grade(self) -> tuple[float, RewardChecks | None]:
-        """The finished episode's reward and its reward checks (None: not computed)."""
+    def grade(
+        self,
+    ) -> tuple[float, RewardChecks | None] | Awaitable[tuple[float, RewardChecks | None]]:
+        """The finished episode's reward and its reward checks (None: not computed), or
+        an awaitable of them; a ``RewardFunctionError`` when its reward function failed."""
         ...
 
 
@@ -234,8 +240,10 @@ async def run_episode(
                 episode, inherited = replayed, prefix
     attempt = capture.attempt(rollout_id)
     generated = 0
+    staged: list[str] = []  # the call ids staged, in order
 
     async def stage(turn_prompt: Sequence[int], call_id: str, completion: Completion) -> None:
+        staged.append(call_id)
         await attempt.stage(
             call_id,
             prompt_token_ids=turn_prompt,
@@ -270,7 +278,15 @@ async def run_episode(
         return _failed_attempt(rollout_id, receipt, len(inherited.calls), refused)
     except GenerationError as error:
         return AttemptFailure.from_error(request, error)
-    reward, checks = episode.grade()
+    try:
+        graded = episode.grade()
+        reward, checks = await graded if inspect.isawaitable(graded) else graded
+    except RewardFunctionError as error:
+        # The calls are staged and fine; what they earned is unknown, so the attempt is
+        # sealed failed at its last call.
+        last = staged[-1] if staged else call_id_for(rollout_id, 0, "grade")
+        receipt = attempt.failed_receipt(last, f"data_error:{error.reason}")
+        return _failed_attempt(rollout_id, receipt, len(inherited.calls), refused)
     receipt = attempt.receipt(reward=reward)
     return AttemptResult(
         rollout_id=rollout_id,

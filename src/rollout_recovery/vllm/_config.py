@@ -13,6 +13,7 @@ logprobs); the rest may change when a run resumes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -83,11 +84,17 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
         *,
         served_model_name: str,
         api_key: str | None = None,
+        log: Callable[[str], None] = lambda _: None,
     ) -> VllmFleet:
-        """The ``launch`` servers of this section, started on enter and stopped on exit
-        (see ``_fleet.VllmFleet``)."""
+        """The ``launch`` servers of this section, started on enter and stopped on exit,
+        their start-up progress told to ``log`` (see ``_fleet.VllmFleet``)."""
         return VllmFleet(
-            servers_dir, servers_file, self, served_model_name=served_model_name, api_key=api_key
+            servers_dir,
+            servers_file,
+            self,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            log=log,
         )
 
     def check_launch_paths(self, *, model: bool = True) -> None:

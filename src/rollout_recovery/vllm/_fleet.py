@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -177,7 +178,10 @@ class VllmFleet(Resource):
     ``/health``); :meth:`close` stops them all. See the module docstring.
 
     ``api_key`` is what the servers require (a random one by default); ``parent_pid`` the
-    process whose death ends them (this one by default).
+    process whose death ends them (this one by default). ``log`` hears how the start goes
+    (the log files, each server ready and when, and every ``progress_every_s`` while it
+    waits, how long and what each log says last): vLLM takes about a minute to start on
+    CPU, which must not look like a hang.
     """
 
     def __init__(
@@ -189,7 +193,11 @@ class VllmFleet(Resource):
         served_model_name: str,
         api_key: str | None = None,
         parent_pid: int | None = None,
+        log: Callable[[str], None] = lambda _: None,
+        progress_every_s: float = 10.0,
     ) -> None:
+        self._log = log
+        self._progress_every_s = progress_every_s
         self._dir = Path(servers_dir)
         self._file = Path(servers_file)
         self._config = config
@@ -240,6 +248,10 @@ class VllmFleet(Resource):
             self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
             require_private_dir(self._sockets)
             starting = [self._spawn(index, self._sockets) for index in range(self._config.launch)]
+            self._log(
+                f"starting {len(starting)} vLLM server(s) from {self._config.model} (about a "
+                f"minute on CPU); their logs: {self._dir}/vllm-<n>.log"
+            )
             self.servers = self._await_ready(starting)
         except BaseException:
             self.close()
@@ -260,8 +272,11 @@ class VllmFleet(Resource):
 
     def _await_ready(self, starting: list[_Starting]) -> list[LaunchedServer]:
         """Wait until each server's socket is listened on by a process of its group and
-        answers ``/health``; one that exits first, or misses the deadline, fails the job."""
-        deadline = time.monotonic() + self._config.startup_timeout_s
+        answers ``/health``; one that exits first, or misses the deadline, fails the job.
+        Says when each is ready, and every ``progress_every_s`` how the start goes."""
+        started = time.monotonic()
+        deadline = started + self._config.startup_timeout_s
+        said = started  # when progress was last logged
         ready: dict[int, LaunchedServer] = {}
         while len(ready) < len(starting):
             for entry in starting:
@@ -275,15 +290,17 @@ class VllmFleet(Resource):
                         f"ready; its log ({entry.log}) ends: {_tail(entry.log)}",
                     )
                 if _answers(entry):
+                    url = unix_server_url(entry.socket)
                     ready[entry.index] = LaunchedServer(
-                        unix_server_url(entry.socket),
-                        entry.process.pid,
-                        entry.log,
-                        entry.command,
-                        entry.socket,
+                        url, entry.process.pid, entry.log, entry.command, entry.socket
                     )
+                    took = time.monotonic() - started
+                    self._log(f"vLLM server {entry.index} ready at {url} ({took:.0f} s)")
             if len(ready) == len(starting):
                 break
+            if time.monotonic() - said >= self._progress_every_s:
+                said = time.monotonic()
+                self._log(self._waiting(starting, ready, said - started))
             if time.monotonic() > deadline:
                 raise GenerationError(
                     FailureReason.SERVER_START_FAILED,
@@ -292,6 +309,16 @@ class VllmFleet(Resource):
                 )
             time.sleep(_READY_POLL_S)
         return [ready[index] for index in sorted(ready)]
+
+    def _waiting(
+        self, starting: list[_Starting], ready: dict[int, LaunchedServer], elapsed: float
+    ) -> str:
+        pending = next(entry for entry in starting if entry.index not in ready)
+        return (
+            f"waiting for vLLM: {len(ready)}/{len(starting)} ready after {elapsed:.0f} s "
+            f"(of {self._config.startup_timeout_s:.0f}); {pending.log} ends: "
+            f"{_tail(pending.log, lines=1)[-120:]}"
+        )
 
     def close(self) -> None:
         """SIGTERM every guard (it shuts its server down and ends its group); SIGKILL the

@@ -6,6 +6,9 @@ Feistel network over the next even power of two, cycle-walked back into range), 
 a prompt costs the same whether the dataset holds ten prompts or ten billion, and nothing
 proportional to the dataset is ever held in memory. A different seed or epoch is a
 different key, hence a different order.
+
+A bottom module: the controller takes prompts in this order, and the auditor checks a
+dataset task's journal against it (``history/_dataset_check.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from ..errors import InvalidArgumentError
+from .errors import InvalidArgumentError
 
 __all__ = ["dataset_position_to_idx"]
 
