@@ -178,8 +178,9 @@ def test_the_lying_server_is_taken_out_of_rotation_and_the_honest_one_finishes_t
     marked = backend_events(events, "server_bad_data")
     assert [(e["server"], e["reason"]) for e in marked] == [(lying_server, "logprob_mismatch")]
     # Out of rotation from its first refused step to the end (no probe revived it).
-    states = [e for e in backend_events(events, "server_state") if e["to"] != "healthy"]
-    assert [(e["server"], e["to"]) for e in states] == [(lying_server, "dead")], states
+    states = backend_events(events, "server_state")
+    liar = [(e["from"], e["to"]) for e in states if e["server"] == lying_server]
+    assert liar == [("joining", "healthy"), ("healthy", "dead")], states
     # Only the steps whose rows were generated before it was marked (the staleness
     # window's) are refused; the honest server's rows train every step after them.
     metrics = read_jsonl(out / "metrics.jsonl")
