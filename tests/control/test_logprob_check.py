@@ -10,7 +10,9 @@ import pytest
 
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.control._logprob_check import (
+    guilty_rows,
     logprob_refusal,
+    refusal_message,
     token_versions,
     trainer_weights_generate,
 )
@@ -95,6 +97,9 @@ def test_a_refused_step_counts_as_a_step_without_a_valid_row_trained() -> None:
         tolerance=0.2,
         rows=3,
         steps_without_valid_rows=state.steps_without_valid_rows + 1,
+        servers=["http://liar"],
+        guilty_rows=2,
+        untraced_rows=1,
     )
     state.apply(refusal)
     assert state.steps_without_valid_rows == 1
@@ -105,7 +110,28 @@ def test_a_refused_step_counts_as_a_step_without_a_valid_row_trained() -> None:
         "checked_tokens": 12,
         "rows": 3,
         "steps_without_valid_rows": 1,
+        "servers": ["http://liar"],
+        "guilty_rows": 2,
+        "untraced_rows": 1,
     }
+    message = refusal_message(refusal)
+    assert "3 rows not trained; servers taken out of rotation: http://liar " in message
+    assert "(1 rows above the tolerance not traced to a server)" in message
     # A step that trains valid rows ends the streak.
     state.apply(StepTrained(step=1, weight_version=2, group_ids=[], rows=[], valid_rows=3))
     assert state.steps_without_valid_rows == 0
+
+
+class _Reports:
+    def __init__(self, gaps: tuple[float, ...]) -> None:
+        self.sample_logprob_gaps = gaps
+
+
+def test_the_rows_blamed_are_those_whose_own_gap_is_above_the_tolerance() -> None:
+    ids = ["a", "b", "c", "d"]
+    gaps = (0.5, 1e-7, float("nan"), 0.2)
+    # Above the tolerance: guilty; within it: cleared; not checked (NaN): neither.
+    assert guilty_rows(_Reports(gaps), ids, 0.2) == (["a"], ["b", "d"])
+    # A trainer that does not say, or says for another batch: nothing is blamed on a guess.
+    assert guilty_rows(object(), ids, 0.2) == ([], [])
+    assert guilty_rows(_Reports(gaps[:3]), ids, 0.2) == ([], [])

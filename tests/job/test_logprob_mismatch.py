@@ -125,6 +125,7 @@ def test_the_operator_sees_each_refusal_the_stop_and_no_rerun_advice(
     lines = result.stdout.splitlines()
     refused = [line for line in lines if " refused: its behaviour logprobs are " in line]
     assert [line.split()[1] for line in refused[:2]] == ["0", "1"], result.stdout
+    assert f"; servers taken out of rotation: {lying_server}. " in refused[0]
     assert "error: the run stopped: NoValidRowsError: 2 steps in a row" in result.stdout
     assert "rerun the same command" not in result.stdout
     assert "Traceback" not in result.stdout
@@ -145,3 +146,47 @@ def test_the_tolerance_is_the_configs(
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["train/logprob_refused"] for m in metrics] == [0.0, 0.0]
     assert all(m["train/logprob_gap"] > 1.0 for m in metrics)
+
+
+def test_the_lying_server_is_taken_out_of_rotation_and_the_honest_one_finishes_the_run(
+    tmp_path: Path,
+    lying_server: str,
+    honest_server: str,
+    fast_config: Callable[..., RunConfig],
+    read_jsonl: ReadJsonl,
+) -> None:
+    # Both servers take calls from the start. The first refused step names the liar only
+    # (its rows' own gaps are above the tolerance, the honest server's are noise) and the
+    # pool marks it dead and quarantined at once, so every row generated after that step
+    # is the honest server's. Main refused every step until the run stopped.
+    job = _http_job(lying_server, steps=6)
+    job["job"]["max_steps_without_valid_rows"] = 5
+    job["http"] |= {"servers": [lying_server, honest_server], "bad_data_quarantine_s": 600.0}
+    config = fast_config(job)
+    out = tmp_path / "run"
+    result = run_job(out, config)
+
+    assert result.summary.steps == 6
+    events = read_jsonl(out / "events.jsonl")
+    refusals = backend_events(events, "logprob_mismatch")
+    assert refusals and refusals[0]["step"] == 0, refusals
+    assert refusals[0]["servers"] == [lying_server] and refusals[0]["untraced_rows"] == 0
+    assert 0 < refusals[0]["guilty_rows"] < refusals[0]["rows"]  # the honest rows are not
+    assert all(refusal["servers"] == [lying_server] for refusal in refusals)
+    blamed = backend_events(events, "server_logprob_mismatch")
+    assert {event["server"] for event in blamed} == {lying_server}
+    marked = backend_events(events, "server_bad_data")
+    assert [(e["server"], e["reason"]) for e in marked] == [(lying_server, "logprob_mismatch")]
+    # Out of rotation from its first refused step to the end (no probe revived it).
+    states = backend_events(events, "server_state")
+    liar = [(e["from"], e["to"]) for e in states if e["server"] == lying_server]
+    assert liar == [("joining", "healthy"), ("healthy", "dead")], states
+    # Only the steps whose rows were generated before it was marked (the staleness
+    # window's) are refused; the honest server's rows train every step after them.
+    metrics = read_jsonl(out / "metrics.jsonl")
+    refused = [m["step"] for m in metrics if m["train/logprob_refused"]]
+    assert refused == [r["step"] for r in refusals] == list(range(len(refused)))
+    assert len(refused) <= config.job.staleness_window + 1, refused
+    assert all(m["valid_rows"] > 0 for m in metrics[len(refused) :])
+    assert result.summary.steps_refused == len(refused)
+    assert not audit_run(out).violations

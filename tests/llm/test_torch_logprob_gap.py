@@ -79,3 +79,24 @@ def test_another_models_logprobs_are_refused_and_change_nothing(tiny_model_dir: 
     # Not stamped with the trainer's version (stale, or not vouched for): not checked.
     unchecked = trainer.train_step(_stamped(samples, version=0))
     assert unchecked["logprob_checked_tokens"] == 0 and unchecked["logprob_refused"] == 0.0
+
+
+def test_each_samples_own_gap_names_the_lying_rows_across_micro_batches(
+    tiny_model_dir: Path,
+) -> None:
+    # Micro-batches of 3 over honest and lying samples interleaved, and one unchecked:
+    # each sample's own gap, in the batch's order.
+    trainer = TorchGRPOTrainer(tiny_model_dir, seed=0, learning_rate=1e-2, micro_batch_size=3)
+    honest, _ = on_policy_batch(trainer, _task(trainer), step=0)
+    lying, _ = on_policy_batch(_another_model(tiny_model_dir), _task(trainer), step=5)
+    pairs = zip(_stamped(honest[:3], 0), _stamped(lying[:3], 0), strict=True)
+    samples = [*(sample for pair in pairs for sample in pair), honest[3]]  # the last unstamped
+
+    metrics = trainer.train_step(samples)
+
+    assert metrics["logprob_refused"] == 1.0
+    gaps = trainer.sample_logprob_gaps
+    assert len(gaps) == 7
+    assert all(gap < 1e-4 for gap in gaps[0:6:2]), gaps
+    assert all(gap > 0.2 for gap in gaps[1:6:2]), gaps
+    assert np.isnan(gaps[6])

@@ -102,3 +102,27 @@ def test_the_tolerance_is_a_setting() -> None:
     )
     with pytest.raises(ValueError, match="token_versions"):
         NumpyGRPOTrainer(seed=0).train_step([bad], version=1)
+
+
+def test_each_samples_own_gap_names_the_lying_rows_of_a_refused_step() -> None:
+    # Two honest rows, one of another model, one the trainer cannot check (no versions):
+    # the step is refused, and only the liar's row is above the tolerance on its own.
+    trainer = NumpyGRPOTrainer(seed=0)
+    honest = trainer.weights()
+    samples = [
+        _sample(honest, 1, 1.0, version=0),
+        _sample(OTHER_MODEL, 2, -1.0, version=0),
+        _sample(honest, 3, 0.5, version=0),
+        _sample(OTHER_MODEL, 4, -0.5, version=None),
+    ]
+
+    metrics = trainer.train_step(samples, version=1)
+
+    assert metrics["logprob_refused"] == 1.0
+    gaps = trainer.sample_logprob_gaps
+    assert len(gaps) == 4
+    assert gaps[0] < 1e-6 and gaps[2] < 1e-6
+    assert gaps[1] > 1.0
+    assert np.isnan(gaps[3])
+    # The step's gap is the mean over every checked token of the samples' own.
+    assert metrics["logprob_gap"] == pytest.approx(np.mean(gaps[:3]))

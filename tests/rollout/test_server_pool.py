@@ -376,3 +376,53 @@ def test_a_quarantined_server_rejoins_on_probation() -> None:
     assert all(quarantine_s <= seconds <= quarantine_s + 2 * probe_s for seconds in out_for)
     assert [e["in_a_row"] for _, e in rig.events.of("server_bad_data")] == [2, 3]
     assert _states(rig)[rig.fleet[0].url] == "healthy"
+
+
+def _servers_by_attempt(rig: HttpRig) -> dict[str, set[str]]:
+    """The servers that answered each staged attempt's calls (their extras say)."""
+    from rollout_recovery.capture import CaptureWriter
+
+    keys = rig.data_plane.keys(CaptureWriter.staging_partition)
+    answered: dict[str, set[str]] = {}
+    for row in rig.data_plane.get(CaptureWriter.staging_partition, keys):
+        answered.setdefault(row.metadata["rollout_id"], set()).add(row.metadata["extras"]["server"])
+    return answered
+
+
+def test_the_servers_of_rows_the_trainer_refused_are_blamed_and_leave_rotation() -> None:
+    """Item 12: an attempt's calls stay on one server, so a row is one server's; the
+    servers of rows whose logprobs the trainer refused are marked like a server caught
+    lying about its weights, but one that alone answered a row the trainer cleared (it
+    only shared a row with the liar), and a row not remembered is counted, not guessed."""
+
+    async def scenario(rig: HttpRig) -> tuple[list[str], int, dict[str, set[str]]]:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: set(_states(rig).values()) == {"healthy"}, GUARD_S)
+        for i in range(6):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        answered = _servers_by_attempt(rig)
+        liar, honest = rig.fleet[0].url, rig.fleet[1].url
+        guilty = [r for r, servers in answered.items() if servers == {liar}]
+        cleared = [r for r, servers in answered.items() if servers == {honest}]
+        rig.backend._answered("mixed", liar)  # a row redispatched between the two
+        rig.backend._answered("mixed", honest)
+        blamed = rig.backend.blame_servers(
+            [*guilty, "mixed", "restored_before_a_restart"], cleared=cleared, step=3
+        )
+        calls = rig.fleet[0].calls
+        for i in range(4):
+            await rig.backend.run_attempt(rig.request(i), rig.writer)
+        assert rig.fleet[0].calls == calls  # out of rotation
+        await rig.backend.aclose()
+        return *blamed, answered
+
+    rig = make_rig(2, dead_after=3)
+    servers, untraced, answered = asyncio.run(scenario(rig))
+    liar, honest = rig.fleet[0].url, rig.fleet[1].url
+    assert all(len(servers) == 1 for servers in answered.values()), answered
+    assert {url for servers in answered.values() for url in servers} == {liar, honest}
+    assert (servers, untraced) == ([liar], 1)
+    assert [s for s, _ in rig.events.of("server_logprob_mismatch")] == [liar]
+    [(server, event)] = rig.events.of("server_bad_data")
+    assert server == liar and event["reason"] == "logprob_mismatch" and event["in_a_row"] == 1
+    assert _states(rig) == {liar: "dead", honest: "healthy"}

@@ -99,6 +99,8 @@ from ..rollout import (
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
 from ._logprob_check import (
+    BlamesServers,
+    guilty_rows,
     logprob_refusal,
     refusal_message,
     token_versions,
@@ -771,10 +773,12 @@ class Controller(Generic[Weights]):
 
     def _samples(
         self, step: int, groups: Sequence[Sequence[str]], fetched: list[Row] | None = None
-    ) -> tuple[list[TrainSample], list[TrainedRow], list[float], dict[str, int]]:
-        """The step's trainable samples (GRPO advantages, placeholders out) and its rows, from
-        each group's canonical row keys; the rows read are appended to ``fetched``."""
+    ) -> tuple[list[TrainSample], list[str], list[TrainedRow], list[float], dict[str, int]]:
+        """The step's trainable samples (GRPO advantages, placeholders out), their rollout
+        ids, and its rows, from each group's canonical row keys; the rows read are appended
+        to ``fetched``."""
         samples: list[TrainSample] = []
+        sample_rollouts: list[str] = []
         trained: list[TrainedRow] = []
         rewards_seen: list[float] = []
         placeholder_reasons: dict[str, int] = {}
@@ -799,6 +803,7 @@ class Controller(Generic[Weights]):
                             else None,
                         )
                     )
+                    sample_rollouts.append(meta.rollout_id)
                     rewards_seen.append(meta.reward)
                 elif meta.reason is not None:
                     placeholder_reasons[meta.reason] = placeholder_reasons.get(meta.reason, 0) + 1
@@ -814,7 +819,7 @@ class Controller(Generic[Weights]):
                         weight_version_spans=meta.weight_version_spans,
                     )
                 )
-        return samples, trained, rewards_seen, placeholder_reasons
+        return samples, sample_rollouts, trained, rewards_seen, placeholder_reasons
 
     async def _train_step(self, step: int) -> None:
         # Train only on publishes that are durable: a crash cannot take back what trained.
@@ -826,7 +831,7 @@ class Controller(Generic[Weights]):
         async with self.barrier.mutation("sample_clears") as cut:
             self.replay.claim(cut, step, group_ids)
         fetched: list[Row] = []
-        samples, trained, rewards_seen, placeholder_reasons = self._samples(
+        samples, sample_rollouts, trained, rewards_seen, placeholder_reasons = self._samples(
             step, [group.row_keys for group in groups], fetched
         )
         described = dict(self.samples(step, fetched)) if self.samples is not None else {}
@@ -849,13 +854,24 @@ class Controller(Generic[Weights]):
         refusal = None
         if metrics.get("logprob_refused"):
             # Another model's logprobs: the trainer applied nothing. The step's record
-            # stays what its rows are; this one says none of them trained.
+            # stays what its rows are; this one says none of them trained, and the
+            # servers of the rows that lied leave rotation (the others keep generating).
+            tolerance = self.config.trainer.logprob_tolerance
+            guilty, cleared = guilty_rows(self.trainer, sample_rollouts, tolerance)
+            servers, untraced = (
+                self.backend.blame_servers(guilty, cleared=cleared, step=step)
+                if isinstance(self.backend, BlamesServers)
+                else ([], len(guilty))
+            )
             refusal = logprob_refusal(
                 step=step,
                 metrics=metrics,
-                tolerance=self.config.trainer.logprob_tolerance,
+                tolerance=tolerance,
                 rows=len(samples),
                 steps_without_valid_rows=state.steps_without_valid_rows + 1,
+                servers=servers,
+                guilty_rows=len(guilty),
+                untraced_rows=untraced,
             )
         async with self.barrier.mutation("sample_clears") as cut:
             self.record(

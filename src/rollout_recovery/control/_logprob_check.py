@@ -16,8 +16,8 @@ are stamped with the dispatch version only), so its tokens are not checked.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,9 @@ from ._config import RunConfig
 
 __all__ = [
     "LOGPROB_MISMATCH",
+    "BlamesServers",
+    "ReportsSampleGaps",
+    "guilty_rows",
     "logprob_refusal",
     "refusal_message",
     "token_versions",
@@ -39,6 +42,46 @@ LOGPROB_MISMATCH = "logprob_mismatch"
 
 # Weight syncs that leave a server's weights alone (it serves what it was started with).
 _SYNCS_THAT_LOAD_NOTHING = frozenset({"none", "version-tag"})
+
+
+@runtime_checkable
+class ReportsSampleGaps(Protocol):
+    """A trainer that says each sample's own gap of its last step (both of ours do)."""
+
+    #: Per sample of the last step, in its order: mean absolute gap over the sample's
+    #: checked tokens, NaN where none was checked.
+    sample_logprob_gaps: tuple[float, ...]
+
+
+@runtime_checkable
+class BlamesServers(Protocol):
+    """A backend that can take the servers of refused rows out of rotation (HTTP's)."""
+
+    def blame_servers(
+        self, guilty: Sequence[str], *, cleared: Sequence[str], step: int
+    ) -> tuple[list[str], int]:
+        """Mark the servers that answered ``guilty`` rows' calls, but those that alone
+        answered a ``cleared`` row; returns them and how many guilty rows could not be
+        traced."""
+        ...
+
+
+def guilty_rows(
+    trainer: object, rollout_ids: Sequence[str], tolerance: float
+) -> tuple[list[str], list[str]]:
+    """Of a refused step's samples (``rollout_ids``, in the trainer's order), those whose
+    own gap is above ``tolerance``, and those checked and within it (an honest server's
+    rows in the same step). Neither for a trainer that does not say (nothing is blamed
+    on a guess)."""
+    if not isinstance(trainer, ReportsSampleGaps):
+        return [], []
+    gaps = trainer.sample_logprob_gaps
+    if len(gaps) != len(rollout_ids):
+        return [], []
+    pairs = list(zip(rollout_ids, gaps, strict=True))
+    guilty = [rollout_id for rollout_id, gap in pairs if gap > tolerance]
+    cleared = [rollout_id for rollout_id, gap in pairs if gap <= tolerance]  # NaN is neither
+    return guilty, cleared
 
 
 def trainer_weights_generate(config: RunConfig) -> bool:
@@ -72,9 +115,14 @@ def logprob_refusal(
     tolerance: float,
     rows: int,
     steps_without_valid_rows: int,
+    servers: Sequence[str],
+    guilty_rows: int,
+    untraced_rows: int,
 ) -> BackendEvent:
     """The record of a refused step: which, by how much, how many rows it did not train,
-    and how many steps in a row have now trained no valid row (the state folds it)."""
+    how many steps in a row have now trained no valid row (the state folds it), the
+    servers of the rows above the tolerance (taken out of rotation) and how many of those
+    rows could not be traced to a server."""
     detail: dict[str, Any] = {
         "step": step,
         "gap": metrics.get("logprob_gap", 0.0),
@@ -82,6 +130,9 @@ def logprob_refusal(
         "checked_tokens": int(metrics.get("logprob_checked_tokens", 0.0)),
         "rows": rows,
         "steps_without_valid_rows": steps_without_valid_rows,
+        "servers": list(servers),
+        "guilty_rows": guilty_rows,
+        "untraced_rows": untraced_rows,
     }
     return BackendEvent(kind=LOGPROB_MISMATCH, detail=detail)
 
@@ -89,12 +140,21 @@ def logprob_refusal(
 def refusal_message(record: BackendEvent) -> str:
     """One line saying what a refusal record means and what to do."""
     detail = record.detail
+    servers = detail.get("servers") or []
+    blamed = (
+        f"; servers taken out of rotation: {', '.join(servers)}"
+        if servers
+        else "; no server could be named"
+    )
+    untraced = int(detail.get("untraced_rows", 0))
+    if untraced:
+        blamed += f" ({untraced} rows above the tolerance not traced to a server)"
     return (
         f"step {detail['step']} refused: its behaviour logprobs are "
         f"{float(detail['gap']):.4g} nats (mean |log ratio| over "
         f"{detail['checked_tokens']} tokens) from the trainer's recompute under the very "
         f"weights that generated them, above [trainer] logprob_tolerance = "
         f"{float(detail['tolerance']):.4g}: the generator reported another model's "
-        f"logprobs; {detail['rows']} rows not trained. Check that every server serves the "
-        "trainer's model and loads the weights it is sent"
+        f"logprobs; {detail['rows']} rows not trained{blamed}. Check that every server "
+        "serves the trainer's model and loads the weights it is sent"
     )

@@ -152,6 +152,9 @@ class TorchGRPOTrainer:
         _check_positive("max_log_ratio", max_log_ratio)
         _check_positive("logprob_tolerance", logprob_tolerance)
         self._logprob_tolerance = float(logprob_tolerance)
+        #: The last step's mean absolute logprob gap per sample, in its order, over the
+        #: sample's own checked tokens (NaN: none checked): which rows a refusal is for.
+        self.sample_logprob_gaps: tuple[float, ...] = ()
         self._eps = float(clip_epsilon)
         self._temperature = float(temperature)
         self._micro = micro_batch_size
@@ -275,8 +278,9 @@ class TorchGRPOTrainer:
         logps = torch.log_softmax(logits / self._temperature, dim=-1)
         return torch.gather(logps, 2, ids[:, 1:, None]).squeeze(2)
 
-    def _epoch(self, batch: _Batch) -> dict[str, float]:
-        """Accumulate the whole batch's gradient; returns the loss and ratio diagnostics."""
+    def _epoch(self, batch: _Batch, sample_gaps: list[float] | None = None) -> dict[str, float]:
+        """Accumulate the whole batch's gradient; returns the loss and ratio diagnostics,
+        and appends each sample's own logprob gap (NaN: none checked) to ``sample_gaps``."""
         loss_total = 0.0
         outside = bounded = 0.0
         ratio_sum, ratio_max = 0.0, 0.0
@@ -306,6 +310,13 @@ class TorchGRPOTrainer:
                 same = on & checked[:, 1:]
                 gap_sum += float(log_ratio[same].abs().sum())
                 gap_tokens += float(same.sum())
+                if sample_gaps is not None:
+                    row_sums = (log_ratio.abs() * same).sum(dim=1).tolist()
+                    row_tokens = same.sum(dim=1).tolist()
+                    sample_gaps.extend(
+                        total / count if count else math.nan
+                        for total, count in zip(row_sums, row_tokens, strict=True)
+                    )
         return {
             "logprob_gap": gap_sum / gap_tokens if gap_tokens else 0.0,
             "logprob_checked_tokens": gap_tokens,
@@ -342,6 +353,7 @@ class TorchGRPOTrainer:
                 path="$.version",
             )
         batch = self._batch(samples)
+        self.sample_logprob_gaps = (math.nan,) * len(samples)
         metrics = {
             "loss": 0.0,
             "clip_fraction": 0.0,
@@ -361,10 +373,12 @@ class TorchGRPOTrainer:
             with torch.random.fork_rng(devices=[]):
                 torch.set_rng_state(self._torch_rng)
                 for epoch in range(self._epochs):
-                    diagnostics = self._epoch(batch)
+                    sample_gaps: list[float] = []
+                    diagnostics = self._epoch(batch, sample_gaps if epoch == 0 else None)
                     norm = self._grad_norm()
                     if epoch == 0:
                         metrics.update(diagnostics, grad_norm=norm)
+                        self.sample_logprob_gaps = tuple(sample_gaps)
                         if diagnostics["logprob_gap"] > self._logprob_tolerance:
                             # Another model's logprobs: drop the gradient, keep the RNG
                             # where it was, as if the batch had never come.

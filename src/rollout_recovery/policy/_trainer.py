@@ -27,6 +27,7 @@ version or two old, is checked on every step rather than on its first alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -92,12 +93,13 @@ _KIND_TABLE = {KIND_THOUGHT: "thought_logits", KIND_ANSWER: "answer_logits"}
 
 class _Batch:
     """Every generated token of a batch, flattened: context, captured logprob, advantage,
-    and the version that generated it (-1: not known)."""
+    the version that generated it (-1: not known) and the sample it belongs to."""
 
-    __slots__ = ("advantages", "captured", "columns", "digits", "kinds", "versions")
+    __slots__ = ("advantages", "captured", "columns", "digits", "kinds", "samples", "versions")
 
     def __init__(self, samples: Sequence[TrainSample]) -> None:
         digits, kinds, columns, captured, advantages, versions = [], [], [], [], [], []
+        owners: list[npt.NDArray[np.int64]] = []
         for index, sample in enumerate(samples):
             if not np.isfinite(sample.advantage):
                 raise InvalidArgumentError(f"sample {index} has a non-finite advantage")
@@ -114,6 +116,7 @@ class _Batch:
             columns.append(row_columns[generated])
             captured.append(logprobs[generated])
             advantages.append(np.full(count, float(sample.advantage)))
+            owners.append(np.full(count, index, dtype=np.int64))
             if sample.token_versions is None:
                 versions.append(np.full(count, -1, dtype=np.int64))
             else:
@@ -131,6 +134,7 @@ class _Batch:
         self.captured = np.concatenate([empty_f, *captured])
         self.advantages = np.concatenate([empty_f, *advantages])
         self.versions = np.concatenate([empty_i, *versions])
+        self.samples = np.concatenate([empty_i, *owners])
 
     @property
     def tokens(self) -> int:
@@ -255,6 +259,9 @@ class NumpyGRPOTrainer:
         self._version = 0
         self._skipped_in_a_row = 0
         self._snapshot: PolicySnapshot | None = None
+        #: The last step's mean absolute logprob gap per sample, in its order, over the
+        #: sample's own checked tokens (NaN: none checked): which rows a refusal is for.
+        self.sample_logprob_gaps: tuple[float, ...] = ()
         # Version -> params (never mutated: an update makes new arrays), newest last.
         self._held: dict[int, Mapping[str, npt.NDArray[np.float64]]] = {0: self._params}
 
@@ -327,14 +334,17 @@ class NumpyGRPOTrainer:
             }
         return loss, grads, diagnostics
 
-    def _logprob_gap(self, batch: _Batch) -> tuple[float, int]:
+    def _logprob_gap(self, batch: _Batch, samples: int) -> tuple[float, int]:
         """Mean absolute gap between captured logprobs and the recompute under the weights
         that generated them, over the tokens of versions the trainer holds; and how many.
+        Each of the ``samples``' own mean goes to ``sample_logprob_gaps``.
 
         Each log-ratio is bounded as the loss bounds it: one -9999 or -inf token counts
         ``MAX_LOG_RATIO``, not enough to outweigh a batch of honest ones.
         """
         total, tokens = 0.0, 0
+        per_sample = np.zeros(samples)
+        per_sample_tokens = np.zeros(samples)
         for version in np.unique(batch.versions):
             params = self._held.get(int(version))
             if params is None:
@@ -349,8 +359,14 @@ class NumpyGRPOTrainer:
                 ]
             with np.errstate(over="ignore", invalid="ignore"):
                 log_ratio = recomputed - batch.captured[of_version]
-                total += float(np.abs(np.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)).sum())
+                gaps = np.abs(np.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+            total += float(gaps.sum())
             tokens += recomputed.shape[0]
+            owners = batch.samples[of_version]
+            per_sample += np.bincount(owners, weights=gaps, minlength=samples)
+            per_sample_tokens += np.bincount(owners, minlength=samples)
+        with np.errstate(invalid="ignore"):
+            self.sample_logprob_gaps = tuple(float(g) for g in per_sample / per_sample_tokens)
         return (total / tokens if tokens else 0.0), tokens
 
     def _hold(self, version: int) -> None:
@@ -425,6 +441,7 @@ class NumpyGRPOTrainer:
                 path="$.version",
             )
         batch = _Batch(samples)
+        self.sample_logprob_gaps = (math.nan,) * len(samples)
         metrics = {
             "loss": 0.0,
             "clip_fraction": 0.0,
@@ -441,7 +458,7 @@ class NumpyGRPOTrainer:
             "logprob_refused": 0.0,
         }
         if batch.tokens:
-            gap, checked = self._logprob_gap(batch)
+            gap, checked = self._logprob_gap(batch, len(samples))
             metrics.update(logprob_gap=gap, logprob_checked_tokens=float(checked))
             update = _Update(self._params, self._m, self._v, self._adam_step)
             problem: str | None = None

@@ -99,6 +99,10 @@ _NAMED_CHARS = 60
 REPLY_BASE_BYTES = 4 * 2**20
 REPLY_BYTES_PER_MAX_TOKEN = 2**10
 REPLY_BYTES_PER_PROMPT_ID = 64
+# Attempts whose servers are remembered for ``blame_servers``: the newest this many, far
+# more than a step's rows and the attempts in flight (a run keeps few steps of rows
+# unconsumed), at a few hundred bytes each.
+_TRACED_ATTEMPTS = 16_384
 
 
 def _is_infra_status(status: int) -> bool:
@@ -205,6 +209,9 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         self._pool.set_weights(initial_version, initial_weights, push=False)
         self.redispatches = 0
         self.data_failures: dict[str, int] = {}
+        # Rollout id -> the servers that answered its calls (the last call's last), newest
+        # attempt last.
+        self._servers_of: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
 
     def _reply_cap(self, call: CallSpec) -> int:
         """How many bytes of ``call``'s reply are read at most."""
@@ -251,6 +258,45 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             "data_failures": dict(self.data_failures),
         }
 
+    def _answered(self, rollout_id: str, url: str) -> None:
+        """Remember that ``url`` answered a call of attempt ``rollout_id`` (bounded)."""
+        servers = self._servers_of.setdefault(rollout_id, [])
+        if url in servers:
+            servers.remove(url)
+        servers.append(url)
+        self._servers_of.move_to_end(rollout_id)
+        while len(self._servers_of) > _TRACED_ATTEMPTS:
+            self._servers_of.popitem(last=False)
+
+    def blame_servers(
+        self, guilty: Sequence[str], *, cleared: Sequence[str], step: int
+    ) -> tuple[list[str], int]:
+        """The trainer refused a step at ``step``: the rows of ``guilty`` rollout ids carry
+        another model's logprobs, those of ``cleared`` its own. Each server that answered
+        a call of a guilty row is marked as the pool marks a server caught lying about its
+        weights (dead, quarantined), but one that alone answered a cleared row: a row's
+        calls may go to several servers, and an honest one shares the guilty rows of a
+        liar it was mixed with. Returns the servers blamed and how many guilty rows could
+        not be traced (their attempt ran before a restart, or longer ago than the newest
+        16,384 attempts). Calls an attempt inherited from an earlier one (call-level
+        resume) are not traced: only the servers of the attempt's own calls are blamed."""
+        honest: set[str] = set()
+        for rollout_id in cleared:
+            answered = self._servers_of.get(rollout_id, [])
+            if len(answered) == 1:
+                honest.add(answered[0])
+        rows_of: dict[str, int] = {}
+        untraced = 0
+        for rollout_id in guilty:
+            answered = self._servers_of.get(rollout_id, [])
+            if not answered:
+                untraced += 1
+            for url in set(answered) - honest:
+                rows_of[url] = rows_of.get(url, 0) + 1
+        for url, rows in sorted(rows_of.items()):
+            self._pool.blame(url, step=step, rows=rows)
+        return sorted(rows_of), untraced
+
     # -- GenerationBackend -------------------------------------------------------------------
 
     def update_weights(self, version: int, weights: Weights) -> None:
@@ -296,10 +342,13 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             temperature=self._temperature,
         )
         try:
-            lease, reply, redispatches = await self._call(request, call, call_id)
+            answered = self._servers_of.get(request.rollout_id)
+            prefer = answered[-1] if answered else None
+            lease, reply, redispatches = await self._call(request, call, call_id, prefer)
         except DataFailure as failure:
             self.data_failures[failure.code] = self.data_failures.get(failure.code, 0) + 1
             raise
+        self._answered(request.rollout_id, lease.url)
         extras: dict[str, Any] = {
             "server": lease.url,
             "endpoint": self._dialect.path,
@@ -325,9 +374,10 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
         )
 
     async def _call(
-        self, request: AttemptRequest, call: CallSpec, model_call_id: str
+        self, request: AttemptRequest, call: CallSpec, model_call_id: str, prefer: str | None
     ) -> tuple[Lease, ServerReply, int]:
-        """Send ``call`` to a healthy server, redispatching infra failures elsewhere."""
+        """Send ``call`` to a healthy server (``prefer`` where it can: the attempt's last),
+        redispatching infra failures elsewhere."""
         tried: set[str] = set()
         last_error = ""
         budget = self._http.call_redispatch_budget
@@ -335,7 +385,7 @@ class HttpGenerationBackend(AsyncResource, Generic[Weights]):
             if redispatch:
                 self.redispatches += 1
                 await asyncio.sleep(self._http.redispatch_backoff_s * 2 ** (redispatch - 1))
-            lease = await self._pool.acquire(avoid=tried)
+            lease = await self._pool.acquire(avoid=tried, prefer=prefer)
             outcome, why = "infra", ""
             try:
                 reply = await self._send(lease, call)

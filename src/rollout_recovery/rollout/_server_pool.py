@@ -8,7 +8,9 @@ Each server moves through these states::
     dead --probe ok--> recovering --reports the current version--> healthy ("rejoined")
 
 Only *healthy* servers get calls, each at most ``concurrency`` at a time; among them the
-least loaded wins, and a call being redispatched avoids the servers it already failed on.
+server of the attempt's previous call wins if it is free (a row is one server's, so a
+refused row names its server), else the least loaded, and a call being redispatched avoids
+the servers it already failed on.
 Failures of real calls count as much as failed probes, because a wedged engine may still
 answer its liveness route. A server that comes back (or a new one) gets traffic again only
 once it reports the trainer's current weight version: it never serves stale weights under
@@ -38,7 +40,10 @@ the versions each reply names (``X-Weight-Version``, vLLM's spans). A server tha
 weights older than it confirmed, or a version the job never had, is *untrusted*: the
 call's reply is not used, what it confirmed is forgotten (it must be synced again before
 it is current), and it is dead and quarantined at once (``server_bad_data``), since a
-server that acknowledges pushes it never loads still answers everything else.
+server that acknowledges pushes it never loads still answers everything else. So is a
+server the trainer caught answering another model's logprobs (``blame``,
+``server_logprob_mismatch``). A probe that returns after its server was quarantined
+vouches for nothing.
 
 Every exchange has a total deadline, not only httpx's per-read timeout: a probe
 ``probe_timeout_s``, a weight push ``sync_timeout_s``. Deadlines and quarantines are on
@@ -75,8 +80,12 @@ Weights = TypeVar("Weights")
 # What a probe reads of a /health body at most (vLLM's is empty): enough to reuse the
 # connection, never a server's idea of a large reply.
 _PROBE_BODY_CAP = 64 * 2**10
+# A server whose rows' logprobs the trainer proved another model's (``blame``).
+_LOGPROB_MISMATCH = "logprob_mismatch"
 # Bad replies that are a server's word on its weights proven wrong: no streak needed.
-_UNTRUSTED_REASONS = frozenset({DataError.WEIGHT_VERSION_MISMATCH, DataError.UNVERSIONED_TOKENS})
+_UNTRUSTED_REASONS = frozenset(
+    {DataError.WEIGHT_VERSION_MISMATCH, DataError.UNVERSIONED_TOKENS, _LOGPROB_MISMATCH}
+)
 # How much of a server's own version string an event quotes.
 _NAMED_CHARS = 60
 # A probe that did not ask /weight_info (or got no answer from a server without it).
@@ -350,6 +359,8 @@ class ServerPool(AsyncResource, Generic[Weights]):
             if server.health is not WorkerHealth.DEAD:
                 self._failed(server, f"probe failed: {type(error).__name__}")
             return
+        if self._quarantined(server):
+            return  # quarantined while the probe was out: its answer vouches for nothing
         server.failures_in_a_row = 0
         if (
             reported is not _NOT_ASKED
@@ -408,6 +419,17 @@ class ServerPool(AsyncResource, Generic[Weights]):
         )
         self._bad_reply(server, DataError.WEIGHT_VERSION_MISMATCH)
 
+    def blame(self, url: str, *, step: int, rows: int) -> None:
+        """The trainer refused ``rows`` of ``url``'s rows at ``step``: their logprobs are
+        another model's under the very weights it confirmed. Like a server caught lying
+        about its weights: what it confirmed is forgotten, and it is dead and quarantined
+        at once (an unknown url, a server gone from the pool, is ignored)."""
+        server = next((s for s in self._workers if s.url == url), None)
+        if server is None:
+            return
+        self._on_event("server_logprob_mismatch", url, {"step": step, "rows": rows})
+        self._bad_reply(server, _LOGPROB_MISMATCH)
+
     def _failed(self, server: _Server, why: str) -> None:
         server.failures_in_a_row += 1
         if server.failures_in_a_row >= self._http.dead_after_failures:
@@ -423,8 +445,10 @@ class ServerPool(AsyncResource, Generic[Weights]):
         exclusive = self._sync.exclusive and not self._interrupt
         return not exclusive or self._is_current(server)
 
-    async def acquire(self, avoid: set[str]) -> Lease:
-        """A healthy server with a free slot (avoiding ``avoid`` when another is free).
+    async def acquire(self, avoid: set[str], prefer: str | None = None) -> Lease:
+        """A healthy server with a free slot (avoiding ``avoid`` when another is free),
+        ``prefer`` when it is one of them: an attempt's calls stay on one server where
+        they can, so its row is one server's (a liar's rows are its own, see ``blame``).
 
         Waits for one up to ``no_server_wait_s``, then raises
         ``GenerationError("no_live_server")``: a fleet that stays down fails attempts, it
@@ -433,7 +457,9 @@ class ServerPool(AsyncResource, Generic[Weights]):
         self.start()
 
         def choose(free: Sequence[_Server]) -> _Server:
-            return least_loaded([s for s in free if s.url not in avoid] or free)
+            allowed = [s for s in free if s.url not in avoid] or free
+            preferred = [s for s in allowed if s.url == prefer]
+            return preferred[0] if preferred else least_loaded(allowed)
 
         def timed_out() -> GenerationError:
             return GenerationError(
