@@ -213,6 +213,16 @@ def test_resuming_a_checkpoint_makes_later_training_trainable_again(run_dir: Pat
     require_audit(run_dir)
 
 
+def test_a_checkpoint_a_restore_abandoned_is_refused(run_dir: Path) -> None:
+    with Recorder.open(run_dir, group_size=2) as rec:
+        rec.mark_trained([seal_all(rec, "0:1")], step=1)
+        rec.mark_checkpoint("checkpoint-1", step=1)
+    Recorder.open(run_dir, group_size=2, resume_checkpoint=None).close()  # a fresh trainer
+    with pytest.raises(InvalidArgumentError, match=r"'checkpoint-1' .* was abandoned"):
+        Recorder.open(run_dir, group_size=2, resume_checkpoint="checkpoint-1")
+    require_audit(run_dir)
+
+
 def test_an_unknown_checkpoint_is_refused_naming_the_known_ones(run_dir: Path) -> None:
     with Recorder.open(run_dir, group_size=2) as rec:
         rec.mark_checkpoint("checkpoint-2", step=2)

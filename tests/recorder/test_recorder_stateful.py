@@ -40,7 +40,8 @@ class RecorderMachine(RuleBasedStateMachine):
         self.rec = Recorder.open(self.run_dir, group_size=GROUP_SIZE)
         self.model: dict[str, Model] = {}
         self.groups: dict[str, str] = {}
-        #: tag -> the keys trained when it was saved
+        #: tag -> the keys trained when it was saved, in the order saved (a restore to an
+        #: earlier one abandons those saved after it)
         self.checkpoints: dict[str, set[str]] = {}
         self.counter = 0
 
@@ -141,6 +142,13 @@ class RecorderMachine(RuleBasedStateMachine):
             self.rec.close()
         self.rec = Recorder.open(self.run_dir, group_size=GROUP_SIZE, resume_checkpoint=tag)
         trained = set() if tag is None else self.checkpoints[tag]
+        # The checkpoints saved after the one resumed are another timeline's now (refused);
+        # the restore saves the resumed one again.
+        tags = list(self.checkpoints)
+        kept = tags[: tags.index(tag)] if tag is not None else []
+        self.checkpoints = {t: self.checkpoints[t] for t in kept}
+        if tag is not None:
+            self.checkpoints[tag] = trained
         for key, model in self.model.items():
             model.trained = key in trained
 

@@ -208,6 +208,21 @@ def _checkpoint_position(run: RunDirectory, entries: list[JournalEntry], tag: st
             f"{run.root} has no checkpoint {tag!r} (mark_checkpoint never recorded it; "
             f"newest first: {listed}): resume the trainer from one of those, or from none"
         )
+    # A later restore to before it abandoned its timeline: the steps it trained were
+    # rolled back for good (the history never trains a step again that a restore undid).
+    for entry in entries:
+        record = entry.record
+        if (
+            isinstance(record, records.Restored)
+            and entry.offset > found
+            and record.snapshot_position < found
+        ):
+            raise InvalidArgumentError(
+                f"checkpoint {tag!r} of {run.root} was abandoned: the run was restored to "
+                f"{record.checkpoint or 'a fresh trainer'!r} after it "
+                f"({run.events.name}:{entry.line}); resume the trainer from a checkpoint "
+                "saved since, or from none"
+            )
     return found
 
 
