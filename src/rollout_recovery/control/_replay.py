@@ -172,7 +172,7 @@ class _Rewound(Enum):
 def _when_rewound(record: records.HistoryRecord, rewound: frozenset[str]) -> _Rewound:
     """What replaying ``record`` does inside a restore window that rewound ``rewound``."""
     match record:
-        case records.PromptTaken() | records.BatchAdmitted():
+        case records.PromptTaken() | records.PromptAliased() | records.BatchAdmitted():
             return _Rewound.APPLY  # a rewound group keeps its place and its admission
         case records.SiblingSealed() | records.GroupSealed():
             return _Rewound.COUNT if record.group_id in rewound else _Rewound.APPLY

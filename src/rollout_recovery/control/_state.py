@@ -161,6 +161,7 @@ class ControllerState(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 self.steps_without_valid_rows = int(detail["steps_without_valid_rows"])
             case (
                 records.RunStarted()
+                | records.PromptAliased()
                 | records.BatchAdmitted()
                 | records.AttemptResumed()
                 | records.BackendEvent()

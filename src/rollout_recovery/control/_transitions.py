@@ -197,6 +197,7 @@ class Transitions:
                 self._apply_restored(cut, record)
             case (
                 records.RunStarted()
+                | records.PromptAliased()
                 | records.AttemptResumed()
                 | records.CheckpointCommitted()
                 | records.BackendEvent()

@@ -38,6 +38,7 @@ __all__ = [
     "GroupPublished",
     "GroupSealed",
     "HistoryRecord",
+    "PromptAliased",
     "PromptDropped",
     "PromptTaken",
     "Restored",
@@ -110,6 +111,23 @@ class PromptTaken(
     weight_version: int = 0
     #: The rollout ids of the group's first attempts, one per sibling.
     attempts: list[str] = []
+    #: A prompt taken by the recorder (a foreign loop's): the caller's dataset identity,
+    #: the sha256 of the prompt's canonical JSON, and the caller's own ids for it. None
+    #: for a prompt the job's dataloader yielded.
+    key: str | None = None
+    prompt_digest: str | None = None
+    aliases: list[str] = []
+
+
+class PromptAliased(
+    _Record, tag="prompt_aliased", frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """The recorder's caller took a prompt again under new ids of its own (verl draws a
+    fresh ``uid`` per fetch): they are recorded as aliases of the group's key."""
+
+    group_id: str
+    key: str
+    aliases: list[str]
 
 
 class BatchAdmitted(
@@ -301,6 +319,9 @@ class CheckpointCommitted(
     #: The exclusive barrier hold, and what mutations waited in all (microseconds).
     hold_us: int = 0
     stall_us: int = 0
+    #: The recorder's caller's own trainer checkpoint this snapshot goes with (the tag it
+    #: passed to ``mark_checkpoint``, and to ``open(resume_checkpoint=)`` to resume it).
+    trainer_checkpoint: str | None = None
 
 
 class ReusePolicy(StrEnum):
@@ -379,6 +400,7 @@ class BackendEvent(_Record, tag="backend", frozen=True, kw_only=True, forbid_unk
 HistoryRecord = (
     RunStarted
     | PromptTaken
+    | PromptAliased
     | BatchAdmitted
     | RoundStarted
     | AttemptResumed
