@@ -6,22 +6,15 @@ around one validates its arguments with ``rollout_recovery._checks``, as the bac
 Row codecs are private.
 """
 
-from ._barrier import (
-    CHECKPOINT_MUTATION_KINDS,
-    DataPlaneCheckpointBarrier,
-    DataPlaneCheckpointBarrierTelemetry,
-    DataPlaneMutationCut,
-)
+from ._barrier import DataPlaneCheckpointBarrier, DataPlaneMutationCut
 from ._memory import MemoryDataPlane
 from ._protocol import DataPlane, Row
 from ._replay import ReplayIndex
 from ._sqlite import SqliteDataPlane
 
 __all__ = [
-    "CHECKPOINT_MUTATION_KINDS",
     "DataPlane",
     "DataPlaneCheckpointBarrier",
-    "DataPlaneCheckpointBarrierTelemetry",
     "DataPlaneMutationCut",
     "MemoryDataPlane",
     "ReplayIndex",

@@ -20,7 +20,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from ..errors import (
     BarrierNestingError,
@@ -136,6 +136,11 @@ class DataPlaneCheckpointBarrier:
     it has finished, so a steady stream of mutations cannot starve checkpoints. Checkpoints are
     served in arrival order. Sections do not nest within one task, in any combination.
     """
+
+    #: The mutation kinds :meth:`mutation` accepts, and what :meth:`drain_telemetry`
+    #: reports (the package root re-exports both under their seed names).
+    MUTATION_KINDS: ClassVar[tuple[str, ...]] = CHECKPOINT_MUTATION_KINDS
+    Telemetry: ClassVar[type[DataPlaneCheckpointBarrierTelemetry]]
 
     def __init__(self) -> None:
         self._cond = asyncio.Condition()
@@ -367,3 +372,6 @@ class DataPlaneCheckpointBarrier:
     async def _notify_all(self) -> None:
         async with self._cond:
             self._cond.notify_all()
+
+
+DataPlaneCheckpointBarrier.Telemetry = DataPlaneCheckpointBarrierTelemetry

@@ -7,8 +7,6 @@ records persisted with sealed attempts) and ``rollout_recovery.errors``.
 from ._constants import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     ROLLOUT_RECOVERY_STATE_FILENAME,
-    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
-    RolloutRecoveryState,
 )
 from ._enums import (
     PromptGroupPhase,
@@ -35,7 +33,6 @@ from ._sidecar import (
 __all__ = [
     "ROLLOUT_RECOVERY_SCHEMA_VERSION",
     "ROLLOUT_RECOVERY_STATE_FILENAME",
-    "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
     "ParsedRolloutRecoveryState",
     "PromptGroupPhase",
     "PromptGroupRecoveryRecord",
@@ -45,7 +42,6 @@ __all__ = [
     "RolloutAttemptRecord",
     "RolloutAttemptStatus",
     "RolloutRecoveryLedger",
-    "RolloutRecoveryState",
     "RolloutSiblingRecord",
     "SiblingSealResult",
     "build_rollout_recovery_state",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, NoReturn, Self
+from typing import Any, ClassVar, NoReturn, Self
 
 from .._bounds import INT64_MAX
 from .._checks import is_utf8_text, refuse_bare_string
@@ -26,7 +26,11 @@ from ..errors import (
     UnknownGroupError,
 )
 from ..rewards import RewardChecks, RewardLogContext
-from ._constants import ROLLOUT_RECOVERY_SCHEMA_VERSION
+from ._constants import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
+    RolloutRecoveryState,
+)
 from ._decode import check_admission_batches, check_decoded_groups, decode_ledger_state
 from ._enums import (
     PromptGroupPhase,
@@ -297,6 +301,11 @@ class RolloutRecoveryLedger:
     outside the checkpoint barrier's consistent snapshot boundary. Group order is
     reservation order and survives serialization.
     """
+
+    #: The sidecar schema versions a load accepts, and the type of a schema-3 state (the
+    #: package root re-exports both under their seed names).
+    SUPPORTED_SCHEMA_VERSIONS: ClassVar[frozenset[int]] = SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
+    State: ClassVar[type[RolloutRecoveryState]] = RolloutRecoveryState
 
     def __init__(self) -> None:
         self._groups: dict[str, GroupState] = {}
