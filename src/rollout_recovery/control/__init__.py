@@ -10,12 +10,14 @@ from ._backends import BACKENDS
 from ._checkpointing import ControllerCheckpoints
 from ._config import RunConfig, load_config
 from ._controller import Controller, PromptDataset
+from ._recorded import RecordedRun
 
 __all__ = [
     "BACKENDS",
     "Controller",
     "ControllerCheckpoints",
     "PromptDataset",
+    "RecordedRun",
     "RunConfig",
     "load_config",
 ]
