@@ -17,6 +17,8 @@ LAYERS = [
     "cli",
     "chaos",
     "job",
+    "adapters",
+    "recorder",
     "control",
     "history",
     "metrics",
@@ -53,6 +55,8 @@ LAYERS = [
     "_http",
 ]
 SUBPACKAGES = {"cli", "chaos", "job", "control", "history", "metrics", "cluster", "vllm", "llm"} | {
+    "adapters",
+    "recorder",
     "rollout",
     "serve",
     "policy",

@@ -53,6 +53,12 @@ def _deferred(tmp: Path) -> AsyncResource:
     return DeferredDeletionDataPlane(SqliteDataPlane(tmp / "rows.sqlite"), keep=1)
 
 
+def _recorder(tmp: Path) -> AsyncResource:
+    from rollout_recovery.recorder import Recorder
+
+    return Recorder.open(tmp / "run", group_size=2)
+
+
 def _pause_gate(tmp: Path) -> AsyncResource:
     from rollout_recovery.serve._pause import PauseGate
 
@@ -212,6 +218,7 @@ FACTORIES: dict[str, Factory] = {
     "MemoryDataPlane": _memory,
     "SqliteDataPlane": _sqlite,
     "DeferredDeletionDataPlane": _deferred,
+    "Recorder": _recorder,
     "PauseGate": _pause_gate,
     "ServeApp": _serve_app,
     "PolicyServer": _policy_server,
