@@ -228,7 +228,15 @@ class Recorder(Resource):
             staged=staged,
             aliases=tuple(entry.aliases),
             group_size=self.group_size,
+            trained=self._trained(entry.group_id),
         )
+
+    def _trained(self, group_id: str) -> bool:
+        """Marked trained, and not made trainable again by a restore."""
+        replay = self._state.replay
+        if group_id in self._state.ledger:
+            return False
+        return group_id not in replay or replay.group(group_id).claimed_step is not None
 
     # -- stage and seal -----------------------------------------------------------------
 
@@ -366,7 +374,7 @@ class Recorder(Resource):
             raise InvalidArgumentError(f"mark_trained(step={step}) names a group twice: {ids}")
         with self._lock:
             self._require_open()
-            ledger, replay = self._state.ledger, self._state.replay
+            ledger = self._state.ledger
             entries = [self._entry(group_id, 0) for group_id in ids]
             to_publish: list[KeyEntry] = []
             for entry in entries:
@@ -382,7 +390,7 @@ class Recorder(Resource):
                             group_id=group_id,
                         )
                     to_publish.append(entry)
-                elif group_id not in replay or replay.group(group_id).claimed_step is not None:
+                elif self._trained(group_id):
                     raise InvalidTransitionError(
                         f"group {group_id!r} (key {entry.key!r}) is trained already; it "
                         "trains again only after a restore to a checkpoint before it "

@@ -89,6 +89,9 @@ class TakenPrompt:
     staged: Mapping[int, Sequence[StagedCall]]
     aliases: Sequence[str] = ()
     group_size: int = 0
+    #: Marked trained (and not made trainable again by a restore): the caller's next
+    #: occurrence of this row (another epoch) is another key.
+    trained: bool = False
 
     @property
     def unsealed(self) -> list[int]:
