@@ -19,10 +19,12 @@ what a journal keys on. TRL's own step counter does not: with ``--steps-per-gene
 and a checkpoint inside a generation block, the rerun regenerates a block it already trained
 on and every later block one step late.
 
-As it stands, the rerun regenerates every completion of the batch the kill interrupted (and,
-with a mid-block checkpoint, of the block before it). The recorder of issue 26 plugs in at
-``# the recorder plugs in here`` below: a completion sealed before the kill is answered from
-the journal instead of being generated again.
+The recorder (``rollout_recovery.adapters.trl``) wraps that function: every completion is
+sealed in a journal in ``DIR/rollout_recovery`` as it is made, and the rerun answers each one
+sealed before the kill from the journal instead of generating it again (the block a
+mid-block checkpoint makes TRL regenerate included). ``--no-recorder`` runs the plain
+function alone: the rerun then regenerates every completion of the batch the kill
+interrupted (and, with a mid-block checkpoint, of the block before it).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
+from rollout_recovery.adapters.trl import RecoveringRollout, resumed_tag
 from rollout_recovery.llm import ModelConfig
+from rollout_recovery.recorder import Recorder
 
 #: Completions per prompt, and rows (completions) per training step: two prompts a step.
 NUM_GENERATIONS = 2
@@ -83,6 +87,14 @@ def row_id_of(prompt: Sequence[Message]) -> int:
         if "row_id" in message:
             return int(message["row_id"])
     raise ValueError(f"a prompt without a row_id reached the rollout function: {prompt!r}")
+
+
+def stamped_index(prompt: Sequence[Message]) -> int | None:
+    """The sibling index the recorder stamped beside the row id, if it did."""
+    for message in prompt:
+        if "generation_index" in message:
+            return int(message["generation_index"])
+    return None
 
 
 def generation_indices(row_ids: Sequence[int]) -> list[int]:
@@ -146,7 +158,14 @@ class PlainRollout:
         model = trainer.accelerator.unwrap_model(trainer.model)
         row_ids = [row_id_of(prompt) for prompt in prompts]
         out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
-        indices = generation_indices(row_ids)
+        # The recorder hands over only the rows still to generate, each stamped with its
+        # sibling's index; TRL alone hands every row of each prompt, in a row.
+        stamped = [stamped_index(prompt) for prompt in prompts]
+        indices = (
+            [int(i) for i in stamped if i is not None]
+            if all(i is not None for i in stamped)
+            else generation_indices(row_ids)
+        )
         for prompt, row_id, index in zip(prompts, row_ids, indices, strict=True):
             prompt_ids = self.render(tokenizer, prompt)
             generator = torch.Generator().manual_seed(
@@ -243,6 +262,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=64, help="dataset rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-cache", default="", help="where the tiny Llama is built")
+    parser.add_argument(
+        "--no-recorder", action="store_true", help="the plain rollout_func alone (a baseline)"
+    )
     return parser.parse_args(argv)
 
 
@@ -253,15 +275,29 @@ def train(
 ) -> None:
     # One intra-op thread: the model is tiny, and a second thread only spins on 2 cores.
     torch.set_num_threads(1)
-    rollout_func = PlainRollout(seed=args.seed, on_completion=on_completion)
-    # the recorder plugs in here: wrap `rollout_func` so a completion sealed before a crash
-    # is answered from the journal in DIR/rollout_recovery, and pass its TrainerCallback
-    # (it marks each checkpoint TRL saves) in `callbacks`.
-    trainer = build_trainer(args, rollout_func)
+    plain = PlainRollout(seed=args.seed, on_completion=on_completion)
     last = get_last_checkpoint(str(args.output_dir)) if args.output_dir.is_dir() else None
     print(f"grpo_recovering: {'resuming from ' + last if last else 'starting'}", flush=True)
-    trainer.train(resume_from_checkpoint=last)
-    print(f"grpo_recovering: trained to step {trainer.state.global_step}", flush=True)
+    if args.no_recorder:
+        trainer = build_trainer(args, plain)
+        trainer.train(resume_from_checkpoint=last)
+        print(f"grpo_recovering: trained to step {trainer.state.global_step}", flush=True)
+        return
+    # The journal lives beside TRL's checkpoints and is restored to the one TRL resumes.
+    with Recorder.open(
+        args.output_dir / "rollout_recovery",
+        group_size=NUM_GENERATIONS,
+        resume_checkpoint=resumed_tag(last),
+    ) as recorder:
+        # seal_every=1: each completion is sealed as soon as it is made.
+        rollout = RecoveringRollout(recorder, plain, seal_every=1)
+        trainer = build_trainer(args, rollout, callbacks=[rollout.callback()])
+        trainer.train(resume_from_checkpoint=last)
+    print(
+        f"grpo_recovering: trained to step {trainer.state.global_step}; "
+        f"{rollout.generated} completions generated, {rollout.reused} from the journal",
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,8 +12,8 @@ pinned, as the "without" column of docs/benchmarks.md:
   the rerun also regenerates the whole block before it, which it had already trained on
   (TRL does not save its position inside a block).
 
-The adapter's tests will run the same scenarios with the recorder plugged in, and expect no
-completion made before the kill to be generated again.
+``test_trl_recorder.py`` runs the same scenarios with the recorder plugged in: no completion
+sealed before the kill is generated again.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_a_kill_inside_a_rollout_regenerates_completions_made_before_it(
     scenario: Scenario, tmp_path: Path, model_cache: str, child_env: dict[str, str]
 ) -> None:
     out, log = tmp_path / "run", tmp_path / "completions.jsonl"
-    args = example_args(scenario, out, model_cache)
+    args = [*example_args(scenario, out, model_cache), "--no-recorder"]
     stop = ["--stop-at-step", str(scenario.stop_at_step), "--stop-after", str(scenario.stop_after)]
 
     killed = run_and_kill_at(
