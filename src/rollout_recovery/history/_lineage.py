@@ -40,6 +40,7 @@ from .records import (
     GroupPublished,
     GroupSealed,
     HistoryRecord,
+    PromptAliased,
     PromptDropped,
     PromptTaken,
     Restored,
@@ -160,6 +161,11 @@ class Lineage:
     def __init__(self, *, group_size: int | None, prompts_per_step: int | None) -> None:
         self.group_size = group_size
         self.prompts_per_step = prompts_per_step
+        #: A run that takes prompts one at a time and trains them when its caller says
+        #: (the recorder's, ``prompts_per_step = 0``: a foreign loop owns the schedule):
+        #: no batch trains at the step of its number, and a step trains groups published
+        #: for any step. Everything else is checked as for the controller's runs.
+        self.unscheduled = prompts_per_step == 0
         self.cells = _Cells()
         #: The highest weight version any step produced (rolled-back ones included: the
         #: versions after a restore continue above it). Never undone.
@@ -202,6 +208,8 @@ class Lineage:
         match record:
             case PromptTaken():
                 return self._prompt_taken(record, line)
+            case PromptAliased():  # the recorder's caller's new ids for a taken prompt
+                return self._known(record.group_id, "an alias")[1]
             case BatchAdmitted():
                 return self._batch_admitted(record)
             case RoundStarted():
@@ -291,7 +299,7 @@ class Lineage:
                 f"batch {record.batch} was admitted as {record.group_ids}, but its prompts "
                 f"were taken as {list(taken)}"
             )
-        if record.target_step != record.batch:
+        if record.target_step != record.batch and not self.unscheduled:
             problems.append(
                 f"batch {record.batch} was admitted for step {record.target_step}; a batch "
                 "trains at the step of its number"
@@ -592,7 +600,7 @@ class Lineage:
                 f"version was {self.highest + 1} (one above every version produced before)"
             )
         ready = cells.ready.get(step, ())
-        if sorted(record.group_ids) != sorted(ready):
+        if sorted(record.group_ids) != sorted(ready) and not self.unscheduled:
             problems.append(
                 f"step {step} trained groups {record.group_ids}, but the groups published "
                 f"for it were {list(ready)}"
@@ -622,7 +630,13 @@ class Lineage:
             group = cells.groups.get(group_id)
             if group is not None and group.where is Where.PUBLISHED:
                 cells.set(cells.groups, group_id, replace(group, where=Where.TRAINED))
-        cells.set(cells.ready, step, ())
+        if self.unscheduled:
+            trained = set(record.group_ids)
+            for target, groups in list(cells.ready.items()):
+                if trained & set(groups):
+                    cells.set(cells.ready, target, tuple(g for g in groups if g not in trained))
+        else:
+            cells.set(cells.ready, step, ())
         cells.set(cells.scalars, "step", step + 1)
         cells.set(cells.scalars, "version", record.weight_version)
         self.highest = max(self.highest, record.weight_version)

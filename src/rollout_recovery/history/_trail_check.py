@@ -46,6 +46,7 @@ from .records import (
     GroupPublished,
     GroupSealed,
     HistoryRecord,
+    PromptAliased,
     PromptDropped,
     PromptTaken,
     Restored,
@@ -89,6 +90,7 @@ def group_of(record: HistoryRecord) -> str | None:
     match record:
         case (
             PromptTaken()
+            | PromptAliased()
             | RoundStarted()
             | AttemptResumed()
             | SiblingSealed()
@@ -236,6 +238,7 @@ class _Walk:
                     self._checkpoint(entry, record)
                 case (
                     PromptTaken()
+                    | PromptAliased()
                     | BatchAdmitted()
                     | RoundStarted()
                     | AttemptResumed()
@@ -285,7 +288,8 @@ class _Walk:
                 if not any(window.holds(entry.offset) for window in self.windows):
                     facts.refused_rows.append(int(record.detail.get("rows", 0)))
             case (
-                BatchAdmitted()
+                PromptAliased()
+                | BatchAdmitted()
                 | RoundStarted()
                 | AttemptsAbandoned()
                 | GroupPublished()
@@ -483,6 +487,7 @@ class _Walk:
                 return
             case (
                 PromptTaken()
+                | PromptAliased()
                 | BatchAdmitted()
                 | RoundStarted()
                 | AttemptResumed()
