@@ -20,7 +20,7 @@ from ..errors import InvalidStateError
 from ..history import JournalEntry, JournalScan, records
 from ._values import SealedSibling, output_from_plain
 
-__all__ = ["KeyEntry", "KeyIndex", "read_seal"]
+__all__ = ["KeyEntry", "KeyIndex", "read_seal", "read_seal_version"]
 
 
 @dataclass(slots=True)
@@ -84,6 +84,23 @@ class KeyIndex:
 
 def read_seal(journal: Path, where: tuple[int, int], *, group_id: str) -> SealedSibling:
     """The sealed sibling the journal holds at byte range ``where``."""
+    seal = _seal_at(journal, where, group_id=group_id)
+    output = seal.receipt.get("output")
+    if not isinstance(output, dict):
+        raise InvalidStateError(
+            f"the seal of {seal.rollout_id!r} at byte {where[0]} of {journal.name} holds no "
+            "output: not a recorder's seal",
+            file=str(journal),
+        )
+    return output_from_plain(output, sibling=seal.generation_index, rollout_id=seal.rollout_id)
+
+
+def read_seal_version(journal: Path, where: tuple[int, int], *, group_id: str) -> int:
+    """The run's weight version the seal at ``where`` was made at."""
+    return max(_seal_at(journal, where, group_id=group_id).weight_versions, default=0)
+
+
+def _seal_at(journal: Path, where: tuple[int, int], *, group_id: str) -> records.Seal:
     start, end = where
     scan = JournalScan.read(journal, start=start, limit=end)
     record = scan.entries[0].record if len(scan.entries) == 1 else None
@@ -93,12 +110,4 @@ def read_seal(journal: Path, where: tuple[int, int], *, group_id: str) -> Sealed
             "the journal changed under the recorder",
             file=str(journal),
         )
-    seal = record.seal
-    output = seal.receipt.get("output")
-    if not isinstance(output, dict):
-        raise InvalidStateError(
-            f"the seal of {seal.rollout_id!r} at byte {start} of {journal.name} holds no "
-            "output: not a recorder's seal",
-            file=str(journal),
-        )
-    return output_from_plain(output, sibling=seal.generation_index, rollout_id=seal.rollout_id)
+    return record.seal

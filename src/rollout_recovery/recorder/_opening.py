@@ -31,8 +31,8 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError, NotARunDire
 from ..history import AuditTrail, JournalEntry, JournalScan, records
 from ..ledger import PromptGroupStatus, RolloutAttemptStatus
 from ..rundir import CheckpointStore, RunDirectory
-from ._keys import KeyIndex
-from ._rows import DeferredClears, call_key, canonical_row, row_call
+from ._keys import KeyIndex, read_seal
+from ._rows import DeferredClears, call_key, canonical_row, output_key, output_row, row_call
 from ._values import StagedCall
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def open_recorder(
                 checkpoint=resume_checkpoint or "",
             )
             index = KeyIndex.from_journal(entries, end)
-            _put_canonical_rows(state, rows)
+            _put_owned_rows(state, rows, index, run.events)
             for record in restore.records:
                 state.apply(record)
             batch = [*restore.records, *_continue_interrupted(state, rows, restore.interrupted)]
@@ -211,19 +211,36 @@ def _checkpoint_position(run: RunDirectory, entries: list[JournalEntry], tag: st
     return found
 
 
-def _put_canonical_rows(state: RecordedRun, rows: DeferredClears) -> None:
-    """Put back the canonical rows of groups the restore made trainable again (their
-    first training cleared them): the replay index owns them once more."""
+def _put_owned_rows(
+    state: RecordedRun, rows: DeferredClears, index: KeyIndex, journal: Path
+) -> None:
+    """Put back the rows the restored state owns that a checkpoint since collected: the
+    canonical rows of groups it made trainable again, and the output rows of sealed
+    siblings of groups it put back in the ledger. The journal holds every value."""
     present = set(rows.keys(ReplayIndex.canonical_partition))
-    missing = {}
+    canonical = {}
     for group_id in state.replay.group_ids():
+        entry = index.by_group[group_id]
         for sibling, key in enumerate(state.replay.group(group_id).row_keys):
             if key not in present:
-                missing[key] = canonical_row(
-                    group_id=group_id, sibling=sibling, rollout_id=key.rpartition("/")[0]
+                sealed = read_seal(journal, entry.seals[sibling], group_id=group_id)
+                canonical[key] = canonical_row(
+                    group_id=group_id, sibling=sibling, rollout_id=sealed.rollout_id
                 )
-    if missing:
-        rows.put(ReplayIndex.canonical_partition, missing)
+    if canonical:
+        rows.put(ReplayIndex.canonical_partition, canonical)
+    staging = CaptureWriter.staging_partition
+    missing = state.ledger.expected_staging_keys() - set(rows.keys(staging))
+    outputs = {}
+    for group in state.ledger.groups():
+        entry = index.by_group[group.group_id]
+        for sibling in range(group.expected_generations):
+            key = output_key(group.gate_rollout_id(sibling))
+            if key in missing:
+                sealed = read_seal(journal, entry.seals[sibling], group_id=group.group_id)
+                outputs[key] = output_row(sealed.output())
+    if outputs:
+        rows.put(staging, outputs)
 
 
 def _continue_interrupted(
@@ -237,6 +254,7 @@ def _continue_interrupted(
         by_group.setdefault(group_id, []).append((index, rollout_id))
     batch: list[records.HistoryRecord] = []
     for group_id, lost in by_group.items():
+        start_version = state.ledger.get_group(group_id).start_weight_version
         fresh = {index: RecordedRun.new_rollout_id(group_id, index) for index, _ in lost}
         round_started = records.RoundStarted(
             group_id=group_id,
@@ -266,7 +284,9 @@ def _continue_interrupted(
                 from_rollout_id=old,
                 calls=old_keys,
                 tokens=sum(len(call.output_token_ids) for call in calls),
-                weight_versions=[call.weight_version or 0 for call in calls],
+                # In the run's numbering (the recorder's steps): the weights the group was
+                # admitted under. The caller's own version tags stay in each call.
+                weight_versions=[start_version] * len(calls),
             )
             state.apply(resumed)
             batch.append(resumed)

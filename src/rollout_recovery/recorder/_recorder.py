@@ -49,9 +49,17 @@ from ..errors import (
 from ..history import AuditTrail, records
 from ..ledger import PromptGroupStatus, RolloutAttemptStatus
 from ..rundir import CheckpointStore, RunDirectory
-from ._keys import KeyEntry, KeyIndex, read_seal
+from ._keys import KeyEntry, KeyIndex, read_seal, read_seal_version
 from ._opening import open_recorder
-from ._rows import DeferredClears, call_key, call_row, canonical_key, canonical_row
+from ._rows import (
+    DeferredClears,
+    call_key,
+    call_row,
+    canonical_key,
+    canonical_row,
+    output_key,
+    output_row,
+)
 from ._values import (
     SealedSibling,
     SiblingOutput,
@@ -171,9 +179,7 @@ class Recorder(Resource):
         state = self._state.state
         position = state.prompts_taken
         group_id = f"g{position:08d}"
-        attempts = [
-            RecordedRun.new_rollout_id(group_id, index) for index in range(self.group_size)
-        ]
+        attempts = [RecordedRun.new_rollout_id(group_id, index) for index in range(self.group_size)]
         version = state.weight_version
         self._append(
             [
@@ -312,26 +318,29 @@ class Recorder(Resource):
                 rollout_id = self._current_attempt(entry, sibling)
                 calls = self._staged.get((group_id, sibling), [])
                 inherited_calls, inherited_tokens = self._index.inherited.get(rollout_id, (0, 0))
-                versions = [c.weight_version for _, c in calls if c.weight_version is not None]
-                if not calls and checked.weight_version is not None:
-                    versions = [checked.weight_version]
+                # The run's own weight version (the recorder's steps), in force now; the
+                # caller's tags stay in the output and each staged call.
+                version = self._state.state.weight_version
+                key = output_key(rollout_id)
+                # Durable before the journal names it (the ledger owns it once sealed).
+                self._rows.put(CaptureWriter.staging_partition, {key: output_row(checked)})
                 seal = records.Seal(
                     generation_index=sibling,
                     rollout_id=rollout_id,
                     # The output is the receipt's: the journal keeps what the caller
-                    # trains on. Its staged calls are only the way to it, so the manifest
-                    # owns none of them (they go with the next checkpoint's collection);
-                    # "calls" names them.
+                    # trains on (and the output row, the manifest's one entry). Its staged
+                    # calls were only the way to it: the manifest owns none of them (they
+                    # go with the next checkpoint's collection); "calls" names them.
                     receipt={
                         "rollout_id": rollout_id,
-                        "manifest": [],
-                        "calls": [key for key, _ in calls],
+                        "manifest": [{"staging_key": key, "weight_version": version}],
+                        "calls": [staged for staged, _ in calls],
                         "output": plain,
                     },
                     reward=0.0 if checked.reward is None else checked.reward,
                     mask_sample=False,
                     tokens=len(checked.completion_token_ids),
-                    weight_versions=versions,
+                    weight_versions=[version],
                     inherited_calls=min(inherited_calls, len(calls)),
                     inherited_tokens=inherited_tokens if inherited_calls else 0,
                 )
@@ -406,10 +415,10 @@ class Recorder(Resource):
             }
             state = self._state.state
             published: list[tuple[records.HistoryRecord, dict[str, Row]]] = []
+            versions = {entry.group_id: self._seal_versions(entry) for entry in entries}
             for entry in to_publish:
                 outputs = seals[entry.group_id]
-                versions = [s.weight_version or 0 for s in outputs]
-                keys = [canonical_key(s.rollout_id) for s in outputs]
+                keys = [canonical_key(entry.group_id, s.sibling) for s in outputs]
                 published.append(
                     (
                         records.GroupPublished(
@@ -417,8 +426,8 @@ class Recorder(Resource):
                             target_step=_target_step(ledger.get_group(entry.group_id)),
                             row_keys=keys,
                             valid_rows=self.group_size,
-                            min_weight_version=min(versions),
-                            max_weight_version=max(versions),
+                            min_weight_version=min(versions[entry.group_id]),
+                            max_weight_version=max(versions[entry.group_id]),
                         ),
                         {
                             key: canonical_row(
@@ -436,7 +445,16 @@ class Recorder(Resource):
                     rollout_id=s.rollout_id,
                     valid=True,
                     reward=0.0 if s.reward is None else s.reward,
-                    weight_version=s.weight_version or 0,
+                    weight_version=min(versions[entry.group_id]),
+                    weight_version_spans=[
+                        (
+                            versions[entry.group_id][s.sibling],
+                            len(s.prompt_token_ids),
+                            len(s.prompt_token_ids) + len(s.completion_token_ids),
+                        )
+                    ]
+                    if s.completion_token_ids
+                    else [],
                 )
                 for entry in entries
                 for s in seals[entry.group_id]
@@ -454,6 +472,13 @@ class Recorder(Resource):
             self._state.apply(trained)
             self._trail.append_all([record for record, _ in published] + [trained])
             self._trail.journal.sync()
+
+    def _seal_versions(self, entry: KeyEntry) -> list[int]:
+        """The run's weight version each sibling of ``entry`` was sealed at."""
+        return [
+            read_seal_version(self._run.events, entry.seals[i], group_id=entry.group_id)
+            for i in range(self.group_size)
+        ]
 
     def mark_checkpoint(self, tag: str, *, step: int) -> None:
         """The caller's trainer saved its checkpoint ``tag`` (at its step ``step``): the
@@ -477,7 +502,10 @@ class Recorder(Resource):
         # Rows nothing at this position owns go now: the checkpoint just saved is the one
         # kept, and it owns exactly what the state owns.
         self._rows.collect(
-            staged=[key for calls in self._staged.values() for key, _ in calls],
+            staged=[
+                *(key for calls in self._staged.values() for key, _ in calls),
+                *self._state.ledger.expected_staging_keys(),
+            ],
             canonical=self._state.replay.row_keys(),
         )
         self._append(

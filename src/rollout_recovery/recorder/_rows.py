@@ -26,7 +26,7 @@ import numpy as np
 from .._cut import MutationCut
 from ..capture import CaptureWriter
 from ..dataplane import DataPlane, ReplayIndex, Row, SqliteDataPlane
-from ._values import StagedCall
+from ._values import SiblingOutput, StagedCall
 
 __all__ = [
     "DeferredClears",
@@ -34,6 +34,8 @@ __all__ = [
     "call_row",
     "canonical_key",
     "canonical_row",
+    "output_key",
+    "output_row",
     "row_call",
 ]
 
@@ -73,9 +75,27 @@ def row_call(row: Row) -> StagedCall:
     )
 
 
-def canonical_key(rollout_id: str) -> str:
-    """The canonical row key of a sealed attempt, when its group is published."""
-    return f"{rollout_id}/canonical"
+def canonical_key(group_id: str, sibling: int) -> str:
+    """The canonical row key of a published sibling: its logical id, as the controller's."""
+    return f"{group_id}_g{sibling}"
+
+
+def output_key(rollout_id: str) -> str:
+    """The staging key of a sealed attempt's output: the one entry of its receipt's
+    manifest, so the ledger owns the row as it owns any sealed attempt's staged rows."""
+    return f"{rollout_id}/output"
+
+
+def output_row(output: SiblingOutput) -> Row:
+    """A sealed output as a staged row (the journal's receipt holds the same values)."""
+    prompt, completion = output.prompt_token_ids, output.completion_token_ids
+    logprobs = output.logprobs or [0.0] * len(completion)
+    return Row(
+        token_ids=np.asarray([*prompt, *completion], dtype=np.int32),
+        token_mask=np.asarray([0.0] * len(prompt) + [1.0] * len(completion), dtype=np.float32),
+        logprobs=np.asarray([0.0] * len(prompt) + list(logprobs), dtype=np.float32),
+        metadata={"prompt_length": len(prompt)},
+    )
 
 
 def canonical_row(*, group_id: str, sibling: int, rollout_id: str) -> Row:
