@@ -103,21 +103,28 @@ def checkpoints(output_dir: Path) -> list[int]:
     return sorted(int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*"))
 
 
+def kill_inside_the_rollout(
+    scenario: Scenario, args: list[str], log: Path, out: Path, env: dict[str, str]
+) -> None:
+    """Run the example until the rollout at ``scenario.stop_at_step`` has made
+    ``stop_after`` completions, and SIGKILL it there."""
+    stop = ["--stop-at-step", str(scenario.stop_at_step), "--stop-after", str(scenario.stop_after)]
+    killed = run_and_kill_at(
+        python_argv(CHILD, "--log", str(log), "--run", "first", *stop, "--", *args),
+        until=lambda lines: lines[-1] == STOPPED,
+        env=env,
+    )
+    assert killed.killed, killed.output
+    assert max(checkpoints(out)) == scenario.newest_checkpoint
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_a_kill_inside_a_rollout_regenerates_completions_made_before_it(
     scenario: Scenario, tmp_path: Path, model_cache: str, child_env: dict[str, str]
 ) -> None:
     out, log = tmp_path / "run", tmp_path / "completions.jsonl"
     args = [*example_args(scenario, out, model_cache), "--no-recorder"]
-    stop = ["--stop-at-step", str(scenario.stop_at_step), "--stop-after", str(scenario.stop_after)]
-
-    killed = run_and_kill_at(
-        python_argv(CHILD, "--log", str(log), "--run", "first", *stop, "--", *args),
-        until=lambda lines: lines[-1] == STOPPED,
-        env=child_env,
-    )
-    assert killed.killed, killed.output
-    assert max(checkpoints(out)) == scenario.newest_checkpoint
+    kill_inside_the_rollout(scenario, args, log, out, child_env)
     first = read_jsonl(log)
     killed_rollout = [line for line in first if line["global_step"] == scenario.stop_at_step]
     assert len(killed_rollout) == scenario.stop_after

@@ -18,9 +18,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from adapter_crash import python_argv, read_jsonl, run_and_kill_at, run_to_end
-from test_trl_kill_resume import CHILD, SCENARIOS, Scenario, checkpoints, example_args, key
-from trl_child import STOPPED
+from adapter_crash import python_argv, read_jsonl, run_to_end
+from test_trl_kill_resume import (
+    CHILD,
+    SCENARIOS,
+    Scenario,
+    checkpoints,
+    example_args,
+    key,
+    kill_inside_the_rollout,
+)
 
 from rollout_recovery.history import AuditTrail, records
 from rollout_recovery.rundir import RunDirectory
@@ -59,15 +66,7 @@ def test_a_kill_inside_a_rollout_regenerates_no_sealed_completion(
     out, log = tmp_path / "run", tmp_path / "completions.jsonl"
     journal = out / "rollout_recovery"
     args = example_args(scenario, out, model_cache)
-    stop = ["--stop-at-step", str(scenario.stop_at_step), "--stop-after", str(scenario.stop_after)]
-
-    killed = run_and_kill_at(
-        python_argv(CHILD, "--log", str(log), "--run", "first", *stop, "--", *args),
-        until=lambda lines: lines[-1] == STOPPED,
-        env=child_env,
-    )
-    assert killed.killed, killed.output
-    assert max(checkpoints(out)) == scenario.newest_checkpoint
+    kill_inside_the_rollout(scenario, args, log, out, child_env)
     sealed = sealed_completions(journal)
     first = read_jsonl(log)
     made = {key(line): line["completion_ids"] for line in first}
