@@ -99,6 +99,19 @@ class RecorderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
+    def seal_the_rest(self, data: st.DataObject) -> None:
+        """A whole group finishing (what most groups do)."""
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        model = self.model[key]
+        for sibling in range(GROUP_SIZE):
+            if sibling not in model.sealed:
+                tokens = [len(key), sibling]
+                self.rec.seal(self.groups[key], sibling, SiblingOutput([1], tokens))
+                model.sealed[sibling] = tokens
+                model.staged.pop(sibling, None)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
     def mark_trained(self, data: st.DataObject) -> None:
         ready = [
             key
@@ -138,4 +151,4 @@ class RecorderMachine(RuleBasedStateMachine):
 
 
 TestRecorderMachine = RecorderMachine.TestCase
-TestRecorderMachine.settings = settings(max_examples=12, stateful_step_count=15)
+TestRecorderMachine.settings = settings(max_examples=15, stateful_step_count=20)
