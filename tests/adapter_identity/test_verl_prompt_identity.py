@@ -98,6 +98,9 @@ def test_numpy_values_become_json_and_anything_else_is_named() -> None:
     assert error.value.path == "$.output.extra_fields.image"
     with pytest.raises(InvalidArgumentTypeError, match="not str"):
         json_value({1: "x"})
+    with pytest.raises(InvalidArgumentTypeError, match="finite") as error:
+        json_value({"logprobs": [-0.5, float("-inf")]})
+    assert error.value.path == "$.logprobs[1]"
 
 
 JSON = st.recursive(

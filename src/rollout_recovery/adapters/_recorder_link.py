@@ -23,18 +23,53 @@ import atexit
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
-from ..recorder import Recorder, SealedSibling, SiblingOutput, StagedCall, TakenPrompt
+from .._lifecycle import Resource
+from ..recorder import Recorder, SiblingOutput, StagedCall
 
-__all__ = ["LinkMode", "RecorderLink", "RecorderService", "actor_name", "link_for"]
+__all__ = [
+    "LinkMode",
+    "RecorderLink",
+    "RecorderService",
+    "SealedSibling",
+    "TakenPrompt",
+    "actor_name",
+    "link_for",
+]
 
 LinkMode = Literal["auto", "process", "ray"]
 
 #: The Ray namespace of the recorder actors: the driver and every worker must agree on it,
 #: whatever namespace verl's own ``ray.init`` picked.
 NAMESPACE = "rollout_recovery"
+
+
+class SealedSibling(Protocol):
+    """What a loop reads of a sealed sibling (the recorder's own value has more)."""
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def completion_token_ids(self) -> list[int]: ...
+    @property
+    def logprobs(self) -> list[float] | None: ...
+    @property
+    def reward(self) -> float | None: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
+
+
+class TakenPrompt(Protocol):
+    """What a loop reads of a taken prompt: its group, sealed siblings and staged calls."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def sealed(self) -> Mapping[int, SealedSibling]: ...
+    @property
+    def staged(self) -> Mapping[int, Sequence[StagedCall]]: ...
 
 
 class RecorderLink(Protocol):
@@ -49,9 +84,10 @@ class RecorderLink(Protocol):
     async def mark_checkpoint(self, tag: str, step: int) -> None: ...
 
 
-class RecorderService:
+class RecorderService(Resource):
     """A recorder and the calls a loop makes, as plain methods: the body of the Ray actor,
-    and of the process link (which calls them on a thread)."""
+    and of the process link (which calls them on a thread). ``close`` closes the recorder
+    (twice is a no-op, as the recorder's own)."""
 
     def __init__(self, run_dir: str, group_size: int) -> None:
         self._recorder = Recorder.open(run_dir, group_size=group_size)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,8 @@ def json_value(value: Any, *, path: str = "$") -> JsonValue:
     Raises InvalidArgumentTypeError at the first value JSON cannot hold (an image, a
     tensor), naming where it is: such an output is not recorded (see ``verl.py``).
     """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgumentTypeError(f"{value} is not JSON (not a finite number)", path=path)
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, np.generic):

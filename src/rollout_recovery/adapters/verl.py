@@ -42,8 +42,8 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.workers.rollout.replica import TokenOutput
 
 from ..errors import InvalidArgumentTypeError
-from ..recorder import SealedSibling, SiblingOutput, StagedCall
-from ._recorder_link import LinkMode, RecorderLink, link_for
+from ..recorder import SiblingOutput, StagedCall
+from ._recorder_link import LinkMode, RecorderLink, SealedSibling, link_for
 from ._verl_identity import aliases_of, json_value, prompt_key, sibling_of
 
 __all__ = ["RecordingServerManager", "RecoveringAgentLoop"]
@@ -60,8 +60,10 @@ _CALL_EXTRA = "verl_call"
 _OWN_KEYS = ("inner", "run_dir", "steps_per_epoch", "recorder", "name")
 
 
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _weight_version(value: Any) -> int | None:
+    """A weight version as the recorder keeps it (an int >= 0), else None: verl tags a
+    call with the server's ``global_steps``, absent (or -1) when it has none."""
+    return None if value is None or int(value) < 0 else int(value)
 
 
 def _staged_call(prompt_ids: Sequence[int], output: TokenOutput) -> StagedCall | None:
@@ -85,7 +87,7 @@ def _staged_call(prompt_ids: Sequence[int], output: TokenOutput) -> StagedCall |
         prompt_token_ids=[int(t) for t in prompt_ids],
         output_token_ids=[int(t) for t in output.token_ids],
         logprobs=None if output.log_probs is None else [float(x) for x in output.log_probs],
-        weight_version=_int_or_none(output.extra_fields.get("global_steps")),
+        weight_version=_weight_version(output.extra_fields.get("global_steps")),
         extra={_CALL_EXTRA: extra},
     )
 
@@ -179,7 +181,7 @@ def _sibling_output(output: AgentLoopOutput) -> SiblingOutput | None:
             else [float(x) for x in output.response_logprobs]
         ),
         reward=None if output.reward_score is None else float(output.reward_score),
-        weight_version=_int_or_none(output.extra_fields.get("max_global_steps")),
+        weight_version=_weight_version(output.extra_fields.get("max_global_steps")),
         extra={_OUTPUT_EXTRA: extra},
     )
 
