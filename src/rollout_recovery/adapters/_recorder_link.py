@@ -164,14 +164,22 @@ def actor_name(run_dir: str) -> str:
     return f"rollout_recovery.recorder.{digest}"
 
 
+_ray_links: dict[str, _RayLink] = {}
+
+
 def _ray_link(run_dir: str, group_size: int) -> _RayLink:
     import ray
 
-    service = ray.remote(num_cpus=0, max_restarts=0)(RecorderService)
-    actor = service.options(
-        name=actor_name(run_dir), namespace=NAMESPACE, get_if_exists=True
-    ).remote(os.path.abspath(run_dir), group_size)
-    return _RayLink(actor)
+    path = os.path.abspath(run_dir)
+    with _lock:
+        link = _ray_links.get(path)
+        if link is None:
+            service = ray.remote(num_cpus=0, max_restarts=0)(RecorderService)
+            actor = service.options(
+                name=actor_name(path), namespace=NAMESPACE, get_if_exists=True
+            ).remote(path, group_size)
+            link = _ray_links[path] = _RayLink(actor)
+        return link
 
 
 def _ray_is_up() -> bool:

@@ -13,8 +13,11 @@ versions they were generated with (what verl's off-policy filter reads).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +117,52 @@ def test_an_unsealed_sibling_continues_after_its_staged_generate_call(
     assert len(calls) == 1, calls
     # Both turns in the response: the staged first one, then the one generated now.
     assert done["response_tokens"] == first_turn["tokens"] + calls[0]["tokens"]
+
+    audited = audit(run_dir)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+RAY_CHILD = Path(__file__).with_name("verl_ray_child.py")
+
+
+@pytest.fixture
+def ray_temp() -> Iterator[str]:
+    """Ray's temp dir, short (its socket paths must fit 107 bytes) and removed after."""
+    parent = os.environ.get("RAY_TMPDIR") or None
+    path = tempfile.mkdtemp(prefix="rr-ray-", dir=parent)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_two_ray_workers_share_the_recorder_actor_across_a_kill(
+    tiny_llama: str, tmp_path: Path, child_env: dict[str, str], ray_temp: str
+) -> None:
+    """verl's worker in two Ray actors, the recorder in its named actor: the same kill."""
+    log, run_dir = tmp_path / "events.jsonl", tmp_path / "rollout_recovery"
+    suite = str(Path(__file__).parent)
+    env = dict(child_env, PYTHONPATH=os.pathsep.join([suite, child_env.get("PYTHONPATH", "")]))
+    base = ["--model", tiny_llama, "--log", str(log), "--recover", str(run_dir),
+            "--ray-temp", ray_temp]  # fmt: skip
+
+    killed = run_and_kill_at(
+        python_argv(RAY_CHILD, *base, "--run", "first", "--block"),
+        until=lambda lines: len(finished(lines)) == 2 and BLOCKED in lines,
+        env=env,
+    )
+    assert killed.killed, killed.output
+    before = {x["session"]: x for x in events(log, "first", "finished")}
+    assert set(before) == {0, 1} and len(events(log, "first", "generate")) == 2
+
+    rerun = python_argv(RAY_CHILD, *base, "--run", "rerun", "--uid", "uid-7-refetched",
+                        "--weight-version", str(LATER_WEIGHTS))  # fmt: skip
+    run_to_end(rerun, env=env)
+    after = {x["session"]: x for x in events(log, "rerun", "finished")}
+    assert set(after) == set(range(N))
+    assert len(events(log, "rerun", "generate")) == 1
+    for session, old in before.items():
+        assert after[session]["response"] == old["response"]
+        assert after[session]["max_global_steps"] == WEIGHT_VERSION
+    assert after[2]["max_global_steps"] == LATER_WEIGHTS
 
     audited = audit(run_dir)
     assert audited.returncode == 0, audited.stdout + audited.stderr
