@@ -44,7 +44,7 @@ from verl.workers.rollout.replica import TokenOutput
 from ..errors import InvalidArgumentTypeError
 from ..recorder import SiblingOutput, StagedCall
 from ._recorder_link import LinkMode, RecorderLink, SealedSibling, link_for
-from ._verl_identity import aliases_of, json_value, prompt_key, sibling_of
+from ._verl_identity import JsonValue, aliases_of, json_value, prompt_key, sibling_of
 
 __all__ = ["RecordingServerManager", "RecoveringAgentLoop"]
 
@@ -66,27 +66,37 @@ def _weight_version(value: Any) -> int | None:
     return None if value is None or int(value) < 0 else int(value)
 
 
+def _floats(values: Sequence[float] | None) -> list[float] | None:
+    return None if values is None else [float(x) for x in values]
+
+
+def _recordable(fields: dict[str, Any], *, path: str, what: str) -> JsonValue | None:
+    """``fields`` as JSON, or None (with a warning saying ``what`` and why) when they hold
+    something JSON cannot: the journal keeps JSON only."""
+    try:
+        return json_value(fields, path=path)
+    except InvalidArgumentTypeError as error:
+        logger.warning("rollout_recovery: %s: %s", what, error)
+        return None
+
+
 def _staged_call(prompt_ids: Sequence[int], output: TokenOutput) -> StagedCall | None:
     """``output`` as a staged call, or None when it holds what the journal cannot
     (routed experts, non-JSON extra fields): that call is not staged and is redone."""
     if output.routed_experts is not None:
         return None
-    try:
-        extra = json_value(
-            {
-                "stop_reason": output.stop_reason,
-                "num_preempted": output.num_preempted,
-                "extra_fields": output.extra_fields,
-            },
-            path="$.generate",
-        )
-    except InvalidArgumentTypeError as error:
-        logger.warning("rollout_recovery: a generate call is not staged: %s", error)
+    fields = {
+        "stop_reason": output.stop_reason,
+        "num_preempted": output.num_preempted,
+        "extra_fields": output.extra_fields,
+    }
+    extra = _recordable(fields, path="$.generate", what="a generate call is not staged")
+    if extra is None:
         return None
     return StagedCall(
         prompt_token_ids=[int(t) for t in prompt_ids],
         output_token_ids=[int(t) for t in output.token_ids],
-        logprobs=None if output.log_probs is None else [float(x) for x in output.log_probs],
+        logprobs=_floats(output.log_probs),
         weight_version=_weight_version(output.extra_fields.get("global_steps")),
         extra={_CALL_EXTRA: extra},
     )
@@ -158,28 +168,20 @@ def _sibling_output(output: AgentLoopOutput) -> SiblingOutput | None:
     unsealed and runs again after a restart."""
     if output.multi_modal_data or output.routed_experts is not None:
         return None
-    try:
-        extra = json_value(
-            {
-                "response_mask": output.response_mask,
-                "num_turns": output.num_turns,
-                "metrics": output.metrics.model_dump(),
-                "extra_fields": output.extra_fields,
-                "mm_processor_kwargs": output.mm_processor_kwargs,
-            },
-            path="$.output",
-        )
-    except InvalidArgumentTypeError as error:
-        logger.warning("rollout_recovery: a sibling is not sealed: %s", error)
+    fields = {
+        "response_mask": output.response_mask,
+        "num_turns": output.num_turns,
+        "metrics": output.metrics.model_dump(),
+        "extra_fields": output.extra_fields,
+        "mm_processor_kwargs": output.mm_processor_kwargs,
+    }
+    extra = _recordable(fields, path="$.output", what="a sibling is not sealed")
+    if extra is None:
         return None
     return SiblingOutput(
         prompt_token_ids=[int(t) for t in output.prompt_ids],
         completion_token_ids=[int(t) for t in output.response_ids],
-        logprobs=(
-            None
-            if output.response_logprobs is None
-            else [float(x) for x in output.response_logprobs]
-        ),
+        logprobs=_floats(output.response_logprobs),
         reward=None if output.reward_score is None else float(output.reward_score),
         weight_version=_weight_version(output.extra_fields.get("max_global_steps")),
         extra={_OUTPUT_EXTRA: extra},
