@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 
 import ray
@@ -18,6 +20,10 @@ def ray_session(address: str, num_cpus: int) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    # ray.init installs its own SIGTERM handler in the driver and ray.shutdown leaves it:
+    # the process's handlers are put back as they were (the main thread only can).
+    restore = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(
         address=address or None,
         num_cpus=None if address else num_cpus,
@@ -29,3 +35,7 @@ def ray_session(address: str, num_cpus: int) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+        if restore:
+            for sig, handler in handlers.items():
+                if handler is not None:  # None: a handler not set from Python
+                    signal.signal(sig, handler)
