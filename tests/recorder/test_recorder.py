@@ -9,7 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from rollout_recovery.cli._main import cli
 from rollout_recovery.errors import (
     ClosedResourceError,
     InvalidArgumentError,
@@ -323,3 +325,19 @@ def test_a_torn_tail_is_cut_on_open(run_dir: Path) -> None:
         rec.mark_checkpoint("c", step=0)
     assert re.search(rb"sibling_se$", run_dir.joinpath("events.jsonl").read_bytes()) is None
     require_audit(run_dir)
+
+
+@pytest.mark.parametrize("command", ["audit", "journal", "inspect"])
+def test_the_commands_read_a_recorders_directory_unchanged(run_dir: Path, command: str) -> None:
+    with Recorder.open(run_dir, group_size=2) as rec:
+        group_id = seal_all(rec, "0:3")
+        rec.mark_trained([group_id], step=0)
+        rec.mark_checkpoint("checkpoint-1", step=1)
+    # inspect reads a checkpoint's sidecar: the newest one the recorder committed.
+    [checkpoint] = (
+        RunDirectory(run_dir).checkpoints_dir.glob("step_*") if command == "inspect" else [run_dir]
+    )
+    result = CliRunner().invoke(cli, [command, str(checkpoint)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    if command == "journal":
+        assert "sibling_sealed" in result.output and "prompt_taken" in result.output
