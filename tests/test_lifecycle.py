@@ -207,6 +207,13 @@ def _transformers_backend(tmp: Path) -> AsyncResource:
     return backend
 
 
+def _recorder_service(tmp: Path) -> AsyncResource:
+    # The body of verl's recorder actor (and of its in-process link): no verl or Ray needed.
+    from rollout_recovery.adapters._recorder_link import RecorderService
+
+    return RecorderService(str(tmp / "run"), 2)
+
+
 FACTORIES: dict[str, Factory] = {
     "SimulatedAgentBackend": _simulated_backend,
     "HttpGenerationBackend": _http_backend,
@@ -219,6 +226,7 @@ FACTORIES: dict[str, Factory] = {
     "SqliteDataPlane": _sqlite,
     "DeferredDeletionDataPlane": _deferred,
     "Recorder": _recorder,
+    "RecorderService": _recorder_service,
     "PauseGate": _pause_gate,
     "ServeApp": _serve_app,
     "PolicyServer": _policy_server,

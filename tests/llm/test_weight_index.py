@@ -103,6 +103,26 @@ def test_a_symlink_out_of_the_model_directory_is_refused(tmp_path: Path) -> None
     _refused(directory, "outside the model directory")
 
 
+def test_a_hub_cache_snapshot_reads_its_own_repos_blobs_and_no_others(tmp_path: Path) -> None:
+    """The Hugging Face cache keeps a snapshot's files as symlinks into its repo's
+    content-addressed ``blobs``: those are the model's files; another repo's are not."""
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for blobs in (repo / "blobs", tmp_path / "hub" / "models--other--x" / "blobs"):
+        blobs.mkdir(parents=True)
+        (blobs / "b1").write_bytes(b"weights")
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / "model.safetensors").symlink_to(repo / "blobs" / "b1")
+    assert model_file(snapshot, "model.safetensors") == (repo / "blobs" / "b1").resolve()
+    assert isinstance(_digest_within_deadline(snapshot), str)
+    (snapshot / "model.safetensors").unlink()
+    (snapshot / "model.safetensors").symlink_to(
+        tmp_path / "hub" / "models--other--x" / "blobs" / "b1"
+    )
+    _refused(snapshot, "outside the model directory")
+
+
 def test_a_symlink_within_the_model_directory_is_followed(tmp_path: Path) -> None:
     directory = _model(tmp_path, {"a": "model-1.safetensors"}, ("real.safetensors",))
     (directory / "model-1.safetensors").symlink_to("real.safetensors")

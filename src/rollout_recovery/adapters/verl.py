@@ -41,7 +41,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 from verl.workers.rollout.replica import TokenOutput
 
-from ..errors import InvalidArgumentTypeError
+from ..errors import ConfigError, InvalidArgumentTypeError
 from ..recorder import SiblingOutput, StagedCall
 from ._recorder_link import LinkMode, RecorderLink, SealedSibling, link_for
 from ._verl_identity import JsonValue, aliases_of, json_value, prompt_key, sibling_of
@@ -260,10 +260,11 @@ class RecoveringAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
     def _inner_loop(self, server_manager: RecordingServerManager) -> Any:
         if self._inner_name not in _agent_loop_registry:
-            raise KeyError(
+            raise ConfigError(
                 f"inner agent loop {self._inner_name!r} is not registered (registered: "
                 f"{sorted(_agent_loop_registry)}): import its module or list it in "
-                "agent_loop_config_path"
+                "agent_loop_config_path",
+                path="$.inner",
             )
         return hydra.utils.instantiate(
             config=_agent_loop_registry[self._inner_name],

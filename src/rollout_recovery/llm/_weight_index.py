@@ -40,9 +40,20 @@ class _Index(msgspec.Struct):
     weight_map: Annotated[dict[str, _ShardName], msgspec.Meta(min_length=1)]
 
 
+def _inside(root: Path) -> list[Path]:
+    """Where a model directory's files may lead: the directory, and for a snapshot of the
+    Hugging Face hub cache (``models--<org>--<name>/snapshots/<revision>``, whose files are
+    symlinks into the repo's content-addressed ``blobs``) that repo's ``blobs`` too."""
+    repo = root.parent.parent
+    if root.parent.name == "snapshots" and repo.name.startswith("models--"):
+        return [root, repo / "blobs"]
+    return [root]
+
+
 def model_file(directory: Path, name: str) -> Path:
     """``directory/name`` resolved, when it is a regular file inside ``directory`` (after
-    every symlink); ``InvalidStateError`` naming the file otherwise."""
+    every symlink; a hub cache snapshot's files inside its repo's blobs);
+    ``InvalidStateError`` naming the file otherwise."""
     root = Path(directory).resolve()
     wanted = Path(directory) / name
     if Path(name).is_absolute():
@@ -57,7 +68,7 @@ def model_file(directory: Path, name: str) -> Path:
         raise InvalidStateError(
             f"cannot read {name!r}: {error.strerror or error}", file=str(wanted)
         ) from None
-    if not resolved.is_relative_to(root):
+    if not any(resolved.is_relative_to(inside) for inside in _inside(root)):
         raise InvalidStateError(
             f"{name!r} leads outside the model directory (to {resolved}); a model's files "
             "must be inside it",
