@@ -31,9 +31,10 @@ What the report measures, and where it reads it:
 - sealed siblings reused vs regenerated, and the tokens reused and wasted, come from each
   restore's ``restored`` record, read from ``events.jsonl`` right after the child that
   wrote it (the child's "resumed from" line says it got that far). Per kill, "tokens
-  wasted" is every generated token the restore threw away: the seals its reuse policy
-  discarded (``tokens_lost``) plus the calls staged by attempts the kill interrupted
-  (``tokens_in_flight_lost``); "tokens unsealed at the kill" is the second part alone.
+  wasted" is every generated token the restore threw away (``Restored.tokens_regenerated``):
+  the seals its reuse policy discarded (``tokens_lost``) plus the calls staged by attempts
+  the kill interrupted (``tokens_in_flight_lost``); "tokens unsealed at the kill" is the
+  second part alone.
   With ``reuse = "all"`` no seal is discarded, so the two are equal: only unsealed work
   is lost. (Calls still running at the kill were never staged and are counted nowhere.)
   With ``[recovery] resume = "call"`` the staged calls of interrupted attempts are kept
@@ -622,7 +623,7 @@ def run_chaos(
                 report.sealed_reused += event.sealed_siblings_kept
                 report.sealed_regenerated += event.seals_lost
                 report.tokens_reused += event.tokens_reused
-                report.tokens_wasted.append(event.tokens_lost + event.tokens_in_flight_lost)
+                report.tokens_wasted.append(event.tokens_regenerated)
                 report.tokens_unsealed.append(event.tokens_in_flight_lost)
                 report.replayed_records += event.replayed_records
                 report.torn_tails_cut += 1 if event.torn_tail_bytes else 0

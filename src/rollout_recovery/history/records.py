@@ -387,6 +387,26 @@ class Restored(_Record, tag="restored", frozen=True, kw_only=True, forbid_unknow
     #: Lost attempts whose staged calls were not kept, and why (``"<rollout id>: <reason>"``).
     resume_refused: list[str] = []
 
+    # What the restore's readers add up (the job's summary and metrics marker, chaos),
+    # derived here once.
+
+    @property
+    def tokens_regenerated(self) -> int:
+        """Generated tokens this restore threw away, to be generated again: the discarded
+        seals' and those of the interrupted attempts' calls not kept for resumption."""
+        return self.tokens_lost + self.tokens_in_flight_lost
+
+    @property
+    def tokens_kept(self) -> int:
+        """Generated tokens this restore kept: of finished groups, of sealed siblings and
+        of staged calls kept for resumption."""
+        return self.canonical_tokens_kept + self.tokens_reused + self.tokens_resumable
+
+    def rows_kept(self, group_size: int) -> int:
+        """Rows this restore kept: every row of its finished groups (``group_size`` each)
+        and its sealed siblings of unfinished ones."""
+        return self.canonical_groups * group_size + self.sealed_siblings_kept
+
 
 class BackendEvent(_Record, tag="backend", frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Something a backend's parts did: a server died or rejoined, an actor was replaced,

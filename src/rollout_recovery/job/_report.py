@@ -377,13 +377,9 @@ class RestoreTotals:
                 trained[record.step] = (len(record.group_ids), len(record.rows))
             elif isinstance(record, Restored):
                 totals["groups_kept"] += record.canonical_groups
-                totals["rows_kept"] += (
-                    record.canonical_groups * group_size + record.sealed_siblings_kept
-                )
-                totals["tokens_kept"] += (
-                    record.canonical_tokens_kept + record.tokens_reused + record.tokens_resumable
-                )
-                totals["tokens_lost"] += record.tokens_lost + record.tokens_in_flight_lost
+                totals["rows_kept"] += record.rows_kept(group_size)
+                totals["tokens_kept"] += record.tokens_kept
+                totals["tokens_lost"] += record.tokens_regenerated
                 for step in record.rolled_back_steps:
                     totals["steps_retrained"] += 1
                     groups, rows = trained.get(step, (0, 0))
