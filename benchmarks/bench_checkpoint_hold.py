@@ -36,7 +36,6 @@ import numpy as np
 
 from rollout_recovery.capture._receipt import assemble_receipt
 from rollout_recovery.control import Controller, load_config
-from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.history import AuditTrail
@@ -65,6 +64,7 @@ def _controller(run: Path, groups: int) -> Controller:
         trainer=parts.trainer,
         data_plane=inner,
         history=AuditTrail(RunDirectory(run)),
+        checkpoint_store=CheckpointStore(run, keep=2),
     )
 
 
@@ -134,18 +134,17 @@ def measure(groups: int, repeat: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-hold-") as tmp:
         run = Path(tmp)
         controller = _controller(run, groups)
-        store = CheckpointStore(run, keep=2)
 
         async def scenario() -> tuple[float, list[Any]]:
             started = time.perf_counter()
             await _fill(controller, groups)
-            follow_journal(controller)
+            controller.follow_journal()
             fill_s = time.perf_counter() - started
             timings = []
             for round_ in range(repeat):
                 count = min(SEALS_PER_CHECKPOINT, groups // repeat)
                 await _live_seals(controller, round_ * count, count)
-                timings.append(await take_checkpoint(controller, store))
+                timings.append(await controller.checkpoint())
             await controller.backend.aclose()
             return fill_s, timings
 

@@ -39,11 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_recovery.control import Controller, load_config
-from rollout_recovery.control._checkpointing import (
-    VerifiedCheckpoint,
-    restore_controller,
-    verify_checkpoint,
-)
+from rollout_recovery.control._checkpointing import VerifiedCheckpoint
 from rollout_recovery.history import AuditTrail, _journal
 from rollout_recovery.history._journal import JournalWriter
 from rollout_recovery.history.records import GroupSealed, HistoryRecord, Seal, SiblingSealed
@@ -285,18 +281,16 @@ def _time_restore(run_dir: Path) -> dict[str, Any]:
             trainer=parts.trainer,
             data_plane=inner,
             history=history,
+            checkpoint_store=CheckpointStore(run.root, keep=config.checkpoint.keep),
         )
-        store = CheckpointStore(run.root, keep=config.checkpoint.keep)
 
         async def restore() -> tuple[float, float, Any, VerifiedCheckpoint]:
             started = time.perf_counter()
-            found = store.newest_loadable(
-                lambda loaded: verify_checkpoint(loaded, config=config, controller=controller)
-            )
+            found = controller.checkpoints.store.newest_loadable(controller.checkpoints.verify)
             verified = time.perf_counter()
             assert found is not None
             checkpoint = found[1]
-            report = await restore_controller(controller, checkpoint)
+            report = await controller.restore(checkpoint)
             done = time.perf_counter()
             await controller.backend.aclose()
             return verified - started, done - verified, report, checkpoint

@@ -131,7 +131,6 @@ SURFACES: dict[str, set[str]] = {
     "control": {
         "BACKENDS",
         "Controller",
-        "ControllerCheckpoints",
         "PromptDataset",
         "RecordedRun",
         "RunConfig",

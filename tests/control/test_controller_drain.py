@@ -24,7 +24,6 @@ import pytest
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.control import Controller, RunConfig
-from rollout_recovery.control._checkpointing import follow_journal, take_checkpoint
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.history import AuditTrail, audit_run
@@ -201,9 +200,9 @@ def drained_run(tmp_path: Path) -> Iterator[Callable[..., Drained]]:
             trainer=parts.trainer,
             data_plane=plane,
             history=audit,
+            checkpoint_store=CheckpointStore(run.root, keep=config.checkpoint.keep),
         )
         harness = Drained(run, config, controller, backend)
-        store = CheckpointStore(run.root, keep=config.checkpoint.keep)
         loop = VirtualClockLoop()
 
         async def main() -> None:
@@ -218,16 +217,16 @@ def drained_run(tmp_path: Path) -> Iterator[Callable[..., Drained]]:
                     group_size=job.generations_per_prompt,
                 )
             )
-            follow_journal(controller)
-            await take_checkpoint(controller, store)
-            controller.set_checkpointer(lambda: take_checkpoint(controller, store))
+            controller.follow_journal()
+            await controller.checkpoint()
+            controller.set_checkpointer(controller.checkpoint)
             if ask_first:
                 ask(harness)
             running = asyncio.create_task(controller.run())
             await script(harness, loop)
             await running
             assert controller.drain_report is not None, "run() ended without a drain"
-            await take_checkpoint(controller, store, delete_deferred=False)
+            await controller.checkpoint(delete_deferred=False)
             await backend.aclose()
 
         try:

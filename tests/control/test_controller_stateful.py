@@ -2,12 +2,12 @@
 
 A hypothesis ``RuleBasedStateMachine`` drives the real controller components (the
 ``Controller`` methods the pumps call, the ledger, the replay index, the deferred-deletion
-data plane, ``take_checkpoint`` / ``verify_checkpoint`` / ``restore_controller``, the
-checkpoint store and the audit trail on disk) one step at a time, on a private event loop
-whose clock moves only when a rule says so. The durable store is a ``MemoryDataPlane``
-that outlives every simulated crash; the checkpoint directory and the audit files live in
-a temporary directory per example. Generation is a scripted backend: each rule chooses
-every sibling's outcome.
+data plane, ``Controller.checkpoint`` / ``ControllerCheckpoints.verify`` /
+``Controller.restore``, the checkpoint store and the audit trail on disk) one step at a
+time, on a private event loop whose clock moves only when a rule says so. The durable
+store is a ``MemoryDataPlane`` that outlives every simulated crash; the checkpoint
+directory and the audit files live in a temporary directory per example. Generation is a
+scripted backend: each rule chooses every sibling's outcome.
 
 Rules:
 
@@ -143,12 +143,6 @@ import rollout_recovery.control._checkpointing as checkpointing
 from rollout_recovery._sampler import dataset_position_to_idx
 from rollout_recovery.capture import CaptureWriter, StagedPrefix
 from rollout_recovery.capture._receipt import CaptureFailure, assemble_receipt
-from rollout_recovery.control._checkpointing import (
-    follow_journal,
-    restore_controller,
-    take_checkpoint,
-    verify_checkpoint,
-)
 from rollout_recovery.control._config import RunConfig, config_from_builtins
 from rollout_recovery.control._controller import Controller, _Signals
 from rollout_recovery.control._deferred import DeferredDeletionDataPlane
@@ -557,6 +551,8 @@ class ControllerMachine(RuleBasedStateMachine):
         backend = ScriptedBackend()
         audit = AuditTrail(RunDirectory(self.run_dir))
         audit.journal.sync_in_thread = False  # the rules drive the loop until it is idle
+        store = CheckpointStore(self.run_dir, keep=CONFIG.checkpoint.keep)
+        store.remove_stale()
         controller = Controller(
             config=CONFIG,
             dataset=self.dataset,
@@ -564,11 +560,10 @@ class ControllerMachine(RuleBasedStateMachine):
             trainer=CountingTrainer(),
             data_plane=fence,
             history=audit,
+            checkpoint_store=store,
         )
         # The rules run every group themselves, one round at a time.
         controller._launch = lambda group_id: None  # type: ignore[method-assign]
-        store = CheckpointStore(self.run_dir, keep=CONFIG.checkpoint.keep)
-        store.remove_stale()
         life = Life(loop, controller, backend, audit, store, fence)
         self.life = life
 
@@ -577,9 +572,9 @@ class ControllerMachine(RuleBasedStateMachine):
             controller._inflight_slots = asyncio.Semaphore(CONFIG.generation.max_inflight_attempts)
 
         life.run(runtime())
-        found = store.newest_loadable(
-            lambda loaded: verify_checkpoint(loaded, config=CONFIG, controller=controller)
-        )
+        # The search alone, not newest_restorable: the restore then keeps no rows for the
+        # older checkpoints (the machine guards only the newest, see the module's notes).
+        found = store.newest_loadable(controller.checkpoints.verify)
         started = RunStarted(
             pid=os.getpid(),
             resumed_from=None if found is None else found[0].name,
@@ -591,7 +586,7 @@ class ControllerMachine(RuleBasedStateMachine):
         if found is None:
             life.run(_start_fresh(controller))
             controller.record(started)
-            follow_journal(controller)
+            controller.follow_journal()
             self._checkpoint()  # the bootstrap anchor
         else:
             _, verified, skipped = found
@@ -599,9 +594,9 @@ class ControllerMachine(RuleBasedStateMachine):
             assert verified.name == self.committed_name, (
                 f"restored {verified.name}, the last committed checkpoint is {self.committed_name}"
             )
-            life.run(restore_controller(controller, verified))
+            life.run(controller.restore(verified))
             controller.record(started)
-            follow_journal(controller)
+            controller.follow_journal()
             life.restored = True
         self.rules_since_boot = 0
         self._reserve_next()
@@ -669,11 +664,11 @@ class ControllerMachine(RuleBasedStateMachine):
         # The live state at the hold (nothing else runs: the loop is ours).
         live_ledger = controller.ledger.state_dict()
         live_replay = controller.replay.state_dict()
-        timing = life.run(take_checkpoint(controller, life.store))
+        timing = life.run(controller.checkpoint())
         name = f"step_{timing.step:06d}"
         assert name == life.store.committed()[0].name
         # Invariant 9: the snapshot the journal on disk rebuilt is the live state.
-        builder = controller.snapshots
+        builder = controller.checkpoints.snapshots
         assert builder is not None and builder.position == timing.position
         assert builder.ledger.state_dict() == live_ledger, "the journal replay diverged"
         assert builder.replay.state_dict() == live_replay, "the replayed index diverged"
@@ -1330,7 +1325,7 @@ def _live_forgets_a_record(patch: pytest.MonkeyPatch) -> None:
 
 
 def _restore_forgets_resumable_calls(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr(checkpointing, "_resumable_calls", lambda controller, state: ([], []))
+    patch.setattr(checkpointing, "_resumable_calls", lambda *args: ([], []))
 
 
 def _dispatch_ignores_lost_calls(patch: pytest.MonkeyPatch) -> None:

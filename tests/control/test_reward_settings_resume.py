@@ -1,6 +1,6 @@
 """A restore refuses a checkpoint written under other reward settings than the
 controller's (``CaptureRewardSettings.require_compatible``, called by
-``verify_checkpoint``): the rows finalized after the resume would be rewarded otherwise
+``ControllerCheckpoints.verify``): the rows finalized after the resume would be rewarded otherwise
 than the rows of the same run before it."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from rollout_recovery.control import Controller, RunConfig
-from rollout_recovery.control._checkpointing import verify_checkpoint
 from rollout_recovery.dataplane import SqliteDataPlane
 from rollout_recovery.errors import JobMismatchError
 from rollout_recovery.history import AuditTrail
@@ -35,6 +34,7 @@ def resumed(
     penalized = CaptureRewardSettings.from_configs(
         penalties={"penalize_duplicated_reasoning": True}
     )
+    store = CheckpointStore(out, keep=config.checkpoint.keep)
     controllers = {
         name: Controller(
             config=config,
@@ -43,11 +43,11 @@ def resumed(
             trainer=parts.trainer,
             data_plane=plane,
             history=trail,
+            checkpoint_store=store,
             reward_settings=settings,
         )
         for name, settings in (("default", None), ("penalized", penalized))
     }
-    store = CheckpointStore(out, keep=config.checkpoint.keep)
     loaded = store.load(store.committed()[0])
     try:
         yield config, loaded, controllers
@@ -60,9 +60,9 @@ def resumed(
 def test_a_checkpoint_of_other_reward_settings_is_refused_naming_them(
     resumed: tuple[RunConfig, LoadedCheckpoint, dict[str, Controller]],
 ) -> None:
-    config, loaded, controllers = resumed
+    _, loaded, controllers = resumed
     with pytest.raises(JobMismatchError) as caught:
-        verify_checkpoint(loaded, config=config, controller=controllers["penalized"])
+        controllers["penalized"].checkpoints.verify(loaded)
     assert caught.value.differences == ["penalties.penalize_duplicated_reasoning"]
     assert str(loaded.directory) in str(caught.value)
     assert "capture reward settings differ from" in str(caught.value)
@@ -71,6 +71,6 @@ def test_a_checkpoint_of_other_reward_settings_is_refused_naming_them(
 def test_the_same_reward_settings_verify(
     resumed: tuple[RunConfig, LoadedCheckpoint, dict[str, Controller]],
 ) -> None:
-    config, loaded, controllers = resumed
-    verified = verify_checkpoint(loaded, config=config, controller=controllers["default"])
+    _, loaded, controllers = resumed
+    verified = controllers["default"].checkpoints.verify(loaded)
     assert verified.name == loaded.directory.name

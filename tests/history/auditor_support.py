@@ -22,7 +22,7 @@ import msgspec
 import pytest
 
 from rollout_recovery.checkpoint._sidecar_io import SIDECAR_FILENAMES, decode_sidecar
-from rollout_recovery.control import Controller, ControllerCheckpoints, RunConfig
+from rollout_recovery.control import Controller, RunConfig
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.history import JournalEntry
 from rollout_recovery.history._auditor import _decode
@@ -89,7 +89,7 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
     (polling on the event loop) for both kinds of rows, then releases the held groups
     just before it asks for its cut; the barrier makes them wait behind the cut.
     """
-    real_take = ControllerCheckpoints.take
+    real_take = Controller.checkpoint
     real_publish = Controller._publish
     pending = sorted(steps)
     released: list[asyncio.Event] = []
@@ -105,8 +105,7 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             await release().wait()
         await real_publish(controller, group_id)
 
-    async def take(checkpoints: Any, *, delete_deferred: bool = True) -> Any:
-        controller = checkpoints.controller
+    async def take(controller: Any, *, delete_deferred: bool = True) -> Any:
         if pending and controller.step == pending[0]:
             deadline = time.monotonic() + timeout
             while not (
@@ -120,10 +119,10 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             pending.pop(0)
             release().set()  # the held publishers wake behind this checkpoint's cut
             released.clear()
-        return await real_take(checkpoints, delete_deferred=delete_deferred)
+        return await real_take(controller, delete_deferred=delete_deferred)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ControllerCheckpoints, "take", take)
+        patch.setattr(Controller, "checkpoint", take)
         patch.setattr(Controller, "_publish", publish)
         yield
 

@@ -1,13 +1,14 @@
 """The controller: one asyncio process that owns every prompt from dataloader to trainer.
 
 :class:`Controller` runs the pumps, deadlines, retries and drops; its persisted state is
-one :class:`ControllerState`. :func:`take_checkpoint` and :func:`restore_controller`
-capture and restore one consistent cut of it with the ledger, the replay index and the
-trainer. The run config (:class:`RunConfig`) is the tree of every component's section.
+one :class:`ControllerState`. Its collaborator ``ControllerCheckpoints``
+(``controller.checkpoints``) captures and restores one consistent cut of it with the
+ledger, the replay index and the trainer; the controller applies what it returns
+(``Controller.checkpoint``, ``Controller.restore``). The run config (:class:`RunConfig`)
+is the tree of every component's section.
 """
 
 from ._backends import BACKENDS
-from ._checkpointing import ControllerCheckpoints
 from ._config import RunConfig, load_config
 from ._controller import Controller, PromptDataset
 from ._recorded import RecordedRun
@@ -15,7 +16,6 @@ from ._recorded import RecordedRun
 __all__ = [
     "BACKENDS",
     "Controller",
-    "ControllerCheckpoints",
     "PromptDataset",
     "RecordedRun",
     "RunConfig",

@@ -14,7 +14,10 @@ It follows the walk of one prompt (docs/ARCHITECTURE.md, "control"):
 6. the train pump waits (bounded) for a step's groups, computes GRPO advantages, trains,
    and clears the consumed rows in a ``sample_clears`` cut;
 7. every K steps a checkpoint captures ledger, replay index, controller state and policy in
-   one exclusive cut and writes them after releasing it (see ``_checkpointing.py``).
+   one exclusive cut and writes them after releasing it. The controller's collaborator
+   ``ControllerCheckpoints`` (``_checkpointing.py``) takes, verifies and restores them; the
+   controller applies what it returns (:meth:`Controller.checkpoint`,
+   :meth:`Controller.restore`).
 
 A backend returns an attempt's failure as a value (``AttemptFailure``); anything it or
 the trainer raises stops the run, and so does a failure that is not retryable (a closed
@@ -70,6 +73,7 @@ from ..history.records import (
     HistoryRecord,
     PromptDropped,
     PromptTaken,
+    Restored,
     RewardChecksRecord,
     RoundStarted,
     Seal,
@@ -96,6 +100,8 @@ from ..rollout import (
     FailureReason,
     GenerationBackend,
 )
+from ..rundir import CheckpointStore
+from ._checkpointing import CheckpointTiming, ControllerCheckpoints, VerifiedCheckpoint
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
 from ._logprob_check import (
@@ -107,7 +113,6 @@ from ._logprob_check import (
     trainer_weights_generate,
 )
 from ._resume import choose_prefixes, resumed_record, version_filter
-from ._snapshot import SnapshotBuilder
 from ._state import ControllerState
 from ._step_timing import StepTimer
 from ._transitions import OUTSIDE_ANY_CUT, Transitions, admission_id_of, fresh_rollout_id
@@ -222,8 +227,10 @@ class Controller(Generic[Weights]):
         trainer: Trainer[Weights],
         data_plane: DataPlane,
         history: AuditTrail,
+        checkpoint_store: CheckpointStore,
         progress: StepProgress | None = None,
         reward_settings: CaptureRewardSettings | None = None,
+        samples: Callable[[int, Sequence[Row]], Mapping[str, Any]] | None = None,
     ) -> None:
         self.config = config
         self.dataset = dataset
@@ -245,14 +252,26 @@ class Controller(Generic[Weights]):
         #: Everything a checkpoint persists of the controller, in one object; it changes
         #: only by folding in the records the controller appends (``record``).
         self.state = ControllerState.initial(trainer.weight_version)
-        #: Follows the journal to build checkpoint snapshots outside the hold.
-        self.snapshots: SnapshotBuilder | None = None
+        #: The checkpoints in ``checkpoint_store``: taken, verified and restored by this
+        #: collaborator, built with what it reads; the controller applies what it returns.
+        self.checkpoints = ControllerCheckpoints(
+            store=checkpoint_store,
+            config=config,
+            ledger=self.ledger,
+            rows=self.data_plane,
+            trainer=trainer,
+            history=history,
+            barrier=self.barrier,
+            settings=self.settings,
+            dataset=dataset,
+        )
         #: Where each step's metrics and the run's markers go besides metrics.jsonl
-        #: (TensorBoard, W&B, MLflow); opened by the job once it knows the resume step.
+        #: (TensorBoard, W&B, MLflow); opened by the job once it knows the resume step
+        #: (:meth:`set_metrics`).
         self.metrics: StepMetrics | None = None
         #: What a step's metrics record adds about the canonical rows it trained (the LLM
-        #: job's sample completions and reward components); set by the job.
-        self.samples: Callable[[int, Sequence[Row]], Mapping[str, Any]] | None = None
+        #: job's sample completions and reward components).
+        self.samples = samples
         # Runtime only.
         self.in_flight = 0
         self.last_mean_reward: float | None = None
@@ -311,6 +330,52 @@ class Controller(Generic[Weights]):
         for record, prompt in zip(records, given, strict=True):
             transitions.apply(cut, record, prompt=prompt)
         self.history.append_all(records)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def restore(self, verified: VerifiedCheckpoint) -> Restored:
+        """Restore ``verified`` (found by ``checkpoints.newest_restorable()``) and replay
+        the journal after it, in one ``recovery_restore`` cut: the collaborator restores
+        the ledger and the rows and returns the replay index and state to run on, and the
+        records this controller journals (``restored``, the restart's abandons). Returns
+        the ``restored`` record, the restore's report. A refusal is a
+        ``RunNotResumableError`` naming the checkpoint (``checkpoints.refusing``)."""
+        with self.checkpoints.refusing(verified):
+            async with self.barrier.mutation("recovery_restore") as cut:
+                restored = self.checkpoints.restore(cut, verified)
+                self.replay = restored.replay
+                self.state = restored.state
+                self.record(restored.record, cut=cut)
+                for abandoned in restored.abandoned:
+                    self.record(abandoned, cut=cut)
+            await self.history.flush()
+            self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())
+        return restored.record
+
+    def follow_journal(self) -> None:
+        """Start the checkpoints' snapshot builder at the journal's end. Call once the
+        state is what the journal says up to there (a fresh start or a finished restore):
+        from then on the builder follows the journal alone."""
+        self.checkpoints.follow_journal(replay=self.replay, state=self.state)
+
+    async def checkpoint(self, *, delete_deferred: bool = True) -> CheckpointTiming:
+        """Take a checkpoint of the journal at its current position and journal its
+        ``checkpoint_committed`` (``delete_deferred``: see ``ControllerCheckpoints.take``)."""
+        timing = await self.checkpoints.take(delete_deferred=delete_deferred)
+        committed = timing.committed()
+        self.record(committed)
+        if self.metrics is not None:
+            self.metrics.log_marker(
+                committed.step,
+                "checkpoint_committed",
+                {"name": committed.name, "hold_us": committed.hold_us},
+            )
+            await asyncio.to_thread(self.metrics.flush)
+        return timing
+
+    def set_metrics(self, metrics: StepMetrics) -> None:
+        """Where each step's metrics and the run's markers go from now on."""
+        self.metrics = metrics
 
     # ------------------------------------------------------------------ running
 

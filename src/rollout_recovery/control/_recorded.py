@@ -230,18 +230,13 @@ class RecordedRun:
         live_replay = ReplayIndex.from_state_dict(
             replay.state_dict(), data_plane=rows, group_size=group_size, check_rows=False
         )
-        groups = ledger.groups()
-        restored = records.Restored(
+        restored = outcome.restored(
             checkpoint=checkpoint,
-            step=state.step,
-            snapshot_position=position,
-            replayed_records=outcome.replayed,
+            position=position,
             reuse=records.ReusePolicy.ALL,
-            rolled_back_steps=list(outcome.rolled_back_steps),
-            groups_in_ledger=len(groups),
-            sealed_siblings_kept=sum(len(g.sealed_generation_indices) for g in groups),
-            canonical_groups=len(live_replay),
-            shortfall=dict(state.shortfall),
+            ledger=ledger,
+            replay=live_replay,
+            state=state,
         )
         abandons: list[records.HistoryRecord] = [
             records.AttemptsAbandoned(

@@ -157,6 +157,37 @@ class ReplayOutcome:
     #: Tokens of the journaled seals kept.
     tokens_kept: int = 0
 
+    def restored(
+        self,
+        *,
+        checkpoint: str,
+        position: int,
+        reuse: records.ReusePolicy,
+        ledger: RolloutRecoveryLedger,
+        replay: ReplayIndex,
+        state: ControllerState,
+    ) -> records.Restored:
+        """The ``restored`` record of a restore that replayed this from the snapshot at
+        journal ``position``, now that ``ledger``, ``replay`` and ``state`` are restored:
+        what it replayed, rolled back and discarded, and what it kept. The costs only a
+        restore over rows knows (tokens, resumable calls) are left for it to fill in."""
+        groups = ledger.groups()
+        return records.Restored(
+            checkpoint=checkpoint,
+            step=state.step,
+            snapshot_position=position,
+            replayed_records=self.replayed,
+            reuse=reuse,
+            rolled_back_steps=list(self.rolled_back_steps),
+            discarded=list(self.discarded),
+            groups_in_ledger=len(groups),
+            sealed_siblings_kept=sum(len(group.sealed_generation_indices) for group in groups),
+            canonical_groups=len(replay),
+            shortfall=dict(state.shortfall),
+            seals_lost=len(self.discarded),
+            tokens_lost=sum(seal.tokens for seal in self.discarded),
+        )
+
 
 class _Rewound(Enum):
     """What replaying a record of a rewound group does."""

@@ -34,7 +34,7 @@ import msgspec
 from .._durable import atomic_write_bytes
 from .._settings import config_to_builtins, config_to_toml
 from ..capture import CaptureWriter
-from ..control import Controller, ControllerCheckpoints, RunConfig, load_config
+from ..control import Controller, RunConfig, load_config
 from ..dataplane import DataPlane, ReplayIndex, SqliteDataPlane
 from ..errors import (
     CheckpointDirectoryError,
@@ -44,7 +44,7 @@ from ..errors import (
     RunNotResumableError,
 )
 from ..history import AuditTrail
-from ..history.records import RunStarted
+from ..history.records import Restored, RunStarted
 from ..metrics import MetricsConfig
 from ..rundir import CheckpointStore, RunDirectory
 from ._components import (
@@ -72,15 +72,16 @@ class JobResult:
     def __init__(
         self,
         controller: Controller[Any],
-        checkpoints: ControllerCheckpoints,
         *,
+        restored: Restored | None,
         config_changes: list[str],
         drain_checkpoint: str | None,
     ) -> None:
+        checkpoints = controller.checkpoints
         #: The end-of-run numbers (set by ``run_job`` once every resource is closed).
         self.summary = _empty_summary()
-        #: What the restore did; None for a fresh start.
-        self.restored = checkpoints.restored
+        #: What the restore did (its ``restored`` record); None for a fresh start.
+        self.restored = restored
         #: The newer checkpoints the restore passed over, with why.
         self.skipped = checkpoints.skipped
         #: The timing of every checkpoint this call committed (the drain's included).
@@ -278,6 +279,8 @@ def _open_job(
     if unclaimed is not None:
         claim_run_directory(run, config)
         unclaimed.claimed = True
+    store = CheckpointStore(run.root, keep=config.checkpoint.keep)
+    store.remove_stale()  # what a save killed mid-way left behind
     controller = Controller(
         config=config,
         dataset=parts.dataset,
@@ -285,11 +288,10 @@ def _open_job(
         trainer=parts.trainer,
         data_plane=inner,
         history=history,
+        checkpoint_store=store,
         progress=progress,
+        samples=parts.samples,
     )
-    controller.samples = parts.samples
-    store = CheckpointStore(run.root, keep=config.checkpoint.keep)
-    store.remove_stale()  # what a save killed mid-way left behind
     return controller, store, changes
 
 
@@ -356,7 +358,7 @@ async def _run_installed(
     stack: contextlib.AsyncExitStack,
 ) -> JobResult:
     config = controller.config
-    checkpoints = ControllerCheckpoints(controller, store)
+    checkpoints = controller.checkpoints
     try:
         found = checkpoints.newest_restorable()
     except CheckpointDirectoryError as error:
@@ -379,7 +381,7 @@ async def _run_installed(
     else:
         for skip in checkpoints.skipped:
             log(f"skipping checkpoint {skip}")
-        restored = await checkpoints.restore(found)
+        restored = await controller.restore(found)
         if progress is not None:
             progress.start(config.job.steps, restored.step)
         run.append_run_log(
@@ -413,7 +415,7 @@ async def _run_installed(
         )
     )
     # From here the snapshot builder follows the journal on its own.
-    checkpoints.follow_journal()
+    controller.follow_journal()
     # The job's config is the tools' run config; the console shows each step's samples.
     console: list[tuple[str, ConsoleSamples]] = []
     if isinstance(progress, ShowsSamples):
@@ -424,7 +426,7 @@ async def _run_installed(
         job_config=config_to_builtins(config),
         also=console,
     )
-    controller.metrics = metrics
+    controller.set_metrics(metrics)
     # A sink may block on its tool (a flush, a network call): closed off the loop.
     stack.push_async_callback(asyncio.to_thread, metrics.close)
     if restored is not None:
@@ -434,35 +436,32 @@ async def _run_installed(
             {
                 "checkpoint": restored.checkpoint,
                 "replayed_records": restored.replayed_records,
-                "seals_lost": restored.seals_discarded,
-                "tokens_lost": restored.tokens_discarded + restored.tokens_in_flight_lost,
+                "seals_lost": restored.seals_lost,
+                "tokens_lost": restored.tokens_regenerated,
                 "tokens_reused": restored.tokens_reused,
                 "rolled_back_steps": len(restored.rolled_back_steps),
             },
         )
 
-    async def checkpoint() -> None:
-        await checkpoints.take()
-
     if found is None:
-        await checkpoint()  # the bootstrap anchor: every later start can resume
-    controller.set_checkpointer(checkpoint)
+        await controller.checkpoint()  # the bootstrap anchor: every later start can resume
+    controller.set_checkpointer(controller.checkpoint)
     await controller.run()
     drain_checkpoint = None
     if controller.drain_report is not None:
-        drain_checkpoint = await _checkpoint_drain(run, checkpoints, log)
+        drain_checkpoint = await _checkpoint_drain(run, controller, log)
     return JobResult(
-        controller, checkpoints, config_changes=changes, drain_checkpoint=drain_checkpoint
+        controller, restored=restored, config_changes=changes, drain_checkpoint=drain_checkpoint
     )
 
 
 async def _checkpoint_drain(
-    run: RunDirectory, checkpoints: ControllerCheckpoints, log: Callable[[str], None]
+    run: RunDirectory, controller: Controller[Any], log: Callable[[str], None]
 ) -> str:
     """The drain's checkpoint: the journal up to the drain, the trainer idle."""
-    drained = checkpoints.controller.drain_report
+    drained = controller.drain_report
     assert drained is not None
-    timing = await checkpoints.take(delete_deferred=False)
+    timing = await controller.checkpoint(delete_deferred=False)
     run.append_run_log("drain", step=drained.step, checkpoint=timing.name, reason=drained.reason)
     log(
         f"drained ({drained.reason}) at step {drained.step}: waited {drained.waited_s:.2f} s "
