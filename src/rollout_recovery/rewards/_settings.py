@@ -292,8 +292,8 @@ class CaptureRewardSettings:
         self, current: CaptureRewardSettings, *, checkpoint: str = "the checkpoint"
     ) -> None:
         """Refuse to resume ``checkpoint``, written under these settings, under ``current``
-        (``verify_checkpoint`` calls it on every restore): rows finalized after the resume
-        would be rewarded differently from the rows of the same run before it. A
+        (``ControllerCheckpoints.verify`` calls it on every restore): rows finalized after
+        the resume would be rewarded differently from the rows of the same run before it. A
         ``JobMismatchError`` naming each differing field: the job is another one, and no
         older checkpoint of the run and no rerun can change that."""
         diffs = self.differences(current)
