@@ -224,48 +224,43 @@ class RestoredRun:
     abandoned: list[AttemptsAbandoned] = field(default_factory=list)
 
 
+@dataclass(kw_only=True, eq=False)
 class ControllerCheckpoints:
     """One controller's checkpoints in one store: find the newest one that can be
     restored, restore it, follow the journal from there, take new ones.
 
-    The controller builds it with what it reads and calls it; it never touches the
-    controller. It keeps what it did, for the job's result: the newer checkpoints the
-    search passed over and the timing of every checkpoint taken."""
+    The controller builds it with what it reads (the fields up to ``dataset``) and calls
+    it; it never touches the controller. It keeps what it did, for the job's result: the
+    newer checkpoints the search passed over and the timing of every checkpoint taken."""
 
-    def __init__(
-        self,
-        *,
-        store: CheckpointStore,
-        config: RunConfig,
-        ledger: RolloutRecoveryLedger,
-        rows: DeferredDeletionDataPlane,
-        trainer: Trainer[Any],
-        history: AuditTrail,
-        barrier: DataPlaneCheckpointBarrier,
-        settings: CaptureRewardSettings,
-        dataset: PromptDataset,
-    ) -> None:
-        self.store = store
-        self._config = config
-        self._ledger = ledger
-        self._rows = rows
-        self._trainer = trainer
-        self._history = history
-        self._barrier = barrier
-        self._settings = settings
-        self._dataset = dataset
-        #: Follows the journal to build snapshots outside the hold (:meth:`follow_journal`).
-        self.snapshots: SnapshotBuilder | None = None
-        #: The newer checkpoints :meth:`newest_restorable` passed over, with why.
-        self.skipped: list[SkippedCheckpoint] = []
-        #: Every checkpoint :meth:`take` committed, in order.
-        self.timings: list[CheckpointTiming] = []
-        # What the checkpoints older than the one found need, for its restore to keep.
-        self._older_needs = RowNeeds()
+    store: CheckpointStore
+    #: The whole config: a checkpoint's identity is its fingerprint.
+    config: RunConfig
+    #: The controller's ledger, restored in place.
+    ledger: RolloutRecoveryLedger
+    #: The token store: rows checked before a commit, deferred deletions advanced after it,
+    #: unowned rows deleted by a restore.
+    rows: DeferredDeletionDataPlane
+    trainer: Trainer[Any]
+    #: The journal (position, marks, sync, a torn tail cut) and the metrics file.
+    history: AuditTrail
+    barrier: DataPlaneCheckpointBarrier
+    #: The reward settings every checkpoint records and every restore must match.
+    settings: CaptureRewardSettings
+    #: The prompts a restore binds to its groups again.
+    dataset: PromptDataset
+    #: Follows the journal to build snapshots outside the hold (:meth:`follow_journal`).
+    snapshots: SnapshotBuilder | None = field(default=None, init=False)
+    #: The newer checkpoints :meth:`newest_restorable` passed over, with why.
+    skipped: list[SkippedCheckpoint] = field(default_factory=list, init=False)
+    #: Every checkpoint :meth:`take` committed, in order.
+    timings: list[CheckpointTiming] = field(default_factory=list, init=False)
+    # What the checkpoints older than the one found need, for its restore to keep.
+    _older_needs: RowNeeds = field(default_factory=RowNeeds, init=False)
 
     @property
     def _journal(self) -> Path:
-        return self._history.journal.path
+        return self.history.journal.path
 
     # ---------------------------------------------------------------------- capture
 
@@ -278,11 +273,11 @@ class ControllerCheckpoints:
         """
         self.snapshots = SnapshotBuilder(
             journal=self._journal,
-            position=self._history.position,
-            ledger=self._ledger,
+            position=self.history.position,
+            ledger=self.ledger,
             replay=replay,
             state=state,
-            group_size=self._config.job.generations_per_prompt,
+            group_size=self.config.job.generations_per_prompt,
         )
 
     async def take(self, *, delete_deferred: bool = True) -> CheckpointTiming:
@@ -294,12 +289,12 @@ class ControllerCheckpoints:
         same step, leaving one more older checkpoint retained than counted. The process ends
         after it; the next restore deletes what the newest checkpoint does not own.
         """
-        config, history, rows = self._config, self._history, self._rows
+        config, history, rows = self.config, self.history, self.rows
         builder = self.snapshots
         if builder is None:
             raise InvalidStateError("a checkpoint before follow_journal: no snapshot builder")
         requested = time.monotonic()
-        async with self._barrier.checkpoint(timeout=config.checkpoint.barrier_timeout_s):
+        async with self.barrier.checkpoint(timeout=config.checkpoint.barrier_timeout_s):
             entered = time.monotonic()
             # The whole exclusive hold: a position in the journal (and the metrics sink).
             position = history.position
@@ -311,7 +306,7 @@ class ControllerCheckpoints:
         # The trainer is idle (the train pump awaits this), so its state is the snapshot's.
         trainer_files = await self._trainer_state_files()
         await history.flush()  # the snapshot's history is durable
-        settings = self._settings
+        settings = self.settings
         identity = identity_fingerprint(config)
 
         def build() -> Snapshot:
@@ -324,10 +319,10 @@ class ControllerCheckpoints:
             )
 
         snapshot = await asyncio.to_thread(build)
-        if snapshot.weight_version != self._trainer.weight_version:
+        if snapshot.weight_version != self.trainer.weight_version:
             raise InvalidStateError(
                 f"the snapshot at journal position {position} is at weight version "
-                f"{snapshot.weight_version} but the trainer holds {self._trainer.weight_version}"
+                f"{snapshot.weight_version} but the trainer holds {self.trainer.weight_version}"
             )
         # The rows this checkpoint owns cannot be deleted before a later checkpoint commits,
         # so checking them now is as good as under the hold.
@@ -357,7 +352,7 @@ class ControllerCheckpoints:
     def _require_rows(
         self, expected_staging: frozenset[str], canonical_keys: frozenset[str]
     ) -> None:
-        store = self._rows
+        store = self.rows
         missing_staging = expected_staging - set(store.keys(CaptureWriter.staging_partition))
         missing_canonical = canonical_keys - set(store.keys(ReplayIndex.canonical_partition))
         if missing_staging or missing_canonical:
@@ -369,7 +364,7 @@ class ControllerCheckpoints:
     async def _trainer_state_files(self) -> dict[str, bytes]:
         """The trainer's state as checkpoint files: its own files (safetensors, JSON) under
         ``trainer.``, or its arrays as ``policy.npz``."""
-        trainer = self._trainer
+        trainer = self.trainer
         if isinstance(trainer, FileStateTrainer):
             # Serializing a real model's weights and moments takes a while: off the loop.
             own = await asyncio.to_thread(trainer.state_files)
@@ -401,7 +396,7 @@ class ControllerCheckpoints:
         trainer's state into the trainer (a refused load changes nothing), which a restore
         then uses: call it before the trainer trains.
         """
-        config, trainer = self._config, self._trainer
+        config, trainer = self.config, self.trainer
         where = str(loaded.directory)
         files = decode_checkpoint_files(loaded)
         parsed, state, replay_state = files.parsed, files.controller_state, files.replay_state
@@ -415,7 +410,7 @@ class ControllerCheckpoints:
                 differences=differences,
             )
         if parsed.reward_settings is not None:
-            parsed.reward_settings.require_compatible(self._settings, checkpoint=where)
+            parsed.reward_settings.require_compatible(self.settings, checkpoint=where)
         policy: dict[str, npt.NDArray[Any]] = {}
         trainer_files = {
             own: loaded.files[name]
@@ -441,7 +436,7 @@ class ControllerCheckpoints:
             )
         scan = self._journal_after(position)
         needs, replayed = self._rows_needed(files, scan, position=position)
-        store = self._rows
+        store = self.rows
         missing_staging = needs.staging - set(store.keys(CaptureWriter.staging_partition))
         missing_canonical = needs.canonical - set(store.keys(ReplayIndex.canonical_partition))
         if missing_staging or missing_canonical:
@@ -482,7 +477,7 @@ class ControllerCheckpoints:
         journal = self._journal
         scan = JournalScan.read(journal, start=position)
         entries, torn_cut = whole_cuts(
-            scan.entries, batch_size=self._config.job.prompts_per_step, journal=journal
+            scan.entries, batch_size=self.config.job.prompts_per_step, journal=journal
         )
         if torn_cut is None:
             return scan
@@ -500,7 +495,7 @@ class ControllerCheckpoints:
         snapshot's own: the journal may have published or dropped since), and the state
         the replay ends in: a dry run of the restore on throwaway copies. Raises
         ``ReplayError`` for a journal that does not apply."""
-        config = self._config
+        config = self.config
         scratch = RolloutRecoveryLedger.from_state_dict(files.parsed.ledger_state)
         bind_placeholder_prompts(_AnyCut(), scratch)
         replay = ReplayIndex.from_state_dict(
@@ -526,7 +521,7 @@ class ControllerCheckpoints:
         be restored anyway (damaged, another job's, a journal that does not apply) needs
         nothing. Reads their sidecars, controller states and replay indexes, not the
         trainers' files."""
-        identity = identity_fingerprint(self._config)
+        identity = identity_fingerprint(self.config)
         needs = RowNeeds()
         for committed in self.store.committed():
             if committed.step >= restored.step:
@@ -579,7 +574,7 @@ class ControllerCheckpoints:
         Rows ``verified`` does not own are deleted, but those the older retained
         checkpoints need (found by :meth:`newest_restorable`), whose deletion is deferred
         until they have left retention."""
-        config, ledger, store, history = self._config, self._ledger, self._rows, self._history
+        config, ledger, store, history = self.config, self.ledger, self.rows, self.history
         retained = self._older_needs
         journal = self._journal
         position, scan = verified.position, verified.scan
@@ -644,12 +639,12 @@ class ControllerCheckpoints:
             CaptureWriter.staging_partition, cleared, retained=retained.staging, cut=cut
         )
         for group in ledger.groups():
-            ledger.bind_runtime_prompt(cut, group.group_id, self._dataset[int(group.prompt_id)])
-        if self._trainer.weight_version != state.weight_version:
+            ledger.bind_runtime_prompt(cut, group.group_id, self.dataset[int(group.prompt_id)])
+        if self.trainer.weight_version != state.weight_version:
             # verify loaded the trainer's state; nothing trained since.
             raise InvalidStateError(
                 f"{verified.name}: the trainer is at weight version "
-                f"{self._trainer.weight_version}, not the checkpoint's "
+                f"{self.trainer.weight_version}, not the checkpoint's "
                 f"{state.weight_version}: restore only what verify just verified"
             )
         history.truncate_metrics(verified.marks.get(history.metrics_path.name, 0))
