@@ -230,7 +230,7 @@ class ControllerCheckpoints:
     restored, restore it, follow the journal from there, take new ones.
 
     The controller builds it with what it reads (the fields up to ``dataset``) and calls
-    it; it never touches the controller. It keeps what it did, for the job's result: the
+    it; it never touches the controller, and keeps what it did for the job's result: the
     newer checkpoints the search passed over and the timing of every checkpoint taken."""
 
     store: CheckpointStore
