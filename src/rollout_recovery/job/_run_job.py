@@ -208,9 +208,9 @@ async def _job(
     log = wiring.log
     async with contextlib.AsyncExitStack() as stack:
         with _outer_sigint(wiring):
-            controller, store, changes = _open_job(stack, run, config, progress, components, wiring)
+            controller, changes = _open_job(stack, run, config, progress, components, wiring)
         wiring.wire(controller).install()
-        result = await _run_installed(run, controller, store, progress, log, changes, stack)
+        result = await _run_installed(run, controller, progress, log, changes, stack)
     return result, controller
 
 
@@ -238,10 +238,11 @@ def _open_job(
     progress: RunProgress | None,
     components: Callable[[RunConfig, DataPlane], JobComponents[Any]],
     wiring: _DrainWiring,
-) -> tuple[Controller[Any], CheckpointStore, list[str]]:
+) -> tuple[Controller[Any], list[str]]:
     """Take the lock, claim the directory and open the job's resources on ``stack``, each
-    as soon as it is built; returns the controller, the checkpoint store and the
-    operational changes. Synchronous: nothing else runs on the loop yet."""
+    as soon as it is built; returns the controller (its checkpoint store in
+    ``controller.checkpoints``) and the operational changes. Synchronous: nothing else
+    runs on the loop yet."""
     log = wiring.log
     stack.enter_context(run.lock())
     claimed = run.job_file.exists()
@@ -292,7 +293,7 @@ def _open_job(
         progress=progress,
         samples=parts.samples,
     )
-    return controller, store, changes
+    return controller, changes
 
 
 @dataclass(slots=True)
@@ -351,7 +352,6 @@ def _open_data_plane(
 async def _run_installed(
     run: RunDirectory,
     controller: Controller[Any],
-    store: CheckpointStore,
     progress: RunProgress | None,
     log: Callable[[str], None],
     changes: list[str],
@@ -359,6 +359,7 @@ async def _run_installed(
 ) -> JobResult:
     config = controller.config
     checkpoints = controller.checkpoints
+    store = checkpoints.store
     try:
         found = checkpoints.newest_restorable()
     except CheckpointDirectoryError as error:
