@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 from ledger_support import (
     CHECKS,
@@ -427,7 +428,7 @@ def test_reward_checks_seals_and_survives_checkpoint(granularity: RecoveryGranul
         }
         ledger.mark_group_sealed(CUT, "g", results)
     state = ledger.state_dict()
-    assert attempt(state, 1)["reward_checks"] == dataclasses.asdict(CHECKS)
+    assert attempt(state, 1)["reward_checks"] == msgspec.structs.asdict(CHECKS)
     restored = round_trip(ledger)
     assert restored.state_dict() == state
     for sibling in restored.get_group("g").siblings:
@@ -446,7 +447,7 @@ def test_reward_checks_seals_and_survives_checkpoint(granularity: RecoveryGranul
                     "g",
                     0,
                     reward=-2.0,
-                    reward_checks=dataclasses.replace(CHECKS, **{flag: False}),
+                    reward_checks=msgspec.structs.replace(CHECKS, **{flag: False}),
                 )
             assert snapshot(restored) == before
     bad = copy.deepcopy(state)
@@ -1286,7 +1287,7 @@ BAD_STATES: list[tuple[str, Callable[[dict[str, Any]], Any], type[BaseException]
     ),
     (
         "r20-unsealed-checks",
-        _set(_unsealed, "reward_checks", dataclasses.asdict(CHECKS)),
+        _set(_unsealed, "reward_checks", msgspec.structs.asdict(CHECKS)),
         ValueError,
         "only sealed attempts may retain receipt data",
     ),

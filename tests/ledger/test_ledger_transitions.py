@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 from ledger_support import (
     CHECKS,
@@ -514,19 +515,22 @@ def _conflicts() -> list[tuple[str, dict[str, Any]]]:
             "reward_checks_duplicated_reasoning",
             {
                 "base_checks": True,
-                "reward_checks": dataclasses.replace(CHECKS, duplicated_reasoning=False),
+                "reward_checks": msgspec.structs.replace(CHECKS, duplicated_reasoning=False),
             },
         ),
         (
             "reward_checks_empty_final_answer",
             {
                 "base_checks": True,
-                "reward_checks": dataclasses.replace(CHECKS, empty_final_answer=False),
+                "reward_checks": msgspec.structs.replace(CHECKS, empty_final_answer=False),
             },
         ),
         (
             "reward_checks_low_effort",
-            {"base_checks": True, "reward_checks": dataclasses.replace(CHECKS, low_effort=False)},
+            {
+                "base_checks": True,
+                "reward_checks": msgspec.structs.replace(CHECKS, low_effort=False),
+            },
         ),
         ("reward_log_context_added", {"reward_log_context": LOG_CONTEXT}),
         (

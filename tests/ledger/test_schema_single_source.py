@@ -10,6 +10,7 @@ import pytest
 from rollout_recovery import _bounds
 from rollout_recovery.checkpoint import _native
 from rollout_recovery.ledger import _constants, _storage
+from rollout_recovery.rewards import RewardChecks
 
 
 @pytest.mark.parametrize(
@@ -19,7 +20,7 @@ from rollout_recovery.ledger import _constants, _storage
         (_constants.PROMPT_REF_STATE_FIELDS, _storage.PromptRefState),
         (_constants.SIBLING_STATE_FIELDS, _storage.SiblingState),
         (_constants.ATTEMPT_STATE_FIELDS, _storage.AttemptState),
-        (_constants.REWARD_CHECKS_FIELDS, _storage.RewardChecksState),
+        (_constants.REWARD_CHECKS_FIELDS, RewardChecks),
     ],
 )
 def test_decode_field_sets_are_the_storage_fields(
@@ -46,11 +47,11 @@ def test_native_payload_is_the_storage_structs() -> None:
     attempt_fields = {field.name: field.type for field in msgspec.structs.fields(attempt)}
     assert attempt_fields["reward"] == int | float | None
     assert attempt_fields["receipt"] == dict[Any, Any] | None
-    assert attempt_fields["reward_checks"] == _storage.RewardChecksState | None
+    assert attempt_fields["reward_checks"] == RewardChecks | None
     assert attempt_fields["reward_log_context"] == _storage.RewardLogContextState | None
     for untouched in (
         _storage.PromptRefState,
-        _storage.RewardChecksState,
+        RewardChecks,
         _storage.RewardLogContextState,
     ):
         assert _native._as_written_struct(untouched) is untouched
@@ -69,3 +70,19 @@ def test_bounds_have_one_definition() -> None:
         _bounds.MAX_PLAIN_DEPTH + _bounds.RECEIPT_DEPTH_IN_SIDECAR
     )
     assert _native.ROLLOUT_RECOVERY_SCHEMA_VERSION is _constants.ROLLOUT_RECOVERY_SCHEMA_VERSION
+
+
+def test_reward_checks_are_one_type_in_the_ledger_the_journal_and_the_rewards() -> None:
+    # One shape for the one fact (issue 25 item 4): no converters between look-alikes.
+    from rollout_recovery.history import records
+
+    seal_fields = {field.name: field.type for field in msgspec.structs.fields(records.Seal)}
+    stored = {field.name: field.type for field in msgspec.structs.fields(_storage.AttemptState)}
+    assert seal_fields["reward_checks"] == stored["reward_checks"] == RewardChecks | None
+    checks = RewardChecks(duplicated_reasoning=True, empty_final_answer=False, low_effort=True)
+    # The journal and the ledger's state hold the same three keys.
+    assert msgspec.to_builtins(checks) == {
+        "duplicated_reasoning": True,
+        "empty_final_answer": False,
+        "low_effort": True,
+    }

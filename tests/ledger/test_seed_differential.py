@@ -61,6 +61,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
@@ -335,13 +336,22 @@ def norm(value: Any, *, receipt: bool = False) -> Any:
     if isinstance(value, SEED.settings[0].__class__ | OURS.settings[0].__class__):
         state = value.to_state() if hasattr(value, "to_state") else value.state_dict()
         return ("settings", norm(state))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if (dataclasses.is_dataclass(value) and not isinstance(value, type)) or isinstance(
+        value, msgspec.Struct
+    ):
         return norm_record(value)
     return ("other", type(value).__name__, repr(value))
 
 
 def norm_record(record: Any) -> Any:
-    fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    # A record is its type's name and its fields, a dataclass (the seed's) or a Struct
+    # (ours: ``RewardChecks`` is the one msgspec Struct the ledger stores and hands out).
+    names = (
+        record.__struct_fields__
+        if isinstance(record, msgspec.Struct)
+        else [f.name for f in dataclasses.fields(record)]
+    )
+    fields = {name: getattr(record, name) for name in names}
     extra: dict[str, Any] = {}
     name = type(record).__name__
     if name == "PromptGroupRecoveryRecord":

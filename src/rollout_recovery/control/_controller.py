@@ -74,7 +74,6 @@ from ..history.records import (
     PromptDropped,
     PromptTaken,
     Restored,
-    RewardChecksRecord,
     RoundStarted,
     Seal,
     SiblingSealed,
@@ -1129,18 +1128,13 @@ def _next_round(group: PromptGroupRecoveryRecord) -> list[FreshAttempt]:
 
 
 def _seal_record(index: int, result: AttemptResult) -> Seal:
-    checks = result.reward_checks
     return Seal(
         generation_index=index,
         rollout_id=result.rollout_id,
         receipt=result.receipt,
         reward=result.reward,
         mask_sample=result.mask_sample,
-        reward_checks=None
-        if checks is None
-        else RewardChecksRecord(
-            checks.duplicated_reasoning, checks.empty_final_answer, checks.low_effort
-        ),
+        reward_checks=result.reward_checks,
         tokens=result.generated_tokens,
         weight_versions=[
             call.weight_version for call in Receipt.from_dict(result.receipt).manifest

@@ -58,7 +58,6 @@ from ..ledger import (
     RolloutRecoveryLedger,
     SiblingSealResult,
 )
-from ..rewards import RewardChecks
 from ..rollout import FailureReason
 from ._state import ControllerState
 
@@ -128,17 +127,6 @@ class _OutsideAnyCut:
 
 #: The cut of records that change neither the ledger nor the replay index.
 OUTSIDE_ANY_CUT: MutationCut = _OutsideAnyCut()
-
-
-def _reward_checks(seal: records.Seal) -> RewardChecks | None:
-    checks = seal.reward_checks
-    if checks is None:
-        return None
-    return RewardChecks(
-        duplicated_reasoning=checks.duplicated_reasoning,
-        empty_final_answer=checks.empty_final_answer,
-        low_effort=checks.low_effort,
-    )
 
 
 def _sealed_staging_keys(group: PromptGroupRecoveryRecord) -> list[str]:
@@ -304,7 +292,7 @@ class Transitions:
             receipt=seal.receipt,
             reward=seal.reward,
             mask_sample=seal.mask_sample,
-            reward_checks=_reward_checks(seal),
+            reward_checks=seal.reward_checks,
         )
 
     def _apply_group_sealed(self, cut: MutationCut, record: records.GroupSealed) -> None:
@@ -317,7 +305,7 @@ class Transitions:
                     receipt=seal.receipt,
                     reward=seal.reward,
                     mask_sample=seal.mask_sample,
-                    reward_checks=_reward_checks(seal),
+                    reward_checks=seal.reward_checks,
                 )
                 for seal in record.seals
             },

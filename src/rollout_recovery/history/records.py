@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from ..ledger import RecoveryGranularity
+from ..rewards import RewardChecks
 from ..rollout import FailureReason
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "PromptTaken",
     "Restored",
     "ReusePolicy",
-    "RewardChecksRecord",
     "RoundStarted",
     "RunStarted",
     "Seal",
@@ -186,12 +186,6 @@ class AttemptResumed(
     refused: list[str] = []
 
 
-class RewardChecksRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    duplicated_reasoning: bool
-    empty_final_answer: bool
-    low_effort: bool
-
-
 class Seal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One finished attempt as the ledger sealed it."""
 
@@ -201,7 +195,8 @@ class Seal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     receipt: dict[str, Any]
     reward: float
     mask_sample: bool
-    reward_checks: RewardChecksRecord | None = None
+    #: The seal-time text checks, the type the ledger stores and the reward code reads.
+    reward_checks: RewardChecks | None = None
     #: Generated tokens of its calls (those it inherited included).
     tokens: int
     #: The weight version of each of its model calls, in call order.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, TypeAlias
 
+from ..rewards import RewardChecks
 from ._storage import (
     AttemptState,
     GroupState,
     PromptRefState,
-    RewardChecksState,
     SiblingState,
 )
 
@@ -51,4 +51,4 @@ GROUP_STATE_FIELDS = frozenset(GroupState.__struct_fields__)
 PROMPT_REF_STATE_FIELDS = frozenset(PromptRefState.__struct_fields__)
 SIBLING_STATE_FIELDS = frozenset(SiblingState.__struct_fields__)
 ATTEMPT_STATE_FIELDS = frozenset(AttemptState.__struct_fields__)
-REWARD_CHECKS_FIELDS = frozenset(RewardChecksState.__struct_fields__)
+REWARD_CHECKS_FIELDS = frozenset(RewardChecks.__struct_fields__)

@@ -52,10 +52,8 @@ from ._storage import (
     AttemptState,
     GroupState,
     PromptRefState,
-    RewardChecksState,
     RewardLogContextState,
     SiblingState,
-    checks_state,
     context_state,
     unchecked_plain_copy,
 )
@@ -320,13 +318,13 @@ def _typed_attempt(raw: object, path: str) -> AttemptState:
     )
 
 
-def _typed_reward_checks(raw: object, path: str) -> RewardChecksState | None:
+def _typed_reward_checks(raw: object, path: str) -> RewardChecks | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or raw.keys() != REWARD_CHECKS_FIELDS:
         _fail(f"invalid reward_checks record: {raw!r}", path)
     try:
-        return checks_state(RewardChecks(**raw))
+        return RewardChecks(**raw)
     except InvalidStateError as error:
         _fail(error.message, join_path(path, error.path))
 

@@ -45,10 +45,8 @@ from ._storage import (
     AttemptState,
     GroupState,
     PromptRefState,
-    RewardChecksState,
     RewardLogContextState,
     SiblingState,
-    checks_state,
     context_state,
     groups_to_builtins,
     prompt_ref_state,
@@ -57,12 +55,12 @@ from ._storage import (
 __all__ = ["RolloutRecoveryLedger", "validate_prompt_identity"]
 
 
-_SealStates = tuple[dict[str, Any] | None, RewardChecksState | None, RewardLogContextState | None]
+_SealStates = tuple[dict[str, Any] | None, RewardChecks | None, RewardLogContextState | None]
 
 
 def _reward_states(
     checks: object, context: object
-) -> tuple[RewardChecksState | None, RewardLogContextState | None]:
+) -> tuple[RewardChecks | None, RewardLogContextState | None]:
     """Storage forms of a seal's reward records, refusing anything but the public types."""
     if checks is not None and not isinstance(checks, RewardChecks):
         raise InvalidArgumentTypeError(
@@ -72,11 +70,7 @@ def _reward_states(
         raise InvalidArgumentTypeError(
             f"reward_log_context must be a RewardLogContext or None, got {type(context).__name__}"
         )
-    return checks_state(checks), context_state(context)
-
-
-def _public_checks(checks: RewardChecksState | None) -> RewardChecks | None:
-    return None if checks is None else checks.to_public()
+    return checks, context_state(context)
 
 
 def _public_context(context: RewardLogContextState | None) -> RewardLogContext | None:
@@ -558,7 +552,7 @@ class RolloutRecoveryLedger:
                 _same_receipt(attempt.receipt, receipt)
                 and _same_reward(attempt.reward, _reward_value(reward, logical_id))
                 and attempt.mask_sample is mask_sample
-                and _public_checks(attempt.reward_checks) == reward_checks
+                and attempt.reward_checks == reward_checks
                 and _public_context(attempt.reward_log_context) == reward_log_context
                 and attempt.staging_keys == staging_keys
             ):

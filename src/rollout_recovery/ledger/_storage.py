@@ -40,10 +40,8 @@ __all__ = [
     "AttemptState",
     "GroupState",
     "PromptRefState",
-    "RewardChecksState",
     "RewardLogContextState",
     "SiblingState",
-    "checks_state",
     "context_state",
     "groups_to_builtins",
     "prompt_ref_state",
@@ -95,11 +93,12 @@ def unchecked_plain_copy(value: Any) -> Any:
     return msgspec.to_builtins(value, builtin_types=(bytes,))
 
 
-# The three small records nested in the state are kept as strict Structs rather than the
-# public frozen dataclasses: msgspec silently drops unknown keys when it builds a
-# dataclass, while a Struct with forbid_unknown_fields refuses them, so one typed decode
-# of a file (or one conversion of a dict) is exactly as strict as the seed's checks.
-# Records handed to callers carry the public types (``to_record``).
+# The small records nested in the state are strict Structs rather than the public frozen
+# dataclasses: msgspec silently drops unknown keys when it builds a dataclass, while a
+# Struct with forbid_unknown_fields refuses them, so one typed decode of a file (or one
+# conversion of a dict) is exactly as strict as the seed's checks. Records handed to
+# callers carry the public types (``to_record``). ``RewardChecks`` is such a Struct itself
+# (frozen, so records share the stored instance): it is stored as it is.
 
 
 class PromptRefState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -108,15 +107,6 @@ class PromptRefState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
 
     def to_public(self) -> PromptRef:
         return _trusted(PromptRef, sample_id=self.sample_id, task_name=self.task_name)
-
-
-class RewardChecksState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
-    duplicated_reasoning: bool
-    empty_final_answer: bool
-    low_effort: bool
-
-    def to_public(self) -> RewardChecks:
-        return _PUBLIC_CHECKS[(self.duplicated_reasoning, self.empty_final_answer, self.low_effort)]
 
 
 class RewardLogContextState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -145,25 +135,8 @@ def _trusted(cls: type[_T], **values: Any) -> _T:
     return record
 
 
-# RewardChecks has eight possible values; records share these frozen instances.
-_PUBLIC_CHECKS: dict[tuple[bool, bool, bool], RewardChecks] = {
-    (a, b, c): RewardChecks(duplicated_reasoning=a, empty_final_answer=b, low_effort=c)
-    for a in (False, True)
-    for b in (False, True)
-    for c in (False, True)
-}
-
-
 def prompt_ref_state(prompt_ref: PromptRef) -> PromptRefState:
     return PromptRefState(prompt_ref.sample_id, prompt_ref.task_name)
-
-
-def checks_state(checks: RewardChecks | None) -> RewardChecksState | None:
-    if checks is None:
-        return None
-    return RewardChecksState(
-        checks.duplicated_reasoning, checks.empty_final_answer, checks.low_effort
-    )
 
 
 def context_state(context: RewardLogContext | None) -> RewardLogContextState | None:
@@ -182,7 +155,7 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     receipt: dict[str, Any] | None
     reward: float | None
     mask_sample: bool | None
-    reward_checks: RewardChecksState | None
+    reward_checks: RewardChecks | None
     reward_log_context: RewardLogContextState | None
     staging_keys: list[str]
 
@@ -199,7 +172,7 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
         receipt: dict[str, Any] | None,
         reward: float,
         mask_sample: bool,
-        reward_checks: RewardChecksState | None,
+        reward_checks: RewardChecks | None,
         reward_log_context: RewardLogContextState | None,
         staging_keys: list[str],
     ) -> None:
@@ -224,7 +197,6 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 
     def to_record(self) -> RolloutAttemptRecord:
         receipt = self.receipt
-        checks = self.reward_checks
         context = self.reward_log_context
         # Positional arguments in field order: the hot path of every record copy.
         return RolloutAttemptRecord(
@@ -233,7 +205,7 @@ class AttemptState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
             None if receipt is None else unchecked_plain_copy(receipt),
             self.reward,
             self.mask_sample,
-            None if checks is None else checks.to_public(),
+            self.reward_checks,
             None if context is None else context.to_public(),
             list(self.staging_keys),
         )

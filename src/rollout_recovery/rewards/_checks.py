@@ -8,9 +8,10 @@ text checks run here and their boolean results travel as :class:`RewardChecks`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from ..errors import InvalidStateError
 
@@ -26,12 +27,16 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RewardChecks:
+class RewardChecks(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """Text-derived checks computed at seal time, when the agent's output text still exists.
 
     The final reward is computed later from verified tokens; these flags are the only part of
-    the text that survives, so they are persisted with the sealed attempt.
+    the text that survives, so they are persisted with the sealed attempt. One type for the
+    one fact wherever it goes: the ledger stores it as is (its schema-3 state holds these
+    three keys), the journal's ``Seal`` carries it, and a seal hands it to the reward code.
+    A strict Struct, not a dataclass: decoding refuses an unknown or missing key, where
+    msgspec would silently drop an unknown key of a dataclass. ``gc=False``: it holds only
+    booleans, and a restore builds one per sealed attempt (10^5 of them).
     """
 
     duplicated_reasoning: bool
