@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_delta=args.max_delta,
             )
             check = finalize_group(group=group, data_plane=store, settings=plain)
-            assert check.valid_row_count == args.siblings, check.outcomes
+            assert check.valid_row_count == args.siblings, check.metas
             row_tokens = sum(row.token_ids.size for row in check.rows)
             cases: dict[str, list[float]] = {
                 "raw fetch (one get of all staged rows)": measure(

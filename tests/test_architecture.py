@@ -45,6 +45,7 @@ LAYERS = [
     "_sampler",
     "errors",
     "_outcomes",
+    "_row_facts",
     "_messages",
     "_bounds",
     "_cut",

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from finalize_support import (
@@ -22,6 +23,7 @@ from rollout_recovery.capture import CaptureWriter, LinearizedRollout
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import DataPlane, MemoryDataPlane, SqliteDataPlane
 from rollout_recovery.errors import DataPlaneClosedError, InvalidTransitionError
+from rollout_recovery.finalize import CanonicalRowMeta
 from rollout_recovery.finalize._group import finalize_group
 from rollout_recovery.finalize._metrics import (
     INVALID_ROW_RATE,
@@ -29,6 +31,7 @@ from rollout_recovery.finalize._metrics import (
     failure_reason_metric,
 )
 from rollout_recovery.finalize._result import FinalizedGroup
+from rollout_recovery.history.records import TrainedRow
 from rollout_recovery.ledger import PromptGroupStatus, RolloutRecoveryLedger
 from rollout_recovery.rewards import (
     CaptureRewardSettings,
@@ -73,7 +76,7 @@ def test_all_valid_group_yields_n_rows_in_generation_order(
     assert result.row_keys == ("grp_g0", "grp_g1", "grp_g2")
     assert result.total_row_count == result.valid_row_count == 3
     for index, (sibling, outcome, row) in enumerate(
-        zip(staged, result.outcomes, result.rows, strict=True)
+        zip(staged, result.metas, result.rows, strict=True)
     ):
         assert outcome.valid and outcome.reason is None and not outcome.mask_sample
         assert outcome.rollout_id == sibling.rollout_id
@@ -148,7 +151,7 @@ def test_each_capture_failure_becomes_a_placeholder_with_its_reason(
     result = run(ledger, store)
 
     assert len(result.rows) == 3
-    bad = result.outcomes[1]
+    bad = result.metas[1]
     assert not bad.valid and bad.reason is not None and bad.reason.startswith(reason)
     assert bad.reward == 0.0 and bad.prompt_len == 0
     assert bad.min_weight_version is None and bad.max_weight_version is None
@@ -157,7 +160,7 @@ def test_each_capture_failure_becomes_a_placeholder_with_its_reason(
     assert row.metadata["valid"] is False and row.metadata["sample_mask"] == 0.0
     assert row.metadata["reason"] == bad.reason
     # The neighbours are untouched by their sibling's failure (batched fetch falls back).
-    assert [o.valid for o in result.outcomes] == [True, False, True]
+    assert [o.valid for o in result.metas] == [True, False, True]
     code = reason.split(":")[0]
     assert result.metrics[failure_reason_metric(code)] == 1.0
     assert result.metrics[INVALID_ROW_RATE] == pytest.approx(1 / 3)
@@ -177,7 +180,7 @@ def test_invalid_receipt_schema_is_a_placeholder(
         CUT, "grp", generation_index=0, gate_rollout_id=sibling.rollout_id,
         receipt=sibling.receipt, reward=1.0, mask_sample=False,
     )  # fmt: skip
-    (outcome,) = run(ledger, store).outcomes
+    (outcome,) = run(ledger, store).metas
     assert outcome.reason is not None and outcome.reason.startswith("invalid_receipt:")
 
 
@@ -193,8 +196,8 @@ def test_missing_reward_checks_is_a_reward_processing_placeholder(
         options=[SealOptions(reward=1.0, checks=checks), SealOptions(reward=1.0, checks=None)],
     )
     result = run(ledger, store, settings)
-    assert result.outcomes[0].valid
-    assert result.outcomes[1].reason == "reward_processing:missing_reward_checks"
+    assert result.metas[0].valid
+    assert result.metas[1].reason == "reward_processing:missing_reward_checks"
     assert result.metrics[failure_reason_metric(REWARD_PROCESSING)] == 1.0
     assert result.metrics["finalize/penalty_count/empty_final_answer"] == 0.0
 
@@ -208,7 +211,7 @@ def test_non_finite_raw_reward_is_a_reward_processing_placeholder(
         ["sealed", "sealed"],
         options=[SealOptions(reward=math.inf), SealOptions(reward=math.nan)],
     )
-    reasons = [o.reason for o in run(ledger, store).outcomes]
+    reasons = [o.reason for o in run(ledger, store).metas]
     assert reasons[0] == "reward_processing:non_finite_reward"
     assert reasons[1] is not None and reasons[1].startswith("reward_processing:raw reward")
 
@@ -222,8 +225,8 @@ def test_penalties_zero_the_reward_and_are_counted(
     )
     build_group(ledger, store, ["sealed", "sealed"], options=[SealOptions(2.0), SealOptions(2.0)])
     result = run(ledger, store, settings)
-    assert [o.reward for o in result.outcomes] == [2.0, 0.0]
-    assert all(o.valid for o in result.outcomes)
+    assert [o.reward for o in result.metas] == [2.0, 0.0]
+    assert all(o.valid for o in result.metas)
     assert result.metrics["finalize/penalty_count/unwanted_token"] == 1.0
     pooled = aggregate_capture_reward_metrics(
         {k: [v] for k, v in result.metrics.items()}, list(result.reward_observations)
@@ -242,7 +245,7 @@ def test_effort_shaping_runs_before_penalties(
     build_group(ledger, store, ["sealed"], options=[SealOptions(reward=1.0, checks=low)])
     result = run(ledger, store, settings)
     # Terminal call generated 3 tokens: length_reward = 0.5 * (1 - 3/6) = 0.25.
-    assert result.outcomes[0].reward == pytest.approx(1.25)
+    assert result.metas[0].reward == pytest.approx(1.25)
     assert result.metrics["finalize/effort/low/3"] == 1.0
     assert result.metrics["finalize/effort/length_reward_sum"] == pytest.approx(0.25)
 
@@ -262,11 +265,11 @@ def test_mask_sample_keeps_the_row_valid_but_out_of_training(
         ],
     )
     result = run(ledger, store)
-    flagged = result.outcomes[1]
+    flagged = result.metas[1]
     assert flagged.valid and flagged.mask_sample and not flagged.trainable
     assert flagged.reward == 3.0 and result.rows[1].token_ids.size > 0
     assert result.rows[1].metadata["mask_sample"] is True
-    assert result.outcomes[2].mask_sample and not result.outcomes[2].valid
+    assert result.metas[2].mask_sample and not result.metas[2].valid
     assert result.valid_mask().tolist() == [True, True, False]
     assert result.train_mask().tolist() == [True, False, False]
     assert result.metrics["finalize/mask_sample_count"] == 1.0
@@ -345,3 +348,34 @@ def test_data_plane_faults_propagate(ledger: RolloutRecoveryLedger, store: DataP
     store.close()
     with pytest.raises(DataPlaneClosedError):
         run(ledger, store)
+
+
+# The stored metadata keys of a canonical row and the journal's keys of a trained row:
+# one row-metadata shape must not move either wire format (data-plane rows a restore
+# reads, ``step_trained`` lines an old journal holds).
+STORED_ROW_KEYS = {
+    "sample_id", "group_id", "generation_index", "prompt_id", "target_step", "rollout_id",
+    "valid", "mask_sample", "sample_mask", "reward", "prompt_len", "min_weight_version",
+    "max_weight_version", "weight_version", "reason", "weight_version_spans",
+}  # fmt: skip
+JOURNAL_ROW_KEYS = {
+    "group_id", "generation_index", "prompt_idx", "rollout_id", "valid", "reward",
+    "weight_version", "weight_version_spans",
+}  # fmt: skip
+
+
+def test_the_journal_row_is_built_from_the_stored_rows_shared_facts(
+    ledger: RolloutRecoveryLedger, store: DataPlane
+) -> None:
+    build_group(ledger, store, ["sealed", "failed"])
+    result = run(ledger, store)
+    for meta, row in zip(result.metas, result.rows, strict=True):
+        assert set(row.metadata) == STORED_ROW_KEYS
+        assert CanonicalRowMeta.of(row) == meta
+        trained = TrainedRow(**meta.facts(), prompt_idx=7)
+        assert set(msgspec.to_builtins(trained)) == JOURNAL_ROW_KEYS
+        shared = JOURNAL_ROW_KEYS - {"prompt_idx"}
+        assert {key: getattr(trained, key) for key in shared} == {
+            key: getattr(meta, key) for key in shared
+        }
+    assert [meta.valid for meta in result.metas] == [True, False]

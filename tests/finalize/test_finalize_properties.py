@@ -71,11 +71,11 @@ def test_any_mix_publishes_exactly_n_rows(
     result = finalize_group(group=record, data_plane=store, settings=CaptureRewardSettings())
 
     n = len(kinds)
-    assert len(result.rows) == len(result.outcomes) == n
+    assert len(result.rows) == len(result.metas) == n
     assert result.row_keys == tuple(f"grp_g{i}" for i in range(n))
     valid_versions: list[int] = []
     for index, (kind, sibling, option) in enumerate(zip(kinds, staged, options, strict=True)):
-        outcome, row = result.outcomes[index], result.rows[index]
+        outcome, row = result.metas[index], result.rows[index]
         assert outcome.generation_index == index and outcome.mask_sample == option.mask_sample
         assert row.metadata["sample_id"] == f"grp_g{index}"
         assert row.metadata["rollout_id"] == record.gate_rollout_id(index)

@@ -871,18 +871,9 @@ class Controller(Generic[Weights]):
                     rewards_seen.append(meta.reward)
                 elif meta.reason is not None:
                     placeholder_reasons[meta.reason] = placeholder_reasons.get(meta.reason, 0) + 1
-                trained.append(
-                    TrainedRow(
-                        group_id=meta.group_id,
-                        generation_index=meta.generation_index,
-                        prompt_idx=int(meta.prompt_id),
-                        rollout_id=meta.rollout_id,
-                        valid=meta.valid,
-                        reward=meta.reward,
-                        weight_version=meta.weight_version,
-                        weight_version_spans=meta.weight_version_spans,
-                    )
-                )
+                # The journal's row: the facts the stored row shares with it, and the
+                # dataset index the controller's prompt ids are (``str(prompt_idx)``).
+                trained.append(TrainedRow(**meta.facts(), prompt_idx=int(meta.prompt_id)))
         return samples, sample_rollouts, trained, rewards_seen, placeholder_reasons
 
     async def _train_step(self, step: int) -> None:

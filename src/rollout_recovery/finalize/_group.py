@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from ..capture import CaptureWriter, LinearizedRollout, Rejection, verify_receipts
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, Row
 from ..errors import InvalidStateError, InvalidTransitionError
 from ..ledger import (
     PromptGroupRecoveryRecord,
@@ -33,8 +33,8 @@ from ..rewards import (
     FinalizedReward,
 )
 from ._metrics import REWARD_PROCESSING, capture_metrics
-from ._result import FinalizedGroup, SiblingOutcome
-from ._rows import canonical_row
+from ._result import FinalizedGroup
+from ._rows import CanonicalRowMeta, canonical_row
 
 __all__ = ["FINALIZABLE_STATUSES", "finalize_group"]
 
@@ -70,97 +70,102 @@ def finalize_group(
         partition=staging_partition,
     )
 
-    outcomes: list[SiblingOutcome] = []
-    linearized: list[LinearizedRollout | None] = []
+    # A sibling's final reward, or the reason it is a placeholder: the group's version span
+    # (each row's ``weight_version``) comes from the valid rows, so it is known only once
+    # every sibling is judged.
+    finals: list[CaptureRewardOutcome | str] = [
+        verdict.reason
+        if isinstance(verdict, Rejection)
+        else _final_reward(attempt, verdict, settings)
+        for attempt, verdict in zip(attempts, verdicts, strict=True)
+    ]
+    valid = [
+        verdict
+        for verdict, final in zip(verdicts, finals, strict=True)
+        if isinstance(verdict, LinearizedRollout) and not isinstance(final, str)
+    ]
+    min_version = min(
+        (v.min_weight_version for v in valid if v.min_weight_version is not None),
+        default=group.start_weight_version,
+    )
+    max_version = max(
+        (v.max_weight_version for v in valid if v.max_weight_version is not None),
+        default=group.start_weight_version,
+    )
+
+    metas: list[CanonicalRowMeta] = []
+    rows: list[Row] = []
     reward_outcomes: list[CaptureRewardOutcome] = []
     observations: list[FinalizedReward] = []
     failure_buckets: list[str] = []
     rejections: list[Rejection] = []
     valid_manifests: list[Sequence[Mapping[str, Any]]] = []
-    for index, (attempt, gate_id, verdict) in enumerate(
-        zip(attempts, gate_ids, verdicts, strict=True)
+    for index, (attempt, gate_id, verdict, final) in enumerate(
+        zip(attempts, gate_ids, verdicts, finals, strict=True)
     ):
         sample_id = group.logical_rollout_id(index)
         # ``mask_sample`` is a bool on every sealed attempt (a ledger invariant); ``is True``
         # keeps a hand-built record with None from flagging anything.
         mask_sample = attempt.mask_sample is True
-        reward: CaptureRewardOutcome | str
         if isinstance(verdict, Rejection):
-            reward = verdict.reason
             rejections.append(verdict)
             failure_buckets.append(verdict.code)
-        else:
-            reward = _final_reward(attempt, verdict, settings)
-            if isinstance(reward, str):
-                failure_buckets.append(REWARD_PROCESSING)
-        if isinstance(reward, str):
-            outcomes.append(_placeholder(index, sample_id, gate_id, mask_sample, reward))
-            linearized.append(None)
-            continue
-        assert isinstance(verdict, LinearizedRollout)
-        outcomes.append(
-            SiblingOutcome(
-                generation_index=index,
-                sample_id=sample_id,
-                rollout_id=gate_id,
-                valid=True,
-                mask_sample=mask_sample,
-                reward=reward.reward,
-                reason=None,
-                prompt_len=verdict.prompt_len,
-                min_weight_version=verdict.min_weight_version,
-                max_weight_version=verdict.max_weight_version,
-            )
+        elif isinstance(final, str):
+            failure_buckets.append(REWARD_PROCESSING)
+        accepted = verdict if not isinstance(final, str) else None
+        assert accepted is None or isinstance(accepted, LinearizedRollout)
+        meta = CanonicalRowMeta(
+            group_id=group.group_id,
+            generation_index=index,
+            rollout_id=gate_id,
+            valid=accepted is not None,
+            reward=0.0 if isinstance(final, str) else final.reward,
+            weight_version=min_version,
+            weight_version_spans=[]
+            if accepted is None
+            else [(s.version, s.start, s.end) for s in accepted.token_version_spans],
+            sample_id=sample_id,
+            prompt_id=group.prompt_id,
+            target_step=group.target_step,
+            mask_sample=mask_sample,
+            sample_mask=0.0 if accepted is None else 1.0,
+            prompt_len=0 if accepted is None else accepted.prompt_len,
+            min_weight_version=None if accepted is None else accepted.min_weight_version,
+            max_weight_version=None if accepted is None else accepted.max_weight_version,
+            reason=final if isinstance(final, str) else None,
         )
-        linearized.append(verdict)
-        reward_outcomes.append(reward)
+        metas.append(meta)
+        rows.append(canonical_row(meta, accepted))
+        if isinstance(final, str):
+            continue
+        reward_outcomes.append(final)
         observations.append(
             FinalizedReward(
                 sample_id=sample_id,
                 rollout_id=gate_id,
-                reward=reward.reward,
+                reward=final.reward,
                 log_context=attempt.reward_log_context,
             )
         )
         assert attempt.receipt is not None  # a verified rollout had a receipt
         valid_manifests.append(attempt.receipt["manifest"])
 
-    valid = [outcome for outcome in outcomes if outcome.valid]
-    min_version = min(
-        (o.min_weight_version for o in valid if o.min_weight_version is not None),
-        default=group.start_weight_version,
-    )
-    max_version = max(
-        (o.max_weight_version for o in valid if o.max_weight_version is not None),
-        default=group.start_weight_version,
-    )
     metrics = settings.group_metrics(reward_outcomes)
     metrics.update(
         capture_metrics(
-            total_rows=len(outcomes),
+            total_rows=len(metas),
             failure_buckets=failure_buckets,
             valid_manifests=valid_manifests,
             rejections=rejections,
-            mask_sample_count=sum(o.mask_sample for o in valid),
+            mask_sample_count=sum(meta.mask_sample for meta in metas if meta.valid),
         )
-    )
-    rows = tuple(
-        canonical_row(
-            outcome,
-            rollout,
-            group_id=group.group_id,
-            prompt_id=group.prompt_id,
-            target_step=group.target_step,
-            group_min_weight_version=min_version,
-        )
-        for outcome, rollout in zip(outcomes, linearized, strict=True)
     )
     return FinalizedGroup(
         group_id=group.group_id,
         target_step=group.target_step,
-        outcomes=tuple(outcomes),
-        row_keys=tuple(outcome.sample_id for outcome in outcomes),
-        rows=rows,
+        metas=tuple(metas),
+        row_keys=tuple(meta.sample_id for meta in metas),
+        rows=tuple(rows),
         staging_keys=tuple(key for attempt in attempts for key in attempt.staging_keys),
         min_weight_version=min_version,
         max_weight_version=max_version,
@@ -220,20 +225,3 @@ def _final_reward(
         # every pooled statistic; it is a broken reward, not a very good one.
         return f"{REWARD_PROCESSING}:non_finite_reward"
     return outcome
-
-
-def _placeholder(
-    index: int, sample_id: str, gate_id: str, mask_sample: bool, reason: str
-) -> SiblingOutcome:
-    return SiblingOutcome(
-        generation_index=index,
-        sample_id=sample_id,
-        rollout_id=gate_id,
-        valid=False,
-        mask_sample=mask_sample,
-        reward=0.0,
-        reason=reason,
-        prompt_len=0,
-        min_weight_version=None,
-        max_weight_version=None,
-    )

@@ -1,4 +1,4 @@
-"""What finalizing one prompt group produces: N sibling outcomes, N canonical rows, metrics.
+"""What finalizing one prompt group produces: N canonical rows and their metadata, metrics.
 
 A sibling is *valid* when its receipt verified against its staged rows and its reward could
 be finalized; otherwise it is a *placeholder* (no tokens, masked out of loss and baseline)
@@ -17,43 +17,18 @@ import numpy.typing as npt
 
 from ..dataplane import Row
 from ..rewards import FinalizedReward
+from ._rows import CanonicalRowMeta
 
-__all__ = ["FinalizedGroup", "SiblingOutcome"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SiblingOutcome:
-    """The finalizer's verdict on one sibling (one canonical row).
-
-    ``reward`` is the final (shaped, then penalized) reward of a valid row and ``0.0`` for a
-    placeholder. ``reason`` is ``None`` exactly when ``valid``; otherwise an upstream-style
-    reason such as ``missing_receipt``, ``digest_mismatch:<key>: ...`` or
-    ``reward_processing:missing_reward_checks``. Weight versions are ``None`` for
-    placeholders.
-    """
-
-    generation_index: int
-    sample_id: str
-    rollout_id: str
-    valid: bool
-    mask_sample: bool
-    reward: float
-    reason: str | None
-    prompt_len: int
-    min_weight_version: int | None
-    max_weight_version: int | None
-
-    @property
-    def trainable(self) -> bool:
-        """Valid and not flagged: the row enters the loss and the GRPO baseline."""
-        return self.valid and not self.mask_sample
+__all__ = ["FinalizedGroup"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class FinalizedGroup:
     """Exactly N canonical rows of one group, in generation order, ready to publish.
 
-    ``row_keys[i]`` is ``{group_id}_g{i}`` and keys ``rows[i]``. ``staging_keys`` lists every
+    ``metas[i]`` is the typed metadata of ``rows[i]`` (the finalizer's verdict on sibling
+    ``i``: valid, or a placeholder with its reason) and ``row_keys[i]``, ``{group_id}_g{i}``,
+    its key. ``staging_keys`` lists every
     staging key owned by the group's sealed current attempts (valid or not, dead branches
     included): publication clears them all. ``metrics`` are per-group sums (pool them with
     :func:`rollout_recovery.rewards.aggregate_capture_reward_metrics`), and
@@ -64,7 +39,7 @@ class FinalizedGroup:
 
     group_id: str
     target_step: int | None
-    outcomes: tuple[SiblingOutcome, ...]
+    metas: tuple[CanonicalRowMeta, ...]
     row_keys: tuple[str, ...]
     rows: tuple[Row, ...]
     staging_keys: tuple[str, ...]
@@ -75,11 +50,11 @@ class FinalizedGroup:
 
     @property
     def total_row_count(self) -> int:
-        return len(self.outcomes)
+        return len(self.metas)
 
     @property
     def valid_row_count(self) -> int:
-        return sum(outcome.valid for outcome in self.outcomes)
+        return sum(meta.valid for meta in self.metas)
 
     @property
     def rows_by_key(self) -> dict[str, Row]:
@@ -88,12 +63,12 @@ class FinalizedGroup:
 
     def rewards(self) -> npt.NDArray[np.float64]:
         """Final rewards in generation order (placeholders hold 0.0)."""
-        return np.array([outcome.reward for outcome in self.outcomes], dtype=np.float64)
+        return np.array([meta.reward for meta in self.metas], dtype=np.float64)
 
     def valid_mask(self) -> npt.NDArray[np.bool_]:
         """Which rows verified (upstream's ``sample_mask`` with a loss multiplier of 1)."""
-        return np.array([outcome.valid for outcome in self.outcomes], dtype=np.bool_)
+        return np.array([meta.valid for meta in self.metas], dtype=np.bool_)
 
     def train_mask(self) -> npt.NDArray[np.bool_]:
         """``valid and not mask_sample``: the ``valid_mask`` for :func:`grpo_advantages`."""
-        return np.array([outcome.trainable for outcome in self.outcomes], dtype=np.bool_)
+        return np.array([meta.trainable for meta in self.metas], dtype=np.bool_)

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from .._row_facts import RowFacts
 from ..ledger import RecoveryGranularity
 from ..rewards import RewardChecks
 from ..rollout import FailureReason
@@ -273,19 +274,17 @@ class GroupPublished(
     metrics: dict[str, float] = {}
 
 
-class TrainedRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One canonical row as a training step used it."""
+class TrainedRow(RowFacts, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One canonical row as a training step used it: the facts its stored metadata holds
+    too (``RowFacts``: ids, ``valid``, ``reward``, ``weight_version``,
+    ``weight_version_spans``) and its prompt's dataset index.
 
-    group_id: str
-    generation_index: int
+    Not the stored metadata itself (``finalize.CanonicalRowMeta``, the same ``RowFacts``
+    and more): the journal records only what the audit checks, and the row's ``prompt_id``
+    (the ledger's string) is here the dataloader's index the journal names prompts by.
+    """
+
     prompt_idx: int
-    rollout_id: str
-    valid: bool
-    reward: float
-    weight_version: int
-    #: ``[version, start, end]``: which weight version generated the row's tokens
-    #: ``[start, end)`` (row positions; see ``CanonicalRowMeta``). Empty for a placeholder.
-    weight_version_spans: list[tuple[int, int, int]] = []
 
 
 class StepTrained(
