@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rollout_recovery.capture._receipt import assemble_receipt
+from rollout_recovery.capture._receipt import Receipt, assemble_receipt
 from rollout_recovery.control import Controller, load_config
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
@@ -68,7 +68,7 @@ def _controller(run: Path, groups: int) -> Controller:
     )
 
 
-def _staged(controller: Controller, rollout_id: str, prompt: list[int]) -> dict[str, Any]:
+def _staged(controller: Controller, rollout_id: str, prompt: list[int]) -> Receipt:
     """One staged call of ``rollout_id`` and the receipt naming it."""
     record = controller.capture.stage_call(
         rollout_id=rollout_id,
@@ -106,7 +106,7 @@ async def _fill(controller: Controller, groups: int) -> None:
                     record.group_id,
                     generation_index=index,
                     gate_rollout_id=rollout_id,
-                    receipt=_staged(controller, rollout_id, prompt["prompt_token_ids"]),
+                    receipt=_staged(controller, rollout_id, prompt["prompt_token_ids"]).to_dict(),
                     reward=1.0,
                     mask_sample=False,
                 )

@@ -95,7 +95,9 @@ def build_group(
             history = np.concatenate([history, carried, generated])
             staged_tokens += delta
         keys += [r.staging_key for r in records]
-        receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=f"c{calls - 1}")
+        receipt = assemble_receipt(
+            rollout_id, records, terminal_model_call_id=f"c{calls - 1}"
+        ).to_dict()
         ledger.mark_sibling_sealed(
             CUT,
             "bench",

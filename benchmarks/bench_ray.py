@@ -168,7 +168,7 @@ async def _seal_cost(groups: int, siblings: int = 16) -> float:
                 generated_logprobs=[-0.5],
                 weight_version=0,
             )
-            receipt = assemble_receipt(gate, [first, second], terminal_model_call_id="c1")
+            receipt = assemble_receipt(gate, [first, second], terminal_model_call_id="c1").to_dict()
             receipts.append((f"grp{g}", index, gate, receipt))
     with tempfile.TemporaryDirectory() as tmp:
         trail = AuditTrail(RunDirectory(Path(tmp)))

@@ -140,7 +140,9 @@ def build_rollout(rollout_id: str, specs: Sequence[CallSpec], terminal: int) -> 
                 base[2] + [0.0] * len(spec.carried) + [float(np.float32(x)) for x in spec.logprobs],
             )
         )
-    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=call_id(terminal))
+    receipt = assemble_receipt(
+        rollout_id, records, terminal_model_call_id=call_id(terminal)
+    ).to_dict()
     chain: list[int] = []
     cursor: int | None = terminal
     while cursor is not None:

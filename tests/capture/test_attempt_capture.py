@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from capture_support import DictDataPlane
 
-from rollout_recovery.capture import CaptureWriter, Receipt
+from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.capture._writer import AttemptCapture
 from rollout_recovery.errors import InvalidArgumentError
 
@@ -48,7 +48,7 @@ def _two_calls(in_thread: bool) -> tuple[CaptureWriter, DictDataPlane, AttemptCa
 def test_the_receipt_chains_the_calls_and_names_the_last_terminal(in_thread: bool) -> None:
     _, plane, attempt = _two_calls(in_thread)
     assert attempt.calls == 2
-    receipt = Receipt.from_dict(attempt.receipt(reward=1.0))
+    receipt = attempt.receipt(reward=1.0)
     assert [call.model_call_id for call in receipt.manifest] == ["c0", "c1"]
     assert receipt.manifest[1].parent_call_id == "c0"
     assert receipt.terminal_model_call_id == "c1" and not receipt.capture_poisoned
@@ -57,8 +57,7 @@ def test_the_receipt_chains_the_calls_and_names_the_last_terminal(in_thread: boo
 
 def test_a_failed_call_poisons_a_receipt_that_still_lists_every_staged_call() -> None:
     _, _, attempt = _two_calls(False)
-    raw = attempt.failed_receipt("c2", "data_error:token_mismatch")
-    receipt = Receipt.from_dict(raw)
+    receipt = attempt.failed_receipt("c2", "data_error:token_mismatch")
     assert receipt.capture_poisoned and receipt.failure_reason == "data_error:token_mismatch"
     assert [call.model_call_id for call in receipt.manifest] == ["c0", "c1"]
 

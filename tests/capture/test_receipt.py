@@ -40,7 +40,7 @@ def test_receipt_layout_satisfies_the_ledger_contract() -> None:
 
 def test_assembly_is_deterministic() -> None:
     built = simple_rollout(RID)
-    again = assemble_receipt(RID, built.records, terminal_model_call_id="call02")
+    again = assemble_receipt(RID, built.records, terminal_model_call_id="call02").to_dict()
     assert again == built.receipt
     assert json.dumps(again) == json.dumps(built.receipt)
 
@@ -56,7 +56,7 @@ def test_duplicate_records_are_dropped_first_wins() -> None:
     records = simple_rollout(RID).records
     receipt = assemble_receipt(
         RID, [*records, records[1], records[0]], terminal_model_call_id="call02"
-    )
+    ).to_dict()
     assert [e["model_call_id"] for e in receipt["manifest"]] == [
         "call00",
         "call01",
@@ -75,7 +75,7 @@ def test_first_failure_poisons_but_keeps_every_key() -> None:
             CaptureFailure(model_call_id="call07", reason="unresolved_parent"),
             CaptureFailure(model_call_id="call08", reason="worker_capture_failed"),
         ],
-    )
+    ).to_dict()
     assert receipt["capture_poisoned"] is True
     assert receipt["failure_reason"] == "unresolved_parent"
     assert len(receipt["manifest"]) == 4  # the finalizer must still clear these rows
@@ -90,7 +90,7 @@ def test_unserved_call_failure_does_not_poison_on_its_own() -> None:
         failures=[
             CaptureFailure(model_call_id="c9", reason=REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES)
         ],
-    )
+    ).to_dict()
     assert receipt["capture_poisoned"] is False
 
 
@@ -103,20 +103,22 @@ def test_unserved_terminal_is_masked_as_missing_terminal_row() -> None:
         failures=[
             CaptureFailure(model_call_id="c9", reason=REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES)
         ],
-    )
+    ).to_dict()
     assert receipt["capture_poisoned"] is True
     assert receipt["failure_reason"] == MISSING_TERMINAL_ROW
     assert receipt["terminal_model_call_id"] is None
 
 
 def test_undeclared_terminal_masks() -> None:
-    receipt = assemble_receipt(RID, simple_rollout(RID).records, terminal_model_call_id=None)
+    receipt = assemble_receipt(
+        RID, simple_rollout(RID).records, terminal_model_call_id=None
+    ).to_dict()
     assert receipt["capture_poisoned"] is True
     assert receipt["failure_reason"] == UNDECLARED_TERMINAL
 
 
 def test_a_rollout_with_no_calls_gives_a_poisoned_empty_receipt() -> None:
-    receipt = assemble_receipt(RID, [], terminal_model_call_id="c0")
+    receipt = assemble_receipt(RID, [], terminal_model_call_id="c0").to_dict()
     assert receipt["manifest"] == []
     assert receipt["capture_poisoned"] is True
 
@@ -124,20 +126,22 @@ def test_a_rollout_with_no_calls_gives_a_poisoned_empty_receipt() -> None:
 def test_records_of_another_rollout_are_a_store_bug() -> None:
     other = simple_rollout("grp1_g0_aother").records
     with pytest.raises(InvalidStateError, match="does not belong"):
-        assemble_receipt(RID, other, terminal_model_call_id="call02")
+        assemble_receipt(RID, other, terminal_model_call_id="call02").to_dict()
 
 
 def test_bad_rollout_id_is_refused() -> None:
     with pytest.raises(InvalidArgumentError):
-        assemble_receipt("bad/id", [], terminal_model_call_id=None)
+        assemble_receipt("bad/id", [], terminal_model_call_id=None).to_dict()
 
 
 def test_reward_is_carried_and_must_be_finite() -> None:
     records = simple_rollout(RID).records
-    receipt = assemble_receipt(RID, records, terminal_model_call_id="call02", reward=0.5)
+    receipt = assemble_receipt(RID, records, terminal_model_call_id="call02", reward=0.5).to_dict()
     assert receipt["reward"] == 0.5
     with pytest.raises(InvalidStateError, match="finite"):
-        assemble_receipt(RID, records, terminal_model_call_id="call02", reward=float("inf"))
+        assemble_receipt(
+            RID, records, terminal_model_call_id="call02", reward=float("inf")
+        ).to_dict()
 
 
 @pytest.mark.parametrize(

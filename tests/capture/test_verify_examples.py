@@ -153,7 +153,7 @@ def test_capture_poisoned_carries_the_failure_reason(built: Built) -> None:
         built.records,
         terminal_model_call_id="call02",
         failures=[CaptureFailure(model_call_id="call09", reason="worker_capture_failed")],
-    )
+    ).to_dict()
     rejection = _rejected(verify_and_linearize(receipt, built.rows()), "capture_poisoned")
     assert rejection.reason == "capture_poisoned:worker_capture_failed"
 

@@ -207,7 +207,7 @@ def test_the_next_attempt_continues_the_calls_a_dead_actor_staged(new_plane: New
     prefix, result, victim = asyncio.run(scenario())
     assert len(prefix.calls) >= 1
     assert result.inherited_calls == len(prefix.calls)
-    assert len(result.receipt["manifest"]) == 4
+    assert len(result.receipt.manifest) == 4
     verified = fetch_and_verify(result.receipt, plane, expected_rollout_id="grp7_g0_a1")
     assert isinstance(verified, LinearizedRollout), verified
     assert backend.telemetry()["actors"][victim]["state"] == "dead"

@@ -19,7 +19,7 @@ from cluster_support import add_actor, pool_without_ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from rollout_recovery._clock import VirtualClockLoop
-from rollout_recovery.capture import CaptureWriter
+from rollout_recovery.capture import CaptureWriter, Receipt
 from rollout_recovery.cluster._pool import RayGenerationBackend, _across_the_boundary
 from rollout_recovery.control._config import config_from_builtins
 from rollout_recovery.dataplane import MemoryDataPlane
@@ -73,7 +73,7 @@ def test_no_actor_with_the_current_weights_is_a_no_live_actor_failure() -> None:
 def _result() -> AttemptResult:
     return AttemptResult(
         rollout_id=REQUEST.rollout_id,
-        receipt={},
+        receipt=Receipt(rollout_id=REQUEST.rollout_id, manifest=(), capture_poisoned=True),
         reward=1.0,
         mask_sample=False,
         reward_checks=None,

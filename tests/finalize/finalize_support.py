@@ -116,7 +116,7 @@ def stage_chain(store: DataPlane, rollout_id: str, plan: Sequence[CallPlan]) -> 
         mask += [0.0] * len(call.carried) + [1.0] * len(call.generated)
         logprobs += [0.0] * len(call.carried) + [float(np.float32(x)) for x in call.logprobs]
     terminal = records[-1].model_call_id
-    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=terminal)
+    receipt = assemble_receipt(rollout_id, records, terminal_model_call_id=terminal).to_dict()
     return StagedSibling(
         rollout_id=rollout_id,
         receipt=receipt,
@@ -166,7 +166,7 @@ def damage(store: DataPlane, sibling: StagedSibling, kind: Kind) -> None:
             records,
             terminal_model_call_id=records[-1].model_call_id,
             failures=[CaptureFailure(model_call_id="cx", reason="worker_lost_ack")],
-        )
+        ).to_dict()
     elif kind == "missing_row":
         store.clear(CaptureWriter.staging_partition, [keys[len(keys) // 2]])
     elif kind == "flipped_token":

@@ -158,7 +158,7 @@ def test_a_tampered_staged_row_is_rejected(servers: list[VllmServer]) -> None:
     store = MemoryDataPlane()
     writer = CaptureWriter(store)
     (result,) = asyncio.run(_run(_backend([servers[0].url]), writer, range(1)))
-    key = result.receipt["manifest"][0]["staging_key"]
+    key = result.receipt.manifest[0].staging_key
     (row,) = store.get(CaptureWriter.staging_partition, [key])
     token_ids = row.token_ids.copy()
     token_ids[-1] = (int(token_ids[-1]) + 1) % TINY_VOCAB  # one generated id, metadata untouched

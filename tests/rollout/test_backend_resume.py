@@ -97,7 +97,7 @@ def test_the_simulated_backend_with_many_thinking_calls_resumes_where_it_crashed
         backend.set_faults(FaultsConfig.only())
         third = retry_of(first, "b3")
         result = await backend.run_attempt(third, rig.writer, prefix)
-        assert result.inherited_calls == 2 and len(result.receipt["manifest"]) == 4
+        assert result.inherited_calls == 2 and len(result.receipt.manifest) == 4
         row = fetch_and_verify(result.receipt, rig.data_plane)
         assert isinstance(row, LinearizedRollout), row
         await backend.aclose()

@@ -108,7 +108,7 @@ def test_an_episode_thinks_in_several_calls_then_answers(
         task = DigitTask(TASKS, TaskConfig(reasoning_tokens=tokens, thinking_calls=thinking))
         result = await episode(store, request(idx, "1"), client, task)
 
-        assert len(result.receipt["manifest"]) == thinking + 1
+        assert len(result.receipt.manifest) == thinking + 1
         assert result.generated_tokens == thinking * tokens + 2
         row = fetch_and_verify(result.receipt, store)
         assert isinstance(row, LinearizedRollout), row
@@ -162,9 +162,9 @@ def test_a_lost_attempt_is_continued_from_its_last_staged_call(
         assert result.inherited_calls == staged_calls
         assert result.inherited_tokens == prefix.tokens
         assert result.resume_refused is None
-        manifest = result.receipt["manifest"]
+        manifest = result.receipt.manifest
         assert len(manifest) == thinking + 1
-        assert all(c["staging_key"].startswith(second.rollout_id + "/") for c in manifest)
+        assert all(c.staging_key.startswith(second.rollout_id + "/") for c in manifest)
         row = fetch_and_verify(result.receipt, store, expected_rollout_id=second.rollout_id)
         assert isinstance(row, LinearizedRollout), row
         continued = prefix_of(store, second.rollout_id)
@@ -236,9 +236,9 @@ def test_a_data_failure_seals_a_poisoned_receipt_listing_every_staged_call() -> 
         store = MemoryDataPlane()
         task = DigitTask(TASKS, TaskConfig(thinking_calls=3, reasoning_tokens=4))
         result = await episode(store, request(1, "1"), Refusing(snapshot(), seed=0), task)
-        assert result.receipt["capture_poisoned"] is True
-        assert result.receipt["failure_reason"] == "data_error:http_400"
-        assert len(result.receipt["manifest"]) == 2
+        assert result.receipt.capture_poisoned is True
+        assert result.receipt.failure_reason == "data_error:http_400"
+        assert len(result.receipt.manifest) == 2
         assert result.mask_sample is True and result.reward == 0.0
 
     run(main)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rollout_recovery.capture import CaptureWriter, Receipt, Rejection
+from rollout_recovery.capture import CaptureWriter, Rejection
 from rollout_recovery.capture._verify import fetch_and_verify
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.errors import RewardFunctionError
@@ -82,7 +82,7 @@ def test_an_awaitable_grade_is_awaited() -> None:
 
     result, _ = _attempt(later)
     assert result.reward == 0.75 and not result.mask_sample
-    assert not Receipt.from_dict(result.receipt).capture_poisoned
+    assert not result.receipt.capture_poisoned
 
 
 @pytest.mark.parametrize("awaited", [False, True])
@@ -100,7 +100,7 @@ def test_a_failed_reward_seals_a_failed_attempt_that_says_why(reason: str, await
     result, store = _attempt(fail_later if awaited else fail)
     # Sealed (not an AttemptFailure to retry), masked, with the reason on its receipt.
     assert result.mask_sample and result.reward == 0.0
-    receipt = Receipt.from_dict(result.receipt)
+    receipt = result.receipt
     assert receipt.capture_poisoned and receipt.failure_reason == f"data_error:{reason}"
     # Its staged call is listed, so finalization clears the row with it.
     assert len(receipt.manifest) == 1

@@ -209,8 +209,8 @@ def _data_failure(hook: Any) -> tuple[HttpRig, AttemptResult]:
 
 
 def _assert_sealed_failure(rig: HttpRig, result: AttemptResult, reason: str) -> None:
-    assert result.receipt["capture_poisoned"] is True
-    assert result.receipt["failure_reason"] == f"data_error:{reason}"
+    assert result.receipt.capture_poisoned is True
+    assert result.receipt.failure_reason == f"data_error:{reason}"
     assert result.mask_sample is True
     assert _rejection(rig, result).reason == f"capture_poisoned:data_error:{reason}"
     assert rig.backend.redispatches == 0  # the same request would be refused again
@@ -312,7 +312,7 @@ def test_a_reply_that_disagrees_with_itself_is_a_data_failure(change: Any, reaso
     rig, result = _data_failure(_answer_only(change))
     _assert_sealed_failure(rig, result, reason)
     # The reasoning call that did stage is listed, so finalization can clear its row.
-    assert len(result.receipt["manifest"]) == 1
+    assert len(result.receipt.manifest) == 1
 
 
 def test_a_non_json_200_is_a_data_failure() -> None:
@@ -386,7 +386,7 @@ def test_any_undecodable_reply_is_a_malformed_reply(content: bytes) -> None:
 
 def test_a_deeply_nested_error_body_is_still_a_classified_refusal() -> None:
     _, result = _data_failure(_reply_with(b"[" * 100_000 + b"]" * 100_000, status=400))
-    assert result.receipt["failure_reason"] == "data_error:http_400"
+    assert result.receipt.failure_reason == "data_error:http_400"
 
 
 def _flood(pulled: list[int], total: int, chunk: int = 2**20) -> Any:
@@ -457,7 +457,7 @@ def test_a_flooding_server_has_its_connection_dropped_at_the_cap() -> None:
             await server.stop()
 
     result, server = run(scenario())
-    assert result.receipt["failure_reason"] == "data_error:reply_too_large"
+    assert result.receipt.failure_reason == "data_error:reply_too_large"
     assert server.flooded[0] < 50 * 2**20
 
 
@@ -491,7 +491,7 @@ def test_a_generated_id_outside_the_trainers_vocabulary_is_a_data_failure(
     rig, result = _data_failure(_answer_only(change))
     _assert_sealed_failure(rig, result, "token_out_of_vocab")
     # Only the reasoning call staged; the refused ids never reached the data plane.
-    assert len(result.receipt["manifest"]) == 1
+    assert len(result.receipt.manifest) == 1
     staged = rig.data_plane.get(
         CaptureWriter.staging_partition, rig.data_plane.keys(CaptureWriter.staging_partition)
     )

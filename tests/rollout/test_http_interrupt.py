@@ -129,7 +129,7 @@ def _run(server: PolicyServer, hold: Hold, mode: str) -> tuple[MemoryDataPlane, 
 
 
 def _staged(plane: MemoryDataPlane, result: Any) -> list[dict[str, Any]]:
-    keys = [call["staging_key"] for call in result.receipt["manifest"]]
+    keys = [call.staging_key for call in result.receipt.manifest]
     return [row.metadata for row in plane.get(CaptureWriter.staging_partition, keys)]
 
 

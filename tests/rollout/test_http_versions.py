@@ -51,7 +51,7 @@ async def _attempts(rig: HttpRig, count: int, version: int) -> list[Any]:
 
 def _sealed(result: Any, reason: str) -> None:
     assert isinstance(result, AttemptResult), result
-    assert result.receipt["failure_reason"] == f"data_error:{reason}", result.receipt
+    assert result.receipt.failure_reason == f"data_error:{reason}", result.receipt
 
 
 # ------------------------------------------------------- item 11: acknowledged, not loaded

@@ -48,7 +48,7 @@ def test_a_normal_attempt_stages_two_calls_and_verifies(seed: int, idx: int) -> 
 
         assert result.rollout_id == request.rollout_id
         assert len(rig.staged_keys(request.rollout_id)) == 2
-        assert result.receipt["capture_poisoned"] is False
+        assert result.receipt.capture_poisoned is False
         row = _verify(rig, result)
         assert isinstance(row, LinearizedRollout), row
         prompt = TASKS[idx]["prompt_token_ids"]
@@ -60,7 +60,7 @@ def test_a_normal_attempt_stages_two_calls_and_verifies(seed: int, idx: int) -> 
         np.testing.assert_array_equal(recomputed.astype(np.float32), row.logprobs)
         answer = int(row.token_ids[-2]) - DIGIT_BASE
         assert result.reward == float(answer == correct_answer(TASKS[idx]["digit"]))
-        assert result.receipt["reward"] == result.reward
+        assert result.receipt.reward == result.reward
         assert result.mask_sample is False
         assert result.generated_tokens == int(row.token_mask.sum()) == 6
         assert result.reward_checks == RewardChecks(
@@ -71,7 +71,7 @@ def test_a_normal_attempt_stages_two_calls_and_verifies(seed: int, idx: int) -> 
 
 
 def test_attempts_are_deterministic_given_seed_and_rollout_id() -> None:
-    async def one(seed: int) -> dict[str, object]:
+    async def one(seed: int) -> object:
         rig = make_rig(seed=seed)
         result = await rig.backend.run_attempt(rig.request(5, rollout_id="r-1"), rig.writer)
         return result.receipt
@@ -126,9 +126,9 @@ def test_capture_failure_poisons_the_receipt() -> None:
         rig = make_rig(FaultsConfig.only(capture_failure_rate=1.0))
         request = rig.request()
         result = await rig.backend.run_attempt(request, rig.writer)
-        assert result.receipt["capture_poisoned"] is True
-        assert result.receipt["failure_reason"] == CAPTURE_FAILURE_REASON
-        assert len(result.receipt["manifest"]) == 1
+        assert result.receipt.capture_poisoned is True
+        assert result.receipt.failure_reason == CAPTURE_FAILURE_REASON
+        assert len(result.receipt.manifest) == 1
         assert len(rig.staged_keys(request.rollout_id)) == 1
         verdict = _verify(rig, result)
         assert isinstance(verdict, Rejection) and verdict.code == "capture_poisoned"
@@ -141,17 +141,17 @@ def test_tamper_is_rejected_at_verification() -> None:
         rig = make_rig(FaultsConfig.only(tamper_rate=1.0))
         request = rig.request()
         result = await rig.backend.run_attempt(request, rig.writer)
-        assert result.receipt["capture_poisoned"] is False
+        assert result.receipt.capture_poisoned is False
         assert len(rig.staged_keys(request.rollout_id)) == 2
         verdict = _verify(rig, result)
         assert isinstance(verdict, Rejection), verdict
         assert verdict.code == "digest_mismatch"
         assert rig.backend.fault_counts["tamper"] == 1
         # Only the tokens moved: the header still matches the receipt's record.
-        record = result.receipt["manifest"][1]
-        (row,) = rig.data_plane.get(CaptureWriter.staging_partition, [record["staging_key"]])
-        assert row.metadata["digest"] == record["digest"]
-        assert row.metadata["cumulative_hash"] == record["cumulative_hash"]
+        record = result.receipt.manifest[1]
+        (row,) = rig.data_plane.get(CaptureWriter.staging_partition, [record.staging_key])
+        assert row.metadata["digest"] == record.digest
+        assert row.metadata["cumulative_hash"] == record.cumulative_hash
 
     run(main)
 

@@ -79,7 +79,7 @@ def test_attempts_go_to_other_workers_while_one_is_down() -> None:
         backend.set_faults(FaultsConfig.only())
         for idx in range(3):
             result = await backend.run_attempt(rig.request(idx), rig.writer)
-            assert result.receipt["capture_poisoned"] is False
+            assert result.receipt.capture_poisoned is False
         assert backend.worker_status() == {"worker-0": False, "worker-1": True}
 
         # aclose cancels the pending restart: nothing the backend started outlives it.

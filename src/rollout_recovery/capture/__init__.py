@@ -4,7 +4,7 @@ Generation side: :class:`CaptureWriter` stages each model call's token delta und
 ``{rollout_id}/{model_call_id}`` in the data plane's staging partition
 (``CaptureWriter.staging_partition``) *before* it returns the call's call record; an
 attempt's capture (:meth:`CaptureWriter.attempt`) stages its calls in order and turns
-them into the token-free :class:`Receipt` dict the ledger seals. Finalizer side:
+them into the token-free :class:`Receipt` the ledger seals (as its dict). Finalizer side:
 :func:`verify_receipts` re-checks every staged row of a group's receipts against them and
 returns, per receipt, a :class:`LinearizedRollout` or a :class:`Rejection`.
 :meth:`StagedPrefix.read` reads an unsealed attempt's staged calls back as a verified

@@ -1,7 +1,9 @@
 """Receipts: the token-free record of one finished attempt, and their assembly (§1.9, §3.4).
 
-Dict form, as the ledger stores it (``Receipt.to_dict``; deterministic, JSON-like, no
-timestamps, so a repeated seal compares equal)::
+A :class:`Receipt` inside the rollout and finalize path; its dict form only where it
+leaves it, for the ledger (the seed's ``seal_sibling(..., receipt: dict)``) and the
+journal's seal (``Receipt.to_dict``; deterministic, JSON-like, no timestamps, so a repeated
+seal compares equal)::
 
     {"rollout_id": "<group>_g<i>_a<hex>",
      "terminal_model_call_id": "<call>" | None,
@@ -115,8 +117,8 @@ def assemble_receipt(
     terminal_model_call_id: str | None,
     failures: Iterable[CaptureFailure] = (),
     reward: float | None = None,
-) -> dict[str, Any]:
-    """Build a rollout's receipt dict from its committed call records (§3.4).
+) -> Receipt:
+    """Build a rollout's receipt from its committed call records (§3.4).
 
     ``records`` are the manifest store's rows in commit order (duplicates by call id are
     dropped, first wins); ``failures`` its failure rows; ``terminal_model_call_id`` the call
@@ -149,7 +151,7 @@ def assemble_receipt(
         failure_reason = (
             UNDECLARED_TERMINAL if terminal_model_call_id is None else MISSING_TERMINAL_ROW
         )
-    receipt = Receipt(
+    return Receipt(
         rollout_id=rollout_id,
         terminal_model_call_id=terminal,
         manifest=tuple(manifest),
@@ -158,4 +160,3 @@ def assemble_receipt(
         terminal_selection="declared" if terminal is not None else None,
         reward=reward,
     )
-    return receipt.to_dict()

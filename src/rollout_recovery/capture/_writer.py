@@ -27,7 +27,7 @@ from ._digest import (
 )
 from ._extras import compute_extras_digest
 from ._keys import parse_staging_key, staging_key
-from ._receipt import CaptureFailure, assemble_receipt
+from ._receipt import CaptureFailure, Receipt, assemble_receipt
 from ._records import CallRecord, CaptureMode, StagedCallHeader
 from ._spans import SPANS_EXTRA, version_spans
 
@@ -299,14 +299,14 @@ class AttemptCapture:
             record = self._writer.stage_call(**call)
         self._records.append(record)
 
-    def receipt(self, *, reward: float) -> dict[str, Any]:
+    def receipt(self, *, reward: float) -> Receipt:
         """The receipt of the attempt that ended normally: its last call is the terminal."""
         terminal = self._records[-1].model_call_id if self._records else None
         return assemble_receipt(
             self._rollout_id, self._records, terminal_model_call_id=terminal, reward=reward
         )
 
-    def failed_receipt(self, model_call_id: str, reason: str) -> dict[str, Any]:
+    def failed_receipt(self, model_call_id: str, reason: str) -> Receipt:
         """The receipt of an attempt whose call ``model_call_id`` failed: every staged call
         listed (so their rows are cleared with it), poisoned with ``reason``."""
         return assemble_receipt(

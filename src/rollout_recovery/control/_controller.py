@@ -45,7 +45,7 @@ from .._clock import monotonic, off_loop
 from .._crashpoints import crash_point
 from .._cut import MutationCut
 from .._sampler import dataset_position_to_idx
-from ..capture import CaptureWriter, Receipt, StagedPrefix
+from ..capture import CaptureWriter, StagedPrefix
 from ..dataplane import (
     DataPlane,
     DataPlaneCheckpointBarrier,
@@ -1122,14 +1122,14 @@ def _seal_record(index: int, result: AttemptResult) -> Seal:
     return Seal(
         generation_index=index,
         rollout_id=result.rollout_id,
-        receipt=result.receipt,
+        # The journal's seal and the ledger's seal take the receipt's dict (the seed's
+        # schema): the one place it leaves its type.
+        receipt=result.receipt.to_dict(),
         reward=result.reward,
         mask_sample=result.mask_sample,
         reward_checks=result.reward_checks,
         tokens=result.generated_tokens,
-        weight_versions=[
-            call.weight_version for call in Receipt.from_dict(result.receipt).manifest
-        ],
+        weight_versions=[call.weight_version for call in result.receipt.manifest],
         inherited_calls=result.inherited_calls,
         inherited_tokens=result.inherited_tokens,
         resume_refused=result.resume_refused,

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..capture import CaptureWriter, StagedPrefix
+from ..capture import CaptureWriter, Receipt, StagedPrefix
 from ..errors import GenerationError, InvalidArgumentError, RewardFunctionError
 from ..rewards import RewardChecks
 from ._protocol import AttemptFailure, AttemptRequest, AttemptResult
@@ -302,7 +302,7 @@ async def run_episode(
 
 
 def _failed_attempt(
-    rollout_id: str, receipt: dict[str, Any], inherited: int, refused: str | None
+    rollout_id: str, receipt: Receipt, inherited: int, refused: str | None
 ) -> AttemptResult:
     """A sealed failed attempt: its receipt (every staged call listed, so their rows are
     cleared with it, poisoned with the failed call's reason) and no reward."""

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from .._outcomes import FailureReason
-from ..capture import CaptureWriter, Receipt
+from ..capture import CaptureWriter
 from ..dataplane import DataPlane, Row
 from ..errors import GenerationError
 from ._config import FaultsConfig
@@ -146,8 +146,8 @@ class FaultInjectingClient:
         self, result: AttemptResult, capture: CaptureWriter, data_plane: DataPlane
     ) -> None:
         """The tamper fault: overwrite the episode's last staged row behind the writer."""
-        manifest = Receipt.from_dict(result.receipt).manifest
-        if "tamper" not in self._faults or result.receipt["capture_poisoned"] or not manifest:
+        manifest = result.receipt.manifest
+        if "tamper" not in self._faults or result.receipt.capture_poisoned or not manifest:
             return
         self._counts["tamper"] += 1
         _tamper(data_plane, capture.partition, manifest[-1].staging_key)

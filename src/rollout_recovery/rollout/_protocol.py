@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .._outcomes import FailureReason
-from ..capture import CaptureWriter, StagedPrefix
+from ..capture import CaptureWriter, Receipt, StagedPrefix
 from ..errors import GenerationError
 from ..rewards import RewardChecks
 
@@ -58,6 +58,10 @@ class AttemptRequest:
 class AttemptResult:
     """A finished attempt: the token-free receipt the ledger seals, and its reward.
 
+    ``receipt`` stays typed on its way to the seal; the controller turns it into the
+    ledger's plain dict once, when it writes the seal (the seed's ledger contract takes and
+    stores a dict).
+
     ``generated_tokens`` counts the generated tokens of every call the receipt holds;
     ``inherited_calls`` of those calls (``inherited_tokens`` of those tokens) were an
     earlier attempt's, continued rather than generated again (``run_attempt``'s ``prefix``);
@@ -65,7 +69,7 @@ class AttemptResult:
     """
 
     rollout_id: str
-    receipt: dict[str, Any]
+    receipt: Receipt
     reward: float
     mask_sample: bool
     reward_checks: RewardChecks | None
