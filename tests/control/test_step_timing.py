@@ -38,9 +38,9 @@ def test_a_period_holds_what_was_added_and_the_next_one_starts_empty() -> None:
         timer.add("time/train_s", 0.5)
         timer.add("time/train_s", 0.25)
         timer.add("time/journal_s", -1.0)  # a clock that went back counts as nothing
-        first = timer.fields()
+        first = timer.lap().flat()
         loop.jump(1.5)
-        return first, timer.fields()
+        return first, timer.lap().flat()
 
     first, second = _on_virtual_clock(body)
     assert first["time/step_s"] == 3.0
@@ -58,7 +58,7 @@ def test_an_unknown_part_is_refused_by_name() -> None:
         timer.start()
         with pytest.raises(InvalidArgumentError, match=r"time/sleep_s.*time/train_s"):
             timer.add("time/sleep_s", 1.0)
-        assert timer.fields()["time/train_s"] == 0.0
+        assert timer.lap().flat()["time/train_s"] == 0.0
 
     _on_virtual_clock(body)
 

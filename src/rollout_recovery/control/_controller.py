@@ -113,6 +113,7 @@ from ._logprob_check import (
 )
 from ._resume import choose_prefixes, resumed_record, version_filter
 from ._state import ControllerState
+from ._step_record import StepRecord
 from ._step_timing import StepTimer
 from ._transitions import OUTSIDE_ANY_CUT, Transitions, admission_id_of, fresh_rollout_id
 
@@ -942,7 +943,7 @@ class Controller(Generic[Weights]):
             )
             if refusal is not None:
                 self.record(refusal, cut=cut)
-            backend_metrics: dict[str, Any] = {}
+            backend_telemetry: dict[str, Any] | None = None
             if isinstance(self.backend, BackendTelemetry):
                 # Server deaths, rejoins and redispatches since the last step.
                 for event in self.backend.drain_events():
@@ -950,27 +951,26 @@ class Controller(Generic[Weights]):
                     if kind == "weights_loaded":  # a background push, with its seconds
                         self.step_timer.add("time/weight_sync_s", _seconds(event))
                     self.record(BackendEvent(kind=kind, detail=event), cut=cut)
-                backend_metrics["backend"] = self.backend.telemetry()
-            step_metrics = {
-                "step": step,
-                "mean_reward": mean_reward,
-                "groups": len(groups),
-                "rows": len(trained),
-                "valid_rows": len(samples),
-                "valid_row_fraction": len(samples) / len(trained) if trained else None,
-                # Valid rows the trainer refused (another model's logprobs): not trained.
-                "refused_rows": len(samples) if refusal is not None else 0,
-                "placeholder_reasons": placeholder_reasons,
-                "weight_version": state.weight_version,
-                "train_seconds": train_seconds,
-                **{f"train/{k}": v for k, v in metrics.items()},
-                **backend_metrics,
-                **described,
-            }
-            step_metrics.update(self.step_timer.fields())
-            self.history.metrics(step_metrics)
+                backend_telemetry = self.backend.telemetry()
+            # Typed until here; the one flat line goes to metrics.jsonl and every sink.
+            line = StepRecord(
+                step=step,
+                mean_reward=mean_reward,
+                groups=len(groups),
+                rows=len(trained),
+                valid_rows=len(samples),
+                refused_rows=len(samples) if refusal is not None else 0,
+                placeholder_reasons=placeholder_reasons,
+                weight_version=state.weight_version,
+                train_seconds=train_seconds,
+                train=dict(metrics),
+                backend=backend_telemetry,
+                described=described,
+                times=self.step_timer.lap(),
+            ).flat()
+            self.history.metrics(line)
         if self.metrics is not None:
-            self.metrics.log_record(step, step_metrics)
+            self.metrics.log_record(step, line)
         self.last_mean_reward = mean_reward
         sync_started = monotonic()  # counted in the next step's period, as its checkpoint
         self.backend.update_weights(self.trainer.weight_version, self.trainer.weights())

@@ -30,24 +30,40 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from .._clock import monotonic
 from ..errors import InvalidArgumentError
 
-__all__ = ["TIME_FIELDS", "StepTimer"]
+__all__ = ["TIME_FIELDS", "StepTimer", "StepTimes"]
+
+
+class StepTimes(msgspec.Struct, frozen=True, kw_only=True):
+    """One step period's parts, in seconds; :meth:`flat` names them ``time/<field>``."""
+
+    generation_s: float
+    train_s: float
+    weight_sync_s: float
+    checkpoint_s: float
+    journal_s: float
+    step_s: float
+    #: Unix seconds, the wall-clock time the step's record was made.
+    wall: float
+
+    def flat(self) -> dict[str, float]:
+        """The ``time/*`` fields of the step's ``metrics.jsonl`` line, in field order."""
+        return {f"time/{name}": getattr(self, name) for name in self.__struct_fields__}
+
 
 #: The summed fields, in the order the summary shows their shares.
-TIME_FIELDS = (
-    "time/generation_s",
-    "time/train_s",
-    "time/weight_sync_s",
-    "time/checkpoint_s",
-    "time/journal_s",
+TIME_FIELDS: tuple[str, ...] = tuple(
+    f"time/{name}" for name in StepTimes.__struct_fields__ if name not in ("step_s", "wall")
 )
 
 
 @dataclass(slots=True)
 class StepTimer:
-    """Accumulates one step period's parts; :meth:`fields` closes the period."""
+    """Accumulates one step period's parts; :meth:`lap` closes the period (a stopwatch lap)."""
 
     _period_started: float | None = None
     _parts: dict[str, float] = field(default_factory=dict)
@@ -65,13 +81,14 @@ class StepTimer:
             )
         self._parts[name] = self._parts.get(name, 0.0) + max(0.0, seconds)
 
-    def fields(self) -> dict[str, float]:
-        """The period's ``time/*`` fields; the next period starts now."""
+    def lap(self) -> StepTimes:
+        """The period's parts; the next period starts now."""
         now = monotonic()
         started = now if self._period_started is None else self._period_started
-        out = {name: round(self._parts.get(name, 0.0), 6) for name in TIME_FIELDS}
-        out["time/step_s"] = round(now - started, 6)
-        out["time/wall"] = round(time.time(), 3)
+        parts = {
+            name.removeprefix("time/"): round(self._parts.get(name, 0.0), 6)
+            for name in TIME_FIELDS
+        }
         self._period_started = now
         self._parts = {}
-        return out
+        return StepTimes(**parts, step_s=round(now - started, 6), wall=round(time.time(), 3))
