@@ -9,6 +9,7 @@ CI); set HYPOTHESIS_PROFILE=default for Hypothesis's own defaults.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,25 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "rollout-recovery"))
 
 
 _GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _starts_ray(item: pytest.Item) -> bool:
+    """Whether ``item`` may start a local Ray cluster: a ``ray`` test, a test of
+    ``tests/cluster`` (its module fixture calls ``ray.init``) or one named for Ray (the Ray
+    backend's job, its benchmark)."""
+    if item.get_closest_marker("ray") is not None or "cluster" in item.path.parts:
+        return True
+    return "ray" in re.split(r"[^a-z]+", item.nodeid.lower())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite runs on two pytest-xdist workers (``--dist loadgroup``, pyproject). Two
+    Ray clusters at once on two cores starve each other's actors past their start and ping
+    timeouts, so every test that may start one runs on the same worker, one at a time."""
+    for item in items:
+        if _starts_ray(item):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(autouse=True)
