@@ -45,7 +45,9 @@ def _config(model_cache: Path, **http: object) -> dict[str, Any]:
         # The fake generates THOUGHT_BASE, THOUGHT_BASE + 1, ...: a quarter of 4 tokens.
         "task": {"kind": "emit_token", "target_token": THOUGHT_BASE, "max_tokens": MAX_TOKENS},
         "model": {"source": "tiny-llama", "cache_dir": str(model_cache)},
-        "trainer": {"kind": "torch", "learning_rate": 5e-3},
+        # The fake's logprobs are no model's (``logprob_of(version)``): at the default
+        # tolerance every step was refused and the server quarantined for 30 s after it.
+        "trainer": {"kind": "torch", "learning_rate": 5e-3, "logprob_tolerance": 100.0},
         "generation": {"backend": "http", "attempt_deadline_s": 60.0},
         "http": {"weight_sync": "vllm", "servers": [SERVER], **http},
         "checkpoint": {"every_steps": 2},
