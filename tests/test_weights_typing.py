@@ -18,6 +18,7 @@ pytest.importorskip("mypy.api")
 PAIRS = Path(__file__).parent / "fixtures" / "typing" / "weights_pairs.py"
 
 
+@pytest.mark.slow
 def test_mypy_refuses_exactly_the_mismatched_weights() -> None:
     pytest.importorskip("torch")  # the torch side's types come from torch and transformers
     stdout, stderr, _ = run_mypy(["--strict", "--no-error-summary", str(PAIRS)])

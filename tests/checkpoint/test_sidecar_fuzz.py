@@ -195,6 +195,7 @@ STATE_MUTATION = st.tuples(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutations=st.lists(STATE_MUTATION, min_size=1, max_size=3))
 def test_structural_mutations(mutations: list[tuple[str, int, Any]]) -> None:

@@ -8,6 +8,7 @@ equal state, and the ledger restored from each file has an identical ``state_dic
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 from sidecar_fixtures import CUT
@@ -52,4 +53,4 @@ SidecarRoundTripMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestSidecarRoundTrip = SidecarRoundTripMachine.TestCase
+TestSidecarRoundTrip = pytest.mark.slow(SidecarRoundTripMachine.TestCase)

@@ -332,6 +332,7 @@ def test_detection_and_decoding_never_raise_on_junk(junk: bytes) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(primitive_dicts)
 def test_round_trip_without_torch(state: dict[Any, Any]) -> None:

@@ -36,7 +36,7 @@ from rollout_recovery.rollout import (
     GenerationConfig,
 )
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 NewPlane = Callable[..., RayShardedDataPlane]
 TASKS = TaskSet(64, seed=2, prompt_group_every=4)

@@ -23,7 +23,7 @@ from rollout_recovery.dataplane import DataPlane, Row, SqliteDataPlane
 from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
 from rollout_recovery.errors import FencedWriterError, InvalidArgumentError
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 NewPlane = Callable[..., RayShardedDataPlane]
 

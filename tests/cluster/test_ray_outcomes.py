@@ -27,6 +27,8 @@ from rollout_recovery.errors import GenerationError
 from rollout_recovery.policy import NumpyGRPOTrainer, PolicySnapshot
 from rollout_recovery.rollout import AttemptFailure, AttemptRequest, AttemptResult, FailureReason
 
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
 WAIT_S = 30.0
 
 REQUEST = AttemptRequest(

@@ -15,6 +15,8 @@ from cluster_support import add_actor, pool_without_ray
 from rollout_recovery._clock import VirtualClockLoop
 from rollout_recovery.policy import PolicySnapshot
 
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
 
 @pytest.mark.parametrize("push_lands", [True, False], ids=["pushed", "not-yet-pushed"])
 def test_a_queued_attempt_follows_the_weight_update(push_lands: bool) -> None:

@@ -7,12 +7,17 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+import pytest
+
 from rollout_recovery._settings import Section
 from rollout_recovery.cluster._worker import WorkerSpec
 from rollout_recovery.control import load_config
 from rollout_recovery.dataplane import MemoryDataPlane
 from rollout_recovery.policy import NumpyGRPOTrainer, TaskSet
 from rollout_recovery.rollout import DigitTask, FaultsConfig, SimulatedAgentBackend
+
+# The directory's conftest starts a Ray cluster for the module.
+pytestmark = pytest.mark.slow
 
 # What a worker needs that is not a config section: which backend, where it stages, the
 # job's seed, the episodes the job's task built (shipped, so a worker runs any task), and

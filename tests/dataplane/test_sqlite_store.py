@@ -31,7 +31,7 @@ class SqliteMachine(StoreMachine):
         return SqliteDataPlane(directory / "store.sqlite3")
 
 
-TestSqliteMachine = SqliteMachine.TestCase
+TestSqliteMachine = pytest.mark.slow(SqliteMachine.TestCase)
 TestSqliteMachine.settings = MACHINE_SETTINGS
 
 

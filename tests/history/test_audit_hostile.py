@@ -6,11 +6,11 @@ One real run is made per module: the CLI, killed after a step trained and before
 was journaled, then resumed (``[recovery] reuse = "none"``: the restore rolls that
 training back, discards the seals made after its snapshot and abandons what was in
 flight), with weight updates interrupting calls (every row has weight-version spans) and
-call-level resume. The run is paced so that every one of those happens whatever the
-scheduling (see ``original_run``). Each case below changes one fact the journal states, as the records
-that established it do not; each passed the auditor before it checked every row
-against its seal, its prompt and its publish (issue 24, items 8 and 9), and every other
-record against the records before it.
+call-level resume. The run is paced so that the restore discards seals and rolls back
+steps whatever the scheduling (see ``original_run``). Each case below changes one fact
+the journal states, as the records that established it do not; each passed the auditor
+before it checked every row against its seal, its prompt and its publish (issue 24,
+items 8 and 9), and every other record against the records before it.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ from rollout_recovery.history.records import (
     TrainedRow,
 )
 from rollout_recovery.rollout import FailureReason
+
+# The module's one run (two CLI processes) is most of its time.
+pytestmark = pytest.mark.slow
 
 R = TypeVar("R")
 

@@ -13,12 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._auditor import AuditReport
 
 STEPS = 40
 
 
+@pytest.mark.slow
 def test_auditing_a_live_run_that_checkpoints_and_prunes_always_passes(
     tmp_path: Path,
     write_config: Callable[..., Path],

@@ -75,7 +75,7 @@ ELSEWHERE: Mapping[tuple[str, str, str], str] = {
 }
 #: What a backend's job needs installed, and what marks its test.
 NEEDS: Mapping[str, tuple[str | None, list[pytest.MarkDecorator]]] = {
-    "ray": ("ray", [pytest.mark.ray]),
+    "ray": ("ray", [pytest.mark.ray, pytest.mark.slow]),
     "transformers": ("transformers", []),
 }
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import ReplayIndex, SqliteDataPlane
 from rollout_recovery.history import audit_run
@@ -44,6 +46,7 @@ def _rows(out: Path) -> dict[str, list[str]]:
         }
 
 
+@pytest.mark.slow
 def test_fewer_steps_than_taken_are_refused_at_once_with_the_number_to_use(
     tmp_path: Path,
     write_config: Callable[..., Path],

@@ -65,6 +65,7 @@ def _check_spans(rows: list[dict[str, Any]]) -> int:
     return interrupted
 
 
+@pytest.mark.slow
 def test_the_default_job_with_interrupt_finishes_audited_with_spans(
     tmp_path: Path, trained_rows: TrainedRows
 ) -> None:
@@ -84,6 +85,7 @@ def test_the_default_job_with_interrupt_finishes_audited_with_spans(
     assert _check_spans(rows) > 0
 
 
+@pytest.mark.slow
 def test_the_http_job_with_launched_servers_and_interrupt_finishes_audited_with_spans(
     tmp_path: Path, trained_rows: TrainedRows
 ) -> None:

@@ -92,6 +92,7 @@ def test_steps_of_another_models_logprobs_are_refused_and_the_run_stops_saying_s
     assert report.counts["valid_row_fraction"] == 0.0
 
 
+@pytest.mark.slow
 def test_an_honest_server_is_never_refused(
     tmp_path: Path,
     honest_server: str,
@@ -111,6 +112,7 @@ def test_an_honest_server_is_never_refused(
     assert max(m["train/logprob_gap"] for m in metrics) < 0.05
 
 
+@pytest.mark.slow
 def test_the_operator_sees_each_refusal_the_stop_and_no_rerun_advice(
     tmp_path: Path,
     lying_server: str,
@@ -148,6 +150,7 @@ def test_the_tolerance_is_the_configs(
     assert all(m["train/logprob_gap"] > 1.0 for m in metrics)
 
 
+@pytest.mark.slow
 def test_the_lying_server_is_taken_out_of_rotation_and_the_honest_one_finishes_the_run(
     tmp_path: Path,
     lying_server: str,

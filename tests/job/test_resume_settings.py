@@ -43,6 +43,7 @@ def _run_started(out: Path) -> list[RunStarted]:
     return [r for _, r in read_records(out / "events.jsonl") if isinstance(r, RunStarted)]
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_with_more_steps_and_raised_timeouts_and_says_so(
     tmp_path: Path,
     write_config: Callable[..., Path],

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.history.records import Restored
@@ -39,6 +41,7 @@ def _damage(checkpoint: Path) -> None:
     victim.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_an_older_retained_checkpoint_restores_after_the_newest_is_lost_following_a_restore(
     tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:

@@ -144,6 +144,7 @@ def drain_job(write_config: Callable[..., Path]) -> Callable[..., Path]:
 # ------------------------------------------------------------------------- triggers
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_drains_exits_0_within_the_grace_and_the_rerun_regenerates_nothing(
     tmp_path: Path, drain_job: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:
@@ -171,6 +172,7 @@ def test_sigterm_mid_run_drains_exits_0_within_the_grace_and_the_rerun_regenerat
     rerun_regenerates_nothing(out, run_cli)
 
 
+@pytest.mark.slow
 def test_the_drain_file_drains_the_run_and_is_removed(
     tmp_path: Path, drain_job: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:
@@ -192,6 +194,7 @@ def test_the_drain_file_drains_the_run_and_is_removed(
     rerun_regenerates_nothing(out, run_cli)
 
 
+@pytest.mark.slow
 def test_rollout_recovery_stop_asks_the_live_job_to_drain_and_waits_for_it(
     tmp_path: Path, drain_job: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:
@@ -265,6 +268,7 @@ def test_a_stale_drain_file_is_removed_when_the_job_starts(
     assert not (out / "DRAIN").exists()
 
 
+@pytest.mark.slow
 def test_a_grace_too_short_abandons_the_attempts_in_flight_and_still_resumes(
     tmp_path: Path, drain_job: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:
@@ -413,6 +417,7 @@ def ctrl_c(master: int) -> None:
     os.write(master, b"\x03")
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_terminal_drains_and_the_rerun_regenerates_nothing(
     tmp_path: Path, drain_job: Callable[..., Path], run_cli: Cli
 ) -> None:
@@ -432,6 +437,7 @@ def test_ctrl_c_in_a_terminal_drains_and_the_rerun_regenerates_nothing(
     rerun_regenerates_nothing(out, run_cli)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_and_the_run_still_resumes(
     tmp_path: Path, drain_job: Callable[..., Path], run_cli: Cli
 ) -> None:

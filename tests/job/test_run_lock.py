@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollout_recovery.history import audit_run
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -38,6 +40,7 @@ def wait_until_stopped(pid: int) -> None:
         os.sched_yield()
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_live_directory_exits_2_naming_the_pid_and_writes_nothing(
     tmp_path: Path,
     write_config: Callable[..., Path],

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rollout_recovery.history import audit_run
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -39,6 +41,7 @@ def _lines(path: Path) -> int:
     return len(path.read_bytes().splitlines()) if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_a_reader_that_goes_away_never_stops_training(
     tmp_path: Path, write_config: Callable[..., Path]
 ) -> None:
@@ -89,6 +92,7 @@ def test_a_reader_that_goes_away_never_stops_training(
     assert report.audited_through_step == STEPS
 
 
+@pytest.mark.slow
 def test_a_fresh_run_prints_one_start_line_and_a_resume_one_resume_line(
     tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
 ) -> None:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -908,4 +909,4 @@ LedgerMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestLedgerStateMachine = LedgerMachine.TestCase
+TestLedgerStateMachine = pytest.mark.slow(LedgerMachine.TestCase)

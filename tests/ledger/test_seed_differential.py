@@ -1596,4 +1596,4 @@ SeedDifferential.TestCase.settings = settings(
     max_examples=int(os.environ.get("SEED_DIFFERENTIAL_EXAMPLES", "300")),
     stateful_step_count=30,
 )
-TestSeedDifferential = SeedDifferential.TestCase
+TestSeedDifferential = pytest.mark.slow(SeedDifferential.TestCase)

@@ -27,6 +27,7 @@ DATASET_EXAMPLES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", DATASET_EXAMPLES, ids=lambda path: path.parent.name)
 def test_a_dataset_example_runs_from_its_config_alone(
     tmp_path: Path, model_cache: Path, example: Path, run_cli: Cli

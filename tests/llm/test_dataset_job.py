@@ -112,6 +112,7 @@ BROKEN = """
 """
 
 
+@pytest.mark.slow
 def test_a_broken_reward_fails_its_completions_never_the_run(
     tmp_path: Path, model_cache: Path
 ) -> None:

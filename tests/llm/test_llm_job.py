@@ -69,6 +69,7 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Cl
     return CleanRun(config_path, directory / "run", result, time.process_time() - started)
 
 
+@pytest.mark.slow
 def test_the_tiny_example_learns_to_emit_the_target(clean_run: CleanRun, model_cache: Path) -> None:
     """30 steps of 8 prompts x 4 samples: mean reward from about 0 in the first tenth of
     the steps to 1.0 in the last (measured: 0.004 -> 0.999, reward 0.5 near step 12)."""

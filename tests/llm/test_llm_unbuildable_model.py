@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from test_llm_job import TINY_EXAMPLE, example_config
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -18,6 +19,7 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 SMALL = {"job": {"steps": 2, "prompts_per_step": 4}, "checkpoint": {"every_steps": 2}}
 
 
+@pytest.mark.slow
 def test_an_unbuildable_model_claims_nothing_and_the_corrected_config_runs(
     tmp_path: Path, tiny_model_dir: Path, model_cache: Path, run_cli: Cli
 ) -> None:

@@ -46,6 +46,7 @@ def test_the_model_is_the_specified_llama(tiny_model_dir: Path) -> None:
     assert [t["content"] for t in tokenizer["added_tokens"]][:2] == ["<s>", "</s>"]
 
 
+@pytest.mark.slow
 def test_the_vllm_tool_builds_the_same_model_in_bf16(tmp_path: Path, tiny_model_dir: Path) -> None:
     """tools/vllm/build_tiny_model.py loads this package's builder by path: its default
     model is the bf16 cast of the fp32 one from the same seed, and it is idempotent."""

@@ -385,6 +385,7 @@ def test_a_bad_numpy_state_is_refused(tiny_model_dir: Path) -> None:
     assert trainer.state_files() == _trainer(tiny_model_dir).state_files()
 
 
+@pytest.mark.slow
 def test_grpo_learns_to_emit_the_target(tiny_model_dir: Path) -> None:
     """The measured curve without the controller: about 0.0 to 1.0 in 20 steps (the job's
     settings, examples/tiny-llama-emit-token.toml)."""

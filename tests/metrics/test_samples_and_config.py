@@ -126,6 +126,7 @@ def test_tensorboard_shows_the_samples_as_text(tmp_path: Path) -> None:
     assert texts[1].tensor_proto.string_val[0].decode() == samples_markdown(2, SAMPLES)
 
 
+@pytest.mark.slow
 def test_wandb_gets_a_samples_table_and_the_config(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     from rollout_recovery.metrics._wandb_files import offline_run_files, read_records

@@ -69,6 +69,7 @@ def _finish_wandb_run(metrics: MetricsFanout) -> None:
     background.sink._run.finish()
 
 
+@pytest.mark.slow
 def test_wandb_offline_never_logs_a_step_twice(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     from rollout_recovery.metrics._wandb_files import offline_run_files, read_records

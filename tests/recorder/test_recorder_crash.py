@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rollout_recovery.history import audit_run
 from rollout_recovery.recorder import Recorder
 
@@ -47,6 +49,7 @@ def run_child(run_dir: Path, kill_after: int | None) -> tuple[list[str], bool]:
     return acks, done
 
 
+@pytest.mark.slow
 def test_every_acknowledged_seal_survives_repeated_kills(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     rng = random.Random(26)
