@@ -6,11 +6,10 @@ One real run is made per module: the CLI, killed after a step trained and before
 was journaled, then resumed (``[recovery] reuse = "none"``: the restore rolls that
 training back, discards the seals made after its snapshot and abandons what was in
 flight), with weight updates interrupting calls (every row has weight-version spans) and
-call-level resume. The run is paced so that the restore discards seals and rolls back
-steps whatever the scheduling (see ``original_run``). Each case below changes one fact
-the journal states, as the records that established it do not; each passed the auditor
-before it checked every row against its seal, its prompt and its publish (issue 24,
-items 8 and 9), and every other record against the records before it.
+call-level resume. Each case below changes one fact the journal states, as the records
+that established it do not; each passed the auditor before it checked every row
+against its seal, its prompt and its publish (issue 24, items 8 and 9), and every other
+record against the records before it.
 """
 
 from __future__ import annotations
@@ -56,10 +55,9 @@ R = TypeVar("R")
 
 JOB = """
 [job]
-steps = 7
+steps = 6
 prompts_per_step = 3
 generations_per_prompt = 3
-staleness_window = 1
 seed = 5
 
 [generation]
@@ -71,7 +69,7 @@ reuse = "none"
 resume = "call"
 
 [checkpoint]
-every_steps = 3
+every_steps = 2
 keep = 4
 """
 
@@ -97,15 +95,9 @@ def original_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = root / "job.toml"
     config.write_text(JOB)
     out = root / "run"
-    # Step 5 is trained, then the process dies before it is journaled: the restore of
-    # step 3's checkpoint rolls back steps 3 and 4, which were journaled after it. The
-    # staleness window of 1 admits batch 5 only once step 3 has trained (after the
-    # checkpoint), and step 5 trains only once batch 5 is sealed, so seals made after the
-    # snapshot are discarded whatever the scheduling. (With the default window of 2 and a
-    # checkpoint every 2 steps, the seals of the batches admitted after the snapshot raced
-    # the crash, and under load the restore sometimes discarded none.) Batch 6, admitted
-    # once step 4 has trained, is in flight when step 5's training is cut short.
-    _run(out, config, "train.before_clear:6")
+    # Step 3 is trained, then the process dies before it is journaled: the restore of
+    # step 2's checkpoint rolls back step 2, which was journaled after it.
+    _run(out, config, "train.before_clear:4")
     _run(out, config, None)
     return out
 
@@ -306,11 +298,9 @@ def step_mean_reward_edited(history: History) -> str:
 
 
 def step_weight_version_edited(history: History) -> str:
-    """The last step claims the version the step before it produced (one lower: the
-    last is version 9, and a tenth would not fit in the record's bytes)."""
     entry, step = _surviving_steps(history)[-1]
-    _edit(history, entry, weight_version=step.weight_version - 1)
-    return f"step {step.step} produced weight version {step.weight_version - 1}"
+    _edit(history, entry, weight_version=step.weight_version + 1)
+    return f"step {step.step} produced weight version {step.weight_version + 1}"
 
 
 def published_versions_edited(history: History) -> str:
