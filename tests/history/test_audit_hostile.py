@@ -88,18 +88,54 @@ def _run(out: Path, config: Path, crash_at: str | None) -> None:
     )
 
 
+#: Runs made at most to find one that states every fact the cases edit.
+RUN_TRIES = 6
+
+
+def _states_every_edited_fact(out: Path) -> bool:
+    """Whether the run's restore discarded seals and rolled steps back, and abandoned
+    attempts for the restart: the facts the cases below edit.
+
+    Which seals land between step 2's snapshot and the crash is the scheduler's choice
+    (the batches admitted after that snapshot are not needed by the crashing step), and
+    so is whether an attempt is in flight at the crash: beside a CPU hog about one run in
+    fifteen had no discarded seal (a CI failure). Pacing the job only moved the race to
+    the restart abandon, so the fixture keeps the first run that has all three. The
+    property under test is the audit's, not the scheduler's; a run that never has them
+    fails the module with what was missing.
+    """
+    history = History.read(out)
+    restores = [e.record for e in history.of(Restored)]
+    if len(restores) != 1:
+        return False
+    restore = restores[0]
+    assert isinstance(restore, Restored)
+    abandons = [e.record for e in history.of(AttemptsAbandoned)]
+    return (
+        bool(restore.discarded)
+        and bool(restore.rolled_back_steps)
+        and any(isinstance(r, AttemptsAbandoned) and restart_abandon(r) for r in abandons)
+    )
+
+
 @pytest.fixture(scope="module")
 def original_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The module's one run, killed once and resumed: never change it."""
     root = tmp_path_factory.mktemp("hostile")
     config = root / "job.toml"
     config.write_text(JOB)
-    out = root / "run"
-    # Step 3 is trained, then the process dies before it is journaled: the restore of
-    # step 2's checkpoint rolls back step 2, which was journaled after it.
-    _run(out, config, "train.before_clear:4")
-    _run(out, config, None)
-    return out
+    for attempt in range(RUN_TRIES):
+        out = root / f"run{attempt}"
+        # Step 3 is trained, then the process dies before it is journaled: the restore
+        # of step 2's checkpoint rolls back step 2, which was journaled after it.
+        _run(out, config, "train.before_clear:4")
+        _run(out, config, None)
+        if _states_every_edited_fact(out):
+            return out
+    pytest.fail(
+        f"none of {RUN_TRIES} killed and resumed runs discarded a seal, rolled a step back "
+        f"and abandoned an attempt for the restart (the last is {out})"
+    )
 
 
 @pytest.fixture
