@@ -30,6 +30,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "rollout-recovery"))
 _GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Python's own Ctrl-C handler, as a terminal gives it. A shell without job control
+    starts a background job (``pytest ... &``) with SIGINT ignored, so Python installs no
+    handler, and the tests of what a job does with Ctrl-C (and which handler it puts back)
+    would test the shell instead."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _starts_ray(item: pytest.Item) -> bool:
     """Whether ``item`` may start a local Ray cluster: a ``ray`` test, a test of
     ``tests/cluster`` (its module fixture calls ``ray.init``) or one named for Ray (the Ray
