@@ -114,11 +114,49 @@ def test_the_data_is_checked_against_its_digest(
     assert bool(violations) is changed
 
 
+@pytest.mark.parametrize("recorded", [SIZE - 1, SIZE + 1])
+def test_a_dataset_size_that_is_not_the_files_is_a_violation(
+    tiny_files: tuple[Path, Path], recorded: int
+) -> None:
+    """The order is checked over job.toml's ``dataset_size``: one short of the file's rows,
+    a whole run in that order passes every other check while the file's last row is
+    skipped in every epoch. The file is read again, and its row count is the size."""
+    pytest.importorskip("datasets")
+    data, model_dir = tiny_files
+    job: dict[str, Any] = {
+        "job": {"seed": SEED},
+        "task": {
+            "kind": "dataset",
+            "dataset_size": recorded,
+            "digest": dataset_digest(data, model_dir),
+            "path": str(data),
+        },
+        "model": {"source": str(model_dir)},
+    }
+    records = [
+        PromptTaken(
+            group_id=f"g{p}",
+            prompt_idx=dataset_position_to_idx(p, size=recorded, seed=SEED),
+            position=p,
+            batch=0,
+        )
+        for p in range(2 * recorded)
+    ]
+    trained = [_row(r.group_id, r.prompt_idx) for r in records]
+    violations, counts = check_dataset(job, _entries(records), trained, journal="events.jsonl")
+    assert counts["dataset_digest"] == "matches"
+    assert len(violations) == 1, violations
+    assert f"holds {SIZE} rows, but job.toml records [task] dataset_size = {recorded}" in (
+        violations[0]
+    )
+
+
 @pytest.fixture
 def tiny_files(tmp_path: Path) -> tuple[Path, Path]:
-    """A data file and a directory with a tokenizer file: what the digest reads."""
+    """A data file of SIZE rows and a directory with a tokenizer file: what the digest
+    reads."""
     data = tmp_path / "data.jsonl"
-    data.write_text('{"prompt": "1+1="}\n')
+    data.write_text("".join(f'{{"prompt": "{n}+1="}}\n' for n in range(SIZE)))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")

@@ -4,8 +4,10 @@ For ``[task] kind = "dataset"`` the auditor also checks, from ``job.toml`` and t
 history:
 
 - the data is the data the job recorded: the dataset's files and the model's tokenizer
-  still have ``[task] digest`` (files that cannot be read here are reported as not
-  checked, not as a violation: the data may live elsewhere);
+  still have ``[task] digest``, and the file holds the ``[task] dataset_size`` rows the
+  order below is checked over (read as the job reads it; a size short of the file's would
+  let rows past it go untrained unseen). Files that cannot be read here are reported as
+  not checked, not as a violation: the data may live elsewhere;
 - every prompt the dataloader took is the row its position gives in the dataloader's
   order (``_sampler``: a seeded permutation of the ``[task] dataset_size`` rows per
   epoch), so each epoch takes each row once;
@@ -30,6 +32,7 @@ from .._datasets import dataset_digest
 from .._sampler import dataset_position_to_idx
 from ..errors import RolloutRecoveryError
 from ..llm import ModelConfig
+from ..policy import TaskConfig
 from ._journal import JournalEntry
 from .records import PromptDropped, PromptTaken, TrainedRow
 
@@ -56,12 +59,20 @@ def check_dataset(
     if not isinstance(size, int) or not isinstance(seed, int) or size < 1:
         return [f"job.toml records no dataset_size for its dataset task ({size!r})"], {}
     violations: list[str] = []
-    counts: dict[str, Any] = {"dataset_rows": size, "dataset_digest": _digest(job, task)}
-    if counts["dataset_digest"] == "differs":
+    digest, in_file = _digest(job, task)
+    counts: dict[str, Any] = {"dataset_rows": size, "dataset_digest": digest}
+    if digest == "differs":
         violations.append(
             f"the dataset {task.get('path')!r} (with the model's tokenizer) no longer has the "
             f"digest {task.get('digest')} job.toml recorded: the data changed after the run "
             "started"
+        )
+    elif in_file is not None and in_file != size:
+        missed = "rows past it were never taken" if in_file > size else "it names rows not there"
+        violations.append(
+            f"the dataset {task.get('path')!r} holds {in_file} rows, but job.toml records "
+            f"[task] dataset_size = {size}: the dataloader's order covers {size} rows, so "
+            f"{missed}"
         )
     taken: dict[str, PromptTaken] = {}
     dropped: set[str] = set()
@@ -115,14 +126,21 @@ def _listed(found: list[str], what: str) -> list[str]:
     return [*found[:_MAX_LISTED], f"... and {len(found) - _MAX_LISTED} more {what}"]
 
 
-def _digest(job: Mapping[str, Any], task: Mapping[str, Any]) -> str:
-    """``"matches"``, ``"differs"``, or ``"not checked: <why>"``."""
+def _digest(job: Mapping[str, Any], task: Mapping[str, Any]) -> tuple[str, int | None]:
+    """``"matches"``, ``"differs"``, or ``"not checked: <why>"``; with a match, the rows
+    the file holds, read as the job read them (None when they cannot be read here)."""
     recorded, path = task.get("digest"), task.get("path")
     if not recorded or not isinstance(path, str):
-        return "not checked: job.toml records no digest"
+        return "not checked: job.toml records no digest", None
     try:
         model = msgspec.convert(job.get("model", {}), ModelConfig)
         digest = dataset_digest(Path(path).expanduser(), model.directory())
     except (RolloutRecoveryError, msgspec.ValidationError, OSError) as error:
-        return f"not checked: {error}"
-    return "matches" if digest == recorded else "differs"
+        return f"not checked: {error}", None
+    if digest != recorded:
+        return "differs", None
+    try:
+        read = model.resolved_dataset(msgspec.convert(dict(task), TaskConfig))
+    except (RolloutRecoveryError, msgspec.ValidationError, OSError):
+        return "matches", None  # the files hash, but this install cannot read them as rows
+    return "matches", read.dataset_size
