@@ -5,6 +5,8 @@ the checkpoint's, the tokenizer beside it, and generation working."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,24 @@ def test_an_older_checkpoint_and_another_dtype(trained: Path, tmp_path: Path) ->
     for name, tensor in _checkpoint_weights(trained, 1).items():
         assert state[name].dtype == torch.bfloat16
         assert torch.equal(state[name], tensor.to(torch.bfloat16)), name
+
+
+def test_the_export_has_the_modes_of_a_plain_directory(trained: Path, tmp_path: Path) -> None:
+    """Published from owner-only temporaries, the model still gets the umask's modes (an
+    export is served, often by another user), under a usual and a strict umask."""
+    for mask in (0o022, 0o077):
+        previous = os.umask(mask)
+        try:
+            out = tmp_path / f"model-{mask:o}"
+            assert _export(str(trained), str(out)).exit_code == 0
+        finally:
+            os.umask(previous)
+        assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+        files = [path for path in out.iterdir() if path.is_file()]
+        assert any(path.name == "model.safetensors" for path in files)
+        assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in files} == {
+            path.name: 0o666 & ~mask for path in files
+        }
 
 
 @pytest.mark.parametrize(

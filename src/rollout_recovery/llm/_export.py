@@ -15,6 +15,7 @@ model's config.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -94,5 +95,25 @@ def export_model(
         out.rmdir()  # the model directory is published whole, by a rename into place
     out.parent.mkdir(parents=True, exist_ok=True)
     write_model_dir(out, config, tensors, extra_files=extra)
+    _share_like_a_plain_directory(out)
     log(f"wrote {out}: config.json, model.safetensors ({dtype}), {', '.join(sorted(extra))}")
     return out
+
+
+def _current_umask() -> int:
+    """The process's umask (read by setting it, the only portable way, and putting it back
+    at once)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def _share_like_a_plain_directory(out: Path) -> None:
+    """Give the published model the modes ``mkdir`` and ``open`` would have, not the
+    owner-only ones of the temporaries it was published from: an export is made to be
+    served (``vllm serve`` often runs as another user), while checkpoints stay private."""
+    mask = _current_umask()
+    for path in out.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+    out.chmod(0o777 & ~mask)
