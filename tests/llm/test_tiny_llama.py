@@ -75,6 +75,18 @@ def test_building_leaves_the_callers_rng_alone(tmp_path: Path) -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_building_prints_no_progress_bar_and_leaves_transformers_bars_as_they_were(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as transformers_logging
+
+    assert transformers_logging.is_progress_bar_enabled()
+    build_tiny_llama(tmp_path / "quiet", TinyLlamaSpec(dtype="float32"))
+    captured = capfd.readouterr()
+    assert "Writing model shards" not in captured.err + captured.out
+    assert transformers_logging.is_progress_bar_enabled()
+
+
 def test_a_larger_vocabulary_and_another_seed(tmp_path: Path) -> None:
     spec = TinyLlamaSpec(dtype="float32", vocab_size=512, seed=9, num_hidden_layers=1)
     count = build_tiny_llama(tmp_path / "m", spec)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,24 @@ def is_complete(out: Path, spec: TinyLlamaSpec | None = None) -> bool:
         return False
 
 
+@contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers' own progress bars off ("Writing model shards" of a one-shard model
+    printed before the run's first line of output), then back as they were."""
+    from transformers.utils import logging as transformers_logging
+
+    # Typed handles: transformers leaves these unannotated.
+    disable: Callable[[], None] = transformers_logging.disable_progress_bar
+    enable: Callable[[], None] = transformers_logging.enable_progress_bar
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            enable()
+
+
 def build_tiny_llama(out: Path, spec: TinyLlamaSpec | None = None) -> int:
     """Write the model (config, safetensors, tokenizer) to ``out``; returns its parameter count.
 
@@ -207,7 +226,8 @@ def build_tiny_llama(out: Path, spec: TinyLlamaSpec | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with _quiet_progress():
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / SPEC_FILE).write_text(_spec_text(spec))
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the model is not a secret
