@@ -229,7 +229,7 @@ def _seal(process: Process, group: str, index: int, rollout_id: str) -> SiblingS
         generated_logprobs=[-0.5, -0.5],
         weight_version=0,
     )
-    receipt = assemble_receipt(rollout_id, [call], terminal_model_call_id="c0")
+    receipt = assemble_receipt(rollout_id, [call], terminal_model_call_id="c0").to_dict()
     seal = Seal(
         generation_index=index,
         rollout_id=rollout_id,
