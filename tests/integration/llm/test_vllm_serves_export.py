@@ -13,12 +13,13 @@ the server answers with the trained weights, not the base model's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import torch
 from click.testing import CliRunner
+from vllm_weights_support import ask
 
 from rollout_recovery.cli._main import cli
 from rollout_recovery.control import load_config
@@ -35,50 +36,24 @@ NEW_TOKENS = 16
 #: max |vLLM logprob - transformers fp32 logprob| for an fp32 server: the weight-sync
 #: tests' FP32_TOLERANCE (measured 4.8e-7 on the tiny model, docs/benchmarks.md).
 FP32_TOLERANCE = 1e-5
-REQUEST_TIMEOUT_S = 120.0
 
-#: The emit-token job of examples/tiny-llama-emit-token.toml, two steps, on the vLLM
-#: tests' tiny model, checkpointed after each step.
-JOB_TOML = """
-[job]
-steps = {steps}
-prompts_per_step = 4
-generations_per_prompt = 4
-staleness_window = 0
-seed = 0
-
-[task]
-kind = "emit_token"
-target_token = 313
-max_tokens = 8
-
-[model]
-source = "{model}"
-
-[trainer]
-kind = "torch"
-learning_rate = 5e-3
-epochs = 2
-threads = 1
-
-[generation]
-backend = "transformers"
-max_inflight_attempts = 16
-attempt_deadline_s = 120.0
-
-[checkpoint]
-every_steps = 1
-keep = 3
-
-[liveness]
-step_timeout_s = 300.0
-train_step_timeout_s = 120.0
-"""
+#: examples/tiny-llama-emit-token.toml (the emit-token job) cut to two steps on the vLLM tests'
+#: tiny model and checkpointed after each step.
+EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-llama-emit-token.toml"
+EDITS = {
+    "steps = 30": f"steps = {STEPS}",
+    'source = "tiny-llama"': 'source = "{model}"',
+    "every_steps = 5": "every_steps = 1",
+}
 
 
 def _train_and_export(directory: Path, model: Path) -> Path:
+    text = EXAMPLE.read_text()
+    for old, new in EDITS.items():
+        assert text.count(old) == 1, old  # the example changed: update EDITS
+        text = text.replace(old, new.format(model=model))
     config = directory / "job.toml"
-    config.write_text(JOB_TOML.format(steps=STEPS, model=model))
+    config.write_text(text)
     run = directory / "run"
     run_job(run, load_config(config))
     out = directory / "exported"
@@ -86,26 +61,6 @@ def _train_and_export(directory: Path, model: Path) -> Path:
     assert result.exit_code == 0, result.output
     assert f"exported checkpoint step_{STEPS:06d}" in result.output
     return out
-
-
-def _complete(url: str) -> dict[str, Any]:
-    """vLLM's greedy completion of :data:`PROMPT`, with token ids and logprobs."""
-    reply = httpx.post(
-        f"{url}/v1/completions",
-        json={
-            "model": "tiny",
-            "prompt": PROMPT,
-            "max_tokens": NEW_TOKENS,
-            "temperature": 0.0,
-            "logprobs": 0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        },
-        timeout=REQUEST_TIMEOUT_S,
-    )
-    reply.raise_for_status()
-    choice: dict[str, Any] = reply.json()["choices"][0]
-    return choice
 
 
 def _teacher_forced(
@@ -131,9 +86,9 @@ def test_vllm_serves_the_export_as_transformers_runs_it(
 
     exported = _train_and_export(tmp_path, vllm_model_dir)
     server = vllm_server_factory(model=exported, dtype="float32")
-    choice = _complete(server.url)
-    prompt, served = choice["prompt_token_ids"], choice["token_ids"]
-    served_logps = choice["logprobs"]["token_logprobs"]
+    with httpx.Client() as client:
+        answer = ask(client, server.url, PROMPT, NEW_TOKENS)
+    prompt, served, served_logps = answer.prompt, answer.token_ids, answer.logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(str(exported))
     assert prompt == tokenizer(PROMPT)["input_ids"]

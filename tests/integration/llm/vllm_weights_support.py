@@ -68,12 +68,13 @@ def write_fresh_model(
     return out
 
 
-def ask(client: httpx.Client, url: str, prompt: Sequence[int], max_tokens: int) -> Answer:
+def ask(client: httpx.Client, url: str, prompt: Sequence[int] | str, max_tokens: int) -> Answer:
+    """vLLM's greedy completion of ``prompt`` (token ids, or text the server tokenizes)."""
     reply = client.post(
         f"{url}/v1/completions",
         json={
             "model": "tiny",
-            "prompt": list(prompt),
+            "prompt": prompt if isinstance(prompt, str) else list(prompt),
             "max_tokens": max_tokens,
             "temperature": 0.0,
             "logprobs": 0,
@@ -84,7 +85,8 @@ def ask(client: httpx.Client, url: str, prompt: Sequence[int], max_tokens: int) 
     )
     reply.raise_for_status()
     choice: dict[str, Any] = reply.json()["choices"][0]
-    return Answer(list(prompt), choice["token_ids"], choice["logprobs"]["token_logprobs"])
+    prompt_ids = choice["prompt_token_ids"] if isinstance(prompt, str) else list(prompt)
+    return Answer(prompt_ids, choice["token_ids"], choice["logprobs"]["token_logprobs"])
 
 
 def recompute(skeleton: ModelSkeleton, weights: TorchWeights, answer: Answer) -> np.ndarray:
