@@ -105,16 +105,14 @@ def _states_every_edited_fact(out: Path) -> bool:
     fails the module with what was missing.
     """
     history = History.read(out)
-    restores = [e.record for e in history.of(Restored)]
+    restores = _all(history, Restored)
     if len(restores) != 1:
         return False
-    restore = restores[0]
-    assert isinstance(restore, Restored)
-    abandons = [e.record for e in history.of(AttemptsAbandoned)]
+    (_, restore) = restores[0]
     return (
         bool(restore.discarded)
         and bool(restore.rolled_back_steps)
-        and any(isinstance(r, AttemptsAbandoned) and restart_abandon(r) for r in abandons)
+        and any(restart_abandon(r) for _, r in _all(history, AttemptsAbandoned))
     )
 
 
