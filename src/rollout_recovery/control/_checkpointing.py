@@ -92,6 +92,7 @@ __all__ = [
     "RowNeeds",
     "VerifiedCheckpoint",
     "decode_checkpoint_files",
+    "restart_abandons",
 ]
 
 CHECKPOINT_FILES = CheckpointStore.FILES
@@ -668,18 +669,7 @@ class ControllerCheckpoints:
             tokens_resumable=sum(prefix.tokens for prefix in resumable),
             resume_refused=list(refused),
         )
-        abandoned = [
-            AttemptsAbandoned(
-                group_id=group_id,
-                attempts=[
-                    AbandonedAttempt(index, rollout_id, FailureReason.RESTART)
-                    for index, rollout_id in entries
-                ],
-                whole_group=ledger.get_group(group_id).recovery_granularity
-                is RecoveryGranularity.PROMPT_GROUP,
-            )
-            for group_id, entries in interrupted.items()
-        ]
+        abandoned = restart_abandons(ledger, interrupted)
         return RestoredRun(replay=live_replay, state=state, record=record, abandoned=abandoned)
 
 
@@ -826,3 +816,24 @@ def _dispatched_attempts(ledger: RolloutRecoveryLedger) -> dict[str, list[tuple[
                     (sibling.generation_index, group.gate_rollout_id(sibling.generation_index))
                 )
     return found
+
+
+def restart_abandons(
+    ledger: RolloutRecoveryLedger, interrupted: Mapping[str, list[tuple[int, str]]]
+) -> list[AttemptsAbandoned]:
+    """The ``attempts_abandoned`` (reason ``restart``) of the attempts a crash interrupted
+    (:func:`_dispatched_attempts`), one per group: the controller's restore and the
+    recorder's opening journal the same fact, so both build it here (a cohort group's
+    abandon says ``whole_group``, which the auditor checks)."""
+    return [
+        AttemptsAbandoned(
+            group_id=group_id,
+            attempts=[
+                AbandonedAttempt(index, rollout_id, FailureReason.RESTART)
+                for index, rollout_id in entries
+            ],
+            whole_group=ledger.get_group(group_id).recovery_granularity
+            is RecoveryGranularity.PROMPT_GROUP,
+        )
+        for group_id, entries in interrupted.items()
+    ]

@@ -23,9 +23,8 @@ from ..errors import InvalidOperationError, RolloutRecoveryError
 from ..history import JournalEntry, records
 from ..ledger import RolloutRecoveryLedger
 from ..rewards import CaptureRewardSettings
-from ..rollout import FailureReason
 from ..rundir import CheckpointStore
-from ._checkpointing import _dispatched_attempts, decode_checkpoint_files
+from ._checkpointing import _dispatched_attempts, decode_checkpoint_files, restart_abandons
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._state import ControllerState
@@ -238,16 +237,7 @@ class RecordedRun:
             replay=live_replay,
             state=state,
         )
-        abandons: list[records.HistoryRecord] = [
-            records.AttemptsAbandoned(
-                group_id=group_id,
-                attempts=[
-                    records.AbandonedAttempt(index, rollout_id, FailureReason.RESTART)
-                    for index, rollout_id in attempts
-                ],
-            )
-            for group_id, attempts in interrupted.items()
-        ]
+        abandons: list[records.HistoryRecord] = [*restart_abandons(ledger, interrupted)]
         recorded = cls(
             ledger=ledger, replay=live_replay, state=state, rows=rows, group_size=group_size
         )
