@@ -13,6 +13,11 @@ from rollout_recovery.control import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.toml"))
+#: Below this AdamW learning rate a bf16 server rounds most of each step away: a step
+#: moves a weight by about the learning rate, and half a bf16 step exceeds 1e-4 for 84%
+#: of SmolLM2's weights (1.4% at 1e-3), so the server samples another policy than the
+#: trainer's (docs/benchmarks.md, "bf16 or fp32 servers").
+BF16_MIN_LEARNING_RATE = 1e-3
 
 
 def test_there_are_examples() -> None:
@@ -36,6 +41,11 @@ def test_an_example_loads_and_the_readme_runs_it(example: Path) -> None:
         # .ci/vllm-integration builds (a path under ~, not the author's home).
         assert config.http.weight_sync == "vllm" and config.vllm.launch >= 1
         assert config.vllm.model == "" and config.vllm.python.startswith("~/")
+        # The servers sample the policy the trainer trains.
+        assert (
+            config.vllm.dtype == "float32"
+            or config.trainer.learning_rate >= BF16_MIN_LEARNING_RATE
+        )
     # No cache directory of the author's machine, no pinned digest: it runs anywhere.
     assert config.model.cache_dir == "" and config.model.digest == ""
     if config.task.kind == "dataset":
