@@ -45,7 +45,12 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: The model directory the launched servers start from; "" with the torch trainer is
     #: its own (``[model]``), which is what the servers must serve.
     model: Annotated[str, OPERATIONAL] = ""
-    #: The launched servers' dtype; weight files are written in it.
+    #: The launched servers' dtype; weight files are written in it (rounded to nearest
+    #: from the trainer's fp32). A bf16 server drops every update below half a bf16 step:
+    #: with the torch trainer at a small learning rate it samples another policy than the
+    #: trainer's, and the logprob check measures that distance, not noise (SmolLM2 at
+    #: 1e-4: 0.11-0.22 nats, against 1e-5 in float32; docs/benchmarks.md). Use float32
+    #: there.
     dtype: VllmDtype = "bfloat16"
     #: --max-model-len (0: the model's own).
     max_model_len: Annotated[NonNegativeInt, OPERATIONAL] = 0
