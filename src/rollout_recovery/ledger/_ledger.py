@@ -326,10 +326,7 @@ class RolloutRecoveryLedger:
         """Staged token rows still owned by sealed current attempts (history excluded)."""
         keys: set[str] = set()
         for group in self._groups.values():
-            for sibling in group.siblings:
-                current = sibling.attempts[-1]
-                if current.status is _SEALED:
-                    keys.update(current.staging_keys)
+            keys.update(group.sealed_staging_keys())
         return keys
 
     def dispatched_attempt_count(self) -> int:
@@ -853,13 +850,34 @@ class RolloutRecoveryLedger:
         """
         self.assert_checkpoint_safe()
         for group_id, group in self._groups.items():
-            payload = self._payloads.get(group_id)
-            if payload is None:
-                raise InvalidOperationError(
-                    f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
-                )
-            validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
+            self._require_prompt(group_id, group)
         return list(self._groups.values())
+
+    def writable_group(self, group_id: str) -> GroupState:
+        """One group's live storage after :meth:`writable_groups`' checks of that group.
+
+        For an encoder that re-encodes only the groups that changed since its last
+        checkpoint (the snapshot builder's); a refusal may differ from the one
+        :meth:`writable_groups` raises first, so such an encoder falls back to the whole
+        check on any. The object is the ledger's own: encode it at once; never keep or
+        change it.
+        """
+        group = self._require_group(group_id)
+        if not group.status.is_checkpoint_safe():
+            raise CheckpointUnsafeError(
+                f"rollout recovery contains checkpoint-unsafe group states: groups={[group_id]!r}",
+                group_ids=[group_id],
+            )
+        self._require_prompt(group_id, group)
+        return group
+
+    def _require_prompt(self, group_id: str, group: GroupState) -> None:
+        payload = self._payloads.get(group_id)
+        if payload is None:
+            raise InvalidOperationError(
+                f"cannot checkpoint recovery group {group_id!r} before its prompt is rehydrated"
+            )
+        validate_prompt_identity(group.prompt_ref, payload, group_id=group_id)
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:

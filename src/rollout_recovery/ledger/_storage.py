@@ -243,6 +243,15 @@ class GroupState(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     def all_current_sealed(self) -> bool:
         return all(sibling.attempts[-1].status is _SEALED for sibling in self.siblings)
 
+    def sealed_staging_keys(self) -> list[str]:
+        """The staged rows its sealed current attempts own (history excluded)."""
+        return [
+            key
+            for sibling in self.siblings
+            if (current := sibling.attempts[-1]).status is _SEALED
+            for key in current.staging_keys
+        ]
+
     def logical_id(self, generation_index: int) -> str:
         return logical_rollout_id_for(self.group_id, generation_index)
 
