@@ -57,6 +57,9 @@ __all__ = [
     "decode_native_payload_for_load",
     "encode_native",
     "encode_native_checkpoint",
+    "encode_native_fragments",
+    "encode_native_group",
+    "encode_native_parts",
     "looks_like_native",
     "read_native_envelope",
 ]
@@ -234,10 +237,48 @@ def encode_native_checkpoint(
     construction.
     """
     groups, controller = checkpoint_parts(ledger, operation="encode_native_checkpoint", **fields)
+    return encode_native_parts(groups, controller)
+
+
+def encode_native_parts(groups: list[GroupState], controller: dict[str, Any]) -> bytes:
+    """The native file's bytes for ``checkpoint_parts``' two parts, already checked."""
     sidecar = _Sidecar[GroupState](
         schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups, **controller
     )
     return _wrap(_encode_payload(sidecar))
+
+
+def encode_native_group(group: GroupState) -> bytes:
+    """One group's MessagePack: exactly its bytes inside a checkpoint's payload, where the
+    groups array is its items' encodings one after another (MessagePack is context-free).
+
+    An incremental encoder keeps these and re-encodes only the groups that changed; see
+    :func:`encode_native_fragments`.
+    """
+    return _encode_payload(group)
+
+
+def encode_native_fragments(groups: Sequence[bytes], controller: dict[str, Any]) -> bytes:
+    """:func:`encode_native_parts` for groups already encoded (:func:`encode_native_group`):
+    the same bytes, joined with one copy of the groups' bytes.
+
+    The payload is the encoding of the sidecar with no groups, whose empty groups array
+    (one byte) is replaced by the array's header and the groups. What stays proportional
+    to the file: the join (a copy) and the checksum (SHA-256 over the payload).
+    """
+    empty = _Sidecar[GroupState](
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=[], **controller
+    )
+    frame = _encode_payload(empty)
+    # "groups" is the second field, after an int: the key's first occurrence is the field.
+    split = frame.index(_GROUPS_KEY) + len(_GROUPS_KEY)
+    if frame[split] != _EMPTY_ARRAY:
+        raise AssertionError("the native payload's empty groups array is not where expected")
+    payload = [frame[:split], _array_header(len(groups)), *groups, frame[split + 1 :]]
+    digest = hashlib.sha256()
+    for part in payload:
+        digest.update(part)
+    return _join_file(payload, digest.hexdigest())
 
 
 def _encode_payload(value: object) -> bytes:
@@ -260,14 +301,55 @@ def _encode_payload(value: object) -> bytes:
 
 def _wrap(payload: bytes) -> bytes:
     """Magic prefix plus the versioned, checksummed envelope around ``payload``."""
-    envelope = NativeEnvelope(
-        format=FORMAT_NAME,
-        format_version=FORMAT_VERSION,
-        writer_version=__version__,
-        checksum=_CHECKSUM_PREFIX + hashlib.sha256(payload).hexdigest(),
-        payload=payload,
+    return _join_file([payload], hashlib.sha256(payload).hexdigest())
+
+
+_GROUPS_KEY: Final = _ENCODER.encode("groups")
+_EMPTY_ARRAY: Final = _ENCODER.encode([])[0]
+_EMPTY_BIN: Final = _ENCODER.encode(b"")
+
+
+def _join_file(payload: Sequence[bytes], hexdigest: str) -> bytes:
+    """The file: magic and envelope around the payload that is ``payload``'s parts joined,
+    whose SHA-256 is ``hexdigest``, in one copy of the payload's bytes.
+
+    The envelope is what msgspec encodes (``NativeEnvelope``, whose last field is the
+    payload): its encoding with an empty payload, the empty ``bin`` replaced by the
+    payload's ``bin`` header and bytes. One copy of a large payload instead of two (the
+    envelope's encode, then the magic's concatenation).
+    """
+    size = sum(map(len, payload))
+    head = _ENCODER.encode(
+        NativeEnvelope(
+            format=FORMAT_NAME,
+            format_version=FORMAT_VERSION,
+            writer_version=__version__,
+            checksum=_CHECKSUM_PREFIX + hexdigest,
+            payload=b"",
+        )
     )
-    return MAGIC + _ENCODER.encode(envelope)
+    if not head.endswith(_EMPTY_BIN):
+        raise AssertionError("the native envelope does not end with its payload")
+    return b"".join((MAGIC, head[: -len(_EMPTY_BIN)], _bin_header(size), *payload))
+
+
+def _bin_header(size: int) -> bytes:
+    """MessagePack's header of a ``bin`` of ``size`` bytes (its smallest form, as msgspec
+    writes it)."""
+    if size < 0x100:
+        return b"\xc4" + size.to_bytes(1, "big")
+    if size < 0x10000:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
+
+
+def _array_header(count: int) -> bytes:
+    """MessagePack's header of an array of ``count`` items (its smallest form)."""
+    if count < 0x10:
+        return bytes((0x90 | count,))
+    if count < 0x10000:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
 
 
 def _same_tree(left: object, right: object) -> bool:
