@@ -50,6 +50,7 @@ SURFACES: dict[str, set[str]] = {
         "parse_rollout_recovery_state",
     },
     "checkpoint": {
+        "IncrementalSidecar",
         "SidecarFormat",
         "load_sidecar",
         "write_sidecar",

@@ -4,7 +4,9 @@ Checkpoint code writes with :func:`write_sidecar` (or ``SidecarFormat(...).encod
 for the bytes) and reads with :func:`load_sidecar` (the state, its parsed parts, a restored
 ledger, and ``.summary()``: what ``rollout-recovery inspect`` shows); inside a checkpoint cut,
 ``SidecarFormat.encode_checkpoint`` produces the file's bytes from the ledger (the native
-file straight from ledger storage), to be written after the cut. A
+file straight from ledger storage), to be written after the cut; an
+:class:`IncrementalSidecar` gives the same bytes again and again re-encoding only the groups
+that changed since its last encode (the snapshot builder's). A
 :class:`SidecarFormat` also names its file (``.filename``). Tools read raw bytes
 (``SidecarFormat.read_bytes``, ``SidecarFormat.decode``) and list every fault
 (``SidecarFormat.find_problems``). Bytes that are not an intact sidecar raise
@@ -12,9 +14,11 @@ file straight from ledger storage), to be written after the cut. A
 themselves are private.
 """
 
+from ._incremental import IncrementalSidecar
 from ._sidecar_io import SidecarFormat, load_sidecar, write_sidecar
 
 __all__ = [
+    "IncrementalSidecar",
     "SidecarFormat",
     "load_sidecar",
     "write_sidecar",
