@@ -6,20 +6,29 @@ between its last position and ``P`` (read back from ``events.jsonl``, verified) 
 encodes what it then holds. The live controller is never read, so the checkpoint's hold
 only has to take ``P``: it stays flat however large the ledger grows, and every snapshot
 proves on the way that the journal on disk rebuilds the state.
+
+The ledger's part of the sidecar is encoded incrementally (:class:`IncrementalSidecar`):
+each record the builder replays names the groups it touches (:func:`_touched`), and a
+snapshot re-encodes only those, so its cost follows the records since the previous
+snapshot, not the ledger. The bytes are a full encode's (the property tests compare them).
+What stays O(ledger) or O(replay index) per snapshot is listed in ``_incremental.py`` and
+below: the replay index's state (O(canonical groups), encoded whole) and the controller
+state (its ``rounds_used`` has one entry per unfinished group; one msgspec call).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 import msgspec
 
-from ..checkpoint import SidecarFormat
+from ..checkpoint import IncrementalSidecar, SidecarFormat
 from ..dataplane import ReplayIndex
-from ..history import JournalScan
+from ..history import JournalScan, records
 from ..ledger import RolloutRecoveryLedger
 from ..rewards import CaptureRewardSettings
 from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plane
@@ -84,6 +93,8 @@ class SnapshotBuilder:
         # The line number at ``position``, so each advance reads only the new records
         # (counting the lines before it would read the whole history at every snapshot).
         self._line: int | None = None
+        # Told which groups each replayed record touches; the first snapshot is a full one.
+        self._sidecar = IncrementalSidecar(self.ledger)
 
     def advance_to(self, position: int) -> None:
         """Replay the journal's records from the builder's position up to ``position``."""
@@ -92,6 +103,9 @@ class SnapshotBuilder:
         scan = JournalScan.read(
             self._journal, start=self.position, limit=position, start_line=self._line
         )
+        # Marked before they apply: a record that fails halfway has touched its groups too.
+        for entry in scan.entries:
+            self._mark(entry.record)
         self.records_followed += self._replay.follow(_ReplayCut(), scan.entries)
         self.position = scan.end
         self._line = scan.end_line
@@ -114,7 +128,7 @@ class SnapshotBuilder:
             "canonical_group_ids": canonical_ids,
         }
         format = SidecarFormat(sidecar_format)
-        sidecar = format.encode_checkpoint(self.ledger, **fields)
+        sidecar = self._sidecar.encode(format, **fields)
         state = copy.copy(self.state)
         state.config = config
         state.identity = identity
@@ -126,6 +140,43 @@ class SnapshotBuilder:
             sidecar=sidecar,
             replay_state=msgspec.msgpack.encode(self.replay.state_dict()),
             controller_state=encode_controller_state(state),
-            expected_staging=frozenset(self.ledger.expected_staging_keys()),
+            expected_staging=self._sidecar.expected_staging_keys(),
             canonical_keys=frozenset(self.replay.row_keys()),
         )
+
+    def _mark(self, record: records.HistoryRecord) -> None:
+        """Tell the sidecar which groups ``record`` may change when it applies."""
+        touched = _touched(record)
+        if touched is None:
+            self._sidecar.changed_all()
+            return
+        self._sidecar.changed(touched)
+        if isinstance(record, records.PromptTaken):
+            self._sidecar.reserved(record.group_id)
+
+
+def _touched(record: records.HistoryRecord) -> Iterable[str] | None:
+    """The groups whose ledger or replay-index entries applying ``record`` may change
+    (``_transitions.py``), or None for any of them. A record type without a case is a
+    mypy error: a new record must say what it touches before snapshots can follow it."""
+    match record:
+        case (
+            records.PromptTaken()
+            | records.PromptAliased()
+            | records.RoundStarted()
+            | records.AttemptResumed()
+            | records.SiblingSealed()
+            | records.GroupSealed()
+            | records.AttemptsAbandoned()
+            | records.PromptDropped()
+            | records.GroupPublished()
+        ):
+            return (record.group_id,)
+        case records.BatchAdmitted() | records.StepTrained():
+            return record.group_ids
+        case records.Restored():
+            return None  # ``prepare_for_restart`` abandons attempts of every group
+        case records.RunStarted() | records.CheckpointCommitted() | records.BackendEvent():
+            return ()
+        case _:
+            assert_never(record)
