@@ -1,0 +1,268 @@
+"""IncrementalSidecar: a ledger's sidecar encoded again and again, re-encoding only the
+groups it is told changed, is byte for byte the full encode (issue 28, item 5).
+
+The state machine drives a ledger through random calls (reservations in shared admission
+batches, dispatches, seals, abandons, retries, admissions, publishes into a canonical set,
+drops, a finalization that makes the ledger uncheckpointable), tells the encoder the group
+each call names, and compares every encode with ``SidecarFormat.encode_checkpoint``: the
+same bytes, or the same refusal. The framing the native file is joined with (MessagePack
+headers written by hand) is checked against msgspec's own at every size boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rollout_recovery import RolloutRecoveryLedger
+from rollout_recovery.checkpoint import IncrementalSidecar, SidecarFormat
+from rollout_recovery.checkpoint import _native
+from rollout_recovery.errors import RolloutRecoveryError
+from rollout_recovery.rewards import CaptureRewardSettings
+
+
+class _Cut:
+    def require_live(self) -> None:
+        return None
+
+
+CUT = _Cut()
+SIZES = [0, 1, 15, 16, 255, 256, 65535, 65536, 70000]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_headers_are_msgspecs(size: int) -> None:
+    encoder = msgspec.msgpack.Encoder()
+    assert encoder.encode(b"\x00" * size).startswith(_native._bin_header(size))
+    assert encoder.encode([None] * size) == _native._array_header(size) + b"\xc0" * size
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_envelope_is_msgspecs(size: int) -> None:
+    payload = bytes(range(256)) * (size // 256) + b"\x07" * (size % 256)
+    envelope = _native.NativeEnvelope(
+        format=_native.FORMAT_NAME,
+        format_version=_native.FORMAT_VERSION,
+        writer_version=_native.__version__,
+        checksum="sha256:" + hashlib.sha256(payload).hexdigest(),
+        payload=payload,
+    )
+    assert _native._wrap(payload) == _native.MAGIC + msgspec.msgpack.encode(envelope)
+
+
+FIELDS: dict[str, Any] = {
+    "batch_shortfall": {2: 1},
+    "sampler_stamps_target_steps": True,
+    "reward_settings": CaptureRewardSettings(),
+}
+
+
+def outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "bytes", call()
+    except RolloutRecoveryError as error:
+        return type(error).__name__, str(error)
+
+
+class IncrementalMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = RolloutRecoveryLedger()
+        self.sidecar = IncrementalSidecar(self.ledger)
+        self.canonical: set[str] = set()
+        self.taken = 0
+        self.encodes = 0
+
+    def _ids(self) -> list[str]:
+        return [group.group_id for group in self.ledger.groups()]
+
+    def _tell(self, group_id: str, call: Any) -> None:
+        try:
+            call()
+        except RolloutRecoveryError:
+            pass  # a refused call changes nothing; telling is harmless
+        self.sidecar.changed([group_id])
+
+    @rule(
+        admission=st.sampled_from(["A", "B", "C"]),
+        size=st.integers(1, 3),
+        admitted=st.booleans(),
+    )
+    def reserve(self, admission: str, size: int, admitted: bool) -> None:
+        """Into one of three batches whose groups agree (reserved, admitted for step 0,
+        for step 1), or (called by hand) a batch ``mixed`` whose groups need not."""
+        group_id = f"g{self.taken:03d}"
+        index = self.taken
+        self.taken += 1
+        if admission != "mixed":
+            admitted, step = {"A": (False, None), "B": (True, 0), "C": (True, 1)}[admission]
+        else:
+            step = 2 if admitted else None
+        self.ledger.reserve_group(
+            CUT,
+            prompt_id=str(index),
+            prompt_payload={"idx": index, "task_name": None},
+            expected_generations=size,
+            target_step=step,
+            start_weight_version=0,
+            admitted=admitted,
+            group_id=group_id,
+            admission_id=admission,
+        )
+        self.sidecar.reserved(group_id)
+
+    @rule(admission=st.just("A"))
+    def admit(self, admission: str) -> None:
+        """Every reserved group of a batch, as a ``batch_admitted`` does."""
+        for group in self.ledger.groups():
+            if group.admission_id == admission:
+                group_id = group.group_id
+                self._tell(
+                    group_id,
+                    lambda: self.ledger.mark_group_admitted(
+                        CUT, group_id, target_step=3, start_weight_version=1
+                    ),
+                )
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data())
+    def dispatch(self, data: st.DataObject) -> None:
+        group_id = data.draw(st.sampled_from(self._ids()))
+        self._tell(group_id, lambda: self.ledger.mark_group_dispatched(CUT, group_id))
+
+    def _dispatched(self) -> list[tuple[str, int]]:
+        return [
+            (group.group_id, sibling.generation_index)
+            for group in self.ledger.groups()
+            for sibling in group.siblings
+            if sibling.current_attempt.status.value == "dispatched"
+        ]
+
+    @precondition(lambda self: len(self._dispatched()) > 0)
+    @rule(data=st.data(), reward=st.sampled_from([0.0, 1.0, -0.5]))
+    def seal(self, data: st.DataObject, reward: float) -> None:
+        group_id, index = data.draw(st.sampled_from(self._dispatched()))
+        gate = self.ledger.get_group(group_id).gate_rollout_id(index)
+        self._tell(
+            group_id,
+            lambda: self.ledger.mark_sibling_sealed(
+                CUT,
+                group_id,
+                generation_index=index,
+                gate_rollout_id=gate,
+                receipt={"rollout_id": gate, "manifest": [{"staging_key": f"{gate}/c0"}]},
+                reward=reward,
+                mask_sample=False,
+            ),
+        )
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data())
+    def abandon_and_retry(self, data: st.DataObject) -> None:
+        group_id = data.draw(st.sampled_from(self._ids()))
+        self._tell(group_id, lambda: self.ledger.abandon_unsealed(CUT, group_id))
+        self._tell(group_id, lambda: self.ledger.prepare_incomplete_retry(CUT, group_id))
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data(), discard=st.booleans())
+    def publish(self, data: st.DataObject, discard: bool) -> None:
+        """Into the canonical set; the ledger lets go of it now or later (in between the
+        sidecar leaves it out)."""
+        group_id = data.draw(st.sampled_from(self._ids()))
+        self.canonical.add(group_id)
+        if discard:
+            self.ledger.discard_group(CUT, group_id)
+        self.sidecar.changed([group_id])
+
+    @precondition(lambda self: len(self.canonical) > 0)
+    @rule(data=st.data())
+    def unpublish(self, data: st.DataObject) -> None:
+        """Out of the canonical set (trained, or never discarded from the ledger: then it
+        is back in the sidecar at its old place, which the encoder cannot know)."""
+        group_id = data.draw(st.sampled_from(sorted(self.canonical)))
+        self.canonical.discard(group_id)
+        self.sidecar.changed([group_id])
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data())
+    def drop(self, data: st.DataObject) -> None:
+        group_id = data.draw(st.sampled_from(self._ids()))
+        self._tell(group_id, lambda: self.ledger.discard_group(CUT, group_id))
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data())
+    def start_finalizing(self, data: st.DataObject) -> None:
+        """A state no checkpoint may hold, until the group is dropped."""
+        group_id = data.draw(st.sampled_from(self._ids()))
+        self._tell(group_id, lambda: self.ledger.mark_finalization_started(CUT, group_id))
+
+    @rule(format=st.sampled_from(["native", "native", "native", "pt"]))
+    def encode(self, format: str) -> None:
+        sidecar_format = SidecarFormat(format)
+        fields = {**FIELDS, "canonical_group_ids": set(self.canonical)}
+        whole = outcome(lambda: sidecar_format.encode_checkpoint(self.ledger, **fields))
+        incremental = outcome(lambda: self.sidecar.encode(sidecar_format, **fields))
+        assert incremental == whole
+        if whole[0] == "bytes":
+            staging = frozenset(self.ledger.expected_staging_keys())
+            assert self.sidecar.expected_staging_keys() == staging
+        self.encodes += 1
+
+    @invariant()
+    def full_encodes_only_when_needed(self) -> None:
+        assert self.sidecar.full_encodes <= self.encodes
+
+
+IncrementalMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_incremental_machine = IncrementalMachine.TestCase
+
+
+def test_an_unchanged_ledger_is_not_encoded_again() -> None:
+    machine = IncrementalMachine()
+    for admission in ("A", "A", "B"):
+        machine.reserve(admission=admission, size=2, admitted=True)
+    machine.encode("native")
+    machine.encode("native")
+    assert machine.sidecar.full_encodes == 1
+    machine.encode("pt")  # cannot be incremental: a full encode, and the next native too
+    machine.encode("native")
+    assert machine.sidecar.full_encodes == 3
+
+
+def test_a_group_back_from_the_canonical_set_takes_its_old_place() -> None:
+    """Published but still in the ledger, then out of the canonical set again: the encoder
+    cannot know where it goes (it never saw the ledger's order) and encodes in full."""
+    machine = IncrementalMachine()
+    for _ in range(3):
+        machine.reserve(admission="B", size=2, admitted=True)
+    machine.encode("native")
+    machine.canonical.add("g000")
+    machine.sidecar.changed(["g000"])
+    machine.encode("native")  # left out
+    machine.canonical.discard("g000")
+    machine.sidecar.changed(["g000"])
+    machine.encode("native")  # first again, as in a full encode
+    assert machine.sidecar.full_encodes == 2
+
+
+def test_a_batch_that_disagrees_is_refused_as_a_full_encode_refuses_it() -> None:
+    machine = IncrementalMachine()
+    machine.reserve(admission="mixed", size=2, admitted=False)
+    machine.reserve(admission="B", size=2, admitted=True)
+    machine.encode("native")
+    machine.reserve(admission="mixed", size=2, admitted=True)  # admitted, its peer is not
+    machine.encode("native")  # the same refusal (asserted inside)
+    machine.admit("mixed")  # both admitted for the same step: agreed again
+    machine.encode("native")
+    assert machine.sidecar.full_encodes == 3
