@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 from dataplane_support import FakeCut, dead_cut, make_row
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex, SqliteDataPlane
 from rollout_recovery.dataplane._replay import CANONICAL_PARTITION
@@ -459,3 +462,48 @@ def test_metrics_by_group_is_the_sidecar_copy_of_what_the_index_owns(
     assert index.metrics_by_group()["p1"] == {"reward": 0.5}
     restored = ReplayIndex.from_state_dict(index.state_dict(), data_plane=store, group_size=N)
     assert restored.metrics_by_group() == {"p0": {}, "p1": {"reward": 0.5}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["publish", "claim", "release", "clear", "evict", "encode"]),
+            st.integers(0, 2),
+            st.floats(allow_nan=True, allow_infinity=False),
+        ),
+        max_size=40,
+    )
+)
+def test_encoded_state_is_the_state_dict_encoded(steps: list[tuple[str, int, float]]) -> None:
+    """``encoded_state`` keeps each group's entries between calls (issue 28, item 5): after
+    any sequence of calls its bytes are the encoded ``state_dict()``, digest included."""
+    store, cut = MemoryDataPlane(), FakeCut()
+    index = ReplayIndex(data_plane=store, group_size=N)
+    for action, number, metric in steps:
+        group_id = f"g{number}"
+        if action == "encode":
+            assert index.encoded_state() == msgspec.msgpack.encode(index.state_dict())
+            continue
+        with contextlib.suppress(InvalidTransitionError):
+            if action == "publish":
+                publish(index, store, cut, group_id, target_step=number % 3, metrics={"m": metric})
+            elif action == "claim":
+                index.claim(cut, number % 2, [group_id])
+            elif action == "release":
+                index.release(cut, [group_id])
+            elif action == "clear":
+                index.clear(cut, [group_id])
+            else:
+                index.evict(cut, [group_id])
+    assert index.encoded_state() == msgspec.msgpack.encode(index.state_dict())
+
+
+def test_a_group_committed_again_is_encoded_again(store: MemoryDataPlane, cut: FakeCut) -> None:
+    index = ReplayIndex(data_plane=store, group_size=N)
+    publish(index, store, cut, "g", metrics={"m": 1.0})
+    index.encoded_state()
+    index.claim(cut, 0, ["g"])
+    index.clear(cut, ["g"])
+    publish(index, store, cut, "g", target_step=5, metrics={"m": 2.0})
+    assert index.encoded_state() == msgspec.msgpack.encode(index.state_dict())

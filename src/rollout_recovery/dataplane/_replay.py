@@ -85,25 +85,48 @@ def _digest(partition: str, group_size: int, groups: Iterable[_GroupState]) -> s
     groups were committed in nor the key order of a hand-built state changes the digest;
     metrics are left out because they are logging, not ownership.
     """
+    entries = sorted(map(_digested, groups), key=lambda entry: str(entry["group_id"]))
+    return _digest_of_encoded(partition, group_size, entries)
+
+
+def _digested(group: _GroupState) -> dict[str, Any]:
+    """What the digest covers of one group."""
+    return {
+        "group_id": group.group_id,
+        "row_keys": list(group.row_keys),
+        "target_step": group.target_step,
+        "min_weight_version": group.min_weight_version,
+        "max_weight_version": group.max_weight_version,
+    }
+
+
+def _digest_of_encoded(
+    partition: str, group_size: int, groups: Sequence[dict[str, Any] | msgspec.Raw]
+) -> str:
+    """:func:`_digest` of the groups' digest entries in id order, each a dict or its JSON
+    (``Raw``, inserted as it is: the same bytes)."""
     canonical = {
         "schema_version": _SCHEMA_VERSION,
         "partition": partition,
         "group_size": group_size,
-        "groups": sorted(
-            (
-                {
-                    "group_id": group.group_id,
-                    "row_keys": list(group.row_keys),
-                    "target_step": group.target_step,
-                    "min_weight_version": group.min_weight_version,
-                    "max_weight_version": group.max_weight_version,
-                }
-                for group in groups
-            ),
-            key=lambda entry: str(entry["group_id"]),
-        ),
+        "groups": groups,
     }
-    return hashlib.sha256(msgspec.json.encode(canonical, order="sorted")).hexdigest()
+    return hashlib.sha256(_JSON.encode(canonical)).hexdigest()
+
+
+def _saved(group: ReplayGroup) -> _GroupState:
+    return _GroupState(
+        group_id=group.group_id,
+        row_keys=list(group.row_keys),
+        target_step=group.target_step,
+        min_weight_version=group.min_weight_version,
+        max_weight_version=group.max_weight_version,
+        metrics=dict(group.metrics),
+    )
+
+
+_JSON = msgspec.json.Encoder(order="sorted")
+_MSGPACK = msgspec.msgpack.Encoder()
 
 
 def _check_int(value: object, name: str, group_id: str, *, minimum: int = 0) -> int:
@@ -133,6 +156,9 @@ class ReplayIndex:
         self._reserved: set[str] = set()
         self._groups: dict[str, ReplayGroup] = {}
         self._owner: dict[str, str] = {}  # canonical row key -> group id
+        # Each committed group's saved entry and digest entry, encoded on the first
+        # :meth:`encoded_state` after its commit (a claim changes neither).
+        self._encoded: dict[str, tuple[msgspec.Raw, msgspec.Raw]] = {}
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -351,17 +377,7 @@ class ReplayIndex:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain, msgspec-friendly metadata of the committed groups, with its digest."""
-        groups = [
-            _GroupState(
-                group_id=group.group_id,
-                row_keys=list(group.row_keys),
-                target_step=group.target_step,
-                min_weight_version=group.min_weight_version,
-                max_weight_version=group.max_weight_version,
-                metrics=dict(group.metrics),
-            )
-            for _, group in sorted(self._groups.items())
-        ]
+        groups = [_saved(group) for _, group in sorted(self._groups.items())]
         state = _IndexState(
             schema_version=_SCHEMA_VERSION,
             partition=self._partition,
@@ -371,6 +387,33 @@ class ReplayIndex:
         )
         result: dict[str, Any] = msgspec.to_builtins(state)
         return result
+
+    def encoded_state(self) -> bytes:
+        """``msgspec.msgpack.encode(self.state_dict())``, encoding only the groups
+        committed since the last call (each group's entries are kept until it leaves).
+
+        What stays O(committed groups), in C: sorting the ids, joining the entries and the
+        digest's SHA-256 over its JSON.
+        """
+        encoded = self._encoded
+        for group_id in self._groups.keys() - encoded.keys():
+            saved = _saved(self._groups[group_id])
+            encoded[group_id] = (
+                msgspec.Raw(_MSGPACK.encode(saved)),
+                msgspec.Raw(_JSON.encode(_digested(saved))),
+            )
+        ordered = [encoded[group_id] for group_id in sorted(self._groups)]
+        digest = _digest_of_encoded(
+            self._partition, self._group_size, [entry for _, entry in ordered]
+        )
+        state = _IndexState(
+            schema_version=_SCHEMA_VERSION,
+            partition=self._partition,
+            group_size=self._group_size,
+            digest=digest,
+            groups=[entry for entry, _ in ordered],  # type: ignore[misc]
+        )
+        return _MSGPACK.encode(state)
 
     @staticmethod
     def saved_groups(state: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -493,6 +536,7 @@ class ReplayIndex:
         for gid in ids:
             for key in self._groups.pop(gid).row_keys:
                 del self._owner[key]
+            self._encoded.pop(gid, None)
 
 
 def _parse_state(state: Mapping[str, Any], group_size: int | None = None) -> _IndexState:
