@@ -11,8 +11,10 @@ The ledger's part of the sidecar is encoded incrementally (:class:`IncrementalSi
 each record the builder replays names the groups it touches (:func:`_touched`), and a
 snapshot re-encodes only those, so its cost follows the records since the previous
 snapshot, not the ledger. The bytes are a full encode's (the property tests compare them).
+The replay index keeps its groups' encoded entries too (``ReplayIndex.encoded_state``).
 What stays O(ledger) or O(replay index) per snapshot is listed in ``_incremental.py`` and
-below: the replay index's state (O(canonical groups), encoded whole) and the controller
+``encoded_state``, and here: the checks of the sidecar's finalizer metrics (Python, one
+entry per canonical group), the sets of canonical ids and row keys, and the controller
 state (its ``rounds_used`` has one entry per unfinished group; one msgspec call).
 """
 
@@ -138,7 +140,7 @@ class SnapshotBuilder:
             weight_version=self.state.weight_version,
             sidecar_name=format.filename,
             sidecar=sidecar,
-            replay_state=msgspec.msgpack.encode(self.replay.state_dict()),
+            replay_state=self.replay.encoded_state(),
             controller_state=encode_controller_state(state),
             expected_staging=self._sidecar.expected_staging_keys(),
             canonical_keys=frozenset(self.replay.row_keys()),
