@@ -13,7 +13,9 @@ seals through the controller (journaled and flushed), the builder's ``advance_to
 replay of the new records, timed apart), and one snapshot each way. The first snapshot
 (which fills the cache, a full encode) is not counted. Also timed: what any snapshot of
 these bytes still pays in proportion to the ledger, the native file's SHA-256 and one
-copy of its bytes.
+copy of its bytes. The ledger's replay index is empty there; a second table times the
+replay index's saved state alone at the same sizes (``G`` canonical groups, ``--seals``
+of them trained and as many published between snapshots), full against kept entries.
 
 Run: ``python benchmarks/bench_snapshot.py --groups 160,5000,50000 [--repeat 5]
 [--seals 16] [--json]``.
@@ -43,6 +45,7 @@ from rollout_recovery._settings import config_to_builtins
 from rollout_recovery.checkpoint import SidecarFormat
 from rollout_recovery.control._snapshot import Snapshot, SnapshotBuilder
 from rollout_recovery.control._state import encode_controller_state
+from rollout_recovery.dataplane import MemoryDataPlane, ReplayIndex
 from rollout_recovery.rewards import CaptureRewardSettings
 
 
@@ -153,6 +156,59 @@ def measure(groups: int, repeat: int, seals: int) -> dict[str, Any]:
     }
 
 
+class _Cut:
+    def require_live(self) -> None:
+        return None
+
+
+def measure_replay(groups: int, repeat: int, changes: int) -> dict[str, Any]:
+    """The replay index's saved state with ``groups`` canonical groups, after ``changes``
+    groups trained and as many published: ``msgspec.msgpack.encode(state_dict())`` (the
+    full encode) against ``encoded_state()`` (each group's entries kept)."""
+    cut, size = _Cut(), 4
+    index = ReplayIndex(data_plane=MemoryDataPlane(), group_size=size)
+    taken = 0
+
+    def publish() -> None:
+        nonlocal taken
+        group_id = f"c{taken:07d}"
+        taken += 1
+        index.reserve(cut, group_id)
+        index.commit(
+            cut,
+            group_id,
+            [f"{group_id}/{i}" for i in range(size)],
+            target_step=taken // 64,
+            min_weight_version=0,
+            max_weight_version=1,
+            metrics={"reward_mean": 0.5, "length": 12.0},
+        )
+
+    for _ in range(groups):
+        publish()
+    index.encoded_state()
+    rows = []
+    for _ in range(repeat):
+        trained = index.group_ids()[:changes]
+        index.claim(cut, 0, trained)
+        index.clear(cut, trained)
+        for _ in range(changes):
+            publish()
+        incremental_ms, incremental = _timed(index.encoded_state)
+        full_ms, full = _timed(lambda: msgspec.msgpack.encode(index.state_dict()))
+        if incremental != full:
+            raise SystemExit(f"{groups} canonical groups: encoded_state is not state_dict's")
+        rows.append((full_ms, incremental_ms))
+    full_ms = statistics.median(row[0] for row in rows)
+    incremental_ms = statistics.median(row[1] for row in rows)
+    return {
+        "canonical_groups": groups,
+        "full_ms": full_ms,
+        "incremental_ms": incremental_ms,
+        "full_over_incremental": full_ms / incremental_ms,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", default="160,5000,50000", help="ledger sizes, comma-separated")
@@ -161,14 +217,16 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     rows = []
-    for groups in (int(text) for text in args.groups.split(",")):
+    sizes = [int(text) for text in args.groups.split(",")]
+    for groups in sizes:
         print(f"measuring {groups} groups ...", file=sys.stderr)
         rows.append(measure(groups, args.repeat, args.seals))
     base = rows[0]["incremental_ms"]
     for row in rows:
         row["incremental_vs_smallest"] = row["incremental_ms"] / base
+    replay = [measure_replay(groups, args.repeat, args.seals) for groups in sizes]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"ledger": rows, "replay_index": replay}, indent=2))
         return 0
     print(
         f"{'groups':>8}{'records':>9}{'advance ms':>12}{'full ms':>10}{'incr. ms':>10}"
@@ -180,6 +238,12 @@ def main() -> int:
             f"{row['full_ms']:>10.1f}{row['incremental_ms']:>10.1f}"
             f"{row['full_over_incremental']:>10.1f}x{row['incremental_vs_smallest']:>12.1f}x"
             f"{row['sha256_ms']:>11.1f}{row['copy_ms']:>9.1f}{row['sidecar_mb']:>8.1f}"
+        )
+    print(f"\n{'canonical':>10}{'full ms':>10}{'incr. ms':>10}{'full/incr':>11}")
+    for row in replay:
+        print(
+            f"{row['canonical_groups']:>10}{row['full_ms']:>10.1f}{row['incremental_ms']:>10.1f}"
+            f"{row['full_over_incremental']:>10.1f}x"
         )
     return 0
 
