@@ -30,7 +30,9 @@ group it cannot place) runs the full encode, which raises what it always raised,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
+from itertools import chain
 from typing import Unpack
 
 from ..errors import InvalidStateError
@@ -124,9 +126,11 @@ class IncrementalSidecar:
         self._batches = {}
         for group in groups:
             self._admit(group)
-        self._staging, self._staging_counts = {}, {}
-        for group in ledger.writable_groups():
-            self._set_staging(group.group_id, group.sealed_staging_keys())
+        # Staging keys of every ledger group: the sidecar's, and the canonical ones' (a
+        # group the ledger still holds after its publish).
+        canonical = fields.get("canonical_group_ids") or ()
+        held = [ledger.writable_group(gid) for gid in canonical if gid in ledger]
+        self._fill_staging([*groups, *held])
         self._changed, self._reserved = {}, {}
         self._all_changed = False
         return encode_native_fragments(list(self._fragments.values()), controller)
@@ -205,11 +209,13 @@ class IncrementalSidecar:
     def _update_staging_only(self) -> None:
         """After a full encode in another format: the staging keys are current, the
         native cache is not."""
-        ledger = self._ledger
-        self._staging, self._staging_counts = {}, {}
-        for group in ledger.writable_groups():
-            self._set_staging(group.group_id, group.sealed_staging_keys())
+        self._fill_staging(self._ledger.writable_groups())
         self.changed_all()
+
+    def _fill_staging(self, groups: Iterable[GroupState]) -> None:
+        staging = {group.group_id: group.sealed_staging_keys() for group in groups}
+        self._staging = {group_id: keys for group_id, keys in staging.items() if keys}
+        self._staging_counts = dict(Counter(chain.from_iterable(self._staging.values())))
 
     def __repr__(self) -> str:
         return f"IncrementalSidecar(groups={len(self._fragments)}, stale={self._all_changed})"
