@@ -19,6 +19,8 @@ pointer per group), the copy of every group's cached bytes into the payload, the
 SHA-256 and the envelope's copy of it (``_native._wrap``), and the frozenset of staging keys.
 The checks a full encode runs on the controller's fields are O(replay index), not O(ledger).
 
+The cache costs memory: every group's encoded bytes, about the size of one native sidecar.
+
 The ``pt`` format cannot be built this way: its pickle memoises strings across the whole
 file (a group's bytes depend on every string before it), batches list items by position,
 and its zip records a CRC and a hash of the whole pickle. It is encoded in full each time.
