@@ -11,6 +11,7 @@ headers written by hand) is checked against msgspec's own at every size boundary
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -21,8 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rollout_recovery import RolloutRecoveryLedger
-from rollout_recovery.checkpoint import IncrementalSidecar, SidecarFormat
-from rollout_recovery.checkpoint import _native
+from rollout_recovery.checkpoint import IncrementalSidecar, SidecarFormat, _native
 from rollout_recovery.errors import RolloutRecoveryError
 from rollout_recovery.rewards import CaptureRewardSettings
 
@@ -83,10 +83,8 @@ class IncrementalMachine(RuleBasedStateMachine):
         return [group.group_id for group in self.ledger.groups()]
 
     def _tell(self, group_id: str, call: Any) -> None:
-        try:
-            call()
-        except RolloutRecoveryError:
-            pass  # a refused call changes nothing; telling is harmless
+        with contextlib.suppress(RolloutRecoveryError):
+            call()  # a refused call changes nothing; telling is harmless
         self.sidecar.changed([group_id])
 
     @rule(
@@ -125,7 +123,7 @@ class IncrementalMachine(RuleBasedStateMachine):
                 group_id = group.group_id
                 self._tell(
                     group_id,
-                    lambda: self.ledger.mark_group_admitted(
+                    lambda group_id=group_id: self.ledger.mark_group_admitted(
                         CUT, group_id, target_step=3, start_weight_version=1
                     ),
                 )
