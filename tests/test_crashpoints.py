@@ -72,6 +72,7 @@ def test_registry_names_the_system_points() -> None:
         "journal.after_fsync",
         "journal.before_cut",
         "snapshot.in_hold",
+        "checkpoint.captured",
         "snapshot.before_write",
         "replay.mid",
     } == CRASH_POINTS

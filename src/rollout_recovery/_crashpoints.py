@@ -57,6 +57,9 @@ CRASH_POINTS: frozenset[str] = frozenset(
         "journal.before_cut",
         # Inside a checkpoint's hold: the journal position taken, the hold not released.
         "snapshot.in_hold",
+        # A checkpoint captured (its hold released, the trainer's state copied to memory),
+        # nothing of it encoded or written yet: in the background, the run trains on.
+        "checkpoint.captured",
         # A checkpoint's snapshot built from the journal, its files not yet written.
         "snapshot.before_write",
         # Halfway through replaying the journal after a snapshot (a restore).

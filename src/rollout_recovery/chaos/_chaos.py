@@ -185,6 +185,7 @@ class KillRanges:
                 "journal.after_fsync": (1, max(1, calls * span)),
                 # Per checkpoint.
                 "snapshot.in_hold": (1, 2),
+                "checkpoint.captured": (1, 2),
                 "snapshot.before_write": (1, 2),
                 # The restore's cut of the torn tail the harness made (once per process).
                 "journal.before_cut": (1, 1),

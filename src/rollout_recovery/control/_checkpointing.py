@@ -8,16 +8,18 @@ the dataset) and never reads or sets the controller: it returns what it did (a
 ``checkpoint_committed``; takes the restored replay index and state and records
 ``restored`` and the restart's abandons).
 
-Capture. Under ``barrier.checkpoint()`` (every mutation drained) only the journal's
-position is taken: O(1), whatever the size of the ledger or the bytes stored. Then, with
-generation going on: the journal is made durable up to that position, the snapshot
-builder replays it to there and encodes the ledger, the replay index and the controller
-state, the trainer's state is copied (the trainer is idle: the train pump awaits its own
-checkpoints; ``policy.npz`` from ``state()``, or a ``FileStateTrainer``'s own files such
-as safetensors, each as ``trainer.<name>``), and everything is published as
-``step_NNNNNN`` with the journal position in its manifest. No token row is read or
-copied: rows a checkpoint owns stay in the durable store until no retained checkpoint
-needs them (``_deferred.py``).
+Capture and commit. Under ``barrier.checkpoint()`` (every mutation drained) only the
+journal's position is taken: O(1), whatever the size of the ledger or the bytes stored.
+Then the trainer's state is copied to memory (the trainer is idle: the train pump awaits
+the capture; ``_trainer_state.py``). That is all the step pays (:meth:`capture`). The
+commit (:meth:`commit`) may run in the background while the next steps train: the
+trainer's copy is encoded (``policy.npz`` from ``state()``, or a ``FileStateTrainer``'s
+own files such as safetensors, each as ``trainer.<name>``), the journal is made durable
+up to the position, the snapshot builder replays it to there and encodes the ledger, the
+replay index and the controller state, and everything is published as ``step_NNNNNN``
+with the journal position in its manifest. No token row is read or copied: rows a
+checkpoint owns stay in the durable store until no retained checkpoint needs them
+(``_deferred.py``).
 
 Restore. Each committed checkpoint, newest first, is verified without changing anything:
 checksums, every file decoded and validated, the job's identity, and the durable store
@@ -80,11 +82,13 @@ from ._replay import JournalReplay, bind_placeholder_prompts, metadata_only_plan
 from ._resume import choose_prefixes, version_filter
 from ._snapshot import Snapshot, SnapshotBuilder
 from ._state import ControllerState, decode_controller_state
+from ._trainer_state import StagedTrainerState, stage_trainer_state
 
 if TYPE_CHECKING:
     from ._controller import PromptDataset
 
 __all__ = [
+    "CapturedCheckpoint",
     "CheckpointFiles",
     "CheckpointTiming",
     "ControllerCheckpoints",
@@ -114,6 +118,8 @@ class CheckpointTiming:
     position: int = 0
     #: Its directory's name (``step_NNNNNN``).
     name: str = ""
+    #: What the step paid: from asking for the hold to the trainer's state in memory.
+    captured_s: float = 0.0
 
     def committed(self) -> CheckpointCommitted:
         """The ``checkpoint_committed`` record of this checkpoint (the controller's to
@@ -125,6 +131,25 @@ class CheckpointTiming:
             hold_us=int(self.hold_s * 1e6),
             stall_us=int(self.stall_s * 1e6),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedCheckpoint:
+    """A checkpoint as its step captured it (:meth:`ControllerCheckpoints.capture`), for
+    :meth:`ControllerCheckpoints.commit` to write, maybe while the next steps train."""
+
+    #: Its number for the deferred deletions (``rows.checkpoint_captured()``).
+    number: int
+    #: The journal position the snapshot is built at, and the history files' lengths.
+    position: int
+    marks: dict[str, int]
+    #: The trainer's state at the capture, in memory.
+    trainer: StagedTrainerState
+    hold_s: float
+    stall_s: float
+    #: When the hold was released (``time.monotonic()``).
+    released: float
+    captured_s: float
 
 
 class _AnyCut:
@@ -282,20 +307,21 @@ class ControllerCheckpoints:
         )
 
     async def take(self, *, delete_deferred: bool = True) -> CheckpointTiming:
-        """Snapshot the journal at its current position and publish it as ``step_NNNNNN``;
-        the caller journals its ``checkpoint_committed`` (:meth:`CheckpointTiming.committed`).
+        """:meth:`capture` then :meth:`commit`: the whole checkpoint, awaited."""
+        return await self.commit(await self.capture(), delete_deferred=delete_deferred)
 
-        ``delete_deferred=False`` (a drain's last checkpoint) deletes no rows on commit: the
-        deferred deletions count checkpoints, and this one may replace a checkpoint of the
-        same step, leaving one more older checkpoint retained than counted. The process ends
-        after it; the next restore deletes what the newest checkpoint does not own.
-        """
-        config, history, rows = self.config, self.history, self.rows
-        builder = self.snapshots
-        if builder is None:
+    async def capture(self) -> CapturedCheckpoint:
+        """The part of a checkpoint its step pays: the journal's position (and the history
+        marks) in the exclusive hold, then the trainer's state copied to memory. Call with
+        the trainer idle (the train pump awaits this); :meth:`commit` does the rest, which
+        may run while the trainer trains on. At most one captured checkpoint may wait for
+        its commit (the caller awaits the previous commit first): the deferred deletions
+        count checkpoints in the order they commit."""
+        if self.snapshots is None:
             raise InvalidStateError("a checkpoint before follow_journal: no snapshot builder")
+        history, rows = self.history, self.rows
         requested = time.monotonic()
-        async with self.barrier.checkpoint(timeout=config.checkpoint.barrier_timeout_s):
+        async with self.barrier.checkpoint(timeout=self.config.checkpoint.barrier_timeout_s):
             entered = time.monotonic()
             # The whole exclusive hold: a position in the journal (and the metrics sink).
             position = history.position
@@ -303,9 +329,41 @@ class ControllerCheckpoints:
             number = rows.checkpoint_captured()
             crash_point("snapshot.in_hold")
             released = time.monotonic()
-        hold, stall = released - entered, released - requested
-        # The trainer is idle (the train pump awaits this), so its state is the snapshot's.
-        trainer_files = await self._trainer_state_files()
+        trainer = await stage_trainer_state(self.trainer)
+        return CapturedCheckpoint(
+            number=number,
+            position=position,
+            marks=marks,
+            trainer=trainer,
+            hold_s=released - entered,
+            stall_s=released - requested,
+            released=released,
+            captured_s=time.monotonic() - requested,
+        )
+
+    async def commit(
+        self, captured: CapturedCheckpoint, *, delete_deferred: bool = True
+    ) -> CheckpointTiming:
+        """Write ``captured`` and publish it as ``step_NNNNNN``: encode the trainer's
+        state, build the snapshot of the journal at its position, write, fsync, publish,
+        then let the deferred deletions advance. The caller journals its
+        ``checkpoint_committed`` (:meth:`CheckpointTiming.committed`).
+
+        Safe while the run goes on (later steps trained and journaled): everything is
+        read from the capture, the journal up to its position and the rows it owns, which
+        no deletion can reach before the next checkpoint commits (``_deferred.py``). A
+        crash before the publication leaves the previous checkpoint the newest.
+
+        ``delete_deferred=False`` (a drain's last checkpoint) deletes no rows on commit: the
+        deferred deletions count checkpoints, and this one may replace a checkpoint of the
+        same step, leaving one more older checkpoint retained than counted. The process ends
+        after it; the next restore deletes what the newest checkpoint does not own.
+        """
+        crash_point("checkpoint.captured")
+        config, history, builder = self.config, self.history, self.snapshots
+        assert builder is not None  # capture() checked
+        position = captured.position
+        trainer_files = await asyncio.to_thread(captured.trainer.encode)
         await history.flush()  # the snapshot's history is durable
         settings = self.settings
         identity = identity_fingerprint(config)
@@ -320,10 +378,12 @@ class ControllerCheckpoints:
             )
 
         snapshot = await asyncio.to_thread(build)
-        if snapshot.weight_version != self.trainer.weight_version:
+        # The trainer's version at the capture: the live one may have trained on since.
+        if snapshot.weight_version != captured.trainer.weight_version:
             raise InvalidStateError(
                 f"the snapshot at journal position {position} is at weight version "
-                f"{snapshot.weight_version} but the trainer holds {self.trainer.weight_version}"
+                f"{snapshot.weight_version} but the trainer held "
+                f"{captured.trainer.weight_version} when it was captured"
             )
         # The rows this checkpoint owns cannot be deleted before a later checkpoint commits,
         # so checking them now is as good as under the hold.
@@ -336,16 +396,17 @@ class ControllerCheckpoints:
             **trainer_files,
         }
         await asyncio.to_thread(history.sync)
-        saved = await asyncio.to_thread(self.store.save, snapshot.step, files, marks=marks)
+        saved = await asyncio.to_thread(self.store.save, snapshot.step, files, marks=captured.marks)
         if delete_deferred:
-            rows.checkpoint_committed(number)
+            self.rows.checkpoint_committed(captured.number)
         timing = CheckpointTiming(
             step=snapshot.step,
-            hold_s=hold,
-            stall_s=stall,
-            write_s=time.monotonic() - released,
+            hold_s=captured.hold_s,
+            stall_s=captured.stall_s,
+            write_s=time.monotonic() - captured.released,
             position=position,
             name=saved.name,
+            captured_s=captured.captured_s,
         )
         self.timings.append(timing)
         return timing
@@ -361,17 +422,6 @@ class ControllerCheckpoints:
                 "refusing to publish a checkpoint whose rows are not in the data plane: "
                 f"staging {sorted(missing_staging)[:10]} canonical {sorted(missing_canonical)[:10]}"
             )
-
-    async def _trainer_state_files(self) -> dict[str, bytes]:
-        """The trainer's state as checkpoint files: its own files (safetensors, JSON) under
-        ``trainer.``, or its arrays as ``policy.npz``."""
-        trainer = self.trainer
-        if isinstance(trainer, FileStateTrainer):
-            # Serializing a real model's weights and moments takes a while: off the loop.
-            own = await asyncio.to_thread(trainer.state_files)
-            return {CHECKPOINT_FILES.trainer_file(name): bytes(data) for name, data in own.items()}
-        arrays = {name: np.array(value, copy=True) for name, value in trainer.state().items()}
-        return {POLICY_FILE: _npz_bytes(arrays)}
 
     # ----------------------------------------------------------------- verification
 
@@ -671,12 +721,6 @@ class ControllerCheckpoints:
         )
         abandoned = restart_abandons(ledger, interrupted)
         return RestoredRun(replay=live_replay, state=state, record=record, abandoned=abandoned)
-
-
-def _npz_bytes(arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    return buffer.getvalue()
 
 
 def _is_trainer_file(name: str) -> bool:
