@@ -31,6 +31,7 @@ ADDED = (
     '\n[reward]\nfunction = ""\ntimeout_s = 30.0\n',
     "samples = 2\n",
     "logprob_tolerance = 0.2\n",
+    "background = true\n",
 )
 
 

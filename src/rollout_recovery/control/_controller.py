@@ -100,7 +100,12 @@ from ..rollout import (
     GenerationBackend,
 )
 from ..rundir import CheckpointStore
-from ._checkpointing import CheckpointTiming, ControllerCheckpoints, VerifiedCheckpoint
+from ._checkpointing import (
+    CapturedCheckpoint,
+    CheckpointTiming,
+    ControllerCheckpoints,
+    VerifiedCheckpoint,
+)
 from ._config import RunConfig
 from ._deferred import DeferredDeletionDataPlane
 from ._logprob_check import (
@@ -279,6 +284,8 @@ class Controller(Generic[Weights]):
         self._inflight_slots: asyncio.Semaphore | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._checkpointer: Callable[[], Any] | None = None
+        #: The checkpoint being written in the background (:meth:`checkpoint_in_background`).
+        self._pending_checkpoint: asyncio.Future[CheckpointTiming] | None = None
         #: Where each step's wall time goes (the ``time/*`` step metrics).
         self.step_timer = StepTimer()
         # Drain: the request, the event ``run`` waits on, the group tasks it waits for,
@@ -360,9 +367,46 @@ class Controller(Generic[Weights]):
 
     async def checkpoint(self, *, delete_deferred: bool = True) -> CheckpointTiming:
         """Take a checkpoint of the journal at its current position and journal its
-        ``checkpoint_committed`` (``delete_deferred``: see ``ControllerCheckpoints.take``)."""
-        timing = await self.checkpoints.take(delete_deferred=delete_deferred)
+        ``checkpoint_committed`` (``delete_deferred``: see ``ControllerCheckpoints.commit``),
+        all awaited; a checkpoint still being written in the background commits first."""
+        await self.settle_checkpoint()
+        captured = await self.checkpoints.capture()
+        return await self._commit(captured, delete_deferred=delete_deferred)
+
+    async def checkpoint_in_background(self) -> None:
+        """Capture a checkpoint now (the hold's position and the trainer's state copied to
+        memory: what the step pays) and write, publish and journal it in the background
+        while the next steps train (``[checkpoint] background``).
+
+        At most one is in flight: this first awaits the previous one. Within :meth:`run`,
+        a failed write fails the run at once; a drain and the run's end wait for it; an
+        error elsewhere lets it finish first. :meth:`settle_checkpoint` awaits it.
+        """
+        await self.settle_checkpoint()
+        captured = await self.checkpoints.capture()
+        write = asyncio.ensure_future(self._commit(captured, delete_deferred=True))
+        self._pending_checkpoint = write
+        if self._tasks is not None:
+            self._tasks.create_task(_surfaced(write), name="checkpoint-write")
+
+    async def settle_checkpoint(self) -> CheckpointTiming | None:
+        """Wait for the checkpoint being written in the background, if any; its timing, or
+        its error (raised again by every later call)."""
+        write = self._pending_checkpoint
+        if write is None:
+            return None
+        # Shielded: a waiter cancelled (the run failing elsewhere) leaves the write going.
+        timing = await asyncio.shield(write)
+        self._pending_checkpoint = None
+        return timing
+
+    async def _commit(
+        self, captured: CapturedCheckpoint, *, delete_deferred: bool
+    ) -> CheckpointTiming:
+        timing = await self.checkpoints.commit(captured, delete_deferred=delete_deferred)
         committed = timing.committed()
+        # After the records of whatever ran during the write: its position says what it
+        # snapshots, wherever the record lands (replay and audit read the position).
         self.record(committed)
         if self.metrics is not None:
             self.metrics.log_marker(
@@ -372,6 +416,21 @@ class Controller(Generic[Weights]):
             )
             await asyncio.to_thread(self.metrics.flush)
         return timing
+
+    async def _finish_checkpoint_after(self, error: BaseException) -> None:
+        """The run failed (``error``): let a checkpoint being written commit first, as it
+        would have before the next step in the foreground; its own failure is noted on
+        ``error``."""
+        write = self._pending_checkpoint
+        if write is None:
+            return
+        try:
+            await self.settle_checkpoint()
+        except Exception as late:  # the run's error is the one raised
+            if late is not error:
+                error.add_note(
+                    f"the checkpoint being written failed too: {type(late).__name__}: {late}"
+                )
 
     def set_metrics(self, metrics: StepMetrics) -> None:
         """Where each step's metrics and the run's markers go from now on."""
@@ -431,9 +490,19 @@ class Controller(Generic[Weights]):
         except BaseExceptionGroup as group:
             # The first failure is the cause; the rest are its consequences (cancelled
             # siblings). Callers branch on the error's class, not on a group.
-            raise _first_failure(group) from None
+            error = _first_failure(group)
+            await self._finish_checkpoint_after(error)
+            raise error from None
+        except asyncio.CancelledError:
+            # Cancelled from outside (a second Ctrl-C): no waiting. A write stopped here
+            # is a crash's (the previous checkpoint stays the newest, or this one is
+            # published without its record); its worker thread is joined by the job.
+            if self._pending_checkpoint is not None:
+                self._pending_checkpoint.cancel()
+            raise
         finally:
             self._tasks = None
+        await self.settle_checkpoint()  # the last step's or the drain's step's
 
     def _launch(self, group_id: str) -> None:
         assert self._tasks is not None
@@ -1184,6 +1253,13 @@ def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[
     off_loop(future)  # a virtual clock must not jump past the step's deadline meanwhile
     threading.Thread(target=work, name="trainer-step", daemon=True).start()
     return future
+
+
+async def _surfaced(write: asyncio.Future[CheckpointTiming]) -> None:
+    """A background checkpoint's write in the run's task group: its failure fails the run
+    at once. Shielded: the group cancelling this (the run failing elsewhere) does not stop
+    the write, which ``run`` then waits for."""
+    await asyncio.shield(write)
 
 
 def _first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException:

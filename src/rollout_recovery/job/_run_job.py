@@ -446,7 +446,11 @@ async def _run_installed(
 
     if found is None:
         await controller.checkpoint()  # the bootstrap anchor: every later start can resume
-    controller.set_checkpointer(controller.checkpoint)
+    controller.set_checkpointer(
+        controller.checkpoint_in_background
+        if config.checkpoint.background
+        else controller.checkpoint
+    )
     await controller.run()
     drain_checkpoint = None
     if controller.drain_report is not None:
