@@ -20,8 +20,13 @@ Rules:
 - ``deadline``: the hung attempts reach their deadline (the virtual clock moves);
 - ``worker_crash``: the worker under some hung attempts dies, failing them at once;
 - ``publish``: a sealed group is published;
-- ``train_step``: a step trains, usually followed by its checkpoint;
+- ``train_step``: a step trains, usually followed by its checkpoint, taken at once or
+  in the background (``[checkpoint] background``: captured now, committed later);
 - ``checkpoint``: the step's checkpoint, taken later;
+- ``commit_background``: a checkpoint captured in the background is written and
+  committed, after whatever rules ran since its capture (rounds, publishes, train steps:
+  its ``checkpoint_committed`` lands after their records); a crash first loses it, and
+  the previous checkpoint is restored;
 - ``step_shortfall``: a step its drops left too short stops the run (then a restart);
 - ``crash``: every in-memory object is dropped and writes from the dead incarnation are
   fenced off; a fresh controller restores from the newest committed checkpoint exactly
@@ -96,6 +101,9 @@ CAUGHT:
   resumption (invariant 5 after a restore, and the resume check at the next dispatch);
 - ``dispatch_ignores_lost_calls``: the controller hands no lost attempt's calls to the next
   attempt of a sibling (the resume check: a retried sibling starts over);
+- ``capture_reads_the_live_trainer``: a checkpoint's capture copies nothing of the
+  trainer, its commit encodes the trainer as it is by then (the commit's own check:
+  the snapshot's weight version is not the trainer's once a step trained in between);
 - ``live_forgets_a_record``: the live run journals ``checkpoint_committed`` without applying
   it (invariant 9: the journal replayed from its start counts a checkpoint the live state
   does not).
@@ -118,6 +126,8 @@ therefore guards the newest checkpoint and those committed since the last restor
 from __future__ import annotations
 
 import asyncio
+import copy
+import io
 import os
 import shutil
 import tempfile
@@ -480,6 +490,20 @@ class Model:
 
 
 @dataclass
+class Pending:
+    """A checkpoint captured in the background, not committed yet, with the live state
+    at its capture (what the snapshot the journal rebuilds must equal)."""
+
+    captured: checkpointing.CapturedCheckpoint
+    step: int
+    ledger: dict[str, Any]
+    replay: dict[str, Any]
+    state: dict[str, Any]
+    #: The machine's tick at the capture (a commit in a later rule raced other rules).
+    tick: int = 0
+
+
+@dataclass
 class Life:
     """One incarnation of the process: everything a SIGKILL takes away."""
 
@@ -535,6 +559,8 @@ class ControllerMachine(RuleBasedStateMachine):
         self.committed_name: str | None = None
         #: The rules that changed something since the last commit or boot.
         self.changed_since_commit = False
+        #: A checkpoint captured in the background, waiting for ``commit_background``.
+        self.pending: Pending | None = None
         self.rules_since_boot = 0
         self.ticks = 0
         try:
@@ -659,26 +685,52 @@ class ControllerMachine(RuleBasedStateMachine):
                 group.poisoned.discard(index)
 
     def _checkpoint(self) -> None:
+        """A checkpoint awaited whole (a background one still pending commits first)."""
+        self._commit_pending()
+        self._capture()
+        self._commit_pending()
+
+    def _capture(self) -> None:
         life = self.life
         controller = life.controller
         # The live state at the hold (nothing else runs: the loop is ours).
         live_ledger = controller.ledger.state_dict()
         live_replay = controller.replay.state_dict()
-        timing = life.run(controller.checkpoint())
+        live_state = {
+            name: getattr(controller.state, name)
+            for name in ("step", "weight_version", "prompts_taken", "rounds_used", "shortfall")
+        }
+        captured = life.run(controller.checkpoints.capture())
+        self.pending = Pending(
+            captured,
+            self.model.step,
+            live_ledger,
+            live_replay,
+            copy.deepcopy(live_state),
+            tick=self.ticks,
+        )
+
+    def _commit_pending(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        life = self.life
+        controller = life.controller
+        timing = life.run(controller._commit(pending.captured, delete_deferred=True))
         name = f"step_{timing.step:06d}"
         assert name == life.store.committed()[0].name
-        # Invariant 9: the snapshot the journal on disk rebuilt is the live state.
+        # Invariant 9: the snapshot the journal on disk rebuilt is the live state at the
+        # capture, whatever ran since.
         builder = controller.checkpoints.snapshots
         assert builder is not None and builder.position == timing.position
-        assert builder.ledger.state_dict() == live_ledger, "the journal replay diverged"
-        assert builder.replay.state_dict() == live_replay, "the replayed index diverged"
-        for field_name in ("step", "weight_version", "prompts_taken", "rounds_used", "shortfall"):
-            assert getattr(builder.state, field_name) == getattr(controller.state, field_name), (
-                field_name
-            )
-        self.committed_step = self.model.step
+        assert builder.ledger.state_dict() == pending.ledger, "the journal replay diverged"
+        assert builder.replay.state_dict() == pending.replay, "the replayed index diverged"
+        for field_name, value in pending.state.items():
+            assert getattr(builder.state, field_name) == value, field_name
+        self.committed_step = pending.step
         self.committed_name = name
-        self.changed_since_commit = False
+        if pending.tick == self.ticks:  # captured and committed in one rule
+            self.changed_since_commit = False
 
     # -- rules ---------------------------------------------------------------------
 
@@ -851,11 +903,12 @@ class ControllerMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self._trainable())
-    @rule(checkpoint=st.sampled_from([True, True, True, False]))
-    def train_step(self, checkpoint: bool) -> None:
+    @rule(checkpoint=st.sampled_from(["now", "now", "background", "background", "later"]))
+    def train_step(self, checkpoint: str) -> None:
         """A train step, and the checkpoint the pump takes right after it (every_steps is
-        1), or, now and then, not yet: the ``checkpoint`` rule takes it later, or a crash
-        comes first."""
+        1): whole, or captured now and committed by a later rule (``background``, the
+        previous one committed first, as the pump awaits it), or, now and then, not yet:
+        the ``checkpoint`` rule takes it later, or a crash comes first."""
         step = self.model.step
         self.life.run(self.controller._train_step(step))
         for gid, group in self.model.groups.items():
@@ -864,8 +917,11 @@ class ControllerMachine(RuleBasedStateMachine):
                 self.model.trained_in[gid] = step
         self.model.step = step + 1
         self.changed_since_commit = True
-        if checkpoint:
+        if checkpoint == "now":
             self._checkpoint()
+        elif checkpoint == "background":
+            self._commit_pending()
+            self._capture()
 
     def _changed(self) -> bool:
         """Anything happened since the last commit (else a crash tests nothing new)."""
@@ -875,13 +931,20 @@ class ControllerMachine(RuleBasedStateMachine):
         # The train pump checkpoints after a train step, so never the same step twice in
         # one incarnation: the deferred deletions count commits, and a re-save of a step
         # replaces a directory instead of adding one.
-        return self.model.step > self.committed_step
+        captured = self.committed_step if self.pending is None else self.pending.step
+        return self.model.step > max(self.committed_step, captured)
 
     @precondition(lambda self: self._checkpointable())
     @rule()
     def checkpoint(self) -> None:
         """A checkpoint some time after a train step (the pump's, delayed by other work)."""
         self._checkpoint()
+
+    @precondition(lambda self: self.pending is not None)
+    @rule()
+    def commit_background(self) -> None:
+        """The background write of the captured checkpoint finishes and commits."""
+        self._commit_pending()
 
     def _short_step(self) -> bool:
         """Every group of the step is resolved and too few are left to train it."""
@@ -909,6 +972,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def _crash_and_restore(self) -> None:
         sealed_before = _seal_ids(read_entries(self.run_dir / "events.jsonl"))
+        self.pending = None  # a write in the background dies with the process
         self._kill()
         model = self.model
         interrupted = {
@@ -1345,7 +1409,34 @@ def _replay_keeps_training(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(Transitions, "apply", apply)
 
 
+def _capture_reads_the_live_trainer(patch: pytest.MonkeyPatch) -> None:
+    # The capture copies nothing: the commit encodes the trainer as it is by then.
+    class Live:
+        def __init__(self, trainer: Any) -> None:
+            self.trainer = trainer
+
+        @property
+        def weight_version(self) -> int:
+            return int(self.trainer.weight_version)
+
+        def encode(self) -> dict[str, bytes]:
+            files = CheckpointStore.FILES
+            return {files.trainer_state: _npz(self.trainer.state())}
+
+    async def stage(trainer: Any) -> Any:
+        return Live(trainer)
+
+    patch.setattr(checkpointing, "stage_trainer_state", stage)
+
+
+def _npz(arrays: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
 PLANTED: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "capture_reads_the_live_trainer": _capture_reads_the_live_trainer,
     "skip_staging_inventory": _skip_staging_inventory,
     "skip_prepare_for_restart": _skip_prepare_for_restart,
     "abandon_without_stamp": _abandon_without_stamp,
