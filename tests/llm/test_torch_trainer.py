@@ -440,3 +440,21 @@ def test_a_batch_without_signal_changes_nothing_not_even_by_momentum(
     assert after[MODEL_STATE_FILE] == before[MODEL_STATE_FILE]
     assert after[OPTIMIZER_STATE_FILE] == before[OPTIMIZER_STATE_FILE]
     assert trainer.weight_version == 2
+
+
+def test_staged_state_files_are_the_state_files_of_the_call_however_training_goes_on(
+    tiny_model_dir: Path,
+) -> None:
+    """A background checkpoint's copy (issue 28, item 3): taken now, encoded after more
+    steps, it is byte for byte what ``state_files()`` gave at the copy."""
+    trainer = _trainer(tiny_model_dir)
+    _train(trainer, range(2))
+    expected = trainer.state_files()
+    encode = trainer.staged_state_files()
+    _train(trainer, range(2, 4))
+    assert trainer.state_files() != expected  # training went on
+    assert encode() == expected
+    # And it loads back as the trainer of then, bit for bit.
+    again = _trainer(tiny_model_dir)
+    again.load_state_files(encode())
+    assert again.weight_version == 2 and again.state_files() == expected
