@@ -10,7 +10,10 @@ publishes durable, and trains. Each of those is one field, in seconds::
                           hand-over to generation, plus every push a server finished since
                           the previous step (an HTTP backend pushes in the background; its
                           ``weights_loaded`` events carry each push's seconds)
-    time/checkpoint_s     the checkpoint taken after the previous step (0.0 if none)
+    time/checkpoint_s     the checkpoint taken after the previous step (0.0 if none): the
+                          wait for its whole write, or with ``[checkpoint] background``
+                          the wait for the previous checkpoint's write plus the capture
+                          (the hold, the trainer's state copied to memory)
     time/generation_s     waiting for the step's groups to be ready
     time/journal_s        the journal's flush before training
     time/train_s          the trainer's step
