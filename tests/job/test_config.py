@@ -60,6 +60,8 @@ LEAVES = list(_leaves())
 
 
 def _value_strategy(kind: mi.Type) -> st.SearchStrategy[object]:
+    if isinstance(kind, mi.BoolType):
+        return st.booleans()
     if isinstance(kind, mi.IntType):
         low = int(kind.ge) if kind.ge is not None else -(2**63)
         high = int(kind.le) if kind.le is not None else 2**63 - 1
@@ -175,6 +177,9 @@ def _out_of_range(kind: mi.Type) -> object | None:
 
 def _another_valid(kind: mi.Type, value: object) -> object | None:
     """A different valid value for the field, or None when there is none."""
+    if isinstance(kind, mi.BoolType):
+        assert isinstance(value, bool)
+        return not value
     if isinstance(kind, mi.IntType):
         assert isinstance(value, int)
         return value + 1

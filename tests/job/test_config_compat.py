@@ -22,9 +22,9 @@ EXPECTED: dict[str, str] = json.loads((FIXTURES / "EXPECTED.json").read_text())[
     "identity_fingerprints"
 ]
 #: What the format gained since: the one knob that could not be set before, the trainer's
-#: logprob tolerance, and issue 27's dataset task, reward function and sample completions
-#: (at their defaults, which leave the identity as it was: IDENTITY_WHEN_SET, or
-#: operational).
+#: logprob tolerance, issue 27's dataset task, reward function and sample completions, and
+#: issue 28's background checkpoints (at their defaults, which leave the identity as it
+#: was: IDENTITY_WHEN_SET, or operational).
 ADDED = (
     "no_actor_wait_s = 60.0\n",
     'path = ""\nprompt_field = "prompt"\nmessages_field = ""\nsplit = "train"\ndigest = ""\n'
