@@ -90,6 +90,7 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
     just before it asks for its cut; the barrier makes them wait behind the cut.
     """
     real_take = Controller.checkpoint
+    real_start = Controller.checkpoint_in_background
     real_publish = Controller._publish
     pending = sorted(steps)
     released: list[asyncio.Event] = []
@@ -105,7 +106,7 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             await release().wait()
         await real_publish(controller, group_id)
 
-    async def take(controller: Any, *, delete_deferred: bool = True) -> Any:
+    async def before_the_cut(controller: Any) -> None:
         if pending and controller.step == pending[0]:
             deadline = time.monotonic() + timeout
             while not (
@@ -119,10 +120,18 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             pending.pop(0)
             release().set()  # the held publishers wake behind this checkpoint's cut
             released.clear()
+
+    async def take(controller: Any, *, delete_deferred: bool = True) -> Any:
+        await before_the_cut(controller)
         return await real_take(controller, delete_deferred=delete_deferred)
+
+    async def start(controller: Any) -> None:  # [checkpoint] background
+        await before_the_cut(controller)
+        await real_start(controller)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Controller, "checkpoint", take)
+        patch.setattr(Controller, "checkpoint_in_background", start)
         patch.setattr(Controller, "_publish", publish)
         yield
 
