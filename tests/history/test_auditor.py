@@ -520,10 +520,17 @@ def test_a_killed_run_audits_through_its_newest_checkpoint_then_completes(
     )
     out = tmp_path / "killed"
     args = ["--out", str(out), "--plain", "--config", str(config)]
-    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("step 2 ("))
+    def newest_checkpoint() -> int:
+        committed = CheckpointStore(out, keep=3).committed() if out.is_dir() else []
+        return committed[0].step if committed else -1
+
+    # Checkpoints are written in the background: the kill waits for step_000002 itself.
+    killed = run_cli_until(
+        args, stop=lambda line, lines: line.startswith("step ") and newest_checkpoint() >= 2
+    )
     assert killed.returncode == -9, killed.stdout
 
-    newest = CheckpointStore(out, keep=3).committed()[0].step
+    newest = newest_checkpoint()
     assert 2 <= newest < steps
     report = audit_run(out)
     assert report.violations == []

@@ -143,10 +143,16 @@ def test_run_killed_and_resumed_twice_learns_as_well(
         # for it, so the checkpoint a resume must take is the one on disk, not a constant.
         return CheckpointStore(out, keep=config.checkpoint.keep).committed()[0].step
 
-    first = run_cli_until(args, stop=step_at_least(9))
+    def past(step: int, checkpoint: int) -> Callable[[str, list[str]], bool]:
+        # Checkpoints are written in the background: the step line can come before the
+        # checkpoint it asked for is published, so the kill waits for that one too.
+        at_least = step_at_least(step)
+        return lambda line, lines: at_least(line, lines) and newest_checkpoint() >= checkpoint
+
+    first = run_cli_until(args, stop=past(9, 8))
     assert first.returncode == -9, first.stdout
     one = newest_checkpoint()
-    second = run_cli_until(args, stop=step_at_least(21))
+    second = run_cli_until(args, stop=past(21, 20))
     assert second.returncode == -9, second.stdout
     assert f"resumed from step_{one:06d}: step {one}" in second.stdout, second.stdout
     two = newest_checkpoint()
