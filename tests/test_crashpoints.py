@@ -74,6 +74,7 @@ def test_registry_names_the_system_points() -> None:
         "snapshot.in_hold",
         "snapshot.before_write",
         "replay.mid",
+        "adopt.before_handover",
     } == CRASH_POINTS
 
 
