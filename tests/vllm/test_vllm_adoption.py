@@ -11,6 +11,7 @@ processes, one of which ignores SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -33,6 +34,9 @@ from rollout_recovery.rollout import AttemptResult
 from rollout_recovery.vllm import VllmConfig
 from rollout_recovery.vllm._fleet import VllmFleet
 from rollout_recovery.vllm._guard import Lease, LeaseState
+
+# Every test has the fleet tests' fake servers record themselves (and be killed after).
+pytestmark = pytest.mark.usefixtures("fake_dir")
 
 #: A lease no test outlives: servers in these tests end by being adopted and closed.
 LONG_LEASE_S = 600.0
@@ -159,8 +163,13 @@ def _group(record: dict[str, object]) -> list[int]:
     return [int(record["pid"]), int(record["child"])]  # type: ignore[call-overload]
 
 
-def _all_processes(fake_dir: Path) -> list[int]:
-    return [pid for record in _records(fake_dir) for pid in _group(record)]
+def _fake_dir() -> Path:
+    """Where the fake servers record themselves (the ``fake_dir`` fixture's)."""
+    return Path(os.environ["FAKE_VLLM_DIR"])
+
+
+def _all_processes(recorded: Path) -> list[int]:
+    return [pid for record in _records(recorded) for pid in _group(record)]
 
 
 def _start_and_kill(config: VllmConfig, run: Path) -> list[int]:
@@ -173,27 +182,27 @@ def _start_and_kill(config: VllmConfig, run: Path) -> list[int]:
     return guards
 
 
-def test_a_server_of_a_sigkilled_job_ends_by_itself_when_its_lease_lapses(
-    tmp_path: Path, fake_dir: Path
-) -> None:
+def test_a_server_of_a_sigkilled_job_ends_by_itself_when_its_lease_lapses(tmp_path: Path) -> None:
+    recorded = _fake_dir()
     config = _config(tmp_path, launch=1, adopt_within_s=1.0)
     run = tmp_path / "run"
     _start_and_kill(config, run)
-    processes = _all_processes(fake_dir)
+    processes = _all_processes(recorded)
     sockets = Path(str(_listing(run)[0]["socket"])).parent
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the lease lapsed")
-    assert list(fake_dir.glob("*.terminated"))  # shut down, not only killed
+    assert list(recorded.glob("*.terminated"))  # shut down, not only killed
     _wait_until(lambda: not sockets.exists(), "the socket directory was removed")
 
 
 def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
-    tmp_path: Path, fake_dir: Path
+    tmp_path: Path,
 ) -> None:
+    recorded = _fake_dir()
     config = _config(tmp_path, launch=2, adopt_within_s=LONG_LEASE_S)
     run = tmp_path / "run"
     guards = _start_and_kill(config, run)
-    old_key = _records(fake_dir)[0]["env"]["VLLM_API_KEY"]  # type: ignore[index]
-    processes = _all_processes(fake_dir)
+    old_key = _records(recorded)[0]["env"]["VLLM_API_KEY"]  # type: ignore[index]
+    processes = _all_processes(recorded)
     heard: list[str] = []
     fleet = VllmFleet(
         run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
@@ -202,7 +211,7 @@ def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
         urls = fleet.start()
         assert [server.pid for server in fleet.servers] == guards  # the same guards
         assert all(server.adopted for server in fleet.servers)
-        assert len(_records(fake_dir)) == 2  # nothing new started
+        assert len(_records(recorded)) == 2  # nothing new started
         assert fleet.api_key == old_key  # the servers require the key they started with
         assert [listed["url"] for listed in _listing(run)] == urls
         assert [line for line in heard if " adopted " in line] == [
@@ -210,45 +219,46 @@ def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
         ]
         assert all(alive(pid) for pid in processes)
     # Closed: ended at once, not at the end of the lease.
-    assert len(list(fake_dir.glob("*.terminated"))) == 2
+    assert len(list(recorded.glob("*.terminated"))) == 2
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the servers ended")
 
 
-def test_adopted_servers_are_watched_for_the_new_jobs_death(
-    tmp_path: Path, fake_dir: Path
-) -> None:
+def test_adopted_servers_are_watched_for_the_new_jobs_death(tmp_path: Path) -> None:
     """The lease is handed over: the rerun (a job too, SIGKILLed) held the servers, so
     they end its own lease (1 s) after its death, not the first job's (600 s)."""
+    recorded = _fake_dir()
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
-    processes = _all_processes(fake_dir)
+    processes = _all_processes(recorded)
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=1.0), run)
-    assert len(_records(fake_dir)) == 1  # the rerun adopted the server, started none
+    assert len(_records(recorded)) == 1  # the rerun adopted the server, started none
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the new lease lapsed")
 
 
-def test_the_rerun_starts_only_the_missing_servers(tmp_path: Path, fake_dir: Path) -> None:
+def test_the_rerun_starts_only_the_missing_servers(tmp_path: Path) -> None:
+    recorded = _fake_dir()
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
     config = _config(tmp_path, launch=2, adopt_within_s=LONG_LEASE_S)
     with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as fleet:
         fleet.start()
         assert [server.adopted for server in fleet.servers] == [True, False]
-        new = _records(fake_dir)[-1]
+        new = _records(recorded)[-1]
         assert new["env"]["VLLM_API_KEY"] == fleet.api_key  # type: ignore[index]
         sockets = {Path(str(listed["socket"])).parent for listed in _listing(run)}
         assert len(sockets) == 1  # in the adopted servers' private directory
-        processes = _all_processes(fake_dir)
+        processes = _all_processes(recorded)
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the servers ended")
     assert not sockets.pop().exists()
 
 
 def test_a_changed_vllm_config_is_not_adopted_the_old_server_ends_a_new_one_starts(
-    tmp_path: Path, fake_dir: Path
+    tmp_path: Path,
 ) -> None:
+    recorded = _fake_dir()
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
-    old = _all_processes(fake_dir)
+    old = _all_processes(recorded)
     changed = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S, max_num_seqs=3)
     heard: list[str] = []
     fleet = VllmFleet(
@@ -260,20 +270,19 @@ def test_a_changed_vllm_config_is_not_adopted_the_old_server_ends_a_new_one_star
         # Ended before the new one started (its guard has exited; what it SIGKILLed last
         # may take a moment to go).
         _wait_until(lambda: not any(alive(pid) for pid in old), "the old server ended")
-        assert (fake_dir / "vllm-0.terminated").exists()
+        assert (recorded / "vllm-0.terminated").exists()
         assert any("it runs another command" in line for line in heard)
-        new = _records(fake_dir)[0]
+        new = _records(recorded)[0]
         assert new["argv"][new["argv"].index("--max-num-seqs") + 1] == "3"  # type: ignore[index,union-attr]
 
 
-def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(
-    tmp_path: Path, fake_dir: Path
-) -> None:
+def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(tmp_path: Path) -> None:
     """Nothing proves it is ours: no signal goes to it (its guard's lease ends it), and
     a new server starts in a new private directory."""
+    recorded = _fake_dir()
     run = tmp_path / "run"
-    _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
-    old = _all_processes(fake_dir)
+    (guard,) = _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
+    old = _all_processes(recorded)
     sockets = Path(str(_listing(run)[0]["socket"])).parent
     sockets.chmod(0o755)
     config = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S)
@@ -281,19 +290,25 @@ def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(
     fleet = VllmFleet(
         run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
     )
-    with fleet:
-        fleet.start()
-        assert not fleet.servers[0].adopted
-        assert fleet.servers[0].socket.parent != sockets
-        assert stat.S_IMODE(fleet.servers[0].socket.parent.stat().st_mode) == 0o700
-        assert any("not private to this user" in line for line in heard)
-    assert all(alive(pid) for pid in old)  # left alone (the fixture kills it)
+    try:
+        with fleet:
+            fleet.start()
+            assert not fleet.servers[0].adopted
+            assert fleet.servers[0].socket.parent != sockets
+            assert stat.S_IMODE(fleet.servers[0].socket.parent.stat().st_mode) == 0o700
+            assert any("not private to this user" in line for line in heard)
+        assert all(alive(pid) for pid in old)  # left alone
+    finally:
+        # The new server's record replaced the old one's: the fixture cannot name it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(guard, signal.SIGKILL)
 
 
-def test_adoption_off_ends_the_servers_of_the_job_before(tmp_path: Path, fake_dir: Path) -> None:
+def test_adoption_off_ends_the_servers_of_the_job_before(tmp_path: Path) -> None:
+    recorded = _fake_dir()
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
-    old = _all_processes(fake_dir)
+    old = _all_processes(recorded)
     config = _config(tmp_path, launch=1, adopt_within_s=0.0)
     with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as fleet:
         fleet.start()
@@ -305,14 +320,15 @@ CRASHING_RERUN = JOB
 
 
 def test_a_kill_between_proof_and_hand_over_leaves_the_server_to_the_next_rerun(
-    tmp_path: Path, fake_dir: Path
+    tmp_path: Path,
 ) -> None:
     """kill -9 at ``adopt.before_handover``: the server was proven but never handed over,
     so it is still the dead first job's, on that job's lease; the next rerun adopts it,
     and a short lease then ends it by itself."""
+    recorded = _fake_dir()
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
-    processes = _all_processes(fake_dir)
+    processes = _all_processes(recorded)
     config = _config(tmp_path, launch=1, adopt_within_s=1.0)
     env = {
         **os.environ,
@@ -327,9 +343,9 @@ def test_a_kill_between_proof_and_hand_over_leaves_the_server_to_the_next_rerun(
     )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert b"crash point adopt.before_handover fired" in crashed.stderr
-    assert all(alive(pid) for pid in processes) and len(_records(fake_dir)) == 1
+    assert all(alive(pid) for pid in processes) and len(_records(recorded)) == 1
     _start_and_kill(config, run)  # adopts it (nothing new starts), then dies
-    assert len(_records(fake_dir)) == 1
+    assert len(_records(recorded)) == 1
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the lease lapsed")
 
 
