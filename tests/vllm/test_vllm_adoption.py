@@ -18,6 +18,8 @@ import signal
 import stat
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -172,11 +174,26 @@ def _all_processes(recorded: Path) -> list[int]:
     return [pid for record in _records(recorded) for pid in _group(record)]
 
 
+#: The groups of the servers the jobs of the running test launched, killed after it: a
+#: test that fails may leave them on a long lease, and a later server of the same name
+#: replaces their record, so the ``fake_dir`` fixture cannot name them.
+_LAUNCHED: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_launched_groups() -> Iterator[None]:
+    yield
+    while _LAUNCHED:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(_LAUNCHED.pop(), signal.SIGKILL)
+
+
 def _start_and_kill(config: VllmConfig, run: Path) -> list[int]:
     """Run a job that starts the fleet, SIGKILL it once its servers are ready; returns
     the listed guards' pids."""
     with ready_job(JOB, _encoded(config), str(run)) as job:
         guards = [int(listed["pid"]) for listed in _listing(run)]  # type: ignore[call-overload]
+        _LAUNCHED.extend(guards)
         os.kill(job.pid, signal.SIGKILL)
         job.wait()
     return guards
@@ -224,14 +241,23 @@ def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
 
 
 def test_adopted_servers_are_watched_for_the_new_jobs_death(tmp_path: Path) -> None:
-    """The lease is handed over: the rerun (a job too, SIGKILLed) held the servers, so
-    they end its own lease (1 s) after its death, not the first job's (600 s)."""
+    """The lease is handed over: the rerun (a job too, SIGKILLed) holds the servers for
+    as long as it lives, however short its lease (0.5 s), and they end its own lease
+    after its death, not the first job's (600 s)."""
     recorded = _fake_dir()
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
     processes = _all_processes(recorded)
-    _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=1.0), run)
-    assert len(_records(recorded)) == 1  # the rerun adopted the server, started none
+    config = _config(tmp_path, launch=1, adopt_within_s=0.5)
+    with ready_job(JOB, _encoded(config), str(run)) as rerun:
+        assert len(_records(recorded)) == 1  # the rerun adopted the server, started none
+        # Something that must not happen: a window of several leases, in which a guard
+        # that did not watch the rerun would have ended the server. A slow machine only
+        # makes such a guard slower, so this cannot fail spuriously.
+        time.sleep(5 * config.adopt_within_s)
+        assert all(alive(pid) for pid in processes)
+        os.kill(rerun.pid, signal.SIGKILL)
+        rerun.wait()
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the new lease lapsed")
 
 
@@ -281,7 +307,7 @@ def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(tmp_
     a new server starts in a new private directory."""
     recorded = _fake_dir()
     run = tmp_path / "run"
-    (guard,) = _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
+    _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
     old = _all_processes(recorded)
     sockets = Path(str(_listing(run)[0]["socket"])).parent
     sockets.chmod(0o755)
@@ -290,18 +316,13 @@ def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(tmp_
     fleet = VllmFleet(
         run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
     )
-    try:
-        with fleet:
-            fleet.start()
-            assert not fleet.servers[0].adopted
-            assert fleet.servers[0].socket.parent != sockets
-            assert stat.S_IMODE(fleet.servers[0].socket.parent.stat().st_mode) == 0o700
-            assert any("not private to this user" in line for line in heard)
-        assert all(alive(pid) for pid in old)  # left alone
-    finally:
-        # The new server's record replaced the old one's: the fixture cannot name it.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(guard, signal.SIGKILL)
+    with fleet:
+        fleet.start()
+        assert not fleet.servers[0].adopted
+        assert fleet.servers[0].socket.parent != sockets
+        assert stat.S_IMODE(fleet.servers[0].socket.parent.stat().st_mode) == 0o700
+        assert any("not private to this user" in line for line in heard)
+    assert all(alive(pid) for pid in old)  # left alone (killed after the test)
 
 
 def test_adoption_off_ends_the_servers_of_the_job_before(tmp_path: Path) -> None:
