@@ -81,7 +81,7 @@ def _run(
             [
                 sys.executable,
                 "-m",
-                "rollout_recovery.cli",
+                "rollout_recovery",
                 "run",
                 "--plain",
                 "--config",
