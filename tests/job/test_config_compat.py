@@ -24,13 +24,14 @@ EXPECTED: dict[str, str] = json.loads((FIXTURES / "EXPECTED.json").read_text())[
 #: What the format gained since: the one knob that could not be set before, the trainer's
 #: logprob tolerance, and issue 27's dataset task, reward function and sample completions
 #: (at their defaults, which leave the identity as it was: IDENTITY_WHEN_SET, or
-#: operational).
+#: operational), and issue 28's lease of launched vLLM servers (operational).
 ADDED = (
     "no_actor_wait_s = 60.0\n",
     'path = ""\nprompt_field = "prompt"\nmessages_field = ""\nsplit = "train"\ndigest = ""\n'
     '\n[reward]\nfunction = ""\ntimeout_s = 30.0\n',
     "samples = 2\n",
     "logprob_tolerance = 0.2\n",
+    "adopt_within_s = 180.0\n",
 )
 
 
