@@ -32,7 +32,10 @@ from test_vllm_fleet import DEADLINE_S, JOB, _config, _records, _wait_until, fak
 from test_vllm_weight_sync import PUSH, Rig, _push
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV
+from rollout_recovery.control import load_config
+from rollout_recovery.job._components import generation_servers, server_api_key
 from rollout_recovery.rollout import AttemptResult
+from rollout_recovery.rundir import RunDirectory
 from rollout_recovery.vllm import VllmConfig
 from rollout_recovery.vllm._fleet import VllmFleet
 from rollout_recovery.vllm._guard import Lease, LeaseState
@@ -238,6 +241,13 @@ def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
     # Closed: ended at once, not at the end of the lease.
     assert len(list(recorded.glob("*.terminated"))) == 2
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the servers ended")
+    # After a normal end nothing is left to adopt, and the next start says nothing of it.
+    heard.clear()
+    with VllmFleet(
+        run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
+    ) as fleet:
+        fleet.start()
+    assert not [line for line in heard if "of the job before" in line]
 
 
 def test_adopted_servers_are_watched_for_the_new_jobs_death(tmp_path: Path) -> None:
@@ -396,3 +406,31 @@ def test_an_adopted_server_gets_the_restored_weights_before_any_call_whatever_it
         assert server.log[: len(PUSH)] == _push(10)
         assert server.loaded == 10
     assert {call["stamp"] for call in rig.staged()} == {10}
+
+
+# -- the job presents the adopted servers' key ----------------------------------------------
+
+ADOPTING_JOB = (
+    '[trainer]\nkind = "torch"\n[task]\nkind = "emit_token"\n'
+    '[generation]\nbackend = "http"\n[http]\nweight_sync = "vllm"\nmodel = "m"\n'
+    '[model]\nsource = "{model}"\n'
+    '[vllm]\nlaunch = 1\npython = "{python}"\nmodel = "{model}"\nadopt_within_s = 600.0\n'
+)
+
+
+def test_the_job_presents_the_key_its_adopted_servers_were_started_with(
+    tmp_path: Path,
+) -> None:
+    """A rerun's backend sends the adopted servers' key, not a new random one (which the
+    servers would refuse with 401 on every call)."""
+    recorded = _fake_dir()
+    run = tmp_path / "run"
+    fleet_config = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S)
+    _start_and_kill(fleet_config, run)
+    old_key = _records(recorded)[0]["env"]["VLLM_API_KEY"]  # type: ignore[index]
+    path = tmp_path / "job.toml"
+    path.write_text(ADOPTING_JOB.format(model=fleet_config.model, python=fleet_config.python))
+    config = load_config(path)
+    with generation_servers(RunDirectory(run), config) as resolved:
+        assert len(_records(recorded)) == 1  # adopted, nothing started
+        assert server_api_key(resolved) == old_key

@@ -151,9 +151,13 @@ class Claim:
         self.connection.close()
 
 
-def claim(socket_path: Path, control: Path, pid: int) -> Claim | str:
+def claim(socket_path: Path, control: Path, pid: int) -> Claim | str | None:
     """The claim on the listed server (``socket_path``, guarded by ``pid`` listening on
-    ``control``), or why it cannot be proven ours (steps 1 and 2 of the module docstring)."""
+    ``control``), why it cannot be proven ours (steps 1 and 2 of the module docstring), or
+    None when it is gone (its guard removed its control socket: the job before ended
+    normally, or the lease lapsed)."""
+    if not os.path.lexists(control):
+        return None
     try:
         require_private_dir(socket_path.parent)
         if control.parent != socket_path.parent:

@@ -341,6 +341,8 @@ class VllmFleet(Resource):
         for entry in _listed(self._file):
             socket, index = Path(entry.socket), entry.index
             found = claim(socket, Path(entry.control), entry.pid)
+            if found is None:
+                continue  # gone
             if isinstance(found, str):
                 self._log(f"vLLM server {index} of the job before is not adopted: {found}")
                 continue
