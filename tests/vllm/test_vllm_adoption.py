@@ -135,7 +135,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.stopped)
     @rule()
     def stopped_or_server_exited(self) -> None:
-        self.lease.stop()
+        self.lease.end()
         self.stopped = True
 
     @invariant()

@@ -73,7 +73,7 @@ class Lease:
         held --the job dies--> orphaned --adopted--> held
         held --the job dies, lease 0--> ended
         orphaned --deadline passes--> ended
-        any --stopped, or the server exits--> ended
+        any --ended (stopped, or the server exits)--> ended
 
     ``now`` is the clock (seconds, monotonic): the guard's is ``time.monotonic``, a
     test's its own.
@@ -101,7 +101,8 @@ class Lease:
         self.state, self.lease_s, self.deadline = LeaseState.HELD, lease_s, None
         return True
 
-    def stop(self) -> None:
+    def end(self) -> None:
+        """Stopped by the job, or the server exited: end the group now."""
         self.state = LeaseState.ENDED
 
     def wait_s(self) -> float | None:
@@ -215,7 +216,7 @@ class _Control:
             if uid != os.getuid():
                 return None  # the directory is private; this is belt and braces
             if words == ["end"]:
-                lease.stop()
+                lease.end()
                 with contextlib.suppress(OSError):
                     connection.sendall(b"ending\n")
                 return None
@@ -234,9 +235,6 @@ class _Control:
             except OSError:  # it died before it heard: as if it died holding the lease
                 lease.job_died()
             return job
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not lease.ended:
             if child.poll() is not None or stop_signals:
-                lease.stop()
+                lease.end()
                 break
             orphaned = first_job and os.getppid() != parent
             if lease.state is LeaseState.HELD and (orphaned or _dead(job_fd)):
@@ -302,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                     job_fd, first_job = adopter, False
     finally:
         if control is not None:
-            control.close()
+            control.listener.close()
     if child.poll() is None:
         child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
