@@ -98,12 +98,14 @@ class AdoptedGuard:
 
 @dataclass(slots=True)
 class Claim:
-    """A listed server whose guard is proven ours (steps 1 and 2), the control connection
-    still open: :meth:`unfit` checks the rest, then :meth:`adopt` or :meth:`end`."""
+    """A listed server whose guard is proven ours (steps 1 and 2): :meth:`unfit` checks
+    the rest, then :meth:`adopt` or :meth:`end`. Each exchange with the guard is a
+    connection of its own, proven again to reach the same guard: the guard answers one
+    short request at a time, and is not kept waiting while the rest is checked."""
 
     server_socket: Path
+    control: Path
     guard: AdoptedGuard
-    connection: socket.socket
     #: The guard's environment (the server's: the guard passes it on unchanged).
     environment: dict[str, str]
     #: The command the guard runs (after its ``--``).
@@ -132,23 +134,37 @@ class Claim:
 
     def adopt(self, lease_s: float) -> bool:
         """Hand the lease over: the guard now watches this process. False if it refused
-        (it has ended meanwhile)."""
+        or could not be reached (it has ended meanwhile)."""
         crash_point("adopt.before_handover")
-        try:
-            self.connection.sendall(f"adopt {lease_s!r}\n".encode())
-            answer = self.connection.recv(256).decode("ascii", "replace").split()
-        except OSError:
-            return False
-        finally:
-            self.connection.close()
+        answer = self._ask(f"adopt {lease_s!r}")
         return answer == ["adopted", str(self.guard.pid)]
 
     def end(self) -> None:
         """Ask the guard to end its group now (it shuts the server down)."""
-        with contextlib.suppress(OSError):
-            self.connection.sendall(b"end\n")
-            self.connection.recv(256)
-        self.connection.close()
+        self._ask("end")
+
+    def _ask(self, request: str) -> list[str] | None:
+        if not self.guard.alive():
+            return None  # its pid may be another process's now: not even connected to
+        found = _ask(self.control, self.guard.pid, request)
+        return None if isinstance(found, str) else found
+
+
+def _ask(control: Path, pid: int, request: str) -> list[str] | str:
+    """The guard's answer (its words) to ``request`` on ``control``, or why there is none;
+    only the process ``pid`` of this user is asked (``SO_PEERCRED``)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        try:
+            connection.settimeout(_EXCHANGE_TIMEOUT_S)
+            connection.connect(str(control))
+            raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            peer, uid, _gid = struct.unpack("3i", raw)
+            if peer != pid or uid != os.getuid():
+                return f"its control socket is held by pid {peer}, not its listed guard {pid}"
+            connection.sendall(f"{request}\n".encode())
+            return connection.recv(256).decode("ascii", "replace").split()
+        except OSError as error:
+            return f"its guard does not answer ({type(error).__name__}: it has ended)"
 
 
 def claim(socket_path: Path, control: Path, pid: int) -> Claim | str | None:
@@ -164,31 +180,29 @@ def claim(socket_path: Path, control: Path, pid: int) -> Claim | str | None:
             return "its control socket is outside its socket's directory"
     except (OSError, InvalidStateError) as error:
         return f"its socket directory is not private to this user: {error}"
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    guard: AdoptedGuard | None = None
     try:
-        connection.settimeout(_EXCHANGE_TIMEOUT_S)
-        connection.connect(str(control))
-        raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        peer, uid, _gid = struct.unpack("3i", raw)
-        if peer != pid or uid != os.getuid():
-            connection.close()
-            return f"its control socket is held by pid {peer}, not its listed guard {pid}"
-        # Opened while the guard listens for us: pid is the guard's, not a reused one.
         guard = AdoptedGuard(pid)
+    except OSError:
+        return "its guard has ended"
+    # The pidfd's process, alive from before the exchange to after it, is the one that
+    # answered as pid: two live processes never share a pid. (Opened after, it could be a
+    # process that reused the pid of a guard that had just exited.)
+    answer = _ask(control, pid, "hello")
+    if isinstance(answer, str) or not guard.alive() or answer != ["guard", str(pid)]:
+        guard.release()
+        return answer if isinstance(answer, str) else f"pid {pid} does not answer as a guard"
+    try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError as error:
-        connection.close()
-        if guard is not None:
-            guard.release()
-        return f"its guard does not answer ({type(error).__name__}: it has ended)"
+    except OSError:
+        guard.release()
+        return "its guard has ended"
     arguments = [part.decode(errors="surrogateescape") for part in argv]
     command = arguments[arguments.index("--") + 1 :] if "--" in arguments else []
     environment = dict(
         part.decode(errors="surrogateescape").partition("=")[::2] for part in environ if part
     )
-    return Claim(socket_path, guard, connection, environment, command)
+    return Claim(socket_path, control, guard, environment, command)
 
 
 def _group_of(pid: int) -> int | None:

@@ -194,7 +194,8 @@ def _peer(connection: socket.socket) -> tuple[int, int]:
 
 
 class _Control:
-    """The control socket: one request per connection, ``adopt LEASE_S`` or ``end``."""
+    """The control socket: one request per connection, ``hello`` (answered ``guard PID``),
+    ``adopt LEASE_S`` or ``end``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -215,6 +216,10 @@ class _Control:
                 return None
             if uid != os.getuid():
                 return None  # the directory is private; this is belt and braces
+            if words == ["hello"]:  # a rerun proving this guard is the listed pid
+                with contextlib.suppress(OSError):
+                    connection.sendall(f"guard {os.getpid()}\n".encode())
+                return None
             if words == ["end"]:
                 lease.end()
                 with contextlib.suppress(OSError):
