@@ -10,7 +10,6 @@ processes, one of which ignores SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -29,12 +28,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from process_support import alive, ready_job
 from test_vllm_fleet import DEADLINE_S, JOB, _config, _records, _wait_until, fake_dir  # noqa: F401
-from test_vllm_weight_sync import PUSH, Rig, _push
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.control import load_config
 from rollout_recovery.job._components import generation_servers, server_api_key
-from rollout_recovery.rollout import AttemptResult
 from rollout_recovery.rundir import RunDirectory
 from rollout_recovery.vllm import VllmConfig
 from rollout_recovery.vllm._fleet import VllmFleet
@@ -191,6 +188,15 @@ def _kill_launched_groups() -> Iterator[None]:
             os.killpg(_LAUNCHED.pop(), signal.SIGKILL)
 
 
+def _rerun(run: Path, config: VllmConfig) -> tuple[VllmFleet, list[str]]:
+    """The fleet of a rerun on ``run`` (in this process), and what it logs."""
+    heard: list[str] = []
+    fleet = VllmFleet(
+        run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
+    )
+    return fleet, heard
+
+
 def _start_and_kill(config: VllmConfig, run: Path) -> list[int]:
     """Run a job that starts the fleet, SIGKILL it once its servers are ready; returns
     the listed guards' pids."""
@@ -223,10 +229,7 @@ def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
     guards = _start_and_kill(config, run)
     old_key = _records(recorded)[0]["env"]["VLLM_API_KEY"]  # type: ignore[index]
     processes = _all_processes(recorded)
-    heard: list[str] = []
-    fleet = VllmFleet(
-        run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
-    )
+    fleet, heard = _rerun(run, config)
     with fleet:
         urls = fleet.start()
         assert [server.pid for server in fleet.servers] == guards  # the same guards
@@ -242,10 +245,8 @@ def test_a_rerun_adopts_the_live_servers_and_a_normal_end_stops_them_at_once(
     assert len(list(recorded.glob("*.terminated"))) == 2
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the servers ended")
     # After a normal end nothing is left to adopt, and the next start says nothing of it.
-    heard.clear()
-    with VllmFleet(
-        run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
-    ) as fleet:
+    fleet, heard = _rerun(run, config)
+    with fleet:
         fleet.start()
     assert not [line for line in heard if "of the job before" in line]
 
@@ -296,10 +297,7 @@ def test_a_changed_vllm_config_is_not_adopted_the_old_server_ends_a_new_one_star
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
     old = _all_processes(recorded)
     changed = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S, max_num_seqs=3)
-    heard: list[str] = []
-    fleet = VllmFleet(
-        run / "servers", run / "servers.json", changed, served_model_name="m", log=heard.append
-    )
+    fleet, heard = _rerun(run, changed)
     with fleet:
         fleet.start()
         assert not fleet.servers[0].adopted
@@ -322,10 +320,7 @@ def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(tmp_
     sockets = Path(str(_listing(run)[0]["socket"])).parent
     sockets.chmod(0o755)
     config = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S)
-    heard: list[str] = []
-    fleet = VllmFleet(
-        run / "servers", run / "servers.json", config, served_model_name="m", log=heard.append
-    )
+    fleet, heard = _rerun(run, config)
     with fleet:
         fleet.start()
         assert not fleet.servers[0].adopted
@@ -378,34 +373,6 @@ def test_a_kill_between_proof_and_hand_over_leaves_the_server_to_the_next_rerun(
     _start_and_kill(config, run)  # adopts it (nothing new starts), then dies
     assert len(_records(recorded)) == 1
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the lease lapsed")
-
-
-# -- the adopted servers get the restored weights before any call -------------------------
-
-
-@pytest.mark.parametrize("held", ["12", "10", None])
-def test_an_adopted_server_gets_the_restored_weights_before_any_call_whatever_it_names(
-    tmp_path: Path, held: str | None
-) -> None:
-    """An adopted server names the weights its dead job pushed last: a later version, the
-    restored version's very name (a push of other weights under the same number, before
-    the crash), or none (killed mid-push). The new backend knows nothing of it and pushes
-    the restored version 10 first, whatever it names."""
-
-    async def scenario(rig: Rig) -> AttemptResult:
-        for server in rig.fleet.servers.values():
-            server.tag = held
-        try:
-            return await rig.backend.run_attempt(rig.request(0), rig.writer)
-        finally:
-            await rig.backend.aclose()
-
-    rig = Rig(tmp_path, servers=2, loaded=12, version=10)
-    asyncio.run(scenario(rig))
-    for server in rig.fleet.servers.values():
-        assert server.log[: len(PUSH)] == _push(10)
-        assert server.loaded == 10
-    assert {call["stamp"] for call in rig.staged()} == {10}
 
 
 # -- the job presents the adopted servers' key ----------------------------------------------
