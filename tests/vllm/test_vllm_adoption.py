@@ -401,3 +401,20 @@ def test_the_job_presents_the_key_its_adopted_servers_were_started_with(
     with generation_servers(RunDirectory(run), config) as resolved:
         assert len(_records(recorded)) == 1  # adopted, nothing started
         assert server_api_key(resolved) == old_key
+
+
+def test_another_kv_cache_size_is_not_adopted(tmp_path: Path) -> None:
+    """The environment is what the guard really runs with (``/proc``), not what a file
+    says: a server started with another KV cache is ended and started again."""
+    recorded = _fake_dir()
+    run = tmp_path / "run"
+    _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
+    old = _all_processes(recorded)
+    fleet, heard = _rerun(
+        run, _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S, kv_cache_gib=2)
+    )
+    with fleet:
+        fleet.start()
+        assert not fleet.servers[0].adopted
+        assert any("another vLLM environment" in line for line in heard)
+        _wait_until(lambda: not any(alive(pid) for pid in old), "the old server ended")

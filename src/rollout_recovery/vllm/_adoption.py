@@ -53,8 +53,12 @@ _SHAPING = ("VLLM_SERVER_DEV_MODE", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE")
 
 
 def vllm_environment(environment: dict[str, str]) -> dict[str, str | None]:
-    """What of a server's environment must match for it to be adopted."""
-    return {name: environment.get(name) for name in _SHAPING}
+    """What of a server's environment must match for it to be adopted: the variables
+    that shape vLLM, and where its worker imports the weight loader from (the first entry
+    of its ``PYTHONPATH``: another install of this package may load weights otherwise)."""
+    shaping: dict[str, str | None] = {name: environment.get(name) for name in _SHAPING}
+    shaping["extension"] = environment.get("PYTHONPATH", "").split(os.pathsep)[0]
+    return shaping
 
 
 class AdoptedGuard:
@@ -123,7 +127,10 @@ class Claim:
         if self.command != command:
             return "it runs another command (the [vllm] settings or the model changed)"
         if vllm_environment(self.environment) != environment:
-            return "it runs with another vLLM environment ([vllm] kv_cache_gib changed)"
+            return (
+                "it runs with another vLLM environment ([vllm] kv_cache_gib, or this "
+                "package's install, changed)"
+            )
         transport = httpx.HTTPTransport(uds=str(self.server_socket))
         try:
             with httpx.Client(transport=transport, timeout=_EXCHANGE_TIMEOUT_S) as client:
