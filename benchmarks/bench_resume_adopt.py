@@ -105,8 +105,10 @@ def _wait_for_step(job: subprocess.Popen[bytes], out: Path, count: int) -> None:
         time.sleep(0.1)
 
 
-def _rerun(config: Path, out: Path, log: Path) -> float:
-    """Rerun to the end; the seconds from its start to its first trained step."""
+def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, float]]:
+    """Rerun to the end; the seconds from its start to its first trained step, and that
+    step's own ``time/*`` parts (its period starts when the controller starts: the rest
+    is the process's start, the restore and the servers)."""
     before = len(_steps(out))
     started = time.time()
     job = _run(config, out, log)
@@ -114,7 +116,12 @@ def _rerun(config: Path, out: Path, log: Path) -> float:
     if code != 0:
         raise SystemExit(f"the rerun in {out} exited with {code} (see {log})")
     first = _steps(out)[before]
-    return float(first["time/wall"]) - started
+    parts = {
+        name.removeprefix("time/"): round(float(value), 3)
+        for name, value in first.items()
+        if name.startswith("time/") and name != "time/wall"
+    }
+    return float(first["time/wall"]) - started, parts
 
 
 def _audit(out: Path) -> bool:
@@ -196,14 +203,14 @@ def _measure(root: Path, args: argparse.Namespace, guards: set[int]) -> dict[str
         env = {**os.environ, "ROLLOUT_RECOVERY_CRASH_AT": "adopt.before_handover"}
         crashed = _run(adopting, out, log, env=env)
         result["crash_during_adoption_exit"] = crashed.wait(timeout=PHASE_DEADLINE_S)
-    adopted = _rerun(adopting, out, log)
+    adopted, result["adopted_first_step"] = _rerun(adopting, out, log)
     guards |= _guards(out)
     result["adopted_resume_to_first_step_s"] = round(adopted, 1)
     result["adopted_audit_ok"] = _audit(out)
     result["adopted_log"] = [
         line for line in log.read_text().splitlines() if "adopted from the job before" in line
     ]
-    coldly = _rerun(cold, copy, root / "log-cold.txt")
+    coldly, result["cold_first_step"] = _rerun(cold, copy, root / "log-cold.txt")
     guards |= _guards(copy)
     result["cold_resume_to_first_step_s"] = round(coldly, 1)
     result["cold_audit_ok"] = _audit(copy)
