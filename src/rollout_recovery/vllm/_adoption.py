@@ -8,18 +8,23 @@ kernel says rather than from what the file says:
 1. the socket's directory is still this user's and private (0700): nobody else can have
    bound the sockets in it;
 2. the process listening on the guard's control socket is the listed guard (its
-   ``SO_PEERCRED`` pid is the listed pid, this user's): the guard is alive, and the listed
-   pid is not a reused one. From here on the server is *ours*;
+   ``SO_PEERCRED`` pid is the listed pid, this user's, and it answers ``hello`` as that
+   guard while a pidfd opened before the exchange shows it alive): the guard is alive,
+   and the listed pid is not a reused one. From here on the server is *ours*, and every
+   later signal or request goes to it through that pidfd;
 3. the process listening on the server's socket is in the guard's group;
 4. the guard runs the very command this job would launch for that socket, with the same
    vLLM environment (``/proc/<guard>/cmdline`` and ``environ``): a changed ``[vllm]`` or
    model is not adopted;
 5. the server answers ``/health``.
 
-Then it hands the lease over (``adopt LEASE_S`` on the control connection: the guard now
-watches this job). A server that fails 1 or 2 is left alone: nothing proves it is ours, so
-no signal may be sent to a pid that may be another process now; its own guard ends it when
-its lease lapses. A server that passes 2 but fails a later step is ours but unfit: it is
+Then it hands the lease over (``adopt LEASE_S`` on the control socket: the guard now
+watches this job). A kill -9 between the proof and the hand-over (crash point
+``adopt.before_handover``) leaves the server on the dead job's lease, for the next rerun.
+
+A server that fails 1 or 2 is left alone: nothing proves it is ours, so no signal may be
+sent to a pid that may be another process now; its own guard ends it when its lease
+lapses. A server that passes 2 but fails a later step is ours but unfit: it is
 told to ``end`` at once (it would otherwise hold its memory until its lease lapses), and a
 new one is started.
 
