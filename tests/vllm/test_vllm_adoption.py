@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -178,6 +179,8 @@ def _all_processes(recorded: Path) -> list[int]:
 #: test that fails may leave them on a long lease, and a later server of the same name
 #: replaces their record, so the ``fake_dir`` fixture cannot name them.
 _LAUNCHED: list[int] = []
+#: Their socket directories, which a SIGKILLed guard cannot remove.
+_SOCKET_DIRS: list[Path] = []
 
 
 @pytest.fixture(autouse=True)
@@ -186,6 +189,8 @@ def _kill_launched_groups() -> Iterator[None]:
     while _LAUNCHED:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(_LAUNCHED.pop(), signal.SIGKILL)
+    while _SOCKET_DIRS:
+        shutil.rmtree(_SOCKET_DIRS.pop(), ignore_errors=True)
 
 
 def _rerun(run: Path, config: VllmConfig) -> tuple[VllmFleet, list[str]]:
@@ -203,6 +208,7 @@ def _start_and_kill(config: VllmConfig, run: Path) -> list[int]:
     with ready_job(JOB, _encoded(config), str(run)) as job:
         guards = [int(listed["pid"]) for listed in _listing(run)]  # type: ignore[call-overload]
         _LAUNCHED.extend(guards)
+        _SOCKET_DIRS.extend(Path(str(listed["socket"])).parent for listed in _listing(run))
         os.kill(job.pid, signal.SIGKILL)
         job.wait()
     return guards
