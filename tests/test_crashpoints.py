@@ -75,6 +75,7 @@ def test_registry_names_the_system_points() -> None:
         "checkpoint.captured",
         "snapshot.before_write",
         "replay.mid",
+        "adopt.before_handover",
     } == CRASH_POINTS
 
 

@@ -64,6 +64,9 @@ CRASH_POINTS: frozenset[str] = frozenset(
         "snapshot.before_write",
         # Halfway through replaying the journal after a snapshot (a restore).
         "replay.mid",
+        # A launched vLLM server of the job before proven this run's, its lease not yet
+        # handed over to the rerun (vllm/_adoption.py).
+        "adopt.before_handover",
     }
 )
 

@@ -246,7 +246,9 @@ with VllmFleet(run / "servers", run / "servers.json", config, served_model_name=
 def test_servers_end_when_the_job_that_started_them_is_sigkilled(
     tmp_path: Path, fake_dir: Path
 ) -> None:
-    config = _config(tmp_path, launch=1)
+    """With ``adopt_within_s = 0`` no rerun may adopt them: they end with the job
+    (``test_vllm_adoption.py``: with a lease)."""
+    config = _config(tmp_path, launch=1, adopt_within_s=0.0)
     encoded = msgspec.json.encode(config).decode()
     with ready_job(JOB, encoded, str(tmp_path / "run")) as job:
         (record,) = _records(fake_dir)

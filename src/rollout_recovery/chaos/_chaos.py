@@ -193,9 +193,10 @@ class KillRanges:
         )
 
 
-#: Crash points the plan never draws (none today: the one a kill cannot reach on its own,
-#: ``journal.before_cut``, is reached by tearing the journal first, see :data:`TORN_RECORD`).
-UNPLANNED_POINTS: frozenset[str] = frozenset()
+#: Crash points the plan never draws: ``adopt.before_handover`` (the chaos job launches no
+#: vLLM server; ``tests/vllm`` kills a job there). The one a kill cannot reach on its own,
+#: ``journal.before_cut``, is reached by tearing the journal first, see :data:`TORN_RECORD`.
+UNPLANNED_POINTS: frozenset[str] = frozenset({"adopt.before_handover"})
 
 #: Points only a resumed child reaches (a fresh one has nothing to restore).
 _RESUME_POINTS = frozenset({"restore.mid", "replay.mid", "journal.before_cut"})

@@ -30,7 +30,8 @@ __all__ = ["stop"]
 )
 def stop(out: Path, wait: bool, timeout: float | None) -> None:
     """Ask the job running in OUT to drain: it stops admitting, lets the attempts in
-    flight finish for up to [job] drain_grace_s, checkpoints and exits 0.
+    flight finish for up to [job] drain_grace_s, checkpoints and exits 0. Its launched
+    vLLM servers end with it (only a job that dies leaves them for a rerun to adopt).
 
     It writes the job's drain file ([job] drain_file, by default OUT/DRAIN), which works
     from another container or user that can write into OUT. Exit 0: asked (with --wait:

@@ -188,11 +188,13 @@ def generation_servers(
             api_key=api_key,
             log=log,
         )
-        with vllm_fleet, _presenting(vllm_fleet.api_key):
+        with vllm_fleet:
             urls = vllm_fleet.start()
-            yield msgspec.structs.replace(
-                config, http=msgspec.structs.replace(http, servers=tuple(urls))
-            )
+            # Read after the start: adopted servers keep the key they were started with.
+            with _presenting(vllm_fleet.api_key):
+                yield msgspec.structs.replace(
+                    config, http=msgspec.structs.replace(http, servers=tuple(urls))
+                )
         return
     # Launched servers get the configured key (so an operator can restart one by hand),
     # else a random one of this job's.

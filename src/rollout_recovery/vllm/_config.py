@@ -1,11 +1,12 @@
 """``[vllm]``: local vLLM servers the job starts, and how weights reach vLLM servers.
 
 With ``launch = N`` the job starts N vLLM servers itself (each in its own process group,
-gone when the job ends or dies) from ``model``, the trainer's model directory, with the
-``python`` of the venv vLLM is installed in (vLLM pins its own torch, so it lives in a venv
-of its own). ``[http] weight_sync = "vllm"`` keeps them, or the vLLM servers listed in
-``[http] servers``, in sync with the trainer: after every step the new weights are written
-to ``weights_dir`` and loaded into every server without a restart.
+gone when the job ends, or ``adopt_within_s`` after it dies unless a rerun adopts them)
+from ``model``, the trainer's model directory, with the ``python`` of the venv vLLM is
+installed in (vLLM pins its own torch, so it lives in a venv of its own).
+``[http] weight_sync = "vllm"`` keeps them, or the vLLM servers listed in ``[http] servers``,
+in sync with the trainer: after every step the new weights are written to ``weights_dir``
+and loaded into every server without a restart.
 
 Only ``dtype`` is part of the job's identity (a bf16 and an fp32 server sample different
 logprobs); the rest may change when a run resumes.
@@ -19,6 +20,7 @@ from typing import Annotated, Literal
 
 from .._settings import (
     OPERATIONAL,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -67,6 +69,12 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: The total deadline of one weight push (write, pause, load, resume), not counting
     #: the wait for the server's calls in flight to end.
     sync_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 120.0
+    #: How long a launched server outlives a job that died without a normal end (SIGKILL,
+    #: a crash), waiting for the rerun on the same run directory to adopt it warm instead
+    #: of cold-starting a new one; it ends by itself when no rerun adopts it in time.
+    #: 0: the servers end with the job. A normal end, a failed run and
+    #: ``rollout-recovery stop`` end them at once either way.
+    adopt_within_s: Annotated[NonNegativeFloat, OPERATIONAL] = 180.0
     #: Where the weight files the servers load are written ("": DIR/servers/weights).
     #: Listed servers must be able to read it (the same machine or a shared filesystem).
     weights_dir: Annotated[str, OPERATIONAL] = ""

@@ -20,11 +20,14 @@ its generation routes (``VLLM_API_KEY``, passed in the environment, never in arg
 does not guard the dev routes (``/pause``, ``/collective_rpc``) with the key: the private
 socket is what keeps them the job's.
 
-A controller that comes back after a crash (issue 28) can prove that a server listed in
-``servers.json`` is one this job launched before it adopts it: the socket's directory is
-still this user's and private (:func:`require_private_dir`), and the process listening on
-the socket is in the listed group (:func:`listener_pid`, ``os.getpgid``), exactly the
-check :meth:`VllmFleet.start` makes (:func:`launched_by`).
+Warm servers survive a controller crash (``[vllm] adopt_within_s``, issue 28): a job that
+dies without a normal end leaves its servers to their guards for that lease, and the
+rerun on the same run directory adopts every listed server it proves it launched
+(``_adoption.py``: the private directory, the guard on its control socket, the listener in
+its group, the same command and environment), hands their leases over to itself and
+starts only the missing ones. A normal end, a failed run and ``rollout-recovery stop``
+(a drain, then a normal end) close the fleet, which ends every server at once, adopted or
+not.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,6 +54,7 @@ from .._lifecycle import Resource
 from .._outcomes import FailureReason
 from .._unix_http import listener_pid, private_socket_dir, require_private_dir, unix_server_url
 from ..errors import GenerationError, InvalidArgumentError
+from ._adoption import AdoptedGuard, claim, vllm_environment
 
 if TYPE_CHECKING:  # [vllm] builds its fleet here: the section's type, for the type checker
     from ._config import VllmConfig
@@ -162,6 +166,23 @@ class LaunchedServer:
     log: Path
     command: list[str]
     socket: Path
+    #: Its place in the fleet (the ``n`` of ``vllm-<n>``).
+    index: int = 0
+    #: Whether this job adopted it from the job before (else it started it).
+    adopted: bool = False
+
+    def listing(self) -> dict[str, object]:
+        """Its entry in ``servers.json`` (what a rerun proves before it adopts it)."""
+        return {
+            "url": self.url,
+            "socket": str(self.socket),
+            "control": str(_control_socket(self.socket)),
+            "index": self.index,
+            "pid": self.pid,
+            "log": str(self.log),
+            "command": self.command,
+            "kind": "vllm",
+        }
 
 
 @dataclass(slots=True)
@@ -173,15 +194,46 @@ class _Starting:
     command: list[str]
 
 
+class _LaunchedGuard:
+    """The guard of a server this job started: its child, so it is reaped here."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.pid = process.pid
+        self._process = process
+
+    def terminate(self) -> None:
+        if self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def kill_group(self) -> None:
+        # Not reaped yet, so its pid (the group's id) cannot have been reused.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self._process.wait()
+
+    def release(self) -> None:
+        pass
+
+
 class VllmFleet(Resource):
     """Starts ``config.launch`` servers (:meth:`start`, waiting until each answers
-    ``/health``); :meth:`close` stops them all. See the module docstring.
+    ``/health``), adopting those of the job before that it proves it launched;
+    :meth:`close` stops them all. See the module docstring.
 
-    ``api_key`` is what the servers require (a random one by default); ``parent_pid`` the
-    process whose death ends them (this one by default). ``log`` hears how the start goes
-    (the log files, each server ready and when, and every ``progress_every_s`` while it
-    waits, how long and what each log says last): vLLM takes about a minute to start on
-    CPU, which must not look like a hang.
+    ``api_key`` is what the servers require (a random one by default; the adopted
+    servers' own when it is not given); ``parent_pid`` the process whose death ends them
+    (this one by default). ``log`` hears how the start goes (the log files, each server
+    adopted or ready and when, and every ``progress_every_s`` while it waits, how long and
+    what each log says last): vLLM takes about a minute to start on CPU, which must not
+    look like a hang.
     """
 
     def __init__(
@@ -202,20 +254,25 @@ class VllmFleet(Resource):
         self._file = Path(servers_file)
         self._config = config
         self._name = served_model_name
+        self._key_given = api_key is not None
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
         self._parent = parent_pid if parent_pid is not None else os.getpid()
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._guards: list[_LaunchedGuard | AdoptedGuard] = []
         self._sockets: Path | None = None
         self.servers: list[LaunchedServer] = []
+
+    def _command(self, socket: Path) -> list[str]:
+        return server_command(
+            _expanded(self._config), socket=str(socket), served_model_name=self._name
+        )
 
     def _spawn(self, index: int, sockets: Path) -> _Starting:
         socket = sockets / f"vllm-{index}.sock"
         unix_server_url(socket)  # refuses a path too long for a socket, naming TMPDIR
+        socket.unlink(missing_ok=True)  # a killed guard's leftover (nothing listens on it)
         log = self._dir / f"vllm-{index}.log"
         config = self._config
-        command = server_command(
-            _expanded(config), socket=str(socket), served_model_name=self._name
-        )
+        command = self._command(socket)
         with open(log, "ab") as handle:
             handle.write(f"--- starting on {socket}: {' '.join(command)}\n".encode())
             handle.flush()
@@ -227,6 +284,10 @@ class VllmFleet(Resource):
                     str(self._parent),
                     "--socket",
                     str(socket),
+                    "--lease-s",
+                    repr(config.adopt_within_s),
+                    "--control",
+                    str(_control_socket(socket)),
                     "--",
                     *command,
                 ],
@@ -236,39 +297,89 @@ class VllmFleet(Resource):
                 start_new_session=True,  # the guard leads the server's process group
                 env=server_environment(config, self.api_key),
             )
-        self._processes.append(process)
+        self._guards.append(_LaunchedGuard(process))
         return _Starting(index, socket, process, log, command)
 
     def start(self) -> list[str]:
-        """Start the servers and wait until each answers; returns their urls. A server
-        that fails to start stops the ones already started and raises."""
+        """Adopt the servers of the job before that this one can prove it launched, start
+        the missing ones and wait until each answers; returns their urls. A server that
+        fails to start stops all the others and raises."""
         self._config.check_launch_paths()
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
+            adopted = self._adopt()
+            if adopted:
+                self._sockets = adopted[0].socket.parent  # proven private by _adopt
+            else:
+                self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
             require_private_dir(self._sockets)
-            starting = [self._spawn(index, self._sockets) for index in range(self._config.launch)]
-            self._log(
-                f"starting {len(starting)} vLLM server(s) from {self._config.model} (about a "
-                f"minute on CPU); their logs: {self._dir}/vllm-<n>.log"
-            )
-            self.servers = self._await_ready(starting)
+            taken = {server.index for server in adopted}
+            missing = [index for index in range(self._config.launch) if index not in taken]
+            starting = [self._spawn(index, self._sockets) for index in missing]
+            if starting:
+                self._log(
+                    f"starting {len(starting)} vLLM server(s) from {self._config.model} "
+                    f"(about a minute on CPU); their logs: {self._dir}/vllm-<n>.log"
+                )
+            started = self._await_ready(starting)
+            self.servers = sorted([*adopted, *started], key=lambda server: server.index)
         except BaseException:
             self.close()
             raise
-        listing = [
-            {
-                "url": s.url,
-                "socket": str(s.socket),
-                "pid": s.pid,
-                "log": str(s.log),
-                "command": s.command,
-                "kind": "vllm",
-            }
-            for s in self.servers
-        ]
+        listing = [server.listing() for server in self.servers]
         atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
         return [server.url for server in self.servers]
+
+    def _adopt(self) -> list[LaunchedServer]:
+        """The servers listed in ``servers.json`` that this job proves it launched and
+        adopts (``_adoption.py``); those proven ours but unfit (another command or
+        environment, no longer wanted, or adoption off) are ended at once; those not
+        proven ours are left to their guards' lease."""
+        wanted = self._config.adopt_within_s > 0
+        adopted: list[LaunchedServer] = []
+        ending: list[AdoptedGuard] = []
+        for entry in _listed(self._file):
+            socket, index = Path(entry.socket), entry.index
+            found = claim(socket, Path(entry.control), entry.pid)
+            if found is None:
+                continue  # gone
+            if isinstance(found, str):
+                self._log(f"vLLM server {index} of the job before is not adopted: {found}")
+                continue
+            environment = server_environment(self._config, self.api_key)
+            why = found.unfit(self._command(socket), vllm_environment(environment))
+            key = found.environment.get("VLLM_API_KEY")
+            if why is None and key is None:
+                why = "it has no API key"
+            elif why is None and key != self.api_key and (self._key_given or adopted):
+                why = "it requires another API key than this job's"
+            if why is None and not wanted:
+                why = "[vllm] adopt_within_s is 0"
+            if why is None and index >= self._config.launch:
+                why = f"[vllm] launch is {self._config.launch} now"
+            if why is None and any(server.index == index for server in adopted):
+                why = f"another adopted server is already server {index}"
+            if why is not None:
+                self._log(f"ending vLLM server {index} of the job before: {why}")
+                found.end()
+                ending.append(found.guard)
+                continue
+            assert key is not None
+            if not found.adopt(self._config.adopt_within_s):
+                found.guard.release()
+                self._log(f"vLLM server {index} of the job before ended before it was adopted")
+                continue
+            self.api_key = key
+            self._guards.append(found.guard)
+            url = unix_server_url(socket)
+            adopted.append(
+                LaunchedServer(
+                    url, found.guard.pid, Path(entry.log), found.command, socket, index, True
+                )
+            )
+            self._log(f"vLLM server {index} adopted from the job before at {url}")
+        self._end(ending)
+        return adopted
 
     def _await_ready(self, starting: list[_Starting]) -> list[LaunchedServer]:
         """Wait until each server's socket is listened on by a process of its group and
@@ -292,7 +403,7 @@ class VllmFleet(Resource):
                 if _answers(entry):
                     url = unix_server_url(entry.socket)
                     ready[entry.index] = LaunchedServer(
-                        url, entry.process.pid, entry.log, entry.command, entry.socket
+                        url, entry.process.pid, entry.log, entry.command, entry.socket, entry.index
                     )
                     took = time.monotonic() - started
                     self._log(f"vLLM server {entry.index} ready at {url} ({took:.0f} s)")
@@ -321,26 +432,57 @@ class VllmFleet(Resource):
         )
 
     def close(self) -> None:
-        """SIGTERM every guard (it shuts its server down and ends its group); SIGKILL the
-        groups still alive after a grace period. Closing again stops nothing."""
-        for process in self._processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_GRACE_S
-        for process in self._processes:
-            try:
-                # A guard that exits has ended its group itself.
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                # Not reaped yet, so its pid (the group's id) cannot have been reused.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        self._processes.clear()
+        """SIGTERM every guard, started or adopted (it shuts its server down and ends its
+        group); SIGKILL the groups still alive after a grace period. Closing again stops
+        nothing."""
+        for guard in self._guards:
+            guard.terminate()
+        self._end(self._guards)
+        self._guards.clear()
         if self._sockets is not None:
             shutil.rmtree(self._sockets, ignore_errors=True)
             self._sockets = None
+
+    @staticmethod
+    def _end(guards: Sequence[_LaunchedGuard | AdoptedGuard]) -> None:
+        """Wait for ``guards``, already asked to end their groups, for the grace period;
+        SIGKILL the groups of those still alive."""
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for guard in guards:
+            # A guard that exits has ended its group itself.
+            if not guard.wait(max(0.0, deadline - time.monotonic())):
+                guard.kill_group()
+            guard.release()
+
+
+def _control_socket(socket: Path) -> Path:
+    """Where the guard of the server on ``socket`` takes requests (``_guard.py``)."""
+    return socket.with_suffix(".guard")
+
+
+class _Listed(msgspec.Struct, frozen=True):
+    """One server of ``servers.json``, as a rerun reads it to adopt it."""
+
+    socket: str
+    control: str
+    index: int
+    pid: int
+    log: str
+    kind: str
+
+
+class _Listing(msgspec.Struct, frozen=True):
+    servers: list[_Listed]
+
+
+def _listed(servers_file: Path) -> list[_Listed]:
+    """The vLLM servers of a ``servers.json`` (none when it is missing or unreadable: a
+    fresh start; one written before adoption, without control sockets, is unreadable)."""
+    try:
+        listing = msgspec.json.decode(servers_file.read_bytes(), type=_Listing)
+    except (OSError, msgspec.DecodeError):
+        return []
+    return [entry for entry in listing.servers if entry.kind == "vllm"]
 
 
 def _answers(entry: _Starting) -> bool:

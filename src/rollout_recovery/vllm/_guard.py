@@ -1,40 +1,124 @@
-"""Keeps a server's process group from outliving the job that started it.
+"""Keeps a server's process group from outliving the job that holds it for long.
 
 Run by path (standard library only, so it starts in milliseconds and needs nothing of the
-project): ``python _guard.py --parent-pid PID -- COMMAND...``. The job starts it as the
-leader of a new session; it runs COMMAND in its own process group and waits until one of:
+project): ``python _guard.py --parent-pid PID [--lease-s S --control PATH] -- COMMAND...``.
+The job starts it as the leader of a new session; it runs COMMAND in its own process group
+and ends the group when one of these happens:
 
-- the job (PID) dies, SIGKILL included: the guard is reparented and PID's pidfd turns
-  readable;
 - COMMAND exits (a crashed server);
-- the guard gets SIGTERM, SIGINT or SIGHUP (the job stopping its servers).
+- the guard gets SIGTERM, SIGINT or SIGHUP (the job stopping its servers), or ``end`` on
+  its control socket (a job that adopts it but may not use it);
+- the job that holds it (PID, or the job it was handed over to) dies, SIGKILL included,
+  and no job adopts it within ``--lease-s`` seconds (at once with a lease of 0).
 
-Then it sends COMMAND SIGTERM (vLLM shuts its engine down and removes its shared-memory
-segments; a SIGKILL would leave them in ``/dev/shm``), waits up to ``--grace-s``, and
-SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker processes, which
-a killed API server leaves orphaned), removing the shared memory they had mapped. With
-``--socket PATH`` it then removes the server's Unix socket, and the socket's directory once
-it is empty (the last guard of a fleet removes it): a job that was SIGKILLed leaves no
-socket directory behind. It exits with COMMAND's status.
+While its lease runs, a rerun of the job may adopt it: it connects to the control socket
+``--control`` (in the same private 0700 directory as the server's socket, so only this
+user can connect) and sends ``adopt LEASE_S``. The guard takes the connecting process
+(its ``SO_PEERCRED`` pid, checked to be this user's) as the job it now watches, through a
+pidfd opened while that process waits for the answer: a pidfd names one process, never a
+later one that reuses its pid, so a dead job's recycled pid cannot keep the server alive.
+A control socket rather than a pid the guard polls: the guard learns the new job from the
+kernel (who connected) instead of trusting a number written in a file, and it wakes at
+once instead of on a poll. How the lease moves is :class:`Lease`, a state machine on an
+injected clock.
+
+To end the group it sends COMMAND SIGTERM (vLLM shuts its engine down and removes its
+shared-memory segments; a SIGKILL would leave them in ``/dev/shm``), waits up to
+``--grace-s``, and SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker
+processes, which a killed API server leaves orphaned), removing the shared memory they had
+mapped. With ``--socket PATH`` it then removes the server's Unix socket (and its control
+socket), and the socket's directory once it is empty (the last guard of a fleet removes
+it): a job that was SIGKILLed leaves no socket directory behind. It exits with COMMAND's
+status.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import os
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["main"]
+__all__ = ["Lease", "LeaseState", "main"]
 
 # How long a wait between checks lasts where pidfds are missing (not Linux): the pidfds
 # and the signal pipe wake the guard at once otherwise.
 _FALLBACK_POLL_S = 1.0
+# How long an adopting job may take to send its one-line request.
+_CONTROL_TIMEOUT_S = 5.0
+
+
+class LeaseState(enum.Enum):
+    #: A live job holds the server.
+    HELD = "held"
+    #: The job died; a rerun may adopt the server until the deadline.
+    ORPHANED = "orphaned"
+    #: The group is to end (the lease lapsed, the job stopped it, or the server exited).
+    ENDED = "ended"
+
+
+class Lease:
+    """Who holds a guarded server, and until when it may wait for a new holder::
+
+        held --the job dies--> orphaned --adopted--> held
+        held --the job dies, lease 0--> ended
+        orphaned --deadline passes--> ended
+        any --ended (stopped, or the server exits)--> ended
+
+    ``now`` is the clock (seconds, monotonic): the guard's is ``time.monotonic``, a
+    test's its own.
+    """
+
+    def __init__(self, lease_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.lease_s = lease_s
+        self._now = now
+        self.state = LeaseState.HELD
+        self.deadline: float | None = None
+
+    def job_died(self) -> None:
+        if self.state is not LeaseState.HELD:
+            return
+        if self.lease_s <= 0:
+            self.state = LeaseState.ENDED
+            return
+        self.state = LeaseState.ORPHANED
+        self.deadline = self._now() + self.lease_s
+
+    def adopted(self, lease_s: float) -> bool:
+        """A new job holds the server (with its own lease); False once it has ended."""
+        if self.state is LeaseState.ENDED:
+            return False
+        self.state, self.lease_s, self.deadline = LeaseState.HELD, lease_s, None
+        return True
+
+    def end(self) -> None:
+        """Stopped by the job, or the server exited: end the group now."""
+        self.state = LeaseState.ENDED
+
+    def wait_s(self) -> float | None:
+        """How long the guard may sleep before the deadline (None: no deadline); ends the
+        lease when the deadline has passed."""
+        if self.state is not LeaseState.ORPHANED or self.deadline is None:
+            return None
+        left = self.deadline - self._now()
+        if left <= 0:
+            self.state = LeaseState.ENDED
+            return 0.0
+        return left
+
+    @property
+    def ended(self) -> bool:
+        return self.state is LeaseState.ENDED
 
 
 def _pidfd(pid: int) -> int | None:
@@ -91,11 +175,71 @@ def _kill_the_rest() -> None:
         segment.unlink(missing_ok=True)
 
 
-def _remove_socket(socket: Path) -> None:
-    """The server's socket, and its directory if nothing else is left in it."""
-    socket.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # another server's socket is still there, or gone
-        socket.parent.rmdir()
+def _remove_sockets(*sockets: Path | None) -> None:
+    """The server's sockets, and their directory if nothing else is left in it."""
+    for path in sockets:
+        if path is not None:
+            path.unlink(missing_ok=True)
+    for path in sockets:
+        if path is not None:
+            with contextlib.suppress(OSError):  # another server's socket is still there
+                path.parent.rmdir()
+
+
+def _peer(connection: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of ``connection``."""
+    raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid
+
+
+class _Control:
+    """The control socket: one request per connection, ``hello`` (answered ``guard PID``),
+    ``adopt LEASE_S`` or ``end``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.unlink(missing_ok=True)  # a killed guard's leftover, in our private directory
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(4)
+
+    def serve(self, lease: Lease) -> int | None:
+        """Answer one request; returns the pidfd of a job that adopted the server."""
+        connection, _ = self.listener.accept()
+        with connection:
+            connection.settimeout(_CONTROL_TIMEOUT_S)
+            try:
+                pid, uid = _peer(connection)
+                words = connection.recv(256).decode("ascii", "replace").split()
+            except (OSError, ValueError):
+                return None
+            if uid != os.getuid():
+                return None  # the directory is private; this is belt and braces
+            if words == ["hello"]:  # a rerun proving this guard is the listed pid
+                with contextlib.suppress(OSError):
+                    connection.sendall(f"guard {os.getpid()}\n".encode())
+                return None
+            if words == ["end"]:
+                lease.end()
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"ending\n")
+                return None
+            if len(words) != 2 or words[0] != "adopt":
+                return None
+            try:
+                lease_s = float(words[1])
+            except ValueError:
+                return None
+            # Opened while the job waits for our answer, so the pid is still the job's.
+            job = _pidfd(pid)
+            if job is None or not lease.adopted(lease_s):
+                return None
+            try:
+                connection.sendall(f"adopted {os.getpid()}\n".encode())
+            except OSError:  # it died before it heard: as if it died holding the lease
+                lease.job_died()
+            return job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--grace-s", type=float, default=20.0)
     parser.add_argument("--socket", type=Path, default=None)
+    parser.add_argument("--lease-s", type=float, default=0.0)
+    parser.add_argument("--control", type=Path, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command: list[str] = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -122,22 +268,61 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    parent_fd = _pidfd(parent)
+    lease = Lease(args.lease_s)
+    control = _Control(args.control) if args.control is not None and lease.lease_s > 0 else None
+    job_fd = _pidfd(parent)
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     child_fd = _pidfd(child.pid)
-    watched = [fd for fd in (parent_fd, child_fd, wake_read) if fd is not None]
-    poll = None if parent_fd is not None and child_fd is not None else _FALLBACK_POLL_S
-    while child.poll() is None and os.getppid() == parent and not stop_signals:
-        select.select(watched, [], [], poll)
+    pidfds = job_fd is not None and child_fd is not None
+    # The first job is the guard's parent: a reparented guard has lost it even where the
+    # pidfd could not be opened (the job died first).
+    first_job = True
+    try:
+        while not lease.ended:
+            if child.poll() is not None or stop_signals:
+                lease.end()
+                break
+            orphaned = first_job and os.getppid() != parent
+            if lease.state is LeaseState.HELD and (orphaned or _dead(job_fd)):
+                lease.job_died()
+            if lease.state is not LeaseState.HELD and job_fd is not None:
+                os.close(job_fd)
+                job_fd = None
+            wait = lease.wait_s()
+            if lease.ended:
+                break
+            if not pidfds and (wait is None or wait > _FALLBACK_POLL_S):
+                wait = _FALLBACK_POLL_S
+            watched = [fd for fd in (job_fd, child_fd, wake_read) if fd is not None]
+            if control is not None:
+                watched.append(control.listener.fileno())
+            ready, _, _ = select.select(watched, [], [], wait)
+            if control is not None and control.listener.fileno() in ready:
+                adopter = control.serve(lease)
+                if adopter is not None:
+                    if job_fd is not None:
+                        os.close(job_fd)
+                    job_fd, first_job = adopter, False
+    finally:
+        if control is not None:
+            control.listener.close()
     if child.poll() is None:
         child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=args.grace_s)
     _kill_the_rest()
     if args.socket is not None:
-        _remove_socket(args.socket)
+        _remove_sockets(args.socket, args.control)
     code = child.wait()
     return code if code >= 0 else 128 - code
+
+
+def _dead(pidfd: int | None) -> bool:
+    """Whether the process of ``pidfd`` has exited (its pidfd turned readable)."""
+    if pidfd is None:
+        return False
+    ready, _, _ = select.select([pidfd], [], [], 0)
+    return bool(ready)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,223 @@
+"""Resume after kill -9 to the first trained step: warm vLLM servers adopted vs a cold start.
+
+Runs an example config (default ``examples/tiny-llama-vllm.toml``) with
+``rollout-recovery run`` as a user does, in three phases:
+
+1. a fresh run, SIGKILLed (the job's process only: its servers are in groups of their own)
+   once ``metrics.jsonl`` has step ``--kill-after``; its run directory is copied at once;
+2. the rerun on that directory: it adopts the servers the killed job left (their lease,
+   ``[vllm] adopt_within_s``) and trains to the end;
+3. the rerun on the copy, with adoption off (``adopt_within_s = 0``): the servers it lists
+   were ended by phase 2, so it cold-starts new ones (what every resume did before).
+
+For each rerun: the seconds from its process's start to the ``time/wall`` of its first
+step in ``metrics.jsonl`` (the first trained step), against one warm step (the median
+``time/step_s`` of phase 1's steps after its first). ``--crash-during-adoption`` adds a
+kill -9 of phase 2 at the ``adopt.before_handover`` crash point (between the proof and the
+hand-over) before it reruns, and every finished run is audited (``rollout-recovery
+audit``). Afterwards no server of the benchmark may be left: it checks. Run::
+
+    flock /work/heavy.lock python benchmarks/bench_resume_adopt.py [--config FILE]
+        [--steps 9] [--kill-after 5] [--crash-during-adoption] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-llama-vllm.toml"
+# How long a phase may take before the benchmark gives up (a cold vLLM start on 2 busy
+# cores takes minutes).
+PHASE_DEADLINE_S = 1200.0
+
+
+def _override(text: str, section: str, key: str, value: str) -> str:
+    """``text`` (TOML) with ``key = value`` in ``[section]``, replaced or added."""
+    header = f"[{section}]\n"
+    start = text.index(header) + len(header)
+    following = re.search(r"^\[", text[start:], flags=re.MULTILINE)
+    end = start + following.start() if following else len(text)
+    body, pattern = text[start:end], re.compile(rf"^{re.escape(key)} = .*$", re.MULTILINE)
+    body = (
+        pattern.sub(f"{key} = {value}", body)
+        if pattern.search(body)
+        else f"{key} = {value}\n{body}"
+    )
+    return text[:start] + body + text[end:]
+
+
+def _config(source: Path, target: Path, *, steps: int, adopt_within_s: float) -> Path:
+    text = _override(source.read_text(), "job", "steps", str(steps))
+    target.write_text(_override(text, "vllm", "adopt_within_s", repr(adopt_within_s)))
+    return target
+
+
+def _steps(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    complete = lines if path.read_text().endswith("\n") else lines[:-1]
+    return [record for record in map(json.loads, complete) if "time/wall" in record]
+
+
+def _run(
+    config: Path, out: Path, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as handle:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rollout_recovery",
+                "run",
+                "--plain",
+                "--config",
+                str(config),
+                "--out",
+                str(out),
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+def _wait_for_step(job: subprocess.Popen[bytes], out: Path, count: int) -> None:
+    deadline = time.monotonic() + PHASE_DEADLINE_S
+    while len(_steps(out)) < count:
+        if job.poll() is not None:
+            raise SystemExit(f"the job in {out} exited with {job.returncode} before step {count}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no step {count} in {out} after {PHASE_DEADLINE_S} s")
+        time.sleep(0.1)
+
+
+def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, float]]:
+    """Rerun to the end; the seconds from its start to its first trained step, and that
+    step's own ``time/*`` parts (its period starts when the controller starts: the rest
+    is the process's start, the restore and the servers)."""
+    before = len(_steps(out))
+    started = time.time()
+    job = _run(config, out, log)
+    code = job.wait(timeout=PHASE_DEADLINE_S)
+    if code != 0:
+        raise SystemExit(f"the rerun in {out} exited with {code} (see {log})")
+    first = _steps(out)[before]
+    parts = {
+        name.removeprefix("time/"): round(float(value), 3)
+        for name, value in first.items()
+        if name.startswith("time/") and name != "time/wall"
+    }
+    return float(first["time/wall"]) - started, parts
+
+
+def _audit(out: Path) -> bool:
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout_recovery", "audit", str(out)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+def _guards(out: Path) -> set[int]:
+    """The guards (process groups) of the servers ``out``'s ``servers.json`` lists."""
+    try:
+        listing = json.loads((out / "servers.json").read_text())["servers"]
+    except OSError:
+        return set()
+    return {int(server["pid"]) for server in listing}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _servers_left(guards: set[int]) -> list[int]:
+    """The guards of ``guards`` still alive a little after the last job ended (each
+    ends its group before it exits)."""
+    deadline = time.monotonic() + 60.0
+    while any(map(_alive, guards)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return sorted(filter(_alive, guards))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=EXAMPLE)
+    parser.add_argument("--steps", type=int, default=9)
+    parser.add_argument("--kill-after", type=int, default=5)
+    parser.add_argument("--crash-during-adoption", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-resume-adopt-"))
+    guards: set[int] = set()
+    try:
+        result = _measure(root, args, guards)
+    finally:
+        left = _servers_left(guards)
+        shutil.rmtree(root, ignore_errors=True)
+    result["servers_left"] = len(left)
+    print(json.dumps(result, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if left:
+        raise SystemExit(f"servers left running: {left}")
+
+
+def _measure(root: Path, args: argparse.Namespace, guards: set[int]) -> dict[str, Any]:
+    adopting = _config(args.config, root / "adopt.toml", steps=args.steps, adopt_within_s=300.0)
+    cold = _config(args.config, root / "cold.toml", steps=args.steps, adopt_within_s=0.0)
+    out, copy, log = root / "run", root / "run-cold", root / "log.txt"
+    started = time.monotonic()
+    job = _run(adopting, out, log)
+    _wait_for_step(job, out, args.kill_after)
+    guards |= _guards(out)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    shutil.copytree(out, copy)
+    first_run = _steps(out)
+    warm = statistics.median(float(s["time/step_s"]) for s in first_run[1:])
+    result: dict[str, Any] = {
+        "config": str(args.config),
+        "killed_after_step": len(first_run),
+        "first_run_s": round(time.monotonic() - started, 1),
+        "warm_step_s": round(warm, 3),
+    }
+    if args.crash_during_adoption:
+        env = {**os.environ, "ROLLOUT_RECOVERY_CRASH_AT": "adopt.before_handover"}
+        crashed = _run(adopting, out, log, env=env)
+        result["crash_during_adoption_exit"] = crashed.wait(timeout=PHASE_DEADLINE_S)
+    adopted, result["adopted_first_step"] = _rerun(adopting, out, log)
+    guards |= _guards(out)
+    result["adopted_resume_to_first_step_s"] = round(adopted, 1)
+    result["adopted_audit_ok"] = _audit(out)
+    result["adopted_log"] = [
+        line for line in log.read_text().splitlines() if "adopted from the job before" in line
+    ]
+    coldly, result["cold_first_step"] = _rerun(cold, copy, root / "log-cold.txt")
+    guards |= _guards(copy)
+    result["cold_resume_to_first_step_s"] = round(coldly, 1)
+    result["cold_audit_ok"] = _audit(copy)
+    result["adopted_over_warm_step"] = round(adopted / warm, 2)
+    result["cold_over_warm_step"] = round(coldly / warm, 2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
