@@ -5,15 +5,17 @@ holds its own copies of the parameters (training goes on in place on the trainer
 their checkpoint names (``model.layers.0.self_attn.q_proj.weight``; a tied
 ``lm_head.weight`` is left out, as in a Hugging Face checkpoint). Nothing may change its
 tensors: an in-process backend builds its model around them without copying, and a server
-loads :meth:`safetensors_bytes`.
+loads the file :meth:`write_safetensors` writes (or :meth:`safetensors_bytes`).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import BinaryIO
 
 import torch
 from safetensors import SafetensorError
@@ -27,6 +29,8 @@ __all__ = ["TorchWeights"]
 _VERSION_KEY = "weight_version"
 # The dtypes a weights file may be written in, by name (what a server config says).
 _DTYPE_NAMES = frozenset({"float32", "bfloat16", "float16"})
+# Their names in a safetensors header.
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 class TorchWeights:
@@ -74,18 +78,59 @@ class TorchWeights:
     def safetensors_bytes(self, dtype: torch.dtype | str | None = None) -> bytes:
         """The snapshot as a safetensors file (in ``dtype`` if given, e.g. ``bfloat16`` for a
         bf16 server, as a torch dtype or its name); the version is in the file's metadata."""
-        if isinstance(dtype, str):
-            named = getattr(torch, dtype, None) if dtype in _DTYPE_NAMES else None
-            if not isinstance(named, torch.dtype):
-                raise InvalidArgumentError(
-                    f"dtype must be one of {sorted(_DTYPE_NAMES)}, got {dtype!r}"
-                )
-            dtype = named
+        target = _dtype(dtype)
         tensors = {
-            name: (t if dtype is None else t.to(dtype)).contiguous()
+            name: (t if target is None else t.to(target)).contiguous()
             for name, t in self._tensors.items()
         }
         return bytes(save_safetensors(tensors, metadata={_VERSION_KEY: str(self._version)}))
+
+    def write_safetensors(self, file: BinaryIO, dtype: torch.dtype | str | None = None) -> None:
+        """Write :meth:`safetensors_bytes`'s file into ``file`` (empty, open for reading
+        and writing) without building it in memory first: the file is sized, mapped, and
+        each tensor is cast into its place in the mapping (one pass over the weights, no
+        copy of the whole file; what a push of a 269 MB model into shared memory needs).
+        The caller makes it durable, or not, and renames it into place."""
+        target = _dtype(dtype)
+        for name, tensor in self._tensors.items():
+            if (target or tensor.dtype) not in _SAFETENSORS_DTYPES:
+                raise InvalidArgumentError(f"weights {name!r} are {tensor.dtype}: not writable")
+        # Widest elements first (safetensors' own order), so every tensor's offset is a
+        # multiple of its element size and its bytes can be viewed as its dtype in place.
+        order = sorted(
+            self._tensors.items(),
+            key=lambda item: (-(target or item[1].dtype).itemsize, item[0]),
+        )
+        header: dict[str, object] = {"__metadata__": {_VERSION_KEY: str(self._version)}}
+        offset = 0
+        for name, tensor in order:
+            kind = target or tensor.dtype
+            end = offset + tensor.numel() * kind.itemsize
+            header[name] = {
+                "dtype": _SAFETENSORS_DTYPES[kind],
+                "shape": list(tensor.shape),
+                "data_offsets": [offset, end],
+            }
+            offset = end
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)  # the data starts 8-aligned
+        start = 8 + len(encoded)
+        file.truncate(start + offset)
+        if offset == 0:
+            file.write(struct.pack("<Q", len(encoded)) + encoded)
+            return
+        with mmap.mmap(file.fileno(), start + offset) as mapped:
+            mapped[:start] = struct.pack("<Q", len(encoded)) + encoded
+            data = torch.frombuffer(mapped, dtype=torch.uint8)
+            try:
+                with torch.no_grad():
+                    for name, tensor in order:
+                        first, last = header[name]["data_offsets"]  # type: ignore[index]
+                        place = data[start + first : start + last].view(target or tensor.dtype)
+                        place.view(tensor.shape).copy_(tensor)
+                        del place
+            finally:
+                del data  # the mapping closes only once no tensor views it
 
     @classmethod
     def from_safetensors_bytes(cls, data: bytes) -> TorchWeights:
@@ -98,3 +143,13 @@ class TorchWeights:
         except (ValueError, KeyError, TypeError, struct.error, SafetensorError) as error:
             raise InvalidStateError(f"not a TorchWeights safetensors file: {error}") from None
         return cls(version, tensors)
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A dtype given by name (what a server config says) as torch's."""
+    if not isinstance(dtype, str):
+        return dtype
+    named = getattr(torch, dtype, None) if dtype in _DTYPE_NAMES else None
+    if not isinstance(named, torch.dtype):
+        raise InvalidArgumentError(f"dtype must be one of {sorted(_DTYPE_NAMES)}, got {dtype!r}")
+    return named
