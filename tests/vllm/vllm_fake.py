@@ -26,7 +26,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 from http_support import completion, generated_for
@@ -97,10 +97,9 @@ class FakeVllm:
             return httpx.Response(200)
         if path == "/v1/completions":
             return await self._complete(json.loads(request.content))
-        if path == "/weight_info" and self.log[-1:] != ["/resume"]:
-            # The pool's probes ask it too (never during a push): counted, not logged,
-            # so the log is the push's steps and the calls. The push's own comes right
-            # after its /resume.
+        if path == "/weight_info":
+            # The pool's probes ask it (a push does not): counted, not logged, so the
+            # log is the push's steps and the calls.
             self.weight_infos += 1
             return httpx.Response(200, json={"weight_version": self.tag})
         query = request.url.query.decode()
@@ -109,6 +108,8 @@ class FakeVllm:
             self.paused = True
             self._resumed.clear()
             if request.url.params.get("mode") != "keep":
+                async with self.changed:
+                    self.changed.notify_all()  # paused, waiting: a test may act now
                 await self._idle.wait()  # mode=wait: running requests finish first
             if request.url.params.get("clear_cache") == "true":
                 self.cache.clear()
@@ -120,8 +121,6 @@ class FakeVllm:
         if path == "/update_weight_version":
             self.tag = json.loads(request.content)["new_version"]
             return httpx.Response(200, json={"success": True, "new_version": self.tag})
-        if path == "/weight_info":
-            return httpx.Response(200, json={"weight_version": self.tag})
         if path == "/reset_prefix_cache":
             self.cache.clear()
             return httpx.Response(200, json={"success": True})
@@ -187,6 +186,6 @@ class FakeWeights:
 
     version: int
 
-    def safetensors_bytes(self, dtype: str | None = None) -> bytes:
+    def write_safetensors(self, file: BinaryIO, dtype: str | None = None) -> None:
         header = json.dumps({"__metadata__": {"weight_version": str(self.version)}}).encode()
-        return struct.pack("<Q", len(header)) + header
+        file.write(struct.pack("<Q", len(header)) + header)

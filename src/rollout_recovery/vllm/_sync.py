@@ -4,30 +4,44 @@ One push of version N to one server (vLLM 0.32 with ``VLLM_SERVER_DEV_MODE=1`` a
 package's worker extension, see :func:`server_command`):
 
 1. the weights are written once per version, for every server, as a safetensors file in
-   the weights directory (the version in its metadata; written to a temporary name and
-   renamed, so a server never reads half a file);
+   the weights directory (the version in its metadata): cast straight into a mapping of
+   the file (``TorchWeights.write_safetensors``), under a temporary name renamed into
+   place, so a server never reads half a file. Never fsynced: the file lives only as long
+   as a push needs it (a job that restarts writes its weights again), and the job's
+   launched servers get it in shared memory (:func:`shared_memory_dir`), so a push
+   touches no disk. :meth:`VllmWeightSync.prepare` writes it ahead of the push (the pool
+   does, before it waits for the server's calls to end);
 2. ``POST /pause?mode=wait&clear_cache=true``: requests still running finish, new ones
-   queue, and the KV and prefix caches are dropped (trap: a cached prefix computed under
-   the old weights would be reused under the new ones);
+   queue, and once the engine is idle its KV and prefix caches are dropped (trap: a
+   cached prefix computed under the old weights would be reused under the new ones).
+   vLLM's pause fails if the reset does, and a paused engine schedules nothing until
+   ``/resume``, so no prefix is cached between the reset and the load;
 3. ``POST /update_weight_version "loading"``: until the load is confirmed the server
    names no version, so a push that fails half way never leaves old weights under a new
    name or new weights under an old one;
 4. ``POST /collective_rpc rollout_recovery_load(path, N)``: the worker loads the file in
    place and re-packs a tied ``lm_head`` (trap: on CPU it would keep the old embedding);
-5. ``POST /update_weight_version N``, then ``POST /reset_prefix_cache`` (it must report
-   success: belt and braces after step 2);
+5. ``POST /update_weight_version N``: its success is the engine's own (vLLM answers once
+   the engine core holds the name), so no ``GET /weight_info`` follows (the pool's
+   probes ask it between pushes);
 6. ``POST /resume`` (always, even after a failure: a paused server would hold every
-   later call), and ``GET /weight_info``: the version the server now names.
+   later call).
+
+Five requests, two fewer than before issue 28: the separate ``/reset_prefix_cache`` after
+the load repeated what the pause had done, and ``/weight_info`` read back what step 5
+had just been told.
 
 With ``[generation] on_weight_update = "interrupt"`` (:meth:`VllmWeightSync.push_keeping_calls`)
-step 2 is ``/pause?mode=keep`` (requests in flight freeze between tokens) and step 5 resets
-with ``reset_running_requests=true`` (the frozen requests are preempted and recomputed under
-the new weights on resume); the pool then does not drain the server first.
+step 2 is ``/pause?mode=keep`` (requests in flight freeze between tokens; vLLM then
+clears no cache) and after step 5 ``POST /reset_prefix_cache?reset_running_requests=true``
+(it must report success) preempts the frozen requests, which are recomputed under the new
+weights on resume; the pool then does not drain the server first.
 
 The third trap, a load while a request runs (its later tokens would come from the new
 weights under the old stamp), is why this sync is *exclusive*: the pool sends a server no
-call while its push is pending and starts the push once its calls have ended (and step 2
-waits for any request the server still runs, e.g. one whose client gave up).
+call at a version other than the one it holds while its push is pending, starts the
+push once its calls have ended (and step 2 waits for any request the server still runs,
+e.g. one whose client gave up).
 
 Every reply is read under a small cap and decoded with msgspec; one of another shape is a
 failed push (``None``), never an exception. The dev routes (``/pause``,
@@ -38,22 +52,31 @@ socket only this user can reach (``_fleet.py``); run listed ones on a trusted ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import os
 import re
+import shutil
+import stat
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol
 
 import httpx
 import msgspec
 
-from .._durable import atomic_write_bytes
 from .._http import parse_version, read_capped
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStateError
 
 __all__ = [
     "LOADING_TAG",
     "LOAD_METHOD",
+    "SHARED_MEMORY",
     "SafetensorsWeights",
     "VllmWeightSync",
+    "shared_memory_dir",
+    "shared_memory_weights",
     "weights_file_name",
 ]
 
@@ -61,23 +84,71 @@ __all__ = [
 LOAD_METHOD = "rollout_recovery_load"
 #: What a server is named while it loads: no version (``parse_version`` gives None).
 LOADING_TAG = "loading"
+#: Where the weight files of launched servers go: memory, not disk (Linux's tmpfs).
+SHARED_MEMORY = Path("/dev/shm")
 # What a control route's reply may weigh.
 _REPLY_CAP = 64 * 2**10
 # How long the resume after a failed push may take: the push's own deadline may be spent.
 _RESUME_TIMEOUT_S = 10.0
 _FILE = re.compile(r"^weights-v(\d+)\.safetensors$")
+# A file being written: the final name behind a dot, the writer's pid after it.
+_PARTIAL = re.compile(r"^\.weights-v\d+\.safetensors\.(\d+)\.tmp$")
 
 
 def weights_file_name(version: int) -> str:
     return f"weights-v{version:010d}.safetensors"
 
 
+def shared_memory_dir(key: str, root: Path = SHARED_MEMORY) -> Path | None:
+    """The directory for the weight files of one run (``key``) in shared memory:
+    ``root/rollout-recovery-<uid>/<key>``, both private to this user (0700), created if
+    missing; None where the machine has no ``root`` (not Linux). ``InvalidStateError``
+    if the user's directory there is not private (a symlink, another user's, or others
+    may enter it): a file in it could be read, or replaced, by someone else.
+
+    The files are the servers' to read: they must run on this machine (launched servers
+    do). Nothing here survives a reboot, and a job killed with SIGKILL leaves its files
+    until the same run starts again (its sync removes other versions' files) or the
+    machine restarts; see ``docs/reliability.md``."""
+    if not root.is_dir():
+        return None
+    user = root / f"rollout-recovery-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        user.mkdir(mode=0o700)
+    info = os.lstat(user)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise InvalidStateError(
+            f"not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
+            f"owner {info.st_uid}): remove it, weight files are written there",
+            file=str(user),
+        )
+    directory = user / key
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    return directory
+
+
+@contextlib.contextmanager
+def shared_memory_weights(run_directory: Path, root: Path = SHARED_MEMORY) -> Iterator[Path | None]:
+    """The run's weights directory in shared memory (:func:`shared_memory_dir`, named by
+    the run directory's resolved path, so a rerun of the run finds its own), removed with
+    all it holds on exit; None where there is no shared memory."""
+    digest = hashlib.sha256(os.fsencode(Path(run_directory).resolve())).hexdigest()
+    directory = shared_memory_dir(f"run-{digest[:20]}", root)
+    try:
+        yield directory
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 class _RpcReply(msgspec.Struct):
     results: list[dict[str, Any] | None]
 
 
-class _VersionReply(msgspec.Struct):
-    weight_version: str | None = None
+class _TagReply(msgspec.Struct):
+    success: bool
+    new_version: str | None = None
 
 
 class _ResetReply(msgspec.Struct):
@@ -92,36 +163,39 @@ def _decode(raw: bytes, shape: type[Any]) -> Any:
 
 
 class SafetensorsWeights(Protocol):
-    """What this sync pushes: a versioned snapshot that renders itself as a safetensors
+    """What this sync pushes: a versioned snapshot that writes itself as a safetensors
     file (``llm.TorchWeights``)."""
 
     @property
     def version(self) -> int: ...
 
-    def safetensors_bytes(self, dtype: str) -> bytes: ...
+    def write_safetensors(self, file: BinaryIO, dtype: str) -> None: ...
 
 
 class VllmWeightSync:
     """A ``WeightSync[SafetensorsWeights]`` (``TorchWeights``) for vLLM servers; see the
     module docstring.
 
-    ``directory`` holds the weight files (created if missing); the newest ``keep`` versions
-    written are kept, older files are removed. ``dtype`` is the name the files are written
-    in (the servers' dtype: half the bytes of fp32 for a bf16 server, and the same rounding
-    as vLLM's own cast).
+    ``directory`` holds the weight files (created if missing, files 0600). The newest
+    ``keep`` versions written are kept, and any version a push is still loading; older
+    files are removed, and :meth:`close` removes them all. ``dtype`` is the name the files
+    are written in (the servers' dtype: half the bytes of fp32 for a bf16 server, and the
+    same rounding as vLLM's own cast).
     """
 
     name: Literal["vllm"] = "vllm"
     tracks_versions = True
     exclusive = True
 
-    def __init__(self, directory: Path, *, dtype: str = "bfloat16", keep: int = 3) -> None:
+    def __init__(self, directory: Path, *, dtype: str = "bfloat16", keep: int = 1) -> None:
         if keep < 1:
             raise InvalidArgumentError(f"keep must be >= 1, got {keep}", path="$.keep")
         self._directory = Path(directory)
         self._dtype = dtype
         self._keep = keep
         self._files: dict[int, asyncio.Task[Path]] = {}
+        self._reading: Counter[int] = Counter()  # versions pushes are loading now
+        self._swept = False
 
     @property
     def directory(self) -> Path:
@@ -136,39 +210,47 @@ class VllmWeightSync:
         Takes any object: the job calls it where the config, not the types, chose this
         sync for a trainer (the registry's HTTP builder, ``control/_backends.py``)."""
         found = getattr(weights, "version", None)
-        if not callable(getattr(weights, "safetensors_bytes", None)) or not isinstance(found, int):
+        if not callable(getattr(weights, "write_safetensors", None)) or not isinstance(found, int):
             raise InvalidArgumentTypeError(
-                "the vllm weight sync pushes weights with a version and safetensors_bytes() "
+                "the vllm weight sync pushes weights with a version and write_safetensors() "
                 f"(TorchWeights), got {type(weights).__name__}"
             )
         if found != version:
             raise InvalidArgumentError(f"weights are version {found}, pushed as {version}")
 
-    def _serialize(self, weights: SafetensorsWeights) -> bytes:
-        data = weights.safetensors_bytes(self._dtype)
-        if not isinstance(data, bytes):
-            raise InvalidArgumentTypeError("safetensors_bytes() must return bytes")
-        return data
-
     def _write(self, version: int, weights: SafetensorsWeights) -> Path:
-        path = self._directory / weights_file_name(version)
-        data = self._serialize(weights)
         self._directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
+        path = self._directory / weights_file_name(version)
+        partial = self._directory / f".{path.name}.{os.getpid()}.tmp"
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            with os.fdopen(os.open(partial, flags, 0o600), "w+b") as handle:
+                weights.write_safetensors(handle, self._dtype)
+            os.replace(partial, path)  # a server opens the whole file or none
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         return path
 
     def _prune(self) -> None:
-        """Forget and delete all but the newest ``keep`` versions (files of earlier runs
-        in the directory included)."""
-        keep = sorted(self._files)[-self._keep :]
+        """Forget and delete all but the newest ``keep`` versions and the ones a push is
+        loading (files of earlier runs in the directory included, and their partial
+        files: a run killed while it wrote one)."""
+        keep = set(sorted(self._files)[-self._keep :]) | set(+self._reading)
         for version in [v for v in self._files if v not in keep]:
             del self._files[version]
-        if not self._directory.is_dir():
+        try:
+            entries = list(os.scandir(self._directory))
+        except OSError:
             return
-        for entry in self._directory.iterdir():
+        sweep, self._swept = not self._swept, True
+        for entry in entries:
             match = _FILE.match(entry.name)
             if match and int(match.group(1)) not in keep:
-                entry.unlink(missing_ok=True)
+                Path(entry.path).unlink(missing_ok=True)
+            partial = _PARTIAL.match(entry.name)
+            if sweep and partial and int(partial.group(1)) != os.getpid():
+                Path(entry.path).unlink(missing_ok=True)
 
     async def weights_file(self, version: int, weights: SafetensorsWeights) -> Path:
         """The file of ``version``, written on the first call for it (shared by every
@@ -181,6 +263,24 @@ class VllmWeightSync:
             await asyncio.shield(task)
             self._prune()
         return await asyncio.shield(task)
+
+    async def prepare(self, version: int, weights: SafetensorsWeights) -> None:
+        """Write the file of ``version`` ahead of its pushes (``PreparingWeightSync``):
+        the pool does while the server still runs calls, so the push proper is only the
+        requests."""
+        await self.weights_file(version, weights)
+
+    def close(self) -> None:
+        """Remove every weight file in the directory, and the directory if that leaves it
+        empty (the job's end); pushes still running fail."""
+        self._files.clear()
+        self._reading.clear()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._directory):
+                if _FILE.match(entry.name) or _PARTIAL.match(entry.name):
+                    Path(entry.path).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._directory.rmdir()
 
     # -- one push ---------------------------------------------------------------------------
 
@@ -220,6 +320,23 @@ class VllmWeightSync:
         keep_calls: bool,
     ) -> int | None:
         path = await self.weights_file(version, weights)
+        self._reading[version] += 1  # not pruned while this push may still open it
+        try:
+            return await self._requests(client, url, path, version, timeout, keep_calls)
+        finally:
+            self._reading[version] -= 1
+            if self._files:
+                self._prune()
+
+    async def _requests(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        path: Path,
+        version: int,
+        timeout: float,
+        keep_calls: bool,
+    ) -> int | None:
         await _exchange(
             client,
             "POST",
@@ -238,27 +355,27 @@ class VllmWeightSync:
             )
             if not _loaded(_decode(rpc, _RpcReply), version):
                 return None
-            await _tag(client, url, str(version), timeout)
-            reset = _decode(
-                await _exchange(
-                    client,
-                    "POST",
-                    f"{url}/reset_prefix_cache",
-                    # Paused requests hold KV blocks: the reset preempts them (they are
-                    # recomputed on resume), or it would fail while they run.
-                    params={"reset_running_requests": "true"} if keep_calls else None,
-                    timeout=timeout,
-                ),
-                _ResetReply,
-            )
-            if reset is None or not reset.success:
+            tagged = _decode(await _tag(client, url, str(version), timeout), _TagReply)
+            if tagged is None or not tagged.success:
                 return None
+            if keep_calls:
+                reset = _decode(
+                    await _exchange(
+                        client,
+                        "POST",
+                        f"{url}/reset_prefix_cache",
+                        # Paused requests hold KV blocks: the reset preempts them (they
+                        # are recomputed on resume), or it would fail while they run.
+                        params={"reset_running_requests": "true"},
+                        timeout=timeout,
+                    ),
+                    _ResetReply,
+                )
+                if reset is None or not reset.success:
+                    return None
         finally:
             await _resume(client, url)
-        info = _decode(
-            await _exchange(client, "GET", f"{url}/weight_info", timeout=timeout), _VersionReply
-        )
-        return None if info is None else parse_version(info.weight_version)
+        return parse_version(tagged.new_version)
 
 
 def _loaded(reply: _RpcReply | None, version: int) -> bool:
@@ -287,9 +404,9 @@ async def _exchange(
         return b"" if body is None else body
 
 
-async def _tag(client: httpx.AsyncClient, url: str, name: str, timeout: float) -> None:
+async def _tag(client: httpx.AsyncClient, url: str, name: str, timeout: float) -> bytes:
     # vLLM takes the version as a string (an int is a 400).
-    await _exchange(
+    return await _exchange(
         client, "POST", f"{url}/update_weight_version", json={"new_version": name}, timeout=timeout
     )
 
