@@ -17,11 +17,19 @@ once it reports the trainer's current weight version: it never serves stale weig
 a new stamp.
 
 With an *exclusive* weight sync (a server that may switch weights under a call in flight,
-as vLLM does) a server gets a call only while it holds the trainer's current version: from
-the moment new weights are set it takes no new call, its push starts once its calls in
-flight have ended (their tokens all come from the version they are stamped with), and it
-takes calls again once it reports the new version. A restore sets the restored weights
-before anything is dispatched, so no call reaches a server before it holds them. With
+as vLLM does) a push to a server has three parts. First the sync's local work for the
+version (:class:`PreparingWeightSync`: vLLM's weights file, written once for every
+server); meanwhile the server keeps taking the calls the staleness policy lets the
+version it holds serve: a call's ``floor`` is the version its attempt was dispatched at
+(the controller's newest when its round started), and a server that holds the version
+the new one replaced serves calls whose floor is at most that. With ``staleness_window
+= 0`` every new call's floor is the newest version, so none goes to it; with a window
+the push's file is written while generation goes on. Then the server takes no new call
+and the push starts once its calls in flight have ended (their tokens all come from the
+version they are stamped with), and it takes calls again once it reports the new
+version. A restore sets the restored weights before anything is dispatched, so no call
+reaches a server before it holds them (a server holding another version than the
+restored one never held the version the restore replaced). With
 ``on_weight_update = "interrupt"`` none of that waiting happens: a push pauses the
 server's calls between tokens, loads and resumes them (``InterruptingWeightSync``), and a
 server whose push is pending still takes calls.
@@ -70,7 +78,7 @@ from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import HttpConfig
-from ._weight_sync import InterruptingWeightSync, WeightSync
+from ._weight_sync import InterruptingWeightSync, PreparingWeightSync, WeightSync
 from ._wire import DataError, DataFailure, read_body
 
 __all__ = ["ServerPool", "ServerStats"]
@@ -122,6 +130,7 @@ class _Server(Worker):
     quarantined_until: float = 0.0  # on the loop's clock; no revival before
     version: int | None = None  # what the server last reported holding
     syncing: bool = False
+    draining: bool = False  # its push is past the sync's local work: no new call at all
     pushes_started: int = 0  # a probe's /weight_info is void if a push began meanwhile
     weight_info: bool = True  # False: it has no /weight_info route (not asked again)
     stats: ServerStats = field(default_factory=ServerStats)
@@ -181,6 +190,9 @@ class ServerPool(AsyncResource, Generic[Weights]):
         self._client = client
         self._on_event = on_event
         self._target: tuple[int, Weights] | None = None
+        # The version the newest one replaced (None after a restore or a first version):
+        # a server holding it still serves calls dispatched at it while its push prepares.
+        self._previous: int | None = None
         self._started = False
 
     # -- introspection ---------------------------------------------------------------------
@@ -240,6 +252,10 @@ class ServerPool(AsyncResource, Generic[Weights]):
         ``push=False`` only records them (a backend's initial weights, which a restore may
         replace before the servers are probed: pushing them would load weights the job
         then throws away)."""
+        if self._target is None or version < self._target[0]:
+            self._previous = None  # a restore: no older version is this lineage's
+        elif version > self._target[0]:
+            self._previous = self._target[0]
         self._target = (version, weights)
         if not push:
             return
@@ -270,14 +286,34 @@ class ServerPool(AsyncResource, Generic[Weights]):
     async def _sync_server(self, server: _Server) -> None:
         try:
             while self._target is not None and not self._is_current(server):
+                version, weights = self._target
+                timeout = self._sync_timeout_s
+                prepared = monotonic()
+                if isinstance(self._sync, PreparingWeightSync):
+                    # While the server still serves the calls its version may (see the
+                    # module docstring); the file is written once for every server.
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await self._sync.prepare(version, weights)
+                    except (TimeoutError, OSError) as error:
+                        # Nothing was sent: the server holds what it held.
+                        self._failed(server, f"weights for version {version}: {error!r}")
+                        return
+                    if self._workers.closed:
+                        return
+                    if self._target[0] != version:
+                        continue  # newer weights meanwhile: prepare those
+                write_s = monotonic() - prepared
+                server.draining = True
                 if self._sync.exclusive and not self._interrupt:
-                    # No new call reaches it (it is not current); the push waits for the
-                    # calls in flight, so none of them sees two versions.
+                    # No new call reaches it; the push waits for the calls in flight, so
+                    # none of them sees two versions.
                     await self._drained(server)
                     if self._workers.closed or self._target is None or self._is_current(server):
                         break
-                version, weights = self._target
-                timeout = self._sync_timeout_s
+                    if self._target[0] != version:
+                        server.draining = False
+                        continue
                 started = monotonic()
                 server.pushes_started += 1
                 try:
@@ -294,12 +330,21 @@ class ServerPool(AsyncResource, Generic[Weights]):
                     server.version = None
                     self._failed(server, f"weight push failed: {error!r}")
                     return
+                finally:
+                    server.draining = False
                 server.stats.weight_pushes += 1
                 server.version = reported
+                # The push's cost on the step's path as before issue 28: the local work
+                # and the exchange, not the wait for the server's own calls to end.
+                push_s = monotonic() - started
                 self._on_event(
                     "weights_loaded",
                     server.url,
-                    {"version": reported, "seconds": round(monotonic() - started, 4)},
+                    {
+                        "version": reported,
+                        "seconds": round(write_s + push_s, 4),
+                        "write_s": round(write_s, 4),
+                    },
                 )
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
@@ -315,6 +360,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
             self._workers.wake()  # it holds the current version now: eligible if exclusive
         finally:
             server.syncing = False
+            server.draining = False
 
     async def _push(
         self, server: _Server, version: int, weights: Weights, timeout: float
@@ -439,16 +485,31 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
     # -- calls -----------------------------------------------------------------------------
 
-    def _admits(self, server: _Server) -> bool:
+    def _admits(self, server: _Server, floor: int | None) -> bool:
         # With interrupt a lagging server keeps taking calls: its push will pause them
         # between tokens and they finish under the new weights.
         exclusive = self._sync.exclusive and not self._interrupt
-        return not exclusive or self._is_current(server)
+        if not exclusive or self._is_current(server):
+            return True
+        # A lagging server whose push is still preparing serves, at the version it holds,
+        # the calls that version may serve (the module docstring).
+        return (
+            floor is not None
+            and server.syncing
+            and not server.draining
+            and server.version is not None
+            and server.version == self._previous
+            and floor <= server.version
+        )
 
-    async def acquire(self, avoid: set[str], prefer: str | None = None) -> Lease:
+    async def acquire(
+        self, avoid: set[str], prefer: str | None = None, *, floor: int | None = None
+    ) -> Lease:
         """A healthy server with a free slot (avoiding ``avoid`` when another is free),
         ``prefer`` when it is one of them: an attempt's calls stay on one server where
         they can, so its row is one server's (a liar's rows are its own, see ``blame``).
+        ``floor``: the oldest weight version the call may be generated by (its attempt's
+        dispatch version); None takes only servers at the newest version.
 
         Waits for one up to ``no_server_wait_s``, then raises
         ``GenerationError("no_live_server")``: a fleet that stays down fails attempts, it
@@ -471,7 +532,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
         server = await self._workers.acquire(
             wait_s=self._http.no_server_wait_s,
             timed_out=timed_out,
-            eligible=self._admits,
+            eligible=lambda server: self._admits(server, floor),
             choose=choose,
         )
         server.stats.calls += 1

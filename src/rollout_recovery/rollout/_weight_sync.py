@@ -16,6 +16,11 @@ A sync is *exclusive* when a server may switch weights under a call in flight (v
 does, silently, unless it is paused): the pool then gives a server no call while a push
 to it is pending and starts the push only once the server's calls have ended.
 
+A sync that *prepares* (:class:`PreparingWeightSync`: ``vllm``, which writes a weights
+file once per version) does a push's local work first: the pool calls ``prepare`` before
+it stops a server's calls, so the exclusive part of a push is only the exchange with the
+server.
+
 A sync that can *interrupt* (:class:`InterruptingWeightSync`: ``policy`` and ``vllm``)
 also loads weights under calls in flight on purpose, for ``[generation] on_weight_update
 = "interrupt"``: ``/pause?mode=keep`` (calls stop between two tokens and keep their
@@ -45,6 +50,7 @@ __all__ = [
     "InterruptingWeightSync",
     "NoWeightSync",
     "PolicyWeightSync",
+    "PreparingWeightSync",
     "VersionTagSync",
     "WeightSync",
     "WeightSyncName",
@@ -101,6 +107,17 @@ class InterruptingWeightSync(Protocol[Weights_contra]):
     ) -> int | None:
         """As ``WeightSync.push``, but calls in flight are paused, not waited for, and
         resumed after the load (also after a failed one)."""
+        ...
+
+
+@runtime_checkable
+class PreparingWeightSync(Protocol[Weights_contra]):
+    """Optional: a sync with local work to do once per version before its pushes (the
+    vLLM sync's weights file), which the pool starts while a server still takes calls."""
+
+    async def prepare(self, version: int, weights: Weights_contra) -> None:
+        """Do the local part of pushing ``weights`` as ``version`` (idempotent: every
+        server's push calls it). Raises ``OSError`` when it cannot."""
         ...
 
 
