@@ -158,17 +158,35 @@ def generation_servers(
     weight sync, and an empty ``[vllm] model`` resolved to the torch trainer's. The job's
     own config keeps the empty list, so a resume, which starts
     new servers on new ports, is still the same job."""
-    http = config.http
     if not wants_servers(config):
         yield config
         return
-    api_key = configured_api_key(http)
-    if http.weight_sync == "vllm" and not config.vllm.weights_dir:
-        # The weight files the servers load: in the run directory unless configured.
-        weights_dir = str(run.servers_dir / "weights")
-        config = msgspec.structs.replace(
+    with _vllm_weights_dir(run, config) as resolved, _servers(run, resolved, log) as final:
+        yield final
+
+
+@contextlib.contextmanager
+def _vllm_weights_dir(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
+    """``[vllm] weights_dir`` resolved when empty: shared memory for launched servers (on
+    this machine: a push touches no disk; removed when the job ends), else the run
+    directory (listed servers may be elsewhere, with the run on a shared filesystem)."""
+    if config.http.weight_sync != "vllm" or config.vllm.weights_dir:
+        yield config
+        return
+    launched = config.vllm.launch > 0 and not config.http.servers
+    with config.vllm.shared_memory_weights(run.root, enabled=launched) as shared:
+        weights_dir = str(shared if shared is not None else run.servers_dir / "weights")
+        yield msgspec.structs.replace(
             config, vllm=msgspec.structs.replace(config.vllm, weights_dir=weights_dir)
         )
+
+
+@contextlib.contextmanager
+def _servers(
+    run: RunDirectory, config: RunConfig, log: Callable[[str], None]
+) -> Iterator[RunConfig]:
+    http = config.http
+    api_key = configured_api_key(http)
     if http.servers:
         with _presenting(api_key):
             yield config

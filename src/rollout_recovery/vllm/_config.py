@@ -15,6 +15,7 @@ logprobs); the rest may change when a run resumes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -29,7 +30,7 @@ from .._settings import (
 from ..errors import ConfigError
 from ..rollout import HttpConfig
 from ._fleet import VllmFleet
-from ._sync import VllmWeightSync
+from ._sync import VllmWeightSync, shared_memory_weights
 
 __all__ = ["VllmConfig", "VllmDtype", "check_launch_paths", "check_vllm_config"]
 
@@ -75,7 +76,8 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: 0: the servers end with the job. A normal end, a failed run and
     #: ``rollout-recovery stop`` end them at once either way.
     adopt_within_s: Annotated[NonNegativeFloat, OPERATIONAL] = 180.0
-    #: Where the weight files the servers load are written ("": DIR/servers/weights).
+    #: Where the weight files the servers load are written ("": shared memory for
+    #: launched servers, /dev/shm/rollout-recovery-UID/run-HASH, else DIR/servers/weights).
     #: Listed servers must be able to read it (the same machine or a shared filesystem).
     weights_dir: Annotated[str, OPERATIONAL] = ""
 
@@ -89,6 +91,13 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
         """The weight sync that writes the trainer's weights to ``weights_dir`` in
         ``dtype`` for the servers to load (``[http] weight_sync = "vllm"``)."""
         return VllmWeightSync(Path(self.weights_dir), dtype=self.dtype)
+
+    def shared_memory_weights(
+        self, run_directory: Path, *, enabled: bool = True
+    ) -> AbstractContextManager[Path | None]:
+        """The run's weights directory in shared memory while the context lasts (None
+        where there is none, or when not ``enabled``; ``_sync.shared_memory_weights``)."""
+        return shared_memory_weights(run_directory) if enabled else nullcontext()
 
     def fleet(
         self,
