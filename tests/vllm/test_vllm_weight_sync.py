@@ -16,8 +16,11 @@ and the real-vLLM test ``tests/integration/llm/test_vllm_weight_sync_real.py``.
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import pytest
@@ -26,7 +29,11 @@ from vllm_fake import FakeVllm, FakeVllmFleet, FakeWeights, file_version, logpro
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import MemoryDataPlane
-from rollout_recovery.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rollout_recovery.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidStateError,
+)
 from rollout_recovery.policy import TaskConfig
 from rollout_recovery.policy._tasks import VOCAB_SIZE
 from rollout_recovery.rollout import (
@@ -37,7 +44,13 @@ from rollout_recovery.rollout import (
     HttpConfig,
     HttpGenerationBackend,
 )
-from rollout_recovery.vllm._sync import LOADING_TAG, VllmWeightSync, weights_file_name
+from rollout_recovery.vllm._sync import (
+    LOADING_TAG,
+    VllmWeightSync,
+    shared_memory_dir,
+    shared_memory_weights,
+    weights_file_name,
+)
 
 GUARD_S = 30.0
 PUSH = [
@@ -46,10 +59,28 @@ PUSH = [
     "/collective_rpc",
     "loaded {v}",
     "/update_weight_version",
-    "/reset_prefix_cache",
     "/resume",
-    "/weight_info",
 ]
+
+
+class GatedWeights(FakeWeights):
+    """Fake weights whose file is written only once ``gate`` is set (in the writer's
+    thread), counting the writes."""
+
+    gate = threading.Event()
+    writes: list[int] = []
+
+    def write_safetensors(self, file: BinaryIO, dtype: str | None = None) -> None:
+        self.writes.append(self.version)
+        assert self.gate.wait(GUARD_S)
+        super().write_safetensors(file, dtype)
+
+
+@pytest.fixture
+def gated() -> type[GatedWeights]:
+    GatedWeights.gate = threading.Event()
+    GatedWeights.writes = []
+    return GatedWeights
 
 
 class Rig:
@@ -85,14 +116,15 @@ class Rig:
     def server(self) -> FakeVllm:
         return self.fleet[0]
 
-    def request(self, idx: int = 0) -> AttemptRequest:
+    def request(self, idx: int = 0, version: int = 0) -> AttemptRequest:
+        """An attempt dispatched at ``version`` (the oldest weights it may sample)."""
         self.count += 1
         return AttemptRequest(
             group_id=f"grp{idx}",
             generation_index=0,
             rollout_id=f"grp{idx}_g0_a{self.count}",
             prompt=TASKS[idx],
-            weight_version=0,
+            weight_version=version,
         )
 
     def staged(self) -> list[dict[str, Any]]:
@@ -174,7 +206,8 @@ def test_new_weights_wait_for_the_call_in_flight_and_no_call_is_stamped_with_old
         first = asyncio.create_task(rig.backend.run_attempt(rig.request(0), rig.writer))
         await server.holding.wait()
         rig.backend.update_weights(1, FakeWeights(1))
-        second = asyncio.create_task(rig.backend.run_attempt(rig.request(1), rig.writer))
+        # Dispatched at the new version (as on policy): no server at 0 may serve it.
+        second = asyncio.create_task(rig.backend.run_attempt(rig.request(1, 1), rig.writer))
         # The pool's own probes are the clock: plenty of them pass with nothing sent.
         probes = server.probes
         await server.wait_for(lambda: server.probes >= probes + 10)
@@ -309,5 +342,177 @@ def test_an_interrupting_push_pauses_with_keep_and_does_not_wait_for_a_call_in_f
         "/update_weight_version",
         "/reset_prefix_cache?reset_running_requests=true",
         "/resume",
-        "/weight_info",
     ]
+
+
+def test_the_file_is_written_once_for_every_server_before_their_calls_are_waited_for(
+    tmp_path: Path, gated: type[GatedWeights]
+) -> None:
+    """Two servers, each with a call held half way when version 1 arrives: its file is
+    written (once) while both calls still run, so the push after the calls is only the
+    requests; and no server loads before its own call ended."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.backend.pool.start()
+        gated.gate.set()
+        await rig.events.wait(lambda: set(rig.backend.pool.versions().values()) == {0}, GUARD_S)
+        gated.gate.clear()
+        for server in rig.fleet.servers.values():
+            server.hold = asyncio.Event()
+        held = [
+            asyncio.create_task(rig.backend.run_attempt(rig.request(i), rig.writer))
+            for i in range(2)
+        ]
+        for server in rig.fleet.servers.values():
+            await server.holding.wait()
+        rig.backend.update_weights(1, gated(1))
+        path = rig.sync.directory / weights_file_name(1)
+        gated.gate.set()
+        await asyncio.to_thread(_wait_for_file, path)
+        for server in rig.fleet.servers.values():
+            assert server.log[-1] == "call start", server.log  # nothing sent yet
+            server.hold.set()
+        await asyncio.gather(*held)
+        await rig.events.wait(lambda: set(rig.backend.pool.versions().values()) == {1}, GUARD_S)
+        await rig.backend.aclose()
+
+    rig = Rig(tmp_path, servers=2)
+    rig.backend._pool.set_weights(0, gated(0), push=False)
+    asyncio.run(scenario(rig))
+    assert gated.writes == [0, 1]
+    for server in rig.fleet.servers.values():
+        # The held call, then the push (the episode's answer call after it).
+        assert server.log[len(PUSH) : 2 * len(PUSH) + 2] == ["call start", "call end", *_push(1)]
+    for _, detail in rig.events.of("weights_loaded"):
+        assert {"seconds", "write_s", "version"} <= set(detail)
+
+
+def _wait_for_file(path: Path) -> None:
+    for _ in range(int(GUARD_S / 0.01)):
+        if path.exists():
+            return
+        threading.Event().wait(0.01)  # a worker thread's poll, not the test's clock
+    raise AssertionError(f"{path} never written")
+
+
+def test_while_the_file_is_written_a_lagging_server_serves_only_calls_its_version_may(
+    tmp_path: Path, gated: type[GatedWeights]
+) -> None:
+    """Version 1 arrives; its file is held back. An attempt dispatched at version 0
+    (inside a staleness window) is served by the server at 0, stamped 0; one dispatched
+    at 1 waits for the server to hold 1. Then the file, the push, and the second call."""
+
+    async def scenario(rig: Rig) -> None:
+        server = rig.server
+        rig.backend.pool.start()
+        gated.gate.set()
+        await rig.events.wait(lambda: rig.backend.pool.versions()[server.url] == 0, GUARD_S)
+        gated.gate.clear()
+        rig.backend.update_weights(1, gated(1))
+        old = await rig.backend.run_attempt(rig.request(0, 0), rig.writer)
+        assert isinstance(old, AttemptResult)
+        new = asyncio.create_task(rig.backend.run_attempt(rig.request(1, 1), rig.writer))
+        probes = server.probes
+        await server.wait_for(lambda: server.probes >= probes + 10)
+        assert server.log.count("call start") == 2  # the old attempt's two calls only
+        assert not (rig.sync.directory / weights_file_name(1)).exists()
+        gated.gate.set()
+        await new
+        await rig.backend.aclose()
+
+    rig = Rig(tmp_path)
+    rig.backend._pool.set_weights(0, gated(0), push=False)
+    asyncio.run(scenario(rig))
+    assert sorted(call["stamp"] for call in rig.staged()) == [0, 0, 1, 1]
+    _assert_each_call_is_one_version_and_stamped_with_it(rig)
+    log = rig.server.log
+    assert log.index("loaded 1") < len(log) - log[::-1].index("call start") - 1
+
+
+def test_a_shared_memory_directory_is_private_and_refused_if_it_is_not(tmp_path: Path) -> None:
+    directory = shared_memory_dir("run-x", root=tmp_path)
+    assert directory is not None and directory.is_dir()
+    user = directory.parent
+    assert user.name == f"rollout-recovery-{os.getuid()}"
+    for path in (user, directory):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert shared_memory_dir("run-x", root=tmp_path) == directory  # a rerun finds its own
+    user.chmod(0o755)
+    with pytest.raises(InvalidStateError, match="private"):
+        shared_memory_dir("run-x", root=tmp_path)
+    assert shared_memory_dir("run-x", root=tmp_path / "none") is None
+
+
+def test_the_run_shared_memory_directory_is_named_by_run_and_removed_at_the_end(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "shm"
+    root.mkdir()
+    with shared_memory_weights(tmp_path / "run", root=root) as first:
+        assert first is not None
+        (first / weights_file_name(1)).write_bytes(b"w")
+        with shared_memory_weights(tmp_path / "other", root=root) as other:
+            assert other is not None and other != first
+        with shared_memory_weights(tmp_path / "run" / ".." / "run", root=root) as again:
+            assert again == first
+            # The nested context for the same run removed it on its exit.
+    assert not first.exists()
+
+
+def test_shared_memory_files_superseded_or_left_by_a_dead_writer_go_and_close_removes_all(
+    tmp_path: Path,
+) -> None:
+    directory = shared_memory_dir("run-y", root=tmp_path)
+    assert directory is not None
+    # A run killed while it wrote version 7 (its pid is no one's now), and an earlier file.
+    (directory / f".{weights_file_name(7)}.999999999.tmp").write_bytes(b"half")
+    (directory / weights_file_name(6)).write_bytes(b"old")
+    sync = VllmWeightSync(directory)
+
+    async def scenario() -> None:
+        for version in (8, 9):
+            await sync.prepare(version, FakeWeights(version))
+            files = sorted(p.name for p in directory.iterdir())
+            assert files == [weights_file_name(version)]  # the one before it superseded
+            path = directory / weights_file_name(version)
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert file_version(str(path)) == str(version)
+
+    asyncio.run(scenario())
+    sync.close()
+    assert not directory.exists()
+
+
+def test_a_version_a_push_is_loading_is_not_removed_when_a_newer_one_is_written(
+    tmp_path: Path,
+) -> None:
+    """The pushes of version 1 and 2 overlap: 2's file does not take 1's away from the
+    server that is about to open it."""
+
+    fleet = FakeVllmFleet(1)
+    sync = VllmWeightSync(tmp_path / "weights")
+    server = fleet[0]
+
+    async def scenario() -> tuple[int | None, int | None]:
+        async with httpx.AsyncClient(transport=fleet.transport()) as client:
+            server.hold = asyncio.Event()
+            blocker = asyncio.create_task(
+                client.post(f"{server.url}/v1/completions", json=_completion_body())
+            )
+            await server.holding.wait()
+            first = asyncio.create_task(sync.push(client, server.url, 1, FakeWeights(1), GUARD_S))
+            await server.wait_for(lambda: server.log[-1:] == ["/pause?mode=wait&clear_cache=true"])
+            await sync.prepare(2, FakeWeights(2))  # the pause waits for the held call
+            assert (sync.directory / weights_file_name(1)).exists()
+            server.hold.set()
+            await blocker
+            one = await first
+            assert not (sync.directory / weights_file_name(1)).exists()
+            two = await sync.push(client, server.url, 2, FakeWeights(2), GUARD_S)
+            return one, two
+
+    assert asyncio.run(scenario()) == (1, 2)
+
+
+def _completion_body() -> dict[str, Any]:
+    return {"prompt": [1, 2, 3], "max_tokens": 2, "model": "m"}
