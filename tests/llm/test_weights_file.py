@@ -46,7 +46,7 @@ def test_the_mapped_file_is_the_in_memory_one(
     generator = torch.Generator().manual_seed(0)
     weights = TorchWeights(
         version,
-        {n: torch.randn(shape, generator=generator).to(kind) for n, (shape, kind) in tensors.items()},
+        {n: torch.randn(s, generator=generator).to(kind) for n, (s, kind) in tensors.items()},
     )
     data, reference = written(weights, dtype), weights.safetensors_bytes(dtype)
     ours, theirs = load(data), load(reference)

@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 import httpx
 import pytest
@@ -67,8 +67,8 @@ class GatedWeights(FakeWeights):
     """Fake weights whose file is written only once ``gate`` is set (in the writer's
     thread), counting the writes."""
 
-    gate = threading.Event()
-    writes: list[int] = []
+    gate: ClassVar[threading.Event] = threading.Event()
+    writes: ClassVar[list[int]] = []
 
     def write_safetensors(self, file: BinaryIO, dtype: str | None = None) -> None:
         self.writes.append(self.version)

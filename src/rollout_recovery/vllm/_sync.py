@@ -75,6 +75,7 @@ __all__ = [
     "SHARED_MEMORY",
     "SafetensorsWeights",
     "VllmWeightSync",
+    "run_key",
     "shared_memory_dir",
     "shared_memory_weights",
     "weights_file_name",
@@ -128,13 +129,19 @@ def shared_memory_dir(key: str, root: Path = SHARED_MEMORY) -> Path | None:
     return directory
 
 
+def run_key(run_directory: Path) -> str:
+    """The name of a run's directory in shared memory: its run directory's resolved
+    path, hashed (a rerun of the run finds the killed job's files)."""
+    digest = hashlib.sha256(os.fsencode(Path(run_directory).resolve())).hexdigest()
+    return f"run-{digest[:20]}"
+
+
 @contextlib.contextmanager
 def shared_memory_weights(run_directory: Path, root: Path = SHARED_MEMORY) -> Iterator[Path | None]:
-    """The run's weights directory in shared memory (:func:`shared_memory_dir`, named by
-    the run directory's resolved path, so a rerun of the run finds its own), removed with
-    all it holds on exit; None where there is no shared memory."""
-    digest = hashlib.sha256(os.fsencode(Path(run_directory).resolve())).hexdigest()
-    directory = shared_memory_dir(f"run-{digest[:20]}", root)
+    """The run's weights directory in shared memory (:func:`shared_memory_dir` named
+    :func:`run_key`), removed with all it holds on exit; None where there is no shared
+    memory."""
+    directory = shared_memory_dir(run_key(run_directory), root)
     try:
         yield directory
     finally:

@@ -33,6 +33,7 @@ from rollout_recovery.history.records import (
     SiblingSealed,
     StepTrained,
 )
+from rollout_recovery.vllm._sync import SHARED_MEMORY, run_key
 
 pytestmark = pytest.mark.vllm
 
@@ -162,6 +163,11 @@ def test_the_llm_job_learns_on_vllm_servers_it_launches_and_survives_a_sigkill(
     report = audit_run(run)
     assert report.ok, report.violations[:10]
     assert report.complete
+
+    # The weight files lived in shared memory, never in the run directory; the killed
+    # job's were found by the rerun (same run) and removed with its own at its end.
+    assert not (run / "servers" / "weights").exists()
+    assert not (SHARED_MEMORY / f"rollout-recovery-{os.getuid()}" / run_key(run)).exists()
 
     # The adopted server was brought to the restored weights before anything was
     # sent: its first load after the restore is the restored version, every call after the

@@ -46,7 +46,7 @@ from rollout_recovery._http import parse_version
 from rollout_recovery.llm._skeleton import ModelSkeleton
 from rollout_recovery.llm._weights import TorchWeights
 from rollout_recovery.vllm._fleet import EXTENSION_DIR
-from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync
+from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync, shared_memory_weights
 
 if TYPE_CHECKING:  # conftest is not importable by name at run time (several exist)
     from conftest import VllmServer, VllmServerFactory
@@ -131,9 +131,32 @@ def test_a_hot_loaded_server_answers_as_a_fresh_one_and_each_unhandled_trap_show
     versions: dict[int, TorchWeights],
     tmp_path: Path,
 ) -> None:
-    w1, w2 = versions[1], versions[2]
+    w1 = versions[1]
     fresh_dir = write_fresh_model(tmp_path / "w1", skeleton, w1, model_dir, torch.bfloat16)
-    sync = VllmWeightSync(tmp_path / "weights", dtype="bfloat16")
+    # In shared memory, as the job's launched servers get them (the others: on disk).
+    with shared_memory_weights(tmp_path) as shared:
+        assert shared is not None
+        _hot_loaded_and_traps(
+            vllm_server_factory,
+            client,
+            model_dir,
+            skeleton,
+            versions,
+            fresh_dir,
+            VllmWeightSync(shared, dtype="bfloat16"),
+        )
+
+
+def _hot_loaded_and_traps(
+    vllm_server_factory: VllmServerFactory,
+    client: httpx.Client,
+    model_dir: Path,
+    skeleton: ModelSkeleton,
+    versions: dict[int, TorchWeights],
+    fresh_dir: Path,
+    sync: VllmWeightSync,
+) -> None:
+    w1, w2 = versions[1], versions[2]
     hot: VllmServer = vllm_server_factory()
     url = hot.url
     ask(client, url, LONG, 8)  # cached under the initial weights
