@@ -98,6 +98,13 @@ def _vllm_fleet(tmp: Path) -> AsyncResource:
     return VllmFleet(tmp / "s", tmp / "s.json", VllmConfig(), served_model_name="m")
 
 
+def _vllm_weight_sync(tmp: Path) -> AsyncResource:
+    from rollout_recovery.vllm._sync import VllmWeightSync
+
+    # Closed twice with files in it: tests/vllm/test_vllm_weight_sync.py.
+    return VllmWeightSync(tmp / "weights")
+
+
 def _server_transport(tmp: Path) -> AsyncResource:
     from rollout_recovery._unix_http import ServerTransport
 
@@ -232,6 +239,7 @@ FACTORIES: dict[str, Factory] = {
     "PolicyServer": _policy_server,
     "LocalServerFleet": _local_fleet,
     "VllmFleet": _vllm_fleet,
+    "VllmWeightSync": _vllm_weight_sync,
     "ServerTransport": _server_transport,
     "MetricsFanout": _fanout,
     "BackgroundSink": _background,

@@ -481,6 +481,7 @@ def test_shared_memory_files_superseded_or_left_by_a_dead_writer_go_and_close_re
     asyncio.run(scenario())
     sync.close()
     assert not directory.exists()
+    sync.close()  # closing again is a no-op
 
 
 def test_a_version_a_push_is_loading_is_not_removed_when_a_newer_one_is_written(

@@ -67,6 +67,7 @@ import httpx
 import msgspec
 
 from .._http import parse_version, read_capped
+from .._lifecycle import Resource
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStateError
 
 __all__ = [
@@ -179,7 +180,7 @@ class SafetensorsWeights(Protocol):
     def write_safetensors(self, file: BinaryIO, dtype: str) -> None: ...
 
 
-class VllmWeightSync:
+class VllmWeightSync(Resource):
     """A ``WeightSync[SafetensorsWeights]`` (``TorchWeights``) for vLLM servers; see the
     module docstring.
 
