@@ -113,15 +113,18 @@ def private_socket_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-def require_private_dir(directory: Path) -> None:
-    """Refuse (``InvalidStateError``) a socket directory that is a symlink, is not this
-    user's, or that another user may enter or write to: a socket in it could then be
-    another user's (what a controller that adopts running servers checks first)."""
+def require_private_dir(
+    directory: Path, why: str = "a socket in it may not be this job's"
+) -> None:
+    """Refuse (``InvalidStateError``, saying ``why``) a socket directory that is a
+    symlink, is not this user's, or that another user may enter or write to: a socket in
+    it could then be another user's (what a controller that adopts running servers checks
+    first)."""
     info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise InvalidStateError(
             f"not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
-            f"owner {info.st_uid}): a socket in it may not be this job's",
+            f"owner {info.st_uid}): {why}",
             file=str(directory),
         )
 

@@ -57,7 +57,6 @@ import hashlib
 import os
 import re
 import shutil
-import stat
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,7 +67,8 @@ import msgspec
 
 from .._http import parse_version, read_capped
 from .._lifecycle import Resource
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStateError
+from .._unix_http import require_private_dir
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = [
     "LOADING_TAG",
@@ -117,13 +117,7 @@ def shared_memory_dir(key: str, root: Path = SHARED_MEMORY) -> Path | None:
     user = root / f"rollout-recovery-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         user.mkdir(mode=0o700)
-    info = os.lstat(user)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise InvalidStateError(
-            f"not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
-            f"owner {info.st_uid}): remove it, weight files are written there",
-            file=str(user),
-        )
+    require_private_dir(user, "weight files would be written there (remove it)")
     directory = user / key
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=0o700)
