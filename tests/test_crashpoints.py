@@ -76,6 +76,7 @@ def test_registry_names_the_system_points() -> None:
         "snapshot.before_write",
         "replay.mid",
         "adopt.before_handover",
+        "vllm.push_loaded",
     } == CRASH_POINTS
 
 

@@ -67,6 +67,8 @@ CRASH_POINTS: frozenset[str] = frozenset(
         # A launched vLLM server of the job before proven this run's, its lease not yet
         # handed over to the rerun (vllm/_adoption.py).
         "adopt.before_handover",
+        # A vLLM server loaded a pushed version, still paused and named "loading".
+        "vllm.push_loaded",
     }
 )
 

@@ -193,10 +193,12 @@ class KillRanges:
         )
 
 
-#: Crash points the plan never draws: ``adopt.before_handover`` (the chaos job launches no
-#: vLLM server; ``tests/vllm`` kills a job there). The one a kill cannot reach on its own,
-#: ``journal.before_cut``, is reached by tearing the journal first, see :data:`TORN_RECORD`.
-UNPLANNED_POINTS: frozenset[str] = frozenset({"adopt.before_handover"})
+#: Crash points the plan never draws, since the chaos job launches no vLLM server:
+#: ``adopt.before_handover`` (``tests/vllm`` kills a job there) and ``vllm.push_loaded``
+#: (``tests/integration/llm/test_vllm_llm_job.py`` arms it against real vLLM). The one a
+#: kill cannot reach on its own, ``journal.before_cut``, is reached by tearing the journal
+#: first, see :data:`TORN_RECORD`.
+UNPLANNED_POINTS: frozenset[str] = frozenset({"adopt.before_handover", "vllm.push_loaded"})
 
 #: Points only a resumed child reaches (a fresh one has nothing to restore).
 _RESUME_POINTS = frozenset({"restore.mid", "replay.mid", "journal.before_cut"})

@@ -65,6 +65,7 @@ from typing import Any, BinaryIO, Literal, Protocol
 import httpx
 import msgspec
 
+from .._crashpoints import crash_point
 from .._http import parse_version, read_capped
 from .._lifecycle import Resource
 from .._unix_http import require_private_dir
@@ -357,6 +358,7 @@ class VllmWeightSync(Resource):
             )
             if not _loaded(_decode(rpc, _RpcReply), version):
                 return None
+            crash_point("vllm.push_loaded")
             tagged = _decode(await _tag(client, url, str(version), timeout), _TagReply)
             if tagged is None or not tagged.success:
                 return None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._trail_reader import read_records
 from rollout_recovery.history.records import (
@@ -46,11 +47,17 @@ STEPS = 30
 
 
 def _run_child(
-    args: list[str], *, kill_when: Callable[[str], bool] | None = None
+    args: list[str],
+    *,
+    kill_when: Callable[[str], bool] | None = None,
+    crash_at: str | None = None,
 ) -> tuple[int, list[str]]:
     """The job script in its own process group; SIGKILL the group at the first line for
-    which ``kill_when`` holds. A watchdog bounds its lifetime."""
+    which ``kill_when`` holds, or the job at crash point ``crash_at`` (``name:N``). A
+    watchdog bounds its lifetime."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    if crash_at is not None:
+        env[CRASH_AT_ENV] = crash_at
     child = subprocess.Popen(
         [sys.executable, str(JOB_SCRIPT), *args],
         stdout=subprocess.PIPE,
@@ -185,3 +192,30 @@ def test_the_llm_job_learns_on_vllm_servers_it_launches_and_survives_a_sigkill(
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all(m["train/skipped"] == 0.0 for m in metrics)
+
+
+def test_a_job_killed_in_the_middle_of_a_weight_push_resumes_and_the_audit_passes(
+    vllm_python: str, vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 28: SIGKILL while a launched server holds a pushed version it is not yet
+    named by (paused, "loading"), the 12th push (after step 10's checkpoint): the
+    servers end with the job, the rerun loads the restored weights into new ones,
+    finishes, and the audit passes; no weights file is left in the run or in shared
+    memory."""
+    run = tmp_path / "run"
+    args = [str(run), "--vllm-python", vllm_python, "--model", str(vllm_model_dir)]
+    args += ["--steps", "14"]
+    code, lines = _run_child(args, crash_at="vllm.push_loaded:12")
+    assert code == -signal.SIGKILL, lines[-20:]
+    assert any("crash point vllm.push_loaded fired" in line for line in lines), lines[-20:]
+    _wait_gone(_guards(run))
+
+    code, lines = _run_child(args)
+    assert code == 0, lines[-30:]
+    assert any(line.startswith("resumed from") for line in lines), lines[:20]
+    _wait_gone(_guards(run))
+    report = audit_run(run)
+    assert report.ok, report.violations[:10]
+    assert report.complete
+    assert not (run / "servers" / "weights").exists()
+    assert not (SHARED_MEMORY / f"rollout-recovery-{os.getuid()}" / run_key(run)).exists()
