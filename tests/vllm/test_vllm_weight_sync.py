@@ -517,3 +517,20 @@ def test_a_version_a_push_is_loading_is_not_removed_when_a_newer_one_is_written(
 
 def _completion_body() -> dict[str, Any]:
     return {"prompt": [1, 2, 3], "max_tokens": 2, "model": "m"}
+
+
+def test_pushes_to_several_servers_run_side_by_side(tmp_path: Path) -> None:
+    """Every server's push starts at once: each pauses before any resumes."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: set(rig.backend.pool.versions().values()) == {0}, GUARD_S)
+        start = len(rig.fleet.order)
+        rig.backend.update_weights(1, FakeWeights(1))
+        await rig.events.wait(lambda: set(rig.backend.pool.versions().values()) == {1}, GUARD_S)
+        await rig.backend.aclose()
+        pushes = [step for step in rig.fleet.order[start:] if step[1] in ("/pause", "/resume")]
+        assert sorted(pushes[:3]) == sorted((url, "/pause") for url in rig.fleet.servers)
+        assert {path for _, path in pushes[3:]} == {"/resume"}
+
+    asyncio.run(scenario(Rig(tmp_path, servers=3)))

@@ -82,6 +82,9 @@ class FakeVllm:
             await self.changed.wait_for(predicate)
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        # A request over a socket suspends its sender; through MockTransport it would
+        # not, and one push would run whole before another server's push started.
+        await asyncio.sleep(0)
         try:
             return await self._handle(request)
         finally:
@@ -168,12 +171,15 @@ class FakeVllmFleet:
             f"http://vllm{i}:8000": FakeVllm(f"http://vllm{i}:8000", loaded=loaded)
             for i in range(count)
         }
+        #: Every request to any server, in the order they arrived: (server, path).
+        self.order: list[tuple[str, str]] = []
 
     def __getitem__(self, index: int) -> FakeVllm:
         return list(self.servers.values())[index]
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        self.order.append((base, request.url.path))
         return await self.servers[base].handle(request)
 
     def transport(self) -> httpx.MockTransport:
