@@ -28,8 +28,8 @@ the push's file is written while generation goes on. Then the server takes no ne
 and the push starts once its calls in flight have ended (their tokens all come from the
 version they are stamped with), and it takes calls again once it reports the new
 version. A restore sets the restored weights before anything is dispatched, so no call
-reaches a server before it holds them (a server holding another version than the
-restored one never held the version the restore replaced). With
+reaches a server before it holds them (every call after it is dispatched at the restored
+version or a later one: its floor). With
 ``on_weight_update = "interrupt"`` none of that waiting happens: a push pauses the
 server's calls between tokens, loads and resumes them (``InterruptingWeightSync``), and a
 server whose push is pending still takes calls.
