@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["WeightLoader", "repack_tied_lm_head"]
 
-#: The metadata key the job writes the version under (``TorchWeights.safetensors_bytes``).
+#: The metadata key the job writes the version under (``TorchWeights.write_safetensors``).
 VERSION_KEY = "weight_version"
 
 
