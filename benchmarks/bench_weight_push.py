@@ -71,6 +71,20 @@ class TimedTransport(httpx.AsyncHTTPTransport):
         return response
 
 
+def shared_memory_of(pgid: int) -> set[Path]:
+    """The /dev/shm files the processes of group ``pgid`` have mapped."""
+    found: set[Path] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            if os.getpgid(int(maps.parent.name)) != pgid:
+                continue
+            for line in maps.read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                    found.add(Path(parts[5].removesuffix(" (deleted)")))
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -203,9 +217,12 @@ def main() -> None:
         try:
             medians = asyncio.run(run(args, url, base, work))
         finally:
+            segments = shared_memory_of(process.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            for segment in segments:  # what vLLM's processes leave in /dev/shm on SIGKILL
+                segment.unlink(missing_ok=True)
     size = sum(t.numel() for t in base.tensors.values())
     print(f"model {model.name}: {size / 1e6:.2f}M parameters, pushed as {args.dtype}")
     print(f"median of {args.pushes} pushes each (seconds)")
