@@ -198,20 +198,22 @@ def test_a_job_killed_in_the_middle_of_a_weight_push_resumes_and_the_audit_passe
     vllm_python: str, vllm_model_dir: Path, tmp_path: Path
 ) -> None:
     """Issue 28: SIGKILL while a launched server holds a pushed version it is not yet
-    named by (paused, "loading"), the 12th push (after step 10's checkpoint): the
-    servers end with the job, the rerun loads the restored weights into new ones,
-    finishes, and the audit passes; no weights file is left in the run or in shared
-    memory."""
+    named by (paused, "loading"), the 12th push (after step 10's checkpoint): the server
+    stays warm on its lease, paused and naming no version; the rerun adopts it, loads the
+    restored weights (and resumes it), finishes, and the audit passes; no weights file is
+    left in the run or in shared memory."""
     run = tmp_path / "run"
     args = [str(run), "--vllm-python", vllm_python, "--model", str(vllm_model_dir)]
     args += ["--steps", "14"]
     code, lines = _run_child(args, crash_at="vllm.push_loaded:12")
     assert code == -signal.SIGKILL, lines[-20:]
     assert any("crash point vllm.push_loaded fired" in line for line in lines), lines[-20:]
-    _wait_gone(_guards(run))
+    killed = _guards(run)
+    assert all(_group_alive(pgid) for pgid in killed)  # warm, paused mid-push
 
     code, lines = _run_child(args)
     assert code == 0, lines[-30:]
+    assert _guards(run) == killed  # adopted, not started again
     assert any(line.startswith("resumed from") for line in lines), lines[:20]
     _wait_gone(_guards(run))
     report = audit_run(run)
