@@ -534,3 +534,21 @@ def test_pushes_to_several_servers_run_side_by_side(tmp_path: Path) -> None:
         assert {path for _, path in pushes[3:]} == {"/resume"}
 
     asyncio.run(scenario(Rig(tmp_path, servers=3)))
+
+
+def test_a_server_that_keeps_its_name_while_loading_gets_no_load(tmp_path: Path) -> None:
+    """vLLM refusing the loading tag would leave the old name on a half-loaded engine:
+    the push stops before the load, and the server is resumed."""
+    fleet = FakeVllmFleet(1)
+    server = fleet[0]
+    server.refuse_loading_tag = True
+    sync = VllmWeightSync(tmp_path / "weights")
+
+    async def scenario() -> int | None:
+        async with httpx.AsyncClient(transport=fleet.transport()) as client:
+            return await sync.push(client, server.url, 1, FakeWeights(1), GUARD_S)
+
+    assert asyncio.run(scenario()) is None
+    assert "/collective_rpc" not in server.log and server.log[-1] == "/resume"
+    assert server.loaded == 0 and not server.paused
+

@@ -64,6 +64,8 @@ class FakeVllm:
     #: Set when a completion reaches its hold point.
     holding: asyncio.Event = field(default_factory=asyncio.Event)
     fail_load: bool = False
+    #: When set, ``/update_weight_version`` refuses the loading tag (keeps the old name).
+    refuse_loading_tag: bool = False
     #: /health probes answered (a clock made of the pool's own probe loop).
     probes: int = 0
     #: /weight_info asked by probes (not in ``log``).
@@ -122,7 +124,10 @@ class FakeVllm:
             self._resumed.set()
             return httpx.Response(200, json={"status": "resumed"})
         if path == "/update_weight_version":
-            self.tag = json.loads(request.content)["new_version"]
+            name = json.loads(request.content)["new_version"]
+            if self.refuse_loading_tag and name == "loading":
+                return httpx.Response(200, json={"success": False, "new_version": self.tag})
+            self.tag = name
             return httpx.Response(200, json={"success": True, "new_version": self.tag})
         if path == "/reset_prefix_cache":
             self.cache.clear()

@@ -348,7 +348,11 @@ class VllmWeightSync(Resource):
             timeout=timeout,
         )
         try:
-            await _tag(client, url, LOADING_TAG, timeout)
+            # A server that kept its old name while it loads would serve mixed weights
+            # under it if the load failed half way: no load unless it names none now.
+            unnamed = _decode(await _tag(client, url, LOADING_TAG, timeout), _TagReply)
+            if unnamed is None or not unnamed.success:
+                return None
             rpc = await _exchange(
                 client,
                 "POST",
