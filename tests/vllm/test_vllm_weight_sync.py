@@ -19,6 +19,7 @@ import asyncio
 import os
 import stat
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
@@ -552,3 +553,37 @@ def test_a_server_that_keeps_its_name_while_loading_gets_no_load(tmp_path: Path)
     assert "/collective_rpc" not in server.log and server.log[-1] == "/resume"
     assert server.loaded == 0 and not server.paused
 
+
+@dataclass(frozen=True)
+class _HeldWeights(FakeWeights):
+    """Fake weights whose file is written once their own ``gate`` is set."""
+
+    gate: threading.Event = field(default_factory=threading.Event)
+
+    def write_safetensors(self, file: BinaryIO, dtype: str | None = None) -> None:
+        assert self.gate.wait(GUARD_S)
+        super().write_safetensors(file, dtype)
+
+
+def test_a_push_waiting_for_its_file_keeps_it_when_a_newer_one_is_written_first(
+    tmp_path: Path,
+) -> None:
+    """The push of 1 waits for 1's file while 2's is written and done: 1's file, once
+    written, is not pruned before the push has counted itself as loading it."""
+    fleet = FakeVllmFleet(1)
+    server = fleet[0]
+    sync = VllmWeightSync(tmp_path / "weights")
+    gate = threading.Event()
+
+    async def scenario() -> int | None:
+        async with httpx.AsyncClient(transport=fleet.transport()) as client:
+            first = asyncio.create_task(
+                sync.push(client, server.url, 1, _HeldWeights(1, gate), GUARD_S)
+            )
+            await asyncio.sleep(0)  # the push of 1 is waiting for its file
+            await sync.prepare(2, FakeWeights(2))
+            gate.set()
+            return await first
+
+    assert asyncio.run(scenario()) == 1
+    assert server.loaded == 1

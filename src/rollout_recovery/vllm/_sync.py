@@ -322,9 +322,11 @@ class VllmWeightSync(Resource):
         *,
         keep_calls: bool,
     ) -> int | None:
-        path = await self.weights_file(version, weights)
-        self._reading[version] += 1  # not pruned while this push may still open it
+        # Counted before the file is waited for: a newer version written meanwhile
+        # prunes on its own, and must not take this one away from the push.
+        self._reading[version] += 1
         try:
+            path = await self.weights_file(version, weights)
             return await self._requests(client, url, path, version, timeout, keep_calls)
         finally:
             self._reading[version] -= 1
