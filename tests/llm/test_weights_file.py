@@ -4,6 +4,12 @@ back: names, dtypes, shapes, values, the version)."""
 
 from __future__ import annotations
 
+import errno
+import mmap
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,3 +82,51 @@ def test_a_dtype_it_cannot_write_is_refused_before_the_file_is_touched() -> None
         assert file.tell() == 0 and not file.read()
     with pytest.raises(InvalidArgumentError, match="dtype must be"):
         written(TorchWeights(0, {}), "int8")
+
+
+def test_no_room_for_the_file_is_an_oserror_before_the_mapping_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full tmpfs: the reservation fails (a failed push), nothing faults on the map."""
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    monkeypatch.setattr(mmap, "mmap", None)  # reaching it would be the bug
+    with pytest.raises(OSError) as error:
+        written(TorchWeights(1, {"w": torch.zeros(4, 4)}), None)
+    assert error.value.errno == errno.ENOSPC
+
+
+_ON_SMALL_TMPFS = """
+import errno, sys, torch
+from rollout_recovery.llm._weights import TorchWeights
+try:
+    with open(sys.argv[1] + "/w.safetensors", "w+b") as file:
+        TorchWeights(1, {"w": torch.zeros(1024, 1024)}).write_safetensors(file)
+except OSError as error:
+    sys.exit(0 if error.errno == errno.ENOSPC else 3)
+sys.exit(4)
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None
+    or subprocess.run(
+        ["unshare", "-rm", "mount", "-t", "tmpfs", "none", tempfile.gettempdir()],
+        capture_output=True,
+    ).returncode
+    != 0,
+    reason="no tmpfs of its own in a user and mount namespace here",
+)
+def test_a_file_larger_than_a_real_tmpfs_fails_with_enospc_not_sigbus(tmp_path: Path) -> None:
+    """4 MB into a 1 MB tmpfs (in a mount namespace of its own): without the reservation
+    the process dies of SIGBUS writing the mapping."""
+    script = f'mount -t tmpfs -o size=1m none "$1" && exec "{sys.executable}" -c "$2" "$1"'
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, "sh", str(tmp_path), _ON_SMALL_TMPFS],
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr.decode()[-2000:])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -87,7 +88,8 @@ class TorchWeights:
 
     def write_safetensors(self, file: BinaryIO, dtype: torch.dtype | str | None = None) -> None:
         """Write :meth:`safetensors_bytes`'s file into ``file`` (empty, open for reading
-        and writing) without building it in memory first: the file is sized, mapped, and
+        and writing) without building it in memory first: the file is sized (its pages
+        reserved: no room is an OSError, never a SIGBUS), mapped, and
         each tensor is cast into its place in the mapping (one pass over the weights, no
         copy of the whole file; what a push of a 269 MB model into shared memory needs).
         The caller makes it durable, or not, and renames it into place."""
@@ -115,6 +117,11 @@ class TorchWeights:
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # the data starts 8-aligned
         start = 8 + len(encoded)
+        if offset and hasattr(os, "posix_fallocate"):
+            # The file's pages reserved now: on a full tmpfs (Docker's /dev/shm is 64 MB)
+            # this is an OSError (ENOSPC, a failed push), where a write through the
+            # mapping into a page that cannot be had kills the process with SIGBUS.
+            os.posix_fallocate(file.fileno(), 0, start + offset)
         file.truncate(start + offset)
         if offset == 0:
             file.write(struct.pack("<Q", len(encoded)) + encoded)
