@@ -18,6 +18,7 @@ import contextvars
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -161,20 +162,28 @@ def generation_servers(
     if not wants_servers(config):
         yield config
         return
-    with _vllm_weights_dir(run, config) as resolved, _servers(run, resolved, log) as final:
+    with _vllm_weights_dir(run, config, log) as resolved, _servers(run, resolved, log) as final:
         yield final
 
 
 @contextlib.contextmanager
-def _vllm_weights_dir(run: RunDirectory, config: RunConfig) -> Iterator[RunConfig]:
+def _vllm_weights_dir(
+    run: RunDirectory, config: RunConfig, log: Callable[[str], None] = lambda _: None
+) -> Iterator[RunConfig]:
     """``[vllm] weights_dir`` resolved when empty: shared memory for launched servers (on
-    this machine: a push touches no disk; removed when the job ends), else the run
-    directory (listed servers may be elsewhere, with the run on a shared filesystem)."""
+    this machine: a push touches no disk; removed when the job ends) where it has room
+    for them and is private, else the run directory (listed servers may be elsewhere,
+    with the run on a shared filesystem)."""
     if config.http.weight_sync != "vllm" or config.vllm.weights_dir:
         yield config
         return
     launched = config.vllm.launch > 0 and not config.http.servers
-    with config.vllm.shared_memory_weights(run.root, enabled=launched) as shared:
+    model = Path(config.vllm.model) if config.vllm.model else None
+    if launched and model is None:
+        model = config.model.directory()  # the trainer's, which the servers start from
+    with config.vllm.shared_memory_weights(
+        run.root, enabled=launched, model=model, log=log
+    ) as shared:
         weights_dir = str(shared if shared is not None else run.servers_dir / "weights")
         yield msgspec.structs.replace(
             config, vllm=msgspec.structs.replace(config.vllm, weights_dir=weights_dir)

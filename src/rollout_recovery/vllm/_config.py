@@ -30,7 +30,7 @@ from .._settings import (
 from ..errors import ConfigError
 from ..rollout import HttpConfig
 from ._fleet import VllmFleet
-from ._sync import VllmWeightSync, shared_memory_weights
+from ._sync import VllmWeightSync, shared_memory_weights, weights_bytes
 
 __all__ = ["VllmConfig", "VllmDtype", "check_launch_paths", "check_vllm_config"]
 
@@ -93,11 +93,21 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
         return VllmWeightSync(Path(self.weights_dir), dtype=self.dtype)
 
     def shared_memory_weights(
-        self, run_directory: Path, *, enabled: bool = True
+        self,
+        run_directory: Path,
+        *,
+        enabled: bool = True,
+        model: Path | None = None,
+        log: Callable[[str], None] = lambda _: None,
     ) -> AbstractContextManager[Path | None]:
         """The run's weights directory in shared memory while the context lasts (None
-        where there is none, or when not ``enabled``; ``_sync.shared_memory_weights``)."""
-        return shared_memory_weights(run_directory) if enabled else nullcontext()
+        where there is none, when not ``enabled``, or, told to ``log``, where it has no
+        room for two files of ``model`` in ``dtype``: the version a server loads and the
+        superseded one it may still be loading; ``_sync.shared_memory_weights``)."""
+        if not enabled:
+            return nullcontext()
+        needs = 2 * weights_bytes(model, self.dtype) if model is not None else 0
+        return shared_memory_weights(run_directory, needs=needs, log=log)
 
     def fleet(
         self,

@@ -54,11 +54,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
+import math
 import os
 import re
 import shutil
+import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
@@ -80,6 +83,7 @@ __all__ = [
     "run_key",
     "shared_memory_dir",
     "shared_memory_weights",
+    "weights_bytes",
     "weights_file_name",
 ]
 
@@ -93,6 +97,10 @@ SHARED_MEMORY = Path("/dev/shm")
 _REPLY_CAP = 64 * 2**10
 # How long the resume after a failed push may take: the push's own deadline may be spent.
 _RESUME_TIMEOUT_S = 10.0
+# Bytes per element of the dtypes a server runs in.
+_ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# What a safetensors header read to size a model may weigh.
+_HEADER_CAP = 100 * 2**20
 _FILE = re.compile(r"^weights-v(\d+)\.safetensors$")
 # A file being written: the final name behind a dot, the writer's pid after it.
 _PARTIAL = re.compile(r"^\.weights-v\d+\.safetensors\.(\d+)\.tmp$")
@@ -132,12 +140,50 @@ def run_key(run_directory: Path) -> str:
     return f"run-{digest[:20]}"
 
 
+def weights_bytes(model: Path, dtype: str) -> int:
+    """About what one weights file of ``model`` (a directory of safetensors files, what
+    vLLM loads) weighs in ``dtype``: its tensors counted from the files' headers; 0 where
+    it cannot tell."""
+    size = _ITEM_SIZES.get(dtype)
+    total = 0
+    try:
+        for file in sorted(Path(model).glob("*.safetensors")):
+            with file.open("rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(min(length, _HEADER_CAP)))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    first, last = entry["data_offsets"]
+                    total += math.prod(entry["shape"]) * size if size else last - first
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+        return 0
+    return int(total)
+
+
 @contextlib.contextmanager
-def shared_memory_weights(run_directory: Path, root: Path = SHARED_MEMORY) -> Iterator[Path | None]:
+def shared_memory_weights(
+    run_directory: Path,
+    root: Path = SHARED_MEMORY,
+    *,
+    needs: int = 0,
+    log: Callable[[str], None] = lambda _: None,
+) -> Iterator[Path | None]:
     """The run's weights directory in shared memory (:func:`shared_memory_dir` named
     :func:`run_key`), removed with all it holds on exit; None where there is no shared
-    memory."""
-    directory = shared_memory_dir(run_key(run_directory), root)
+    memory, and None with a notice to ``log`` where ``root`` has less than ``needs``
+    bytes free (a full tmpfs fails every push): the caller then writes the files to
+    disk."""
+    directory = None
+    if root.is_dir():
+        stats = os.statvfs(root)
+        free = stats.f_bavail * stats.f_frsize
+        if free < needs:
+            log(
+                f"vLLM weight files go to the run directory: {root} has {free / 2**20:.0f} MB "
+                f"free, a version's files need {needs / 2**20:.0f} MB"
+            )
+        else:
+            directory = shared_memory_dir(run_key(run_directory), root)
     try:
         yield directory
     finally:
