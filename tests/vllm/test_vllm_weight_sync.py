@@ -444,6 +444,21 @@ def test_a_shared_memory_directory_is_private_and_refused_if_it_is_not(tmp_path:
     assert shared_memory_dir("run-x", root=tmp_path / "none") is None
 
 
+def test_a_shared_memory_directory_another_user_holds_sends_the_files_elsewhere_with_a_notice(
+    tmp_path: Path,
+) -> None:
+    """Anyone may create ``/dev/shm/rollout-recovery-<uid>`` first (sticky: its owner
+    cannot remove it): the job writes to disk instead of failing."""
+    root = tmp_path / "shm"
+    (root / f"rollout-recovery-{os.getuid()}").mkdir(parents=True, mode=0o777)
+    (root / f"rollout-recovery-{os.getuid()}").chmod(0o777)
+    notices: list[str] = []
+    with shared_memory_weights(tmp_path / "run", root=root, log=notices.append) as directory:
+        assert directory is None
+    assert len(notices) == 1 and "not a private directory" in notices[0]
+    assert list((root / f"rollout-recovery-{os.getuid()}").iterdir()) == []
+
+
 def test_the_run_shared_memory_directory_is_named_by_run_and_removed_at_the_end(
     tmp_path: Path,
 ) -> None:

@@ -72,7 +72,7 @@ from .._crashpoints import crash_point
 from .._http import parse_version, read_capped
 from .._lifecycle import Resource
 from .._unix_http import require_private_dir
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStateError
 
 __all__ = [
     "LOADING_TAG",
@@ -171,8 +171,9 @@ def shared_memory_weights(
     """The run's weights directory in shared memory (:func:`shared_memory_dir` named
     :func:`run_key`), removed with all it holds on exit; None where there is no shared
     memory, and None with a notice to ``log`` where ``root`` has less than ``needs``
-    bytes free (a full tmpfs fails every push): the caller then writes the files to
-    disk."""
+    bytes free (a full tmpfs fails every push) or the user's directory there is not
+    private (another user may create it in a sticky ``/dev/shm`` first): the caller then
+    writes the files to disk."""
     directory = None
     if root.is_dir():
         stats = os.statvfs(root)
@@ -183,7 +184,10 @@ def shared_memory_weights(
                 f"free, a version's files need {needs / 2**20:.0f} MB"
             )
         else:
-            directory = shared_memory_dir(run_key(run_directory), root)
+            try:
+                directory = shared_memory_dir(run_key(run_directory), root)
+            except (InvalidStateError, OSError) as error:
+                log(f"vLLM weight files go to the run directory: {error}")
     try:
         yield directory
     finally:
