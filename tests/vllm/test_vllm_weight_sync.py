@@ -16,8 +16,11 @@ and the real-vLLM test ``tests/integration/llm/test_vllm_weight_sync_real.py``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import stat
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -457,6 +460,51 @@ def test_a_shared_memory_directory_another_user_holds_sends_the_files_elsewhere_
         assert directory is None
     assert len(notices) == 1 and "not a private directory" in notices[0]
     assert list((root / f"rollout-recovery-{os.getuid()}").iterdir()) == []
+
+
+def test_a_job_removes_the_shared_memory_of_runs_no_job_holds_and_only_those(
+    tmp_path: Path,
+) -> None:
+    """A job killed with SIGKILL and never rerun (or whose run directory moved) left its
+    weights in RAM: the next job's start removes them, never a live run's."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead_pid = int(gone.stdout)
+    held = tmp_path / "live" / ".lock"
+    held.parent.mkdir()
+    held.write_text("")
+    free = tmp_path / "killed" / ".lock"
+    free.parent.mkdir()
+    free.write_text("")
+
+    def left(key: str, owner: str | None) -> Path:
+        directory = shared_memory_dir(key, root)
+        assert directory is not None
+        (directory / weights_file_name(1)).write_bytes(b"w")
+        if owner is not None:
+            (directory / "owner").write_text(owner)
+        return directory
+
+    killed = left("run-killed", f"{free}\n{dead_pid}\n")
+    moved = left("run-moved", f"{tmp_path / 'moved-away' / '.lock'}\n{dead_pid}\n")
+    live = left("run-live", f"{held}\n{dead_pid}\n")
+    running = left("run-running", f"{free}\n{os.getpid()}\n")  # its run dir moved
+    unnamed = left("run-unnamed", None)
+    with held.open() as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # a live job's lock
+        mine = tmp_path / "run"
+        with shared_memory_weights(mine, root=root, lock_file=tmp_path / ".lock") as directory:
+            assert directory is not None
+            assert not killed.exists() and not moved.exists()
+            assert live.exists() and running.exists() and unnamed.exists()
+            lock, pid = (directory / "owner").read_text().split()
+            assert (lock, int(pid)) == (str(tmp_path / ".lock"), os.getpid())
 
 
 def test_the_run_shared_memory_directory_is_named_by_run_and_removed_at_the_end(

@@ -182,7 +182,7 @@ def _vllm_weights_dir(
     if launched and model is None:
         model = config.model.directory()  # the trainer's, which the servers start from
     with config.vllm.shared_memory_weights(
-        run.root, enabled=launched, model=model, log=log
+        run.root, enabled=launched, model=model, log=log, lock_file=run.lock_file
     ) as shared:
         weights_dir = str(shared if shared is not None else run.servers_dir / "weights")
         yield msgspec.structs.replace(

@@ -99,15 +99,17 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
         enabled: bool = True,
         model: Path | None = None,
         log: Callable[[str], None] = lambda _: None,
+        lock_file: Path | None = None,
     ) -> AbstractContextManager[Path | None]:
         """The run's weights directory in shared memory while the context lasts (None
         where there is none, when not ``enabled``, or, told to ``log``, where it has no
         room for two files of ``model`` in ``dtype``: the version a server loads and the
-        superseded one it may still be loading; ``_sync.shared_memory_weights``)."""
+        superseded one it may still be loading; ``_sync.shared_memory_weights``, which
+        also removes the directories of runs whose ``lock_file`` no job holds)."""
         if not enabled:
             return nullcontext()
         needs = 2 * weights_bytes(model, self.dtype) if model is not None else 0
-        return shared_memory_weights(run_directory, needs=needs, log=log)
+        return shared_memory_weights(run_directory, needs=needs, log=log, lock_file=lock_file)
 
     def fleet(
         self,

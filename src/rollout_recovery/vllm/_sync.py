@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -69,6 +70,7 @@ import httpx
 import msgspec
 
 from .._crashpoints import crash_point
+from .._durable import atomic_write_bytes
 from .._http import parse_version, read_capped
 from .._lifecycle import Resource
 from .._unix_http import require_private_dir
@@ -101,6 +103,8 @@ _RESUME_TIMEOUT_S = 10.0
 _ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # What a safetensors header read to size a model may weigh.
 _HEADER_CAP = 100 * 2**20
+# In a run's shared-memory directory: the run's lock file and the job's pid.
+_OWNER = "owner"
 _FILE = re.compile(r"^weights-v(\d+)\.safetensors$")
 # A file being written: the final name behind a dot, the writer's pid after it.
 _PARTIAL = re.compile(r"^\.weights-v\d+\.safetensors\.(\d+)\.tmp$")
@@ -119,8 +123,8 @@ def shared_memory_dir(key: str, root: Path = SHARED_MEMORY) -> Path | None:
 
     The files are the servers' to read: they must run on this machine (launched servers
     do). Nothing here survives a reboot, and a job killed with SIGKILL leaves its files
-    until the same run starts again (its sync removes other versions' files) or the
-    machine restarts; see ``docs/reliability.md``."""
+    until the same run starts again (its sync removes other versions' files) or another
+    job starts (:func:`_sweep_abandoned`); see ``docs/reliability.md``."""
     if not root.is_dir():
         return None
     user = root / f"rollout-recovery-{os.getuid()}"
@@ -167,13 +171,18 @@ def shared_memory_weights(
     *,
     needs: int = 0,
     log: Callable[[str], None] = lambda _: None,
+    lock_file: Path | None = None,
 ) -> Iterator[Path | None]:
     """The run's weights directory in shared memory (:func:`shared_memory_dir` named
     :func:`run_key`), removed with all it holds on exit; None where there is no shared
     memory, and None with a notice to ``log`` where ``root`` has less than ``needs``
     bytes free (a full tmpfs fails every push) or the user's directory there is not
     private (another user may create it in a sticky ``/dev/shm`` first): the caller then
-    writes the files to disk."""
+    writes the files to disk.
+
+    With the run's ``lock_file`` (the job holds it), the directory names it and this
+    process in an ``owner`` file, and the directories of other runs that no job holds
+    are removed first (:func:`_sweep_abandoned`)."""
     directory = None
     if root.is_dir():
         stats = os.statvfs(root)
@@ -188,11 +197,74 @@ def shared_memory_weights(
                 directory = shared_memory_dir(run_key(run_directory), root)
             except (InvalidStateError, OSError) as error:
                 log(f"vLLM weight files go to the run directory: {error}")
+    if directory is not None and lock_file is not None:
+        owner = f"{Path(lock_file).resolve()}\n{os.getpid()}\n"
+        atomic_write_bytes(directory / _OWNER, owner.encode())
+        _sweep_abandoned(directory.parent, own=directory.name)
     try:
         yield directory
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sweep_abandoned(user: Path, *, own: str) -> None:
+    """Remove the shared-memory directories of runs no job holds: a job killed with
+    SIGKILL that no rerun followed (or whose run directory moved: the rerun's is named
+    by another hash) would otherwise keep its weights in RAM until a reboot.
+
+    One is removed only if its ``owner`` names a run lock that is free (or gone) and a
+    process that is gone; a directory without an owner file (being created, or from an
+    older version) or of this run (an adopted server may be loading from it) is left.
+    The lock is held (shared) while the directory goes, so a rerun starting in that
+    moment is refused, never robbed of its files."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(user):
+            if not entry.name.startswith("run-") or entry.name == own:
+                continue
+            try:
+                lock, pid = Path(entry.path, _OWNER).read_text(encoding="utf-8").split("\n")[:2]
+                alive = _process_alive(int(pid))
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue
+            if alive:
+                continue
+            with _held_if_free(Path(lock)) as free:
+                if free:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _held_if_free(lock_file: Path) -> Iterator[bool]:
+    """Whether no job holds the run lock ``lock_file`` (a missing file: none), holding
+    it (shared) for the block when so: a non-blocking probe, never a wait."""
+    try:
+        fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        yield True
+        return
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class _RpcReply(msgspec.Struct):
