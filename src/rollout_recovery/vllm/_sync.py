@@ -17,8 +17,8 @@ package's worker extension, see :func:`server_command`):
    vLLM's pause fails if the reset does, and a paused engine schedules nothing until
    ``/resume``, so no prefix is cached between the reset and the load;
 3. ``POST /update_weight_version "loading"``: until the load is confirmed the server
-   names no version, so a push that fails half way never leaves old weights under a new
-   name or new weights under an old one;
+   names no version (its reply must say so, or no load follows), so a push that fails
+   half way never leaves old weights under a new name or new weights under an old one;
 4. ``POST /collective_rpc rollout_recovery_load(path, N)``: the worker loads the file in
    place and re-packs a tied ``lm_head`` (trap: on CPU it would keep the old embedding);
 5. ``POST /update_weight_version N``: its success is the engine's own (vLLM answers once
