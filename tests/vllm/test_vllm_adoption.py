@@ -15,9 +15,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +36,7 @@ from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.control import load_config
 from rollout_recovery.job._components import generation_servers, server_api_key
 from rollout_recovery.rundir import RunDirectory
-from rollout_recovery.vllm import VllmConfig
+from rollout_recovery.vllm import VllmConfig, _guard
 from rollout_recovery.vllm._fleet import VllmFleet
 from rollout_recovery.vllm._guard import Lease, LeaseState
 
@@ -86,6 +88,15 @@ def test_an_adopted_lease_is_held_again_with_the_new_jobs_lease() -> None:
     assert lease.ended
 
 
+def test_a_lease_held_by_a_live_job_is_no_other_jobs_to_adopt_or_end() -> None:
+    lease = Lease(10.0, _Clock())
+    assert not lease.claimable(by_holder=False) and not lease.adopted(10.0)
+    assert lease.state is LeaseState.HELD
+    assert lease.adopted(3.0, by_holder=True) and lease.lease_s == 3.0
+    lease.job_died()
+    assert lease.claimable(by_holder=False) and lease.adopted(10.0)
+
+
 def test_a_lease_of_zero_ends_with_the_job() -> None:
     lease = Lease(0.0, _Clock())
     lease.job_died()
@@ -123,10 +134,11 @@ class LeaseMachine(RuleBasedStateMachine):
         if self.held and not self._model_ended():
             self.held, self.died_at = False, self.clock.now
 
-    @rule(lease_s=st.sampled_from([0.0, 1.0, 5.0]))
-    def a_rerun_adopts(self, lease_s: float) -> None:
-        took = self.lease.adopted(lease_s)
-        assert took == (not self._model_ended())
+    @rule(lease_s=st.sampled_from([0.0, 1.0, 5.0]), by_holder=st.booleans())
+    def a_rerun_adopts(self, lease_s: float, by_holder: bool) -> None:
+        took = self.lease.adopted(lease_s, by_holder)
+        # A live job's server is only its own to hand over.
+        assert took == (not self._model_ended() and (by_holder or not self.held))
         if took:
             self.held, self.died_at, self.lease_s = True, None, lease_s
 
@@ -336,6 +348,26 @@ def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(tmp_
     assert all(alive(pid) for pid in old)  # left alone (killed after the test)
 
 
+def test_a_run_on_a_copy_of_a_live_runs_directory_leaves_its_servers_alone(
+    tmp_path: Path,
+) -> None:
+    """The copy's ``servers.json`` lists the live run's servers: its guards refuse them to
+    the copy (to adopt as to end), which starts its own and never signals theirs."""
+    recorded = _fake_dir()
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    config = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S)
+    with ready_job(JOB, _encoded(config), str(run)) as job:
+        _LAUNCHED.extend(int(listed["pid"]) for listed in _listing(run))  # type: ignore[call-overload]
+        live = _all_processes(recorded)
+        shutil.copytree(run, copy)
+        fleet, heard = _rerun(copy, config)
+        with fleet:
+            fleet.start()
+            assert not fleet.servers[0].adopted
+            assert any("a live job holds it" in line for line in heard), heard
+        assert all(alive(pid) for pid in live) and job.poll() is None
+
+
 def test_adoption_off_ends_the_servers_of_the_job_before(tmp_path: Path) -> None:
     recorded = _fake_dir()
     run = tmp_path / "run"
@@ -424,3 +456,71 @@ def test_another_kv_cache_size_is_not_adopted(tmp_path: Path) -> None:
         assert not fleet.servers[0].adopted
         assert any("another vLLM environment" in line for line in heard)
         _wait_until(lambda: not any(alive(pid) for pid in old), "the old server ended")
+
+
+# -- the guard itself, on its control socket ----------------------------------------------
+
+GUARD = Path(_guard.__file__)
+#: The guarded "server": a process that waits to be ended.
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+@contextlib.contextmanager
+def _guard_of(
+    *, lease_s: float = LONG_LEASE_S, parent: int | None = None, command: list[str] = SLEEPER
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A guard (leading its own group) of ``command``, held by this process; yields it and
+    its control socket, in a short private directory (a socket path has ~100 bytes)."""
+    sockets = Path(tempfile.mkdtemp(prefix="rr-guard-"))
+    control = sockets / "vllm-0.guard"
+    guard = subprocess.Popen(
+        [
+            *(sys.executable, str(GUARD), "--parent-pid", str(parent or os.getpid())),
+            *("--socket", str(sockets / "vllm-0.sock"), "--lease-s", repr(lease_s)),
+            *("--control", str(control), "--", *command),
+        ],
+        start_new_session=True,
+    )
+    try:
+        _wait_until(lambda: control.exists() or guard.poll() is not None, "the guard listens")
+        yield guard, control
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(guard.pid, signal.SIGKILL)
+        guard.wait()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def _ask_from_another_process(control: Path, request: str) -> str:
+    """What the guard answers ``request`` sent by a process other than its job's."""
+    asking = (
+        "import socket, sys; c = socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); "
+        "c.sendall(sys.argv[2].encode() + b'\\n'); print(c.recv(64).decode().strip())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", asking, str(control), request],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    return done.stdout.strip()
+
+
+def _ask_from_here(control: Path, request: str) -> str:
+    with socket.socket(socket.AF_UNIX) as connection:
+        connection.settimeout(DEADLINE_S)
+        connection.connect(str(control))
+        connection.sendall(f"{request}\n".encode())
+        return connection.recv(64).decode().strip()
+
+
+def test_a_guard_gives_a_live_jobs_server_to_no_other_process() -> None:
+    """A run on a copy of the run directory lists the live run's servers: its ``adopt``
+    and ``end`` are refused while the job holding them lives; the holder's are not."""
+    with _guard_of() as (guard, control):
+        assert _ask_from_another_process(control, "adopt 0.001") == "held"
+        assert _ask_from_another_process(control, "end") == "held"
+        assert _ask_from_here(control, "hello") == f"guard {guard.pid}"
+        assert guard.poll() is None
+        assert _ask_from_here(control, "end") == "ending"  # this process holds it
+        guard.wait(timeout=DEADLINE_S)

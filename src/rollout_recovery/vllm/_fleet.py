@@ -168,7 +168,9 @@ class LaunchedServer:
     socket: Path
     #: Its place in the fleet (the ``n`` of ``vllm-<n>``).
     index: int = 0
-    #: Whether this job adopted it from the job before (else it started it).
+    #: Whether this job adopted it from the job before (else it started it). Said only:
+    #: the pool pushes the restored weights to every server before its first call,
+    #: whatever version it names (a new pool believes no server's word on its weights).
     adopted: bool = False
 
     def listing(self) -> dict[str, object]:
@@ -360,14 +362,19 @@ class VllmFleet(Resource):
             if why is None and any(server.index == index for server in adopted):
                 why = f"another adopted server is already server {index}"
             if why is not None:
-                self._log(f"ending vLLM server {index} of the job before: {why}")
-                found.end()
-                ending.append(found.guard)
+                refused = found.end()
+                if refused is None:
+                    self._log(f"ending vLLM server {index} of the job before: {why}")
+                    ending.append(found.guard)
+                else:
+                    found.guard.release()
+                    self._log(f"vLLM server {index} of the job before is left alone: {refused}")
                 continue
             assert key is not None
-            if not found.adopt(self._config.adopt_within_s):
+            refused = found.adopt(self._config.adopt_within_s)
+            if refused is not None:
                 found.guard.release()
-                self._log(f"vLLM server {index} of the job before ended before it was adopted")
+                self._log(f"vLLM server {index} of the job before is not adopted: {refused}")
                 continue
             self.api_key = key
             self._guards.append(found.guard)

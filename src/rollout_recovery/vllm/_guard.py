@@ -14,9 +14,11 @@ and ends the group when one of these happens:
 While its lease runs, a rerun of the job may adopt it: it connects to the control socket
 ``--control`` (in the same private 0700 directory as the server's socket, so only this
 user can connect) and sends ``adopt LEASE_S``. The guard takes the connecting process
-(its ``SO_PEERCRED`` pid, checked to be this user's) as the job it now watches, through a
-pidfd opened while that process waits for the answer: a pidfd names one process, never a
-later one that reuses its pid, so a dead job's recycled pid cannot keep the server alive.
+(its ``SO_PEERCRED`` pid, checked to be this user's) as the job it now watches, only once
+the job before has died or if it is that job (a live job's server is no other process's
+to take, nor to ``end``: it answers ``held``), through a pidfd opened while that
+process waits for the answer: a pidfd names one process, never a later one that reuses
+its pid, so a dead job's recycled pid cannot keep the server alive.
 A control socket rather than a pid the guard polls: the guard learns the new job from the
 kernel (who connected) instead of trusting a number written in a file, and it wakes at
 once instead of on a poll. How the lease moves is :class:`Lease`, a state machine on an
@@ -94,9 +96,18 @@ class Lease:
         self.state = LeaseState.ORPHANED
         self.deadline = self._now() + self.lease_s
 
-    def adopted(self, lease_s: float) -> bool:
-        """A new job holds the server (with its own lease); False once it has ended."""
-        if self.state is LeaseState.ENDED:
+    def claimable(self, by_holder: bool) -> bool:
+        """Whether a job may adopt or end the server: only once its holder died (an
+        orphan), or the holder itself (``by_holder``). A live job's servers are never
+        another job's to take, such as a run started on a copy of its run directory."""
+        if self.state is LeaseState.ORPHANED:
+            return True
+        return self.state is LeaseState.HELD and by_holder
+
+    def adopted(self, lease_s: float, by_holder: bool = False) -> bool:
+        """A new job holds the server (with its own lease); False once it has ended, or
+        while another job holds it (:meth:`claimable`)."""
+        if not self.claimable(by_holder):
             return False
         self.state, self.lease_s, self.deadline = LeaseState.HELD, lease_s, None
         return True
@@ -204,8 +215,10 @@ class _Control:
         self.listener.bind(str(path))
         self.listener.listen(4)
 
-    def serve(self, lease: Lease) -> int | None:
-        """Answer one request; returns the pidfd of a job that adopted the server."""
+    def serve(self, lease: Lease, holder: int) -> tuple[int, int] | None:
+        """Answer one request; returns the pidfd and pid of a job that adopted the server.
+        ``holder`` is the pid of the job the guard watches: ``adopt`` and ``end`` from
+        any other process are refused while that job lives (:meth:`Lease.claimable`)."""
         connection, _ = self.listener.accept()
         with connection:
             connection.settimeout(_CONTROL_TIMEOUT_S)
@@ -220,6 +233,10 @@ class _Control:
                 with contextlib.suppress(OSError):
                     connection.sendall(f"guard {os.getpid()}\n".encode())
                 return None
+            if words[:1] in (["end"], ["adopt"]) and not lease.claimable(pid == holder):
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"held\n")  # by a live job, not the caller
+                return None
             if words == ["end"]:
                 lease.end()
                 with contextlib.suppress(OSError):
@@ -233,13 +250,13 @@ class _Control:
                 return None
             # Opened while the job waits for our answer, so the pid is still the job's.
             job = _pidfd(pid)
-            if job is None or not lease.adopted(lease_s):
+            if job is None or not lease.adopted(lease_s, pid == holder):
                 return None
             try:
                 connection.sendall(f"adopted {os.getpid()}\n".encode())
             except OSError:  # it died before it heard: as if it died holding the lease
                 lease.job_died()
-            return job
+            return job, pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,14 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     pidfds = job_fd is not None and child_fd is not None
     # The first job is the guard's parent: a reparented guard has lost it even where the
     # pidfd could not be opened (the job died first).
-    first_job = True
+    first_job, holder = True, parent
+
+    def holder_died() -> bool:
+        return (first_job and os.getppid() != parent) or _dead(job_fd)
+
     try:
         while not lease.ended:
             if child.poll() is not None or stop_signals:
                 lease.end()
                 break
-            orphaned = first_job and os.getppid() != parent
-            if lease.state is LeaseState.HELD and (orphaned or _dead(job_fd)):
+            if lease.state is LeaseState.HELD and holder_died():
                 lease.job_died()
             if lease.state is not LeaseState.HELD and job_fd is not None:
                 os.close(job_fd)
@@ -298,11 +318,14 @@ def main(argv: list[str] | None = None) -> int:
                 watched.append(control.listener.fileno())
             ready, _, _ = select.select(watched, [], [], wait)
             if control is not None and control.listener.fileno() in ready:
-                adopter = control.serve(lease)
+                # The holder may have died as the request came: it is an orphan's then.
+                if lease.state is LeaseState.HELD and holder_died():
+                    lease.job_died()
+                adopter = control.serve(lease, holder)
                 if adopter is not None:
                     if job_fd is not None:
                         os.close(job_fd)
-                    job_fd, first_job = adopter, False
+                    (job_fd, holder), first_job = adopter, False
     finally:
         if control is not None:
             control.listener.close()
