@@ -295,16 +295,28 @@ def test_the_rerun_starts_only_the_missing_servers(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
     config = _config(tmp_path, launch=2, adopt_within_s=LONG_LEASE_S)
-    with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as fleet:
+    listed_at_start: list[list[int]] = []
+
+    def heard(line: str) -> None:
+        if line.startswith("starting "):  # once every new server's guard is spawned
+            listed_at_start.append([int(str(entry["pid"])) for entry in _listing(run)])
+
+    with VllmFleet(
+        run / "servers", run / "servers.json", config, served_model_name="m", log=heard
+    ) as fleet:
         fleet.start()
         assert [server.adopted for server in fleet.servers] == [True, False]
+        # Listed before it was ready: a rerun after a kill now would know its guard.
+        assert listed_at_start == [[server.pid for server in fleet.servers]]
         new = _records(recorded)[-1]
         assert new["env"]["VLLM_API_KEY"] == fleet.api_key  # type: ignore[index]
-        sockets = {Path(str(listed["socket"])).parent for listed in _listing(run)}
-        assert len(sockets) == 1  # in the adopted servers' private directory
+        adopted_dir, new_dir = (Path(str(listed["socket"])).parent for listed in _listing(run))
+        # A new server never starts where a guard of the job before may own the path.
+        assert new_dir != adopted_dir and stat.S_IMODE(new_dir.stat().st_mode) == 0o700
         processes = _all_processes(recorded)
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the servers ended")
-    assert not sockets.pop().exists()
+    _wait_until(lambda: not adopted_dir.exists(), "the adopted server's guard removed its dir")
+    assert not new_dir.exists()
 
 
 def test_a_changed_vllm_config_is_not_adopted_the_old_server_ends_a_new_one_starts(
@@ -463,20 +475,30 @@ def test_another_kv_cache_size_is_not_adopted(tmp_path: Path) -> None:
 GUARD = Path(_guard.__file__)
 #: The guarded "server": a process that waits to be ended.
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+#: One listening on the socket it is given (and saying so in a file beside it).
+SERVING = [
+    sys.executable,
+    "-c",
+    "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+    "s.listen(); open(sys.argv[1] + '.bound', 'w').close(); time.sleep(600)",
+]
 
 
 @contextlib.contextmanager
 def _guard_of(
-    *, lease_s: float = LONG_LEASE_S, parent: int | None = None, command: list[str] = SLEEPER
+    *, lease_s: float = LONG_LEASE_S, serving: bool = False
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """A guard (leading its own group) of ``command``, held by this process; yields it and
-    its control socket, in a short private directory (a socket path has ~100 bytes)."""
+    """A guard (leading its own group) of a server that waits to be ended (``serving``:
+    listening on the guard's server socket, ``vllm-0.sock``), held by this process; yields
+    it and its control socket, in a short private directory (a socket path has ~100
+    bytes)."""
     sockets = Path(tempfile.mkdtemp(prefix="rr-guard-"))
-    control = sockets / "vllm-0.guard"
+    control, server = sockets / "vllm-0.guard", sockets / "vllm-0.sock"
+    command = [*SERVING, str(server)] if serving else SLEEPER
     guard = subprocess.Popen(
         [
-            *(sys.executable, str(GUARD), "--parent-pid", str(parent or os.getpid())),
-            *("--socket", str(sockets / "vllm-0.sock"), "--lease-s", repr(lease_s)),
+            *(sys.executable, str(GUARD), "--parent-pid", str(os.getpid())),
+            *("--socket", str(server), "--lease-s", repr(lease_s)),
             *("--control", str(control), "--", *command),
         ],
         start_new_session=True,
@@ -524,3 +546,34 @@ def test_a_guard_gives_a_live_jobs_server_to_no_other_process() -> None:
         assert guard.poll() is None
         assert _ask_from_here(control, "end") == "ending"  # this process holds it
         guard.wait(timeout=DEADLINE_S)
+
+
+
+def test_a_guard_removes_only_the_sockets_it_owns_not_a_later_servers_at_its_path() -> None:
+    """Another server's sockets at the same paths (bound after this guard's were removed)
+    outlive this guard's end: it removes a path only while it is still its own inode."""
+    with _guard_of(serving=True) as (guard, control):
+        server_socket = control.with_suffix(".sock")
+        _wait_until(lambda: Path(f"{server_socket}.bound").exists(), "the server listens")
+        later = []
+        for path in (server_socket, control):
+            path.unlink()
+            bound = socket.socket(socket.AF_UNIX)
+            bound.bind(str(path))
+            bound.listen()
+            later.append((path, bound, path.stat().st_ino))
+        guard.send_signal(signal.SIGTERM)
+        guard.wait(timeout=DEADLINE_S)
+        for path, bound, inode in later:
+            assert path.stat().st_ino == inode, f"{path} was removed"
+            bound.close()
+
+
+def test_a_guard_removes_its_own_sockets_and_their_directory_at_its_end() -> None:
+    with _guard_of(serving=True) as (guard, control):
+        server_socket = control.with_suffix(".sock")
+        _wait_until(lambda: Path(f"{server_socket}.bound").exists(), "the server listens")
+        Path(f"{server_socket}.bound").unlink()
+        guard.send_signal(signal.SIGTERM)
+        guard.wait(timeout=DEADLINE_S)
+        assert not control.parent.exists()

@@ -29,7 +29,8 @@ shared-memory segments; a SIGKILL would leave them in ``/dev/shm``), waits up to
 ``--grace-s``, and SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker
 processes, which a killed API server leaves orphaned), removing the shared memory they had
 mapped. With ``--socket PATH`` it then removes the server's Unix socket (and its control
-socket), and the socket's directory once it is empty (the last guard of a fleet removes
+socket), each only if it is still the one its group bound (never a later server's at the
+same path), and the socket's directory once it is empty (the last guard of a fleet removes
 it): a job that was SIGKILLed leaves no socket directory behind. It exits with COMMAND's
 status.
 """
@@ -43,6 +44,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -186,15 +188,48 @@ def _kill_the_rest() -> None:
         segment.unlink(missing_ok=True)
 
 
-def _remove_sockets(*sockets: Path | None) -> None:
-    """The server's sockets, and their directory if nothing else is left in it."""
-    for path in sockets:
-        if path is not None:
+_Inode = tuple[int, int]
+
+
+def _inode(path: Path) -> _Inode | None:
+    """The (st_dev, st_ino) of the socket file at ``path``, or None (none there)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino) if stat.S_ISSOCK(found.st_mode) else None
+
+
+def _servers_inode(path: Path) -> _Inode | None:
+    """The server socket's inode if it is this group's: listened on by a process of the
+    group, or by nothing (this server's leftover, whose removal harms no server). The
+    server binds it, not the guard, so it is asked before the group ends."""
+    inode = _inode(path)
+    if inode is None:
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_CONTROL_TIMEOUT_S)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return inode
+        except OSError:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(_peer(probe)[0]) == os.getpgrp():
+                return inode
+    return None
+
+
+def _remove_sockets(*sockets: tuple[Path, _Inode | None]) -> None:
+    """The guard's sockets, each only if it is still the inode found as this guard's
+    (never a later server's at the same path), and their directory if it is empty."""
+    for path, inode in sockets:
+        if inode is not None and _inode(path) == inode:
             path.unlink(missing_ok=True)
-    for path in sockets:
-        if path is not None:
-            with contextlib.suppress(OSError):  # another server's socket is still there
-                path.parent.rmdir()
+    for path, _ in sockets:
+        with contextlib.suppress(OSError):  # another server's socket is still there
+            path.parent.rmdir()
 
 
 def _peer(connection: socket.socket) -> tuple[int, int]:
@@ -210,9 +245,11 @@ class _Control:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.unlink(missing_ok=True)  # a killed guard's leftover, in our private directory
+        # Never unlinks what is there first: each server has a fresh directory, so that
+        # would be a live guard's socket (binding fails, and this guard with it).
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
+        self.inode = _inode(path)
         self.listener.listen(4)
 
     def serve(self, lease: Lease, holder: int) -> tuple[int, int] | None:
@@ -329,13 +366,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if control is not None:
             control.listener.close()
+    server_inode = _servers_inode(args.socket) if args.socket is not None else None
     if child.poll() is None:
         child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=args.grace_s)
     _kill_the_rest()
     if args.socket is not None:
-        _remove_sockets(args.socket, args.control)
+        owned = [(args.socket, server_inode)]
+        if control is not None:
+            owned.append((control.path, control.inode))
+        _remove_sockets(*owned)
     code = child.wait()
     return code if code >= 0 else 128 - code
 
