@@ -34,6 +34,8 @@ from test_vllm_fleet import DEADLINE_S, JOB, _config, _records, _wait_until, fak
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.control import load_config
+from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.errors import ConfigError
 from rollout_recovery.job._components import generation_servers, server_api_key
 from rollout_recovery.rundir import RunDirectory
 from rollout_recovery.vllm import VllmConfig, _guard
@@ -475,29 +477,52 @@ def test_another_kv_cache_size_is_not_adopted(tmp_path: Path) -> None:
 GUARD = Path(_guard.__file__)
 #: The guarded "server": a process that waits to be ended.
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
-#: One listening on the socket it is given (and saying so in a file beside it).
+#: One listening on the socket it is given, then writing its pid to the file given.
 SERVING = [
     sys.executable,
     "-c",
-    "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
-    "s.listen(); open(sys.argv[1] + '.bound', 'w').close(); time.sleep(600)",
+    "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+    "s.listen(); open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(600)",
 ]
+
+
+def _server_pid(control: Path) -> str:
+    """The pid the server of :func:`_guard_of` wrote once it listened ('' until then)."""
+    with contextlib.suppress(OSError):
+        return Path(f"{control.parent}.pid").read_text()
+    return ""
+
+
+#: The guard, whose loop's first long wait raises once its server listens (an error
+#: nobody foresaw: it must still end the group).
+FAILING_GUARD = """
+import os, runpy, select, sys
+real = select.select
+def failing(r, w, x, timeout=None):
+    if timeout != 0 and os.path.exists(os.path.dirname(sys.argv[-2]) + ".pid"):
+        raise OSError("a failure nobody foresaw")
+    return real(r, w, x, 1.0 if timeout is None else min(timeout, 1.0))
+select.select = failing
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 @contextlib.contextmanager
 def _guard_of(
-    *, lease_s: float = LONG_LEASE_S, serving: bool = False
+    *, lease_s: float = LONG_LEASE_S, serving: bool = False, failing: bool = False
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     """A guard (leading its own group) of a server that waits to be ended (``serving``:
     listening on the guard's server socket, ``vllm-0.sock``), held by this process; yields
     it and its control socket, in a short private directory (a socket path has ~100
-    bytes)."""
+    bytes). ``failing``: its loop's wait raises once the server runs."""
     sockets = Path(tempfile.mkdtemp(prefix="rr-guard-"))
     control, server = sockets / "vllm-0.guard", sockets / "vllm-0.sock"
-    command = [*SERVING, str(server)] if serving else SLEEPER
+    command = [*SERVING, str(server), f"{sockets}.pid"] if serving else SLEEPER
+    runner = [str(GUARD)] if not failing else ["-c", FAILING_GUARD, str(GUARD)]
     guard = subprocess.Popen(
         [
-            *(sys.executable, str(GUARD), "--parent-pid", str(os.getpid())),
+            *(sys.executable, *runner, "--parent-pid", str(os.getpid())),
             *("--socket", str(server), "--lease-s", repr(lease_s)),
             *("--control", str(control), "--", *command),
         ],
@@ -511,6 +536,7 @@ def _guard_of(
             os.killpg(guard.pid, signal.SIGKILL)
         guard.wait()
         shutil.rmtree(sockets, ignore_errors=True)
+        Path(f"{sockets}.pid").unlink(missing_ok=True)
 
 
 def _ask_from_another_process(control: Path, request: str) -> str:
@@ -554,7 +580,7 @@ def test_a_guard_removes_only_the_sockets_it_owns_not_a_later_servers_at_its_pat
     outlive this guard's end: it removes a path only while it is still its own inode."""
     with _guard_of(serving=True) as (guard, control):
         server_socket = control.with_suffix(".sock")
-        _wait_until(lambda: Path(f"{server_socket}.bound").exists(), "the server listens")
+        _wait_until(lambda: _server_pid(control), "the server listens")
         later = []
         for path in (server_socket, control):
             path.unlink()
@@ -571,9 +597,31 @@ def test_a_guard_removes_only_the_sockets_it_owns_not_a_later_servers_at_its_pat
 
 def test_a_guard_removes_its_own_sockets_and_their_directory_at_its_end() -> None:
     with _guard_of(serving=True) as (guard, control):
-        server_socket = control.with_suffix(".sock")
-        _wait_until(lambda: Path(f"{server_socket}.bound").exists(), "the server listens")
-        Path(f"{server_socket}.bound").unlink()
+        _wait_until(lambda: _server_pid(control), "the server listens")
         guard.send_signal(signal.SIGTERM)
         guard.wait(timeout=DEADLINE_S)
         assert not control.parent.exists()
+
+
+def test_an_error_in_the_guards_loop_still_ends_its_server_and_removes_its_sockets() -> None:
+    with _guard_of(serving=True, failing=True) as (guard, control):
+        guard.wait(timeout=DEADLINE_S)
+        assert guard.returncode != 0
+        assert not control.parent.exists()  # its sockets and their directory removed
+        server = int(_server_pid(control))
+        _wait_until(lambda: not alive(server), "the server ended")
+
+
+@pytest.mark.parametrize("lease", ["nan", "inf", "1e300", "-1", "86401", "soon"])
+def test_a_guard_refuses_a_lease_that_is_not_a_number_of_seconds_up_to_a_day(lease: str) -> None:
+    """Even from the job holding it: a lease it cannot wait for would end its loop."""
+    with _guard_of() as (guard, control):
+        assert _ask_from_here(control, f"adopt {lease}") == "refused lease"
+        assert _ask_from_here(control, "adopt 86400") == f"adopted {guard.pid}"
+
+
+@pytest.mark.parametrize("seconds", [86400.5, 1e10, float("inf")])
+def test_adopt_within_s_beyond_a_day_is_refused_naming_the_field(seconds: float) -> None:
+    with pytest.raises(ConfigError) as error:
+        config_from_builtins({"vllm": {"adopt_within_s": seconds}})
+    assert error.value.path == "$.vllm.adopt_within_s" and "86400" in str(error.value)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import math
 import os
 import select
 import signal
@@ -53,7 +54,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["Lease", "LeaseState", "main"]
+__all__ = ["MAX_LEASE_S", "Lease", "LeaseState", "main"]
+
+#: The longest lease a guard takes (``--lease-s``, ``adopt``; ``[vllm] adopt_within_s``):
+#: a day. Any wait of the guard stays far below what ``select`` can take.
+MAX_LEASE_S = 86400.0
+# The longest single wait of the guard's loop (it then checks again).
+_MAX_WAIT_S = 3600.0
 
 # How long a wait between checks lasts where pidfds are missing (not Linux): the pidfds
 # and the signal pipe wake the guard at once otherwise.
@@ -256,7 +263,10 @@ class _Control:
         """Answer one request; returns the pidfd and pid of a job that adopted the server.
         ``holder`` is the pid of the job the guard watches: ``adopt`` and ``end`` from
         any other process are refused while that job lives (:meth:`Lease.claimable`)."""
-        connection, _ = self.listener.accept()
+        try:
+            connection, _ = self.listener.accept()
+        except OSError:  # the caller gave up already, or no file descriptor is left
+            return None
         with connection:
             connection.settimeout(_CONTROL_TIMEOUT_S)
             try:
@@ -284,6 +294,10 @@ class _Control:
             try:
                 lease_s = float(words[1])
             except ValueError:
+                lease_s = math.nan
+            if not 0.0 <= lease_s <= MAX_LEASE_S:  # nan included
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"refused lease\n")
                 return None
             # Opened while the job waits for our answer, so the pid is still the job's.
             job = _pidfd(pid)
@@ -308,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command to run is required after --")
+    if not 0.0 <= args.lease_s <= MAX_LEASE_S:
+        parser.error(f"--lease-s must be from 0 to {MAX_LEASE_S:.0f} seconds")
     parent: int = args.parent_pid
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)  # lead a group, so the server's processes are ours to end
@@ -350,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if not pidfds and (wait is None or wait > _FALLBACK_POLL_S):
                 wait = _FALLBACK_POLL_S
+            if wait is not None:
+                wait = min(wait, _MAX_WAIT_S)
             watched = [fd for fd in (job_fd, child_fd, wake_read) if fd is not None]
             if control is not None:
                 watched.append(control.listener.fileno())
@@ -364,21 +382,33 @@ def main(argv: list[str] | None = None) -> int:
                         os.close(job_fd)
                     (job_fd, holder), first_job = adopter, False
     finally:
+        # Whatever ended the loop, an error included: the group never outlives its guard.
         if control is not None:
             control.listener.close()
-    server_inode = _servers_inode(args.socket) if args.socket is not None else None
+        _end_group(child, args.grace_s, args.socket, control)
+    code = child.wait()
+    return code if code >= 0 else 128 - code
+
+
+def _end_group(
+    child: subprocess.Popen[bytes], grace_s: float, server: Path | None, control: _Control | None
+) -> None:
+    """SIGTERM the server, SIGKILL what is left of the group after ``grace_s``, and remove
+    the sockets that are still the group's own."""
+    server_inode = None
+    if server is not None:
+        with contextlib.suppress(Exception):  # unproven: the socket is left where it is
+            server_inode = _servers_inode(server)
     if child.poll() is None:
         child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=args.grace_s)
+            child.wait(timeout=grace_s)
     _kill_the_rest()
-    if args.socket is not None:
-        owned = [(args.socket, server_inode)]
+    if server is not None:
+        owned = [(server, server_inode)]
         if control is not None:
             owned.append((control.path, control.inode))
         _remove_sockets(*owned)
-    code = child.wait()
-    return code if code >= 0 else 128 - code
 
 
 def _dead(pidfd: int | None) -> bool:
