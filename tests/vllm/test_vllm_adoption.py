@@ -99,6 +99,15 @@ def test_a_lease_held_by_a_live_job_is_no_other_jobs_to_adopt_or_end() -> None:
     assert lease.claimable(by_holder=False) and lease.adopted(10.0)
 
 
+def test_a_lease_is_not_adopted_once_its_deadline_passed_even_if_nothing_noticed() -> None:
+    """The guard may wake for the request only after the deadline (a late select)."""
+    clock = _Clock()
+    lease = Lease(10.0, clock)
+    lease.job_died()
+    clock.now = 10.0  # nothing asked wait_s since
+    assert not lease.adopted(10.0) and lease.ended
+
+
 def test_a_lease_of_zero_ends_with_the_job() -> None:
     lease = Lease(0.0, _Clock())
     lease.job_died()

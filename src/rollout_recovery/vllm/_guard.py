@@ -109,6 +109,7 @@ class Lease:
         """Whether a job may adopt or end the server: only once its holder died (an
         orphan), or the holder itself (``by_holder``). A live job's servers are never
         another job's to take, such as a run started on a copy of its run directory."""
+        self.wait_s()  # a deadline passed while the request waited ends the lease now
         if self.state is LeaseState.ORPHANED:
             return True
         return self.state is LeaseState.HELD and by_holder
