@@ -85,7 +85,11 @@ def main(argv: list[str]) -> int:
         "pgid": os.getpgrp(),
     }
     (out / f"{name}.json").write_text(json.dumps(record))
+    # SIGTERM reaches the main thread only: one delivered to a request's thread would run
+    # on_term never (Python runs handlers in the main thread, which it would not wake).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     stopped.wait()
     server.shutdown()
     return 0

@@ -15,9 +15,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +34,11 @@ from test_vllm_fleet import DEADLINE_S, JOB, _config, _records, _wait_until, fak
 
 from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.control import load_config
+from rollout_recovery.control._config import config_from_builtins
+from rollout_recovery.errors import ConfigError
 from rollout_recovery.job._components import generation_servers, server_api_key
 from rollout_recovery.rundir import RunDirectory
-from rollout_recovery.vllm import VllmConfig
+from rollout_recovery.vllm import VllmConfig, _guard
 from rollout_recovery.vllm._fleet import VllmFleet
 from rollout_recovery.vllm._guard import Lease, LeaseState
 
@@ -86,6 +90,24 @@ def test_an_adopted_lease_is_held_again_with_the_new_jobs_lease() -> None:
     assert lease.ended
 
 
+def test_a_lease_held_by_a_live_job_is_no_other_jobs_to_adopt_or_end() -> None:
+    lease = Lease(10.0, _Clock())
+    assert not lease.claimable(by_holder=False) and not lease.adopted(10.0)
+    assert lease.state is LeaseState.HELD
+    assert lease.adopted(3.0, by_holder=True) and lease.lease_s == 3.0
+    lease.job_died()
+    assert lease.claimable(by_holder=False) and lease.adopted(10.0)
+
+
+def test_a_lease_is_not_adopted_once_its_deadline_passed_even_if_nothing_noticed() -> None:
+    """The guard may wake for the request only after the deadline (a late select)."""
+    clock = _Clock()
+    lease = Lease(10.0, clock)
+    lease.job_died()
+    clock.now = 10.0  # nothing asked wait_s since
+    assert not lease.adopted(10.0) and lease.ended
+
+
 def test_a_lease_of_zero_ends_with_the_job() -> None:
     lease = Lease(0.0, _Clock())
     lease.job_died()
@@ -123,10 +145,11 @@ class LeaseMachine(RuleBasedStateMachine):
         if self.held and not self._model_ended():
             self.held, self.died_at = False, self.clock.now
 
-    @rule(lease_s=st.sampled_from([0.0, 1.0, 5.0]))
-    def a_rerun_adopts(self, lease_s: float) -> None:
-        took = self.lease.adopted(lease_s)
-        assert took == (not self._model_ended())
+    @rule(lease_s=st.sampled_from([0.0, 1.0, 5.0]), by_holder=st.booleans())
+    def a_rerun_adopts(self, lease_s: float, by_holder: bool) -> None:
+        took = self.lease.adopted(lease_s, by_holder)
+        # A live job's server is only its own to hand over.
+        assert took == (not self._model_ended() and (by_holder or not self.held))
         if took:
             self.held, self.died_at, self.lease_s = True, None, lease_s
 
@@ -283,16 +306,28 @@ def test_the_rerun_starts_only_the_missing_servers(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _start_and_kill(_config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S), run)
     config = _config(tmp_path, launch=2, adopt_within_s=LONG_LEASE_S)
-    with VllmFleet(run / "servers", run / "servers.json", config, served_model_name="m") as fleet:
+    listed_at_start: list[list[int]] = []
+
+    def heard(line: str) -> None:
+        if line.startswith("starting "):  # once every new server's guard is spawned
+            listed_at_start.append([int(str(entry["pid"])) for entry in _listing(run)])
+
+    with VllmFleet(
+        run / "servers", run / "servers.json", config, served_model_name="m", log=heard
+    ) as fleet:
         fleet.start()
         assert [server.adopted for server in fleet.servers] == [True, False]
+        # Listed before it was ready: a rerun after a kill now would know its guard.
+        assert listed_at_start == [[server.pid for server in fleet.servers]]
         new = _records(recorded)[-1]
         assert new["env"]["VLLM_API_KEY"] == fleet.api_key  # type: ignore[index]
-        sockets = {Path(str(listed["socket"])).parent for listed in _listing(run)}
-        assert len(sockets) == 1  # in the adopted servers' private directory
+        adopted_dir, new_dir = (Path(str(listed["socket"])).parent for listed in _listing(run))
+        # A new server never starts where a guard of the job before may own the path.
+        assert new_dir != adopted_dir and stat.S_IMODE(new_dir.stat().st_mode) == 0o700
         processes = _all_processes(recorded)
     _wait_until(lambda: not any(alive(pid) for pid in processes), "the servers ended")
-    assert not sockets.pop().exists()
+    _wait_until(lambda: not adopted_dir.exists(), "the adopted server's guard removed its dir")
+    assert not new_dir.exists()
 
 
 def test_a_changed_vllm_config_is_not_adopted_the_old_server_ends_a_new_one_starts(
@@ -334,6 +369,26 @@ def test_a_server_whose_socket_directory_is_no_longer_private_is_left_alone(tmp_
         assert stat.S_IMODE(fleet.servers[0].socket.parent.stat().st_mode) == 0o700
         assert any("not private to this user" in line for line in heard)
     assert all(alive(pid) for pid in old)  # left alone (killed after the test)
+
+
+def test_a_run_on_a_copy_of_a_live_runs_directory_leaves_its_servers_alone(
+    tmp_path: Path,
+) -> None:
+    """The copy's ``servers.json`` lists the live run's servers: its guards refuse them to
+    the copy (to adopt as to end), which starts its own and never signals theirs."""
+    recorded = _fake_dir()
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    config = _config(tmp_path, launch=1, adopt_within_s=LONG_LEASE_S)
+    with ready_job(JOB, _encoded(config), str(run)) as job:
+        _LAUNCHED.extend(int(listed["pid"]) for listed in _listing(run))  # type: ignore[call-overload]
+        live = _all_processes(recorded)
+        shutil.copytree(run, copy)
+        fleet, heard = _rerun(copy, config)
+        with fleet:
+            fleet.start()
+            assert not fleet.servers[0].adopted
+            assert any("a live job holds it" in line for line in heard), heard
+        assert all(alive(pid) for pid in live) and job.poll() is None
 
 
 def test_adoption_off_ends_the_servers_of_the_job_before(tmp_path: Path) -> None:
@@ -424,3 +479,158 @@ def test_another_kv_cache_size_is_not_adopted(tmp_path: Path) -> None:
         assert not fleet.servers[0].adopted
         assert any("another vLLM environment" in line for line in heard)
         _wait_until(lambda: not any(alive(pid) for pid in old), "the old server ended")
+
+
+# -- the guard itself, on its control socket ----------------------------------------------
+
+GUARD = Path(_guard.__file__)
+#: The guarded "server": a process that waits to be ended.
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+#: One listening on the socket it is given, then writing its pid to the file given.
+SERVING = [
+    sys.executable,
+    "-c",
+    "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+    "s.listen(); open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(600)",
+]
+
+
+def _server_pid(control: Path) -> str:
+    """The pid the server of :func:`_guard_of` wrote once it listened ('' until then)."""
+    with contextlib.suppress(OSError):
+        return Path(f"{control.parent}.pid").read_text()
+    return ""
+
+
+#: The guard, whose loop's first long wait raises once its server listens (an error
+#: nobody foresaw: it must still end the group).
+FAILING_GUARD = """
+import os, runpy, select, sys
+real = select.select
+def failing(r, w, x, timeout=None):
+    if timeout != 0 and os.path.exists(os.path.dirname(sys.argv[-2]) + ".pid"):
+        raise OSError("a failure nobody foresaw")
+    return real(r, w, x, 1.0 if timeout is None else min(timeout, 1.0))
+select.select = failing
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@contextlib.contextmanager
+def _guard_of(
+    *, lease_s: float = LONG_LEASE_S, serving: bool = False, failing: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A guard (leading its own group) of a server that waits to be ended (``serving``:
+    listening on the guard's server socket, ``vllm-0.sock``), held by this process; yields
+    it and its control socket, in a short private directory (a socket path has ~100
+    bytes). ``failing``: its loop's wait raises once the server runs."""
+    sockets = Path(tempfile.mkdtemp(prefix="rr-guard-"))
+    control, server = sockets / "vllm-0.guard", sockets / "vllm-0.sock"
+    command = [*SERVING, str(server), f"{sockets}.pid"] if serving else SLEEPER
+    runner = [str(GUARD)] if not failing else ["-c", FAILING_GUARD, str(GUARD)]
+    guard = subprocess.Popen(
+        [
+            *(sys.executable, *runner, "--parent-pid", str(os.getpid())),
+            *("--socket", str(server), "--lease-s", repr(lease_s)),
+            *("--control", str(control), "--", *command),
+        ],
+        start_new_session=True,
+    )
+    try:
+        _wait_until(lambda: control.exists() or guard.poll() is not None, "the guard listens")
+        yield guard, control
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(guard.pid, signal.SIGKILL)
+        guard.wait()
+        shutil.rmtree(sockets, ignore_errors=True)
+        Path(f"{sockets}.pid").unlink(missing_ok=True)
+
+
+def _ask_from_another_process(control: Path, request: str) -> str:
+    """What the guard answers ``request`` sent by a process other than its job's."""
+    asking = (
+        "import socket, sys; c = socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); "
+        "c.sendall(sys.argv[2].encode() + b'\\n'); print(c.recv(64).decode().strip())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", asking, str(control), request],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    return done.stdout.strip()
+
+
+def _ask_from_here(control: Path, request: str) -> str:
+    with socket.socket(socket.AF_UNIX) as connection:
+        connection.settimeout(DEADLINE_S)
+        connection.connect(str(control))
+        connection.sendall(f"{request}\n".encode())
+        return connection.recv(64).decode().strip()
+
+
+def test_a_guard_gives_a_live_jobs_server_to_no_other_process() -> None:
+    """A run on a copy of the run directory lists the live run's servers: its ``adopt``
+    and ``end`` are refused while the job holding them lives; the holder's are not."""
+    with _guard_of() as (guard, control):
+        assert _ask_from_another_process(control, "adopt 0.001") == "held"
+        assert _ask_from_another_process(control, "end") == "held"
+        assert _ask_from_here(control, "hello") == f"guard {guard.pid}"
+        assert guard.poll() is None
+        assert _ask_from_here(control, "end") == "ending"  # this process holds it
+        guard.wait(timeout=DEADLINE_S)
+
+
+
+def test_a_guard_removes_only_the_sockets_it_owns_not_a_later_servers_at_its_path() -> None:
+    """Another server's sockets at the same paths (bound after this guard's were removed)
+    outlive this guard's end: it removes a path only while it is still its own inode."""
+    with _guard_of(serving=True) as (guard, control):
+        server_socket = control.with_suffix(".sock")
+        _wait_until(lambda: _server_pid(control), "the server listens")
+        later = []
+        for path in (server_socket, control):
+            path.unlink()
+            bound = socket.socket(socket.AF_UNIX)
+            bound.bind(str(path))
+            bound.listen()
+            later.append((path, bound, path.stat().st_ino))
+        guard.send_signal(signal.SIGTERM)
+        guard.wait(timeout=DEADLINE_S)
+        for path, bound, inode in later:
+            assert path.stat().st_ino == inode, f"{path} was removed"
+            bound.close()
+
+
+def test_a_guard_removes_its_own_sockets_and_their_directory_at_its_end() -> None:
+    with _guard_of(serving=True) as (guard, control):
+        _wait_until(lambda: _server_pid(control), "the server listens")
+        guard.send_signal(signal.SIGTERM)
+        guard.wait(timeout=DEADLINE_S)
+        assert not control.parent.exists()
+
+
+def test_an_error_in_the_guards_loop_still_ends_its_server_and_removes_its_sockets() -> None:
+    with _guard_of(serving=True, failing=True) as (guard, control):
+        guard.wait(timeout=DEADLINE_S)
+        assert guard.returncode != 0
+        assert not control.parent.exists()  # its sockets and their directory removed
+        server = int(_server_pid(control))
+        _wait_until(lambda: not alive(server), "the server ended")
+
+
+@pytest.mark.parametrize("lease", ["nan", "inf", "1e300", "-1", "86401", "soon"])
+def test_a_guard_refuses_a_lease_that_is_not_a_number_of_seconds_up_to_a_day(lease: str) -> None:
+    """Even from the job holding it: a lease it cannot wait for would end its loop."""
+    with _guard_of() as (guard, control):
+        assert _ask_from_here(control, f"adopt {lease}") == "refused lease"
+        assert _ask_from_here(control, "adopt 86400") == f"adopted {guard.pid}"
+
+
+@pytest.mark.parametrize("seconds", [86400.5, 1e10, float("inf")])
+def test_adopt_within_s_beyond_a_day_is_refused_naming_the_field(seconds: float) -> None:
+    with pytest.raises(ConfigError) as error:
+        config_from_builtins({"vllm": {"adopt_within_s": seconds}})
+    assert error.value.path == "$.vllm.adopt_within_s" and "86400" in str(error.value)

@@ -22,6 +22,10 @@ Then it hands the lease over (``adopt LEASE_S`` on the control socket: the guard
 watches this job). A kill -9 between the proof and the hand-over (crash point
 ``adopt.before_handover``) leaves the server on the dead job's lease, for the next rerun.
 
+The guard hands a server over only once the job holding it has died (or to that job
+itself): a server held by a live job, such as the run whose run directory this one
+copied, is refused (``held``) and left alone like one that is not proven ours.
+
 A server that fails 1 or 2 is left alone: nothing proves it is ours, so no signal may be
 sent to a pid that may be another process now; its own guard ends it when its lease
 lapses. A server that passes 2 but fails a later step is ours but unfit: it is
@@ -144,22 +148,30 @@ class Claim:
             return f"/health failed: {type(error).__name__}"
         return None if status == 200 else f"/health answered {status}"
 
-    def adopt(self, lease_s: float) -> bool:
-        """Hand the lease over: the guard now watches this process. False if it refused
-        or could not be reached (it has ended meanwhile)."""
+    def adopt(self, lease_s: float) -> str | None:
+        """Hand the lease over: the guard now watches this process. Why not (it is held
+        by a live job, or has ended meanwhile), or None once it is adopted."""
         crash_point("adopt.before_handover")
         answer = self._ask(f"adopt {lease_s!r}")
-        return answer == ["adopted", str(self.guard.pid)]
+        return None if answer == ["adopted", str(self.guard.pid)] else _refusal(answer)
 
-    def end(self) -> None:
-        """Ask the guard to end its group now (it shuts the server down)."""
-        self._ask("end")
+    def end(self) -> str | None:
+        """Ask the guard to end its group now (it shuts the server down); why it will
+        not (it is held by a live job, or has ended), or None."""
+        answer = self._ask("end")
+        return None if answer == ["ending"] else _refusal(answer)
 
     def _ask(self, request: str) -> list[str] | None:
         if not self.guard.alive():
             return None  # its pid may be another process's now: not even connected to
         found = _ask(self.control, self.guard.pid, request)
         return None if isinstance(found, str) else found
+
+
+def _refusal(answer: list[str] | None) -> str:
+    if answer == ["held"]:
+        return "a live job holds it (a run on a copy of this run directory?)"
+    return "it has ended"
 
 
 def _ask(control: Path, pid: int, request: str) -> list[str] | str:

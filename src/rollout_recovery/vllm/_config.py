@@ -19,6 +19,8 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Annotated, Literal
 
+from msgspec import Meta
+
 from .._settings import (
     OPERATIONAL,
     NonNegativeFloat,
@@ -30,6 +32,7 @@ from .._settings import (
 from ..errors import ConfigError
 from ..rollout import HttpConfig
 from ._fleet import VllmFleet
+from ._guard import MAX_LEASE_S
 from ._sync import VllmWeightSync, shared_memory_weights, weights_bytes
 
 __all__ = ["VllmConfig", "VllmDtype", "check_launch_paths", "check_vllm_config"]
@@ -75,7 +78,8 @@ class VllmConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: of cold-starting a new one; it ends by itself when no rerun adopts it in time.
     #: 0: the servers end with the job. A normal end, a failed run and
     #: ``rollout-recovery stop`` end them at once either way.
-    adopt_within_s: Annotated[NonNegativeFloat, OPERATIONAL] = 180.0
+    #: At most a day (``MAX_LEASE_S``).
+    adopt_within_s: Annotated[NonNegativeFloat, Meta(le=MAX_LEASE_S), OPERATIONAL] = 180.0
     #: Where the weight files the servers load are written ("": shared memory for
     #: launched servers, /dev/shm/rollout-recovery-UID/run-HASH, else DIR/servers/weights).
     #: Listed servers must be able to read it (the same machine or a shared filesystem).

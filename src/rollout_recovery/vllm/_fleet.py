@@ -168,7 +168,9 @@ class LaunchedServer:
     socket: Path
     #: Its place in the fleet (the ``n`` of ``vllm-<n>``).
     index: int = 0
-    #: Whether this job adopted it from the job before (else it started it).
+    #: Whether this job adopted it from the job before (else it started it). Said only:
+    #: the pool pushes the restored weights to every server before its first call,
+    #: whatever version it names (a new pool believes no server's word on its weights).
     adopted: bool = False
 
     def listing(self) -> dict[str, object]:
@@ -259,6 +261,7 @@ class VllmFleet(Resource):
         self._parent = parent_pid if parent_pid is not None else os.getpid()
         self._guards: list[_LaunchedGuard | AdoptedGuard] = []
         self._sockets: Path | None = None
+        self._guards_listed = False
         self.servers: list[LaunchedServer] = []
 
     def _command(self, socket: Path) -> list[str]:
@@ -269,7 +272,6 @@ class VllmFleet(Resource):
     def _spawn(self, index: int, sockets: Path) -> _Starting:
         socket = sockets / f"vllm-{index}.sock"
         unix_server_url(socket)  # refuses a path too long for a socket, naming TMPDIR
-        socket.unlink(missing_ok=True)  # a killed guard's leftover (nothing listens on it)
         log = self._dir / f"vllm-{index}.log"
         config = self._config
         command = self._command(socket)
@@ -308,14 +310,21 @@ class VllmFleet(Resource):
         self._dir.mkdir(parents=True, exist_ok=True)
         try:
             adopted = self._adopt()
-            if adopted:
-                self._sockets = adopted[0].socket.parent  # proven private by _adopt
-            else:
-                self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
-            require_private_dir(self._sockets)
             taken = {server.index for server in adopted}
             missing = [index for index in range(self._config.launch) if index not in taken]
-            starting = [self._spawn(index, self._sockets) for index in missing]
+            starting = []
+            if missing:
+                # Always a fresh directory, never the adopted servers' (nor any other a
+                # guard of the job before may still own): a new server at a live one's
+                # path would take its place, and that guard remove its sockets later.
+                self._sockets = private_socket_dir(_SOCKET_DIR_PREFIX)
+                require_private_dir(self._sockets)
+            for index in missing:
+                assert self._sockets is not None
+                starting.append(self._spawn(index, self._sockets))
+                # Listed at once: a rerun after a kill during the start knows every guard
+                # that may hold a lease (ended at once then, its server not being ready).
+                self._write_listing([*adopted, *map(_launched, starting)])
             if starting:
                 self._log(
                     f"starting {len(starting)} vLLM server(s) from {self._config.model} "
@@ -325,10 +334,16 @@ class VllmFleet(Resource):
             self.servers = sorted([*adopted, *started], key=lambda server: server.index)
         except BaseException:
             self.close()
+            if self._guards_listed:  # all ended now: nothing listed is left to adopt
+                self._file.unlink(missing_ok=True)
             raise
-        listing = [server.listing() for server in self.servers]
-        atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
+        self._write_listing(self.servers)
         return [server.url for server in self.servers]
+
+    def _write_listing(self, servers: list[LaunchedServer]) -> None:
+        self._guards_listed = True
+        listing = [server.listing() for server in servers]
+        atomic_write_bytes(self._file, json.dumps({"servers": listing}, indent=2).encode())
 
     def _adopt(self) -> list[LaunchedServer]:
         """The servers listed in ``servers.json`` that this job proves it launched and
@@ -360,14 +375,19 @@ class VllmFleet(Resource):
             if why is None and any(server.index == index for server in adopted):
                 why = f"another adopted server is already server {index}"
             if why is not None:
-                self._log(f"ending vLLM server {index} of the job before: {why}")
-                found.end()
-                ending.append(found.guard)
+                refused = found.end()
+                if refused is None:
+                    self._log(f"ending vLLM server {index} of the job before: {why}")
+                    ending.append(found.guard)
+                else:
+                    found.guard.release()
+                    self._log(f"vLLM server {index} of the job before is left alone: {refused}")
                 continue
             assert key is not None
-            if not found.adopt(self._config.adopt_within_s):
+            refused = found.adopt(self._config.adopt_within_s)
+            if refused is not None:
                 found.guard.release()
-                self._log(f"vLLM server {index} of the job before ended before it was adopted")
+                self._log(f"vLLM server {index} of the job before is not adopted: {refused}")
                 continue
             self.api_key = key
             self._guards.append(found.guard)
@@ -401,12 +421,9 @@ class VllmFleet(Resource):
                         f"ready; its log ({entry.log}) ends: {_tail(entry.log)}",
                     )
                 if _answers(entry):
-                    url = unix_server_url(entry.socket)
-                    ready[entry.index] = LaunchedServer(
-                        url, entry.process.pid, entry.log, entry.command, entry.socket, entry.index
-                    )
+                    ready[entry.index] = server = _launched(entry)
                     took = time.monotonic() - started
-                    self._log(f"vLLM server {entry.index} ready at {url} ({took:.0f} s)")
+                    self._log(f"vLLM server {entry.index} ready at {server.url} ({took:.0f} s)")
             if len(ready) == len(starting):
                 break
             if time.monotonic() - said >= self._progress_every_s:
@@ -453,6 +470,13 @@ class VllmFleet(Resource):
             if not guard.wait(max(0.0, deadline - time.monotonic())):
                 guard.kill_group()
             guard.release()
+
+
+def _launched(entry: _Starting) -> LaunchedServer:
+    url = unix_server_url(entry.socket)
+    return LaunchedServer(
+        url, entry.process.pid, entry.log, entry.command, entry.socket, entry.index
+    )
 
 
 def _control_socket(socket: Path) -> Path:

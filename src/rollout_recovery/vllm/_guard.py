@@ -14,9 +14,11 @@ and ends the group when one of these happens:
 While its lease runs, a rerun of the job may adopt it: it connects to the control socket
 ``--control`` (in the same private 0700 directory as the server's socket, so only this
 user can connect) and sends ``adopt LEASE_S``. The guard takes the connecting process
-(its ``SO_PEERCRED`` pid, checked to be this user's) as the job it now watches, through a
-pidfd opened while that process waits for the answer: a pidfd names one process, never a
-later one that reuses its pid, so a dead job's recycled pid cannot keep the server alive.
+(its ``SO_PEERCRED`` pid, checked to be this user's) as the job it now watches, only once
+the job before has died or if it is that job (a live job's server is no other process's
+to take, nor to ``end``: it answers ``held``), through a pidfd opened while that
+process waits for the answer: a pidfd names one process, never a later one that reuses
+its pid, so a dead job's recycled pid cannot keep the server alive.
 A control socket rather than a pid the guard polls: the guard learns the new job from the
 kernel (who connected) instead of trusting a number written in a file, and it wakes at
 once instead of on a poll. How the lease moves is :class:`Lease`, a state machine on an
@@ -27,7 +29,8 @@ shared-memory segments; a SIGKILL would leave them in ``/dev/shm``), waits up to
 ``--grace-s``, and SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker
 processes, which a killed API server leaves orphaned), removing the shared memory they had
 mapped. With ``--socket PATH`` it then removes the server's Unix socket (and its control
-socket), and the socket's directory once it is empty (the last guard of a fleet removes
+socket), each only if it is still the one its group bound (never a later server's at the
+same path), and the socket's directory once it is empty (the last guard of a fleet removes
 it): a job that was SIGKILLed leaves no socket directory behind. It exits with COMMAND's
 status.
 """
@@ -37,10 +40,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import math
 import os
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -49,7 +54,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["Lease", "LeaseState", "main"]
+__all__ = ["MAX_LEASE_S", "Lease", "LeaseState", "main"]
+
+#: The longest lease a guard takes (``--lease-s``, ``adopt``; ``[vllm] adopt_within_s``):
+#: a day. Any wait of the guard stays far below what ``select`` can take.
+MAX_LEASE_S = 86400.0
+# The longest single wait of the guard's loop (it then checks again).
+_MAX_WAIT_S = 3600.0
 
 # How long a wait between checks lasts where pidfds are missing (not Linux): the pidfds
 # and the signal pipe wake the guard at once otherwise.
@@ -94,9 +105,19 @@ class Lease:
         self.state = LeaseState.ORPHANED
         self.deadline = self._now() + self.lease_s
 
-    def adopted(self, lease_s: float) -> bool:
-        """A new job holds the server (with its own lease); False once it has ended."""
-        if self.state is LeaseState.ENDED:
+    def claimable(self, by_holder: bool) -> bool:
+        """Whether a job may adopt or end the server: only once its holder died (an
+        orphan), or the holder itself (``by_holder``). A live job's servers are never
+        another job's to take, such as a run started on a copy of its run directory."""
+        self.wait_s()  # a deadline passed while the request waited ends the lease now
+        if self.state is LeaseState.ORPHANED:
+            return True
+        return self.state is LeaseState.HELD and by_holder
+
+    def adopted(self, lease_s: float, by_holder: bool = False) -> bool:
+        """A new job holds the server (with its own lease); False once it has ended, or
+        while another job holds it (:meth:`claimable`)."""
+        if not self.claimable(by_holder):
             return False
         self.state, self.lease_s, self.deadline = LeaseState.HELD, lease_s, None
         return True
@@ -175,15 +196,48 @@ def _kill_the_rest() -> None:
         segment.unlink(missing_ok=True)
 
 
-def _remove_sockets(*sockets: Path | None) -> None:
-    """The server's sockets, and their directory if nothing else is left in it."""
-    for path in sockets:
-        if path is not None:
+_Inode = tuple[int, int]
+
+
+def _inode(path: Path) -> _Inode | None:
+    """The (st_dev, st_ino) of the socket file at ``path``, or None (none there)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino) if stat.S_ISSOCK(found.st_mode) else None
+
+
+def _servers_inode(path: Path) -> _Inode | None:
+    """The server socket's inode if it is this group's: listened on by a process of the
+    group, or by nothing (this server's leftover, whose removal harms no server). The
+    server binds it, not the guard, so it is asked before the group ends."""
+    inode = _inode(path)
+    if inode is None:
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_CONTROL_TIMEOUT_S)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return inode
+        except OSError:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(_peer(probe)[0]) == os.getpgrp():
+                return inode
+    return None
+
+
+def _remove_sockets(*sockets: tuple[Path, _Inode | None]) -> None:
+    """The guard's sockets, each only if it is still the inode found as this guard's
+    (never a later server's at the same path), and their directory if it is empty."""
+    for path, inode in sockets:
+        if inode is not None and _inode(path) == inode:
             path.unlink(missing_ok=True)
-    for path in sockets:
-        if path is not None:
-            with contextlib.suppress(OSError):  # another server's socket is still there
-                path.parent.rmdir()
+    for path, _ in sockets:
+        with contextlib.suppress(OSError):  # another server's socket is still there
+            path.parent.rmdir()
 
 
 def _peer(connection: socket.socket) -> tuple[int, int]:
@@ -199,14 +253,21 @@ class _Control:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.unlink(missing_ok=True)  # a killed guard's leftover, in our private directory
+        # Never unlinks what is there first: each server has a fresh directory, so that
+        # would be a live guard's socket (binding fails, and this guard with it).
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
+        self.inode = _inode(path)
         self.listener.listen(4)
 
-    def serve(self, lease: Lease) -> int | None:
-        """Answer one request; returns the pidfd of a job that adopted the server."""
-        connection, _ = self.listener.accept()
+    def serve(self, lease: Lease, holder: int) -> tuple[int, int] | None:
+        """Answer one request; returns the pidfd and pid of a job that adopted the server.
+        ``holder`` is the pid of the job the guard watches: ``adopt`` and ``end`` from
+        any other process are refused while that job lives (:meth:`Lease.claimable`)."""
+        try:
+            connection, _ = self.listener.accept()
+        except OSError:  # the caller gave up already, or no file descriptor is left
+            return None
         with connection:
             connection.settimeout(_CONTROL_TIMEOUT_S)
             try:
@@ -220,6 +281,10 @@ class _Control:
                 with contextlib.suppress(OSError):
                     connection.sendall(f"guard {os.getpid()}\n".encode())
                 return None
+            if words[:1] in (["end"], ["adopt"]) and not lease.claimable(pid == holder):
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"held\n")  # by a live job, not the caller
+                return None
             if words == ["end"]:
                 lease.end()
                 with contextlib.suppress(OSError):
@@ -230,16 +295,20 @@ class _Control:
             try:
                 lease_s = float(words[1])
             except ValueError:
+                lease_s = math.nan
+            if not 0.0 <= lease_s <= MAX_LEASE_S:  # nan included
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"refused lease\n")
                 return None
             # Opened while the job waits for our answer, so the pid is still the job's.
             job = _pidfd(pid)
-            if job is None or not lease.adopted(lease_s):
+            if job is None or not lease.adopted(lease_s, pid == holder):
                 return None
             try:
                 connection.sendall(f"adopted {os.getpid()}\n".encode())
             except OSError:  # it died before it heard: as if it died holding the lease
                 lease.job_died()
-            return job
+            return job, pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command to run is required after --")
+    if not 0.0 <= args.lease_s <= MAX_LEASE_S:
+        parser.error(f"--lease-s must be from 0 to {MAX_LEASE_S:.0f} seconds")
     parent: int = args.parent_pid
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)  # lead a group, so the server's processes are ours to end
@@ -276,14 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     pidfds = job_fd is not None and child_fd is not None
     # The first job is the guard's parent: a reparented guard has lost it even where the
     # pidfd could not be opened (the job died first).
-    first_job = True
+    first_job, holder = True, parent
+
+    def holder_died() -> bool:
+        return (first_job and os.getppid() != parent) or _dead(job_fd)
+
     try:
         while not lease.ended:
             if child.poll() is not None or stop_signals:
                 lease.end()
                 break
-            orphaned = first_job and os.getppid() != parent
-            if lease.state is LeaseState.HELD and (orphaned or _dead(job_fd)):
+            if lease.state is LeaseState.HELD and holder_died():
                 lease.job_died()
             if lease.state is not LeaseState.HELD and job_fd is not None:
                 os.close(job_fd)
@@ -293,28 +367,49 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if not pidfds and (wait is None or wait > _FALLBACK_POLL_S):
                 wait = _FALLBACK_POLL_S
+            if wait is not None:
+                wait = min(wait, _MAX_WAIT_S)
             watched = [fd for fd in (job_fd, child_fd, wake_read) if fd is not None]
             if control is not None:
                 watched.append(control.listener.fileno())
             ready, _, _ = select.select(watched, [], [], wait)
             if control is not None and control.listener.fileno() in ready:
-                adopter = control.serve(lease)
+                # The holder may have died as the request came: it is an orphan's then.
+                if lease.state is LeaseState.HELD and holder_died():
+                    lease.job_died()
+                adopter = control.serve(lease, holder)
                 if adopter is not None:
                     if job_fd is not None:
                         os.close(job_fd)
-                    job_fd, first_job = adopter, False
+                    (job_fd, holder), first_job = adopter, False
     finally:
+        # Whatever ended the loop, an error included: the group never outlives its guard.
         if control is not None:
             control.listener.close()
+        _end_group(child, args.grace_s, args.socket, control)
+    code = child.wait()
+    return code if code >= 0 else 128 - code
+
+
+def _end_group(
+    child: subprocess.Popen[bytes], grace_s: float, server: Path | None, control: _Control | None
+) -> None:
+    """SIGTERM the server, SIGKILL what is left of the group after ``grace_s``, and remove
+    the sockets that are still the group's own."""
+    server_inode = None
+    if server is not None:
+        with contextlib.suppress(Exception):  # unproven: the socket is left where it is
+            server_inode = _servers_inode(server)
     if child.poll() is None:
         child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=args.grace_s)
+            child.wait(timeout=grace_s)
     _kill_the_rest()
-    if args.socket is not None:
-        _remove_sockets(args.socket, args.control)
-    code = child.wait()
-    return code if code >= 0 else 128 - code
+    if server is not None:
+        owned = [(server, server_inode)]
+        if control is not None:
+            owned.append((control.path, control.inode))
+        _remove_sockets(*owned)
 
 
 def _dead(pidfd: int | None) -> bool:
