@@ -126,6 +126,10 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
         return await real_take(controller, delete_deferred=delete_deferred)
 
     async def start(controller: Any) -> None:  # [checkpoint] background
+        # The previous write first: the real start awaits it before its cut, and the
+        # publishers released here would empty the staging meanwhile (a CI run's cut at
+        # step 4 then owned no staged row).
+        await controller.settle_checkpoint()
         await before_the_cut(controller)
         await real_start(controller)
 
