@@ -120,12 +120,24 @@ def test_a_sibling_row_duplicated_in_its_group(run: Path) -> None:
     group = history.clean_group()
     entry, rows = history.group_rows()[group]
     assert isinstance(entry.record, StepTrained)
-    twin = rows[1]
-    history.replace(entry, with_row(entry.record, rows[2], twin))  # index 1 twice
+    # The twin takes the place of a row at least as long as itself: the edit is made in place,
+    # and which row encodes longest (its tokens) is the run's, not the test's, choice.
+    replaced = max(rows[1:], key=lambda row: len(msgspec.json.encode(row)))
+    twin = min(
+        (row for row in rows if row is not replaced), key=lambda row: len(msgspec.json.encode(row))
+    )
+    history.replace(entry, with_row(entry.record, replaced, twin))
+    indices = sorted(
+        twin.generation_index if row is replaced else row.generation_index for row in rows
+    )
 
     report = failed(run)
-    the_violation(report.violations, f"sibling ('{group}', 1) trained twice", f"{EVENTS}:")
-    the_violation(report.violations, f"group {group} trained rows for generation indices [0, 1, 1]")
+    the_violation(
+        report.violations,
+        f"sibling ('{group}', {twin.generation_index}) trained twice",
+        f"{EVENTS}:",
+    )
+    the_violation(report.violations, f"group {group} trained rows for generation indices {indices}")
 
 
 def test_a_prompt_trained_twice(run: Path) -> None:
@@ -520,6 +532,7 @@ def test_a_killed_run_audits_through_its_newest_checkpoint_then_completes(
     )
     out = tmp_path / "killed"
     args = ["--out", str(out), "--plain", "--config", str(config)]
+
     def newest_checkpoint() -> int:
         committed = CheckpointStore(out, keep=3).committed() if out.is_dir() else []
         return committed[0].step if committed else -1
