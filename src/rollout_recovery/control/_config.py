@@ -102,9 +102,12 @@ class CheckpointConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields
     barrier_timeout_s: Annotated[PositiveFloat, OPERATIONAL] = 30.0
     #: Write each checkpoint in the background while the next steps train: the step pays
     #: only the capture (the hold, and the trainer's state copied to memory). It costs one
-    #: more copy of the trainer's state in memory while a write is in flight (about 1.6
-    #: GB for SmolLM2-135M's fp32 weights and AdamW moments); false: the train pump waits
-    #: for the whole write, as before. The default was chosen from
+    #: more copy of the trainer's state in memory: for the torch trainer, staging buffers
+    #: for the AdamW moments held from the first checkpoint on (1.07 GB for SmolLM2-135M)
+    #: and the weights snapshot of the captured version kept until the write has encoded
+    #: it (0.54 GB, the one the weight push took); other trainers' copies only while a
+    #: write is in flight (``docs/reliability.md``). False: the train pump waits for the
+    #: whole write, as before. The default was chosen from
     #: ``benchmarks/bench_checkpoint_async.py`` (``docs/benchmarks.md``).
     background: Annotated[bool, OPERATIONAL] = True
 

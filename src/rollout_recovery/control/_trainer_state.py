@@ -7,15 +7,19 @@ capture), and the encoding runs later, in a worker thread, while the next steps 
 
 What the copy is, by trainer:
 
-- one with ``staged_state_files()`` (the torch trainer): clones of its tensors, encoded by
-  the function it returns into the files ``state_files()`` would have returned;
+- one with ``staged_state_files()`` (the torch trainer): its own copy (the weights
+  snapshot and AdamW's moments in staging buffers it reuses, ``llm/_staging.py``),
+  encoded by the function it returns into the files ``state_files()`` would have
+  returned; it allows one such copy at a time, so the next capture must follow the
+  previous commit's encoding (the controller awaits the previous write first);
 - another ``policy.FileStateTrainer``: its ``state_files()`` bytes, taken now (the step
   pays the encoding: such a trainer has no cheaper exact copy to offer);
 - any other trainer: ``state()``'s arrays, copied (they may be views of live ones), saved
   as ``policy.npz`` later.
 
 The memory it costs: one more copy of the trainer's state, from the capture until the
-checkpoint's files are encoded (``docs/reliability.md``, "Background checkpoints").
+checkpoint's files are encoded; the torch trainer keeps its staging buffers between
+checkpoints (``docs/reliability.md``, "Background checkpoints").
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ _FILES = CheckpointStore.FILES
 class _StagesStateFiles(Protocol):
     """A ``FileStateTrainer`` that copies its state first and encodes it when asked:
     ``staged_state_files()`` returns a function, callable from any thread while the
-    trainer trains on, giving the files ``state_files()`` gave at the call."""
+    trainer trains on, giving the files ``state_files()`` gave at the call. It may refuse
+    a call while the previous call's function has not been called yet (the torch
+    trainer's reused buffers hold one copy at a time)."""
 
     def staged_state_files(self) -> Callable[[], dict[str, bytes]]: ...
 
