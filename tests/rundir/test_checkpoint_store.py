@@ -308,9 +308,10 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["read", "read ahead"])
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_corruption_is_detected_and_the_previous_checkpoint_wins(
-    store: CheckpointStore, corruption: str
+    store: CheckpointStore, corruption: str, read_ahead: bool
 ) -> None:
     corrupt, expected = CORRUPTIONS[corruption]
     store.save(1, files_for(1))
@@ -322,6 +323,8 @@ def test_corruption_is_detected_and_the_previous_checkpoint_wins(
     assert caught.value.directory == str(bad)
     assert expected in str(caught.value)
 
+    if read_ahead:  # a resuming job's: the damage is found the same way
+        store.read_ahead()
     result = store.newest_loadable(accept)
     assert result is not None
     loaded, verdict, skipped = result
@@ -331,6 +334,82 @@ def test_corruption_is_detected_and_the_previous_checkpoint_wins(
     assert expected in skipped[0].reason
     assert str(bad) not in skipped[0].reason  # short enough for one log line
     assert isinstance(skipped[0].error, CheckpointDirectoryError)
+
+
+def _counting_loads(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, loaded: threading.Event | None = None
+) -> list[tuple[int, str]]:
+    """Every ``store.load``, as (step, the thread it ran in); sets ``loaded`` after each."""
+    loads: list[tuple[int, str]] = []
+    load = store.load
+
+    def counted(checkpoint: CommittedCheckpoint, **kwargs: object) -> LoadedCheckpoint:
+        loads.append((checkpoint.step, threading.current_thread().name))
+        try:
+            return load(checkpoint, **kwargs)  # type: ignore[arg-type]
+        finally:
+            if loaded is not None:
+                loaded.set()
+
+    monkeypatch.setattr(store, "load", counted)
+    return loads
+
+
+def test_read_ahead_loads_the_newest_once_in_its_own_thread(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.save(1, files_for(1))
+    store.save(2, files_for(2))
+    loads = _counting_loads(store, monkeypatch)
+    store.read_ahead()
+    result = store.newest_loadable(accept)
+    assert result is not None and result[0].files == files_for(2)
+    # Read once, not in the caller's thread: the restore takes what was read ahead.
+    [(step, thread)] = loads
+    assert step == 2 and thread != threading.current_thread().name
+    # Taken once: the next search reads again.
+    store.newest_loadable(accept)
+    assert [step for step, _ in loads] == [2, 2]
+
+
+def _dropped(store: CheckpointStore, read: threading.Event) -> dict[str, bytes]:
+    store.drop_read_ahead()  # a job stopping before its restore: no read goes on after it
+    assert read.is_set()
+    return files_for(1)
+
+
+def _saved_again(store: CheckpointStore, read: threading.Event) -> dict[str, bytes]:
+    read.wait()  # the old files are read; then the same step is saved again
+    store.save(1, {"rollout_recovery.pt": b"saved again"})
+    return {"rollout_recovery.pt": b"saved again"}
+
+
+@pytest.mark.parametrize("then", [_dropped, _saved_again], ids=["dropped", "saved again"])
+def test_a_read_ahead_dropped_or_of_a_directory_replaced_since_is_not_used(
+    store: CheckpointStore,
+    monkeypatch: pytest.MonkeyPatch,
+    then: Callable[[CheckpointStore, threading.Event], dict[str, bytes]],
+) -> None:
+    store.save(1, files_for(1))
+    read = threading.Event()
+    loads = _counting_loads(store, monkeypatch, read)
+    store.read_ahead()
+    expected = then(store, read)
+    result = store.newest_loadable(accept)
+    assert result is not None and result[0].files == expected
+    assert [step for step, _ in loads] == [1, 1]  # the read ahead, then read again
+
+
+def test_a_read_ahead_of_an_older_checkpoint_is_not_used(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.save(1, files_for(1))
+    loads = _counting_loads(store, monkeypatch)
+    store.read_ahead()
+    store.save(2, files_for(2))
+    result = store.newest_loadable(accept)
+    assert result is not None and result[0].files == files_for(2)
+    assert [step for step, _ in loads] == [1, 2]
 
 
 def test_committed_lists_marked_directories_newest_first(store: CheckpointStore) -> None:

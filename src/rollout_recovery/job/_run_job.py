@@ -257,6 +257,11 @@ def _open_job(
         _refuse_lost_checkpoints(run)
     else:
         AuditTrail.require_synced_history(run, checkpoints)
+        # The newest checkpoint is read and its hashes checked while the servers are
+        # adopted and the trainer's libraries import and its model builds (the restore
+        # takes the result; a job that stops before it waits for the read to end).
+        checkpoints.read_ahead()
+        stack.callback(checkpoints.drop_read_ahead)
     if remove_stale_drain_request(wiring.drain_file):
         # Written after the previous job had stopped reading it (or with none running).
         log(f"removed a stale drain request ({wiring.drain_file}) from before this job started")
@@ -280,7 +285,7 @@ def _open_job(
     if unclaimed is not None:
         claim_run_directory(run, config)
         unclaimed.claimed = True
-    store = CheckpointStore(run.root, keep=config.checkpoint.keep)
+    store = checkpoints
     store.remove_stale()  # what a save killed mid-way left behind
     controller = Controller(
         config=config,

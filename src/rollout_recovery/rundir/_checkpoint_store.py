@@ -171,6 +171,7 @@ class CheckpointStore:
         self.keep = keep
         # Reentrant: save() runs remove_stale() under the same lock.
         self._lock = threading.RLock()
+        self._ahead: _ReadAhead | None = None
 
     def __repr__(self) -> str:
         return f"CheckpointStore({str(self.root)!r}, keep={self.keep})"
@@ -475,6 +476,41 @@ class CheckpointStore:
         manifest, _ = _read_manifest(checkpoint, fail)
         return _manifest_marks(manifest, fail)
 
+    def read_ahead(self) -> None:
+        """Start :meth:`load` of the newest committed checkpoint in a thread of its own,
+        for :meth:`newest_loadable` to take instead of reading it again.
+
+        A resuming job calls it as soon as it holds the run's lock: the files are read and
+        checked against the manifest (a model's weights and moments: seconds of reading and
+        SHA-256, both outside the GIL) while the job imports its libraries and builds its
+        model, instead of after. The check is the same one, so a damaged checkpoint is still
+        passed over; its result (the loaded checkpoint or the error) is used once, and only
+        for the directory it read. Until :meth:`newest_loadable` takes it (or
+        :meth:`drop_read_ahead`), the files are held in memory. Nothing if none is committed.
+        """
+        if self._ahead is not None:
+            return
+        committed = self.committed()
+        if committed:
+            self._ahead = _ReadAhead(self, committed[0])
+
+    def drop_read_ahead(self) -> None:
+        """Wait for a read-ahead still running and forget it (a job that stops before its
+        restore: no thread of it reads on after the job let go of the directory)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.wait()
+
+    def _load_candidate(self, checkpoint: CommittedCheckpoint) -> LoadedCheckpoint:
+        """:meth:`load` of ``checkpoint``: the read-ahead's result when it read that very
+        directory (taken once), else read now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.read(checkpoint):
+            return ahead.result()
+        if ahead is not None:
+            ahead.wait()  # another directory (replaced or newer since): not used
+        return self.load(checkpoint)
+
     def newest_loadable(
         self, verify: Callable[[LoadedCheckpoint], T]
     ) -> tuple[LoadedCheckpoint, T, list[SkippedCheckpoint]] | None:
@@ -507,7 +543,7 @@ class CheckpointStore:
         for step, name, path in candidates:
             checkpoint = CommittedCheckpoint(step, name, path)
             try:
-                loaded = self.load(checkpoint)
+                loaded = self._load_candidate(checkpoint)
             except CheckpointDirectoryError as exc:
                 skipped.append(SkippedCheckpoint(name, path, step, _strip_directory(exc), exc))
                 continue
@@ -522,6 +558,54 @@ class CheckpointStore:
             "no loadable checkpoint: " + "; ".join(str(s) for s in skipped),
             directory=str(self.directory),
         )
+
+
+class _ReadAhead:
+    """One :meth:`CheckpointStore.load` running in a daemon thread; :meth:`result` is its
+    loaded checkpoint, or raises what the load raised."""
+
+    def __init__(self, store: CheckpointStore, checkpoint: CommittedCheckpoint) -> None:
+        self.checkpoint = checkpoint
+        # The directory read: a re-save of the same step swaps in another (a new inode).
+        self._identity = _directory_identity(checkpoint.directory)
+        self._store = store
+        self._loaded: LoadedCheckpoint | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"read-ahead-{checkpoint.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._loaded = self._store.load(self.checkpoint)
+        except BaseException as error:  # re-raised in the caller's thread by result()
+            self._error = error
+
+    def read(self, checkpoint: CommittedCheckpoint) -> bool:
+        """Whether this read ``checkpoint``'s directory as it is now."""
+        self.wait()
+        return checkpoint == self.checkpoint and self._identity == _directory_identity(
+            checkpoint.directory
+        )
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> LoadedCheckpoint:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._loaded is not None
+        return self._loaded
+
+
+def _directory_identity(directory: Path) -> tuple[int, int, int] | None:
+    try:
+        found = directory.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_ctime_ns
 
 
 def _failure_in(directory: Path) -> Callable[[str], CheckpointDirectoryError]:
