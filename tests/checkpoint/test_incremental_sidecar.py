@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 from typing import Any
 
 import msgspec
@@ -264,3 +265,52 @@ def test_a_batch_that_disagrees_is_refused_as_a_full_encode_refuses_it() -> None
     machine.admit("mixed")  # both admitted for the same step: agreed again
     machine.encode("native")
     assert machine.sidecar.full_encodes == 3
+
+
+class _CountingSha256:
+    """``hashlib`` for ``_native``, counting the bytes its SHA-256 objects are fed."""
+
+    def __init__(self) -> None:
+        self.hashed = 0
+
+    def sha256(self, data: bytes = b"") -> Any:
+        counter, real = self, hashlib.sha256(data)
+        counter.hashed += len(data)
+
+        class Counted:
+            def update(self, more: bytes) -> None:
+                counter.hashed += len(more)
+                real.update(more)
+
+            def hexdigest(self) -> str:
+                return real.hexdigest()
+
+        return Counted()
+
+
+def test_the_parts_are_the_cached_groups_checksummed_only_when_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An incremental encode hands out the file as its parts: the cached groups themselves
+    (not joined into a copy) and no SHA-256 yet. The writer's walk over the parts computes
+    the checksum, over the payload once, and yields exactly the full encode's bytes."""
+    machine = IncrementalMachine()
+    for admission in ("A", "B", "B", "C"):
+        machine.reserve(admission=admission, size=2, admitted=True)
+    fields = {**FIELDS, "canonical_group_ids": set()}
+    machine.sidecar.encode(SidecarFormat.NATIVE, **fields)  # fills the cache
+    machine.sidecar.changed(["g001"])
+    counting = _CountingSha256()
+    monkeypatch.setattr(_native, "hashlib", counting)
+    file = machine.sidecar.encode_parts(SidecarFormat.NATIVE, **fields)
+    assert isinstance(file, _native.NativeFileParts)
+    assert counting.hashed == 0  # nothing proportional to the file before it is written
+    cached = list(machine.sidecar._fragments.values())
+    parts = list(file.parts())
+    groups = parts[3:-1]  # after the file's head, the frame's start and the array header
+    assert len(groups) == len(cached) and all(map(operator.is_, groups, cached))
+    payload = sum(map(len, parts[1:]))
+    assert counting.hashed == payload
+    monkeypatch.undo()
+    assert b"".join(parts) == SidecarFormat.NATIVE.encode_checkpoint(machine.ledger, **fields)
+    assert bytes(file) == b"".join(file.parts())  # the parts can be walked again

@@ -14,10 +14,14 @@ it off the journal records it replays). :meth:`changed` names groups touched in 
 left out of those is taken as unchanged: that is the one way to get wrong bytes, which is
 why the property tests compare every incremental encode with a full one.
 
-What stays O(ledger) per encode, all in C: the groups list handed to the encoder (one
-pointer per group), the copy of every group's cached bytes into the payload, the payload's
-SHA-256 and the envelope's copy of it (``_native._wrap``), and the frozenset of staging keys.
-The checks a full encode runs on the controller's fields are O(replay index), not O(ledger).
+:meth:`encode_parts` hands out the file as its parts (``NativeFileParts``): the groups'
+cached bytes are not joined and the payload's SHA-256 is not computed until the file is
+written, by its writer (``CheckpointStore.save``, in the checkpoint's background write),
+which has to pass over every byte anyway. What then stays O(ledger) per encode is one
+tuple of references (one pointer per group, in C) and the frozenset of staging keys
+(:meth:`expected_staging_keys`, one entry per sealed row not yet published). The checks a
+full encode runs on the controller's fields are O(replay index), not O(ledger).
+:meth:`encode` joins the parts: the bytes, for callers that want them.
 
 The cache costs memory: every group's encoded bytes, about the size of one native sidecar.
 
@@ -40,7 +44,7 @@ from typing import Unpack
 from ..errors import InvalidStateError
 from ..ledger import RolloutRecoveryLedger
 from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
-from ._native import encode_native_fragments, encode_native_group
+from ._native import NativeFileParts, encode_native_fragments, encode_native_group
 from ._sidecar_io import SidecarFormat
 
 __all__ = ["IncrementalSidecar"]
@@ -101,6 +105,13 @@ class IncrementalSidecar:
 
     def encode(self, format: SidecarFormat, **fields: Unpack[SidecarFields]) -> bytes:
         """The bytes of ``format.encode_checkpoint(ledger, **fields)``; refuses likewise."""
+        return bytes(self.encode_parts(format, **fields))
+
+    def encode_parts(
+        self, format: SidecarFormat, **fields: Unpack[SidecarFields]
+    ) -> bytes | NativeFileParts:
+        """:meth:`encode`'s file, the native one as its parts (not joined, not yet
+        checksummed: its writer does both as it writes); refuses like :meth:`encode`."""
         if format is not SidecarFormat.NATIVE:
             data = format.encode_checkpoint(self._ledger, **fields)
             self.full_encodes += 1
@@ -119,7 +130,7 @@ class IncrementalSidecar:
         """``ledger.expected_staging_keys()`` as of the last encode."""
         return frozenset(self._staging_counts)
 
-    def _encode_all(self, fields: SidecarFields) -> bytes:
+    def _encode_all(self, fields: SidecarFields) -> NativeFileParts:
         ledger = self._ledger
         self.full_encodes += 1
         groups, controller = checkpoint_parts(ledger, operation=_OPERATION, **fields)
@@ -135,9 +146,9 @@ class IncrementalSidecar:
         self._fill_staging([*groups, *held])
         self._changed, self._reserved = {}, {}
         self._all_changed = False
-        return encode_native_fragments(list(self._fragments.values()), controller)
+        return encode_native_fragments(self._fragments.values(), controller)
 
-    def _encode_changed(self, fields: SidecarFields) -> bytes:
+    def _encode_changed(self, fields: SidecarFields) -> NativeFileParts:
         # The controller's fields with every check a full encode runs on them.
         _, controller = checkpoint_parts(_NO_GROUPS, operation=_OPERATION, **fields)
         canonical = fields.get("canonical_group_ids") or ()
@@ -164,7 +175,7 @@ class IncrementalSidecar:
             if group_id in ledger and group_id not in canonical:
                 fragments[group_id] = encode_native_group(ledger.writable_group(group_id))
         self._check_batches(touched_batches)
-        data = encode_native_fragments(list(fragments.values()), controller)
+        data = encode_native_fragments(fragments.values(), controller)
         self._changed, self._reserved = {}, {}
         self._all_changed = False
         return data
