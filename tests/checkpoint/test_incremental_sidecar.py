@@ -79,6 +79,7 @@ class IncrementalMachine(RuleBasedStateMachine):
         self.canonical: set[str] = set()
         self.taken = 0
         self.encodes = 0
+        self.handed_out: list[tuple[Any, frozenset[str]]] = []
 
     def _ids(self) -> list[str]:
         return [group.group_id for group in self.ledger.groups()]
@@ -211,6 +212,11 @@ class IncrementalMachine(RuleBasedStateMachine):
         if whole[0] == "bytes":
             staging = frozenset(self.ledger.expected_staging_keys())
             assert self.sidecar.expected_staging_keys() == staging
+            assert frozenset(self.sidecar.staging_keys()) == staging
+            # The keys handed out at an encode stay what they were through later ones.
+            for kept, then in self.handed_out:
+                assert frozenset(kept) == then
+            self.handed_out = [*self.handed_out[-3:], (self.sidecar.staging_keys(), staging)]
         self.encodes += 1
 
     @invariant()
@@ -314,3 +320,26 @@ def test_the_parts_are_the_cached_groups_checksummed_only_when_written(
     monkeypatch.undo()
     assert b"".join(parts) == SidecarFormat.NATIVE.encode_checkpoint(machine.ledger, **fields)
     assert bytes(file) == b"".join(file.parts())  # the parts can be walked again
+
+
+class _Drawn:
+    """``st.data()`` for a rule called by hand: draws ``value``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def draw(self, strategy: Any, label: Any = None) -> Any:
+        return self.value
+
+
+def test_staging_keys_handed_out_stay_as_they_were() -> None:
+    """A snapshot keeps the groups' staging-key lists, not a set: seals after it (the same
+    group's siblings) must not reach into the keys it holds."""
+    machine = IncrementalMachine()
+    machine.reserve(admission="B", size=3, admitted=True)
+    machine.dispatch(_Drawn("g000"))
+    for index in range(3):
+        machine.seal(_Drawn(("g000", index)), 1.0)
+        machine.encode("native")  # asserts every earlier handed-out set is unchanged
+    assert [len(then) for _, then in machine.handed_out] == [1, 2, 3]
+    assert machine.sidecar.full_encodes == 1

@@ -160,7 +160,7 @@ def test_every_position_after_the_restores_in_one_run() -> None:
 def test_the_native_sidecar_is_written_from_its_parts(tmp_path: Path) -> None:
     """The snapshot hands out the native sidecar as its parts, not as a joined file: the
     checkpoint's writer joins and checksums them as it writes, and what it writes is the
-    full encode's file."""
+    full encode's file. Nothing else in it is built per key of the ledger either."""
     snapshots = builder()
     snapshots.advance_to(END)
     take(snapshots, "native")  # the first: fills the cache
@@ -172,6 +172,9 @@ def test_the_native_sidecar_is_written_from_its_parts(tmp_path: Path) -> None:
     whole = full(snapshots, "native").sidecar
     assert (saved / incremental.sidecar_name).read_bytes() == whole
     assert store.load(store.committed()[0]).files[incremental.sidecar_name] == whole
+    # The rows it owns: the groups' key lists, the set built by the row check, not here.
+    assert not isinstance(incremental.expected_staging, frozenset | set)
+    assert frozenset(incremental.expected_staging) == full(snapshots, "native").expected_staging
 
 
 def _forgetting(kind: type[records.HistoryRecord]) -> Callable[[Any], Any]:

@@ -17,10 +17,10 @@ why the property tests compare every incremental encode with a full one.
 :meth:`encode_parts` hands out the file as its parts (``NativeFileParts``): the groups'
 cached bytes are not joined and the payload's SHA-256 is not computed until the file is
 written, by its writer (``CheckpointStore.save``, in the checkpoint's background write),
-which has to pass over every byte anyway. What then stays O(ledger) per encode is one
-tuple of references (one pointer per group, in C) and the frozenset of staging keys
-(:meth:`expected_staging_keys`, one entry per sealed row not yet published). The checks a
-full encode runs on the controller's fields are O(replay index), not O(ledger).
+which has to pass over every byte anyway, and :meth:`staging_keys` hands out the groups'
+staging keys as their per-group lists (``StagingKeys``), not as one set. What then stays
+O(ledger) per encode is two tuples of references (one pointer per group, in C). The
+checks a full encode runs on the controller's fields are O(replay index), not O(ledger).
 :meth:`encode` joins the parts: the bytes, for callers that want them.
 
 The cache costs memory: every group's encoded bytes, about the size of one native sidecar.
@@ -37,7 +37,7 @@ group it cannot place) runs the full encode, which raises what it always raised,
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import chain
 from typing import Unpack
 
@@ -47,7 +47,7 @@ from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
 from ._native import NativeFileParts, encode_native_fragments, encode_native_group
 from ._sidecar_io import SidecarFormat
 
-__all__ = ["IncrementalSidecar"]
+__all__ = ["IncrementalSidecar", "StagingKeys"]
 
 _OPERATION = "encode_native_checkpoint"
 # A ledger without groups: ``checkpoint_parts`` of it checks the controller's fields alone,
@@ -55,6 +55,34 @@ _OPERATION = "encode_native_checkpoint"
 _NO_GROUPS = RolloutRecoveryLedger()
 
 _Admission = tuple[str, object, int | None]  # admission id, phase, target step
+
+
+class StagingKeys:
+    """The staging keys of a sidecar's groups as of one encode, kept as the groups' own
+    lists (one reference per group, not one entry per key); iterate, or ``frozenset(...)``.
+
+    Later encodes do not change it: the encoder replaces a group's list, never changes one.
+    A key two groups share appears twice when iterated.
+    """
+
+    __slots__ = ("_lists",)
+
+    def __init__(self, lists: tuple[list[str], ...]) -> None:
+        self._lists = lists
+
+    def __iter__(self) -> Iterator[str]:
+        return chain.from_iterable(self._lists)
+
+    def __eq__(self, other: object) -> bool:
+        """The same set of keys (tests compare snapshots with sets)."""
+        if isinstance(other, StagingKeys | frozenset | set):
+            return frozenset(self) == frozenset(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to sets that hash otherwise
+
+    def __repr__(self) -> str:
+        return f"StagingKeys(groups={len(self._lists)})"
 
 
 class _StaleCache(Exception):
@@ -129,6 +157,10 @@ class IncrementalSidecar:
     def expected_staging_keys(self) -> frozenset[str]:
         """``ledger.expected_staging_keys()`` as of the last encode."""
         return frozenset(self._staging_counts)
+
+    def staging_keys(self) -> StagingKeys:
+        """:meth:`expected_staging_keys` without building the set: O(groups) references."""
+        return StagingKeys(tuple(self._staging.values()))
 
     def _encode_all(self, fields: SidecarFields) -> NativeFileParts:
         ledger = self._ledger

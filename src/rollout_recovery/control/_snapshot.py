@@ -64,8 +64,9 @@ class Snapshot:
     sidecar: bytes | FileParts
     replay_state: bytes
     controller_state: bytes
-    #: The rows the snapshot owns (checked present before the checkpoint commits).
-    expected_staging: frozenset[str]
+    #: The rows the snapshot owns (checked present before the checkpoint commits); the
+    #: groups' key lists, not a set built here (``frozenset(...)`` for one).
+    expected_staging: Iterable[str]
     canonical_keys: frozenset[str]
 
 
@@ -148,7 +149,7 @@ class SnapshotBuilder:
             sidecar=sidecar,
             replay_state=self.replay.encoded_state(),
             controller_state=encode_controller_state(state),
-            expected_staging=self._sidecar.expected_staging_keys(),
+            expected_staging=self._sidecar.staging_keys(),
             canonical_keys=frozenset(self.replay.row_keys()),
         )
 
