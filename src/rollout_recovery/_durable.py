@@ -13,6 +13,9 @@ killed while filling leaves its temporary directory behind, as large as the stor
 temporary's name records its writer (``.{name}.tmp-{pid}@{host}-{random}``), so a later
 successful publication, or a store opening, removes the ones whose writer is dead: only
 this host's, only of processes that no longer exist, never one still being written.
+
+A new file may be written from its parts (``FileParts``): many buffers written with
+``writev``, never joined, each seen by the caller (a running checksum) as it is written.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "PRIVATE_FILE_MODE",
+    "FileParts",
     "atomic_write_bytes",
     "fsync_directory",
     "fsync_path",
@@ -80,19 +85,75 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_directory(target.parent)
 
 
-def write_new_file(path: Path, data: bytes | memoryview) -> None:
-    """Create ``path`` (it must not exist) with ``data``, fsynced before returning."""
+#: Byte buffers a file can be written from.
+Chunk = bytes | bytearray | memoryview
+# At most this many buffers per writev(2) call (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+@runtime_checkable
+class FileParts(Protocol):
+    """A file given as the buffers it is written from, one after another.
+
+    A large file assembled from many buffers (a checkpoint's sidecar: one per group) is
+    written without joining them, and whatever its bytes depend on that only the whole can
+    say (a checksum in its header) is computed by ``parts`` as the writer asks for them:
+    in the writer's thread, not by whoever built the parts.
+    """
+
+    def parts(self) -> Iterable[Chunk]:
+        """The file's bytes, in order (may be called more than once: same bytes)."""
+        ...
+
+
+def write_new_file(
+    path: Path,
+    data: Chunk | FileParts,
+    *,
+    observe: Callable[[memoryview], object] | None = None,
+) -> int:
+    """Create ``path`` (it must not exist) with ``data``, fsynced before returning; the
+    number of bytes written.
+
+    ``observe`` sees every byte written, in order, just before it is written (a running
+    checksum: one pass over the bytes for both). Parts are written with ``writev`` in
+    batches, never joined.
+    """
+    chunks = data.parts() if isinstance(data, FileParts) else (data,)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            written = os.write(descriptor, view)
-            if written == 0:  # pragma: no cover - write(2) returns 0 only for 0 bytes
-                raise OSError(errno.EIO, "write returned 0", str(path))
-            view = view[written:]
+        size = 0
+        batch: list[memoryview] = []
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            if not view:
+                continue  # writev(2) of nothing but empty buffers returns 0: not an error
+            if observe is not None:
+                observe(view)
+            size += len(view)
+            batch.append(view)
+            if len(batch) == _IOV_MAX:
+                _write_all(descriptor, batch, path)
+                batch = []
+        _write_all(descriptor, batch, path)
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+    return size
+
+
+def _write_all(descriptor: int, views: list[memoryview], path: Path) -> None:
+    """Write ``views`` in order, resuming after a short write."""
+    first = 0
+    while first < len(views):
+        written = os.writev(descriptor, views[first : first + _IOV_MAX])
+        if written == 0:  # pragma: no cover - writev(2) returns 0 only for 0 bytes
+            raise OSError(errno.EIO, "write returned 0", str(path))
+        while first < len(views) and written >= len(views[first]):
+            written -= len(views[first])
+            first += 1
+        if written:
+            views[first] = views[first][written:]
 
 
 _TEMPORARY = re.compile(r"\A\..*\.tmp-(?P<pid>[0-9]+)@(?P<host>[A-Za-z0-9._-]+)-[^/]+\Z")

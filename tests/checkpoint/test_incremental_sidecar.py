@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 from typing import Any
 
 import msgspec
@@ -78,6 +79,7 @@ class IncrementalMachine(RuleBasedStateMachine):
         self.canonical: set[str] = set()
         self.taken = 0
         self.encodes = 0
+        self.handed_out: list[tuple[Any, frozenset[str]]] = []
 
     def _ids(self) -> list[str]:
         return [group.group_id for group in self.ledger.groups()]
@@ -210,6 +212,11 @@ class IncrementalMachine(RuleBasedStateMachine):
         if whole[0] == "bytes":
             staging = frozenset(self.ledger.expected_staging_keys())
             assert self.sidecar.expected_staging_keys() == staging
+            assert frozenset(self.sidecar.staging_keys()) == staging
+            # The keys handed out at an encode stay what they were through later ones.
+            for kept, then in self.handed_out:
+                assert frozenset(kept) == then
+            self.handed_out = [*self.handed_out[-3:], (self.sidecar.staging_keys(), staging)]
         self.encodes += 1
 
     @invariant()
@@ -264,3 +271,75 @@ def test_a_batch_that_disagrees_is_refused_as_a_full_encode_refuses_it() -> None
     machine.admit("mixed")  # both admitted for the same step: agreed again
     machine.encode("native")
     assert machine.sidecar.full_encodes == 3
+
+
+class _CountingSha256:
+    """``hashlib`` for ``_native``, counting the bytes its SHA-256 objects are fed."""
+
+    def __init__(self) -> None:
+        self.hashed = 0
+
+    def sha256(self, data: bytes = b"") -> Any:
+        counter, real = self, hashlib.sha256(data)
+        counter.hashed += len(data)
+
+        class Counted:
+            def update(self, more: bytes) -> None:
+                counter.hashed += len(more)
+                real.update(more)
+
+            def hexdigest(self) -> str:
+                return real.hexdigest()
+
+        return Counted()
+
+
+def test_the_parts_are_the_cached_groups_checksummed_only_when_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An incremental encode hands out the file as its parts: the cached groups themselves
+    (not joined into a copy) and no SHA-256 yet. The writer's walk over the parts computes
+    the checksum, over the payload once, and yields exactly the full encode's bytes."""
+    machine = IncrementalMachine()
+    for admission in ("A", "B", "B", "C"):
+        machine.reserve(admission=admission, size=2, admitted=True)
+    fields = {**FIELDS, "canonical_group_ids": set()}
+    machine.sidecar.encode(SidecarFormat.NATIVE, **fields)  # fills the cache
+    machine.sidecar.changed(["g001"])
+    counting = _CountingSha256()
+    monkeypatch.setattr(_native, "hashlib", counting)
+    file = machine.sidecar.encode_parts(SidecarFormat.NATIVE, **fields)
+    assert isinstance(file, _native.NativeFileParts)
+    assert counting.hashed == 0  # nothing proportional to the file before it is written
+    cached = list(machine.sidecar._fragments.values())
+    parts = list(file.parts())
+    groups = parts[3:-1]  # after the file's head, the frame's start and the array header
+    assert len(groups) == len(cached) and all(map(operator.is_, groups, cached))
+    payload = sum(map(len, parts[1:]))
+    assert counting.hashed == payload
+    monkeypatch.undo()
+    assert b"".join(parts) == SidecarFormat.NATIVE.encode_checkpoint(machine.ledger, **fields)
+    assert bytes(file) == b"".join(file.parts())  # the parts can be walked again
+
+
+class _Drawn:
+    """``st.data()`` for a rule called by hand: draws ``value``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def draw(self, strategy: Any, label: Any = None) -> Any:
+        return self.value
+
+
+def test_staging_keys_handed_out_stay_as_they_were() -> None:
+    """A snapshot keeps the groups' staging-key lists, not a set: seals after it (the same
+    group's siblings) must not reach into the keys it holds."""
+    machine = IncrementalMachine()
+    machine.reserve(admission="B", size=3, admitted=True)
+    machine.dispatch(_Drawn("g000"))
+    for index in range(3):
+        machine.seal(_Drawn(("g000", index)), 1.0)
+        machine.encode("native")  # asserts every earlier handed-out set is unchanged
+    assert [len(then) for _, then in machine.handed_out] == [1, 2, 3]
+    assert machine.sidecar.full_encodes == 1

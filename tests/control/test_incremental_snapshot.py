@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rollout_recovery._durable import FileParts
 from rollout_recovery.checkpoint import SidecarFormat
 from rollout_recovery.control import _snapshot
 from rollout_recovery.control._replay import metadata_only_plane
@@ -31,6 +32,7 @@ from rollout_recovery.history import records
 from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.ledger import RolloutRecoveryLedger
 from rollout_recovery.rewards import CaptureRewardSettings
+from rollout_recovery.rundir import CheckpointStore
 
 JOURNAL = Path(__file__).parents[1] / "fixtures" / "transitions" / "events.jsonl"
 GROUP_SIZE = 2  # the golden job's generations_per_prompt
@@ -153,6 +155,26 @@ def test_every_position_after_the_restores_in_one_run() -> None:
         assert take(snapshots, "native") == full(snapshots, "native"), stop
     # One full encode at the start, and one at each restore the first advance crossed.
     assert snapshots._sidecar.full_encodes == 1
+
+
+def test_the_native_sidecar_is_written_from_its_parts(tmp_path: Path) -> None:
+    """The snapshot hands out the native sidecar as its parts, not as a joined file: the
+    checkpoint's writer joins and checksums them as it writes, and what it writes is the
+    full encode's file. Nothing else in it is built per key of the ledger either."""
+    snapshots = builder()
+    snapshots.advance_to(END)
+    take(snapshots, "native")  # the first: fills the cache
+    incremental = take(snapshots, "native")
+    assert isinstance(incremental.sidecar, FileParts)
+    assert not isinstance(incremental.sidecar, bytes | bytearray | memoryview)
+    store = CheckpointStore(tmp_path, keep=1)
+    saved = store.save(incremental.step, {incremental.sidecar_name: incremental.sidecar})
+    whole = full(snapshots, "native").sidecar
+    assert (saved / incremental.sidecar_name).read_bytes() == whole
+    assert store.load(store.committed()[0]).files[incremental.sidecar_name] == whole
+    # The rows it owns: the groups' key lists, the set built by the row check, not here.
+    assert not isinstance(incremental.expected_staging, frozenset | set)
+    assert frozenset(incremental.expected_staging) == full(snapshots, "native").expected_staging
 
 
 def _forgetting(kind: type[records.HistoryRecord]) -> Callable[[Any], Any]:

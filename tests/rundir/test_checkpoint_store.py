@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,14 +203,14 @@ def test_enospc_mid_save_leaves_the_previous_checkpoint(
     real_write = _checkpoint_dir.write_new_file
     calls: list[Path] = []
 
-    def full_disk(path: Path, data: bytes | memoryview) -> None:
+    def full_disk(path: Path, data: bytes | memoryview, **options: Any) -> int:
         calls.append(path)
         if len(calls) == fail_on_write:
             # Half the bytes land, as when the disk fills mid-write.
             with open(path, "xb") as handle:
                 handle.write(bytes(data)[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_write(path, data)
+        return real_write(path, data, **options)
 
     monkeypatch.setattr(_checkpoint_dir, "write_new_file", full_disk)
     with pytest.raises(OSError) as caught:

@@ -6,7 +6,8 @@ ledger, and ``.summary()``: what ``rollout-recovery inspect`` shows); inside a c
 ``SidecarFormat.encode_checkpoint`` produces the file's bytes from the ledger (the native
 file straight from ledger storage), to be written after the cut; an
 :class:`IncrementalSidecar` gives the same bytes again and again re-encoding only the groups
-that changed since its last encode (the snapshot builder's). A
+that changed since its last encode (the snapshot builder's), the native file as its parts
+(``encode_parts``: neither joined nor checksummed until it is written). A
 :class:`SidecarFormat` also names its file (``.filename``). Tools read raw bytes
 (``SidecarFormat.read_bytes``, ``SidecarFormat.decode``) and list every fault
 (``SidecarFormat.find_problems``). Bytes that are not an intact sidecar raise

@@ -14,10 +14,14 @@ it off the journal records it replays). :meth:`changed` names groups touched in 
 left out of those is taken as unchanged: that is the one way to get wrong bytes, which is
 why the property tests compare every incremental encode with a full one.
 
-What stays O(ledger) per encode, all in C: the groups list handed to the encoder (one
-pointer per group), the copy of every group's cached bytes into the payload, the payload's
-SHA-256 and the envelope's copy of it (``_native._wrap``), and the frozenset of staging keys.
-The checks a full encode runs on the controller's fields are O(replay index), not O(ledger).
+:meth:`encode_parts` hands out the file as its parts (``NativeFileParts``): the groups'
+cached bytes are not joined and the payload's SHA-256 is not computed until the file is
+written, by its writer (``CheckpointStore.save``, in the checkpoint's background write),
+which has to pass over every byte anyway, and :meth:`staging_keys` hands out the groups'
+staging keys as their per-group lists (``StagingKeys``), not as one set. What then stays
+O(ledger) per encode is two tuples of references (one pointer per group, in C). The
+checks a full encode runs on the controller's fields are O(replay index), not O(ledger).
+:meth:`encode` joins the parts: the bytes, for callers that want them.
 
 The cache costs memory: every group's encoded bytes, about the size of one native sidecar.
 
@@ -33,17 +37,17 @@ group it cannot place) runs the full encode, which raises what it always raised,
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import chain
 from typing import Unpack
 
 from ..errors import InvalidStateError
 from ..ledger import RolloutRecoveryLedger
 from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
-from ._native import encode_native_fragments, encode_native_group
+from ._native import NativeFileParts, encode_native_fragments, encode_native_group
 from ._sidecar_io import SidecarFormat
 
-__all__ = ["IncrementalSidecar"]
+__all__ = ["IncrementalSidecar", "StagingKeys"]
 
 _OPERATION = "encode_native_checkpoint"
 # A ledger without groups: ``checkpoint_parts`` of it checks the controller's fields alone,
@@ -51,6 +55,34 @@ _OPERATION = "encode_native_checkpoint"
 _NO_GROUPS = RolloutRecoveryLedger()
 
 _Admission = tuple[str, object, int | None]  # admission id, phase, target step
+
+
+class StagingKeys:
+    """The staging keys of a sidecar's groups as of one encode, kept as the groups' own
+    lists (one reference per group, not one entry per key); iterate, or ``frozenset(...)``.
+
+    Later encodes do not change it: the encoder replaces a group's list, never changes one.
+    A key two groups share appears twice when iterated.
+    """
+
+    __slots__ = ("_lists",)
+
+    def __init__(self, lists: tuple[list[str], ...]) -> None:
+        self._lists = lists
+
+    def __iter__(self) -> Iterator[str]:
+        return chain.from_iterable(self._lists)
+
+    def __eq__(self, other: object) -> bool:
+        """The same set of keys (tests compare snapshots with sets)."""
+        if isinstance(other, StagingKeys | frozenset | set):
+            return frozenset(self) == frozenset(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to sets that hash otherwise
+
+    def __repr__(self) -> str:
+        return f"StagingKeys(groups={len(self._lists)})"
 
 
 class _StaleCache(Exception):
@@ -101,6 +133,13 @@ class IncrementalSidecar:
 
     def encode(self, format: SidecarFormat, **fields: Unpack[SidecarFields]) -> bytes:
         """The bytes of ``format.encode_checkpoint(ledger, **fields)``; refuses likewise."""
+        return bytes(self.encode_parts(format, **fields))
+
+    def encode_parts(
+        self, format: SidecarFormat, **fields: Unpack[SidecarFields]
+    ) -> bytes | NativeFileParts:
+        """:meth:`encode`'s file, the native one as its parts (not joined, not yet
+        checksummed: its writer does both as it writes); refuses like :meth:`encode`."""
         if format is not SidecarFormat.NATIVE:
             data = format.encode_checkpoint(self._ledger, **fields)
             self.full_encodes += 1
@@ -119,7 +158,11 @@ class IncrementalSidecar:
         """``ledger.expected_staging_keys()`` as of the last encode."""
         return frozenset(self._staging_counts)
 
-    def _encode_all(self, fields: SidecarFields) -> bytes:
+    def staging_keys(self) -> StagingKeys:
+        """:meth:`expected_staging_keys` without building the set: O(groups) references."""
+        return StagingKeys(tuple(self._staging.values()))
+
+    def _encode_all(self, fields: SidecarFields) -> NativeFileParts:
         ledger = self._ledger
         self.full_encodes += 1
         groups, controller = checkpoint_parts(ledger, operation=_OPERATION, **fields)
@@ -135,9 +178,9 @@ class IncrementalSidecar:
         self._fill_staging([*groups, *held])
         self._changed, self._reserved = {}, {}
         self._all_changed = False
-        return encode_native_fragments(list(self._fragments.values()), controller)
+        return encode_native_fragments(self._fragments.values(), controller)
 
-    def _encode_changed(self, fields: SidecarFields) -> bytes:
+    def _encode_changed(self, fields: SidecarFields) -> NativeFileParts:
         # The controller's fields with every check a full encode runs on them.
         _, controller = checkpoint_parts(_NO_GROUPS, operation=_OPERATION, **fields)
         canonical = fields.get("canonical_group_ids") or ()
@@ -164,7 +207,7 @@ class IncrementalSidecar:
             if group_id in ledger and group_id not in canonical:
                 fragments[group_id] = encode_native_group(ledger.writable_group(group_id))
         self._check_batches(touched_batches)
-        data = encode_native_fragments(list(fragments.values()), controller)
+        data = encode_native_fragments(fragments.values(), controller)
         self._changed, self._reserved = {}, {}
         self._all_changed = False
         return data

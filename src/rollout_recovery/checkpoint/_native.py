@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from enum import StrEnum
 from types import GenericAlias, UnionType
 from typing import Any, Final, Generic, TypeVar, Union, Unpack, cast, get_args, get_origin
@@ -52,6 +52,7 @@ __all__ = [
     "MAGIC",
     "SUPPORTED_FORMAT_VERSIONS",
     "NativeEnvelope",
+    "NativeFileParts",
     "decode_native",
     "decode_native_payload",
     "decode_native_payload_for_load",
@@ -258,13 +259,16 @@ def encode_native_group(group: GroupState) -> bytes:
     return _encode_payload(group)
 
 
-def encode_native_fragments(groups: Sequence[bytes], controller: dict[str, Any]) -> bytes:
+def encode_native_fragments(
+    groups: Collection[bytes], controller: dict[str, Any]
+) -> NativeFileParts:
     """:func:`encode_native_parts` for groups already encoded (:func:`encode_native_group`):
-    the same bytes, joined with one copy of the groups' bytes.
+    the same file, as its parts (``bytes(...)`` joins them).
 
     The payload is the encoding of the sidecar with no groups, whose empty groups array
-    (one byte) is replaced by the array's header and the groups. What stays proportional
-    to the file: the join (a copy) and the checksum (SHA-256 over the payload).
+    (one byte) is replaced by the array's header and the groups. Nothing here is
+    proportional to the file but the tuple of the groups' references: the checksum and the
+    file's header are computed when the parts are written (:class:`NativeFileParts`).
     """
     empty = _Sidecar[GroupState](
         schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=[], **controller
@@ -274,11 +278,52 @@ def encode_native_fragments(groups: Sequence[bytes], controller: dict[str, Any])
     split = frame.index(_GROUPS_KEY) + len(_GROUPS_KEY)
     if frame[split] != _EMPTY_ARRAY:
         raise AssertionError("the native payload's empty groups array is not where expected")
-    payload = [frame[:split], _array_header(len(groups)), *groups, frame[split + 1 :]]
-    digest = hashlib.sha256()
-    for part in payload:
-        digest.update(part)
-    return _join_file(payload, digest.hexdigest())
+    return NativeFileParts(
+        (frame[:split], _array_header(len(groups)), *groups, frame[split + 1 :])
+    )
+
+
+class NativeFileParts:
+    """A native file as the parts of its payload: written without joining them, its
+    checksum computed by whoever writes it (``_durable.FileParts``).
+
+    The envelope holds the payload's SHA-256 before the payload, so :meth:`parts` hashes
+    the payload first (one pass, in the writer's thread) and yields the magic, the envelope
+    and the ``bin`` header, then the payload's parts. The bytes are exactly
+    :func:`encode_native_parts`'s for the same sidecar. The parts are immutable ``bytes``:
+    the encoder that made them may go on (replacing its own entries) while they are written.
+    """
+
+    __slots__ = ("_payload",)
+
+    def __init__(self, payload: tuple[bytes, ...]) -> None:
+        self._payload = payload
+
+    def parts(self) -> Iterator[bytes]:
+        digest = hashlib.sha256()
+        size = 0
+        for part in self._payload:
+            digest.update(part)
+            size += len(part)
+        yield _file_head(size, digest.hexdigest())
+        yield from self._payload
+
+    def __bytes__(self) -> bytes:
+        """The file's bytes, joined (one copy of the file: tests and tools, not writers)."""
+        return b"".join(self.parts())
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to the same file, as parts or as bytes (tests compare snapshots)."""
+        if isinstance(other, NativeFileParts):
+            other = bytes(other)
+        if isinstance(other, bytes | bytearray | memoryview):
+            return bytes(self) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to bytes that hash otherwise
+
+    def __repr__(self) -> str:
+        return f"NativeFileParts(parts={len(self._payload)})"
 
 
 def _encode_payload(value: object) -> bytes:
@@ -311,14 +356,19 @@ _EMPTY_BIN: Final = _ENCODER.encode(b"")
 
 def _join_file(payload: Sequence[bytes], hexdigest: str) -> bytes:
     """The file: magic and envelope around the payload that is ``payload``'s parts joined,
-    whose SHA-256 is ``hexdigest``, in one copy of the payload's bytes.
+    whose SHA-256 is ``hexdigest``, in one copy of the payload's bytes (instead of two: the
+    envelope's encode, then the magic's concatenation)."""
+    return b"".join((_file_head(sum(map(len, payload)), hexdigest), *payload))
+
+
+def _file_head(size: int, hexdigest: str) -> bytes:
+    """Everything before a payload of ``size`` bytes whose SHA-256 is ``hexdigest``: the
+    magic, then the envelope up to the payload's bytes.
 
     The envelope is what msgspec encodes (``NativeEnvelope``, whose last field is the
     payload): its encoding with an empty payload, the empty ``bin`` replaced by the
-    payload's ``bin`` header and bytes. One copy of a large payload instead of two (the
-    envelope's encode, then the magic's concatenation).
+    payload's ``bin`` header.
     """
-    size = sum(map(len, payload))
     head = _ENCODER.encode(
         NativeEnvelope(
             format=FORMAT_NAME,
@@ -330,7 +380,7 @@ def _join_file(payload: Sequence[bytes], hexdigest: str) -> bytes:
     )
     if not head.endswith(_EMPTY_BIN):
         raise AssertionError("the native envelope does not end with its payload")
-    return b"".join((MAGIC, head[: -len(_EMPTY_BIN)], _bin_header(size), *payload))
+    return b"".join((MAGIC, head[: -len(_EMPTY_BIN)], _bin_header(size)))
 
 
 def _bin_header(size: int) -> bytes:

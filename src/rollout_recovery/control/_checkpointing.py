@@ -37,7 +37,7 @@ import contextlib
 import io
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -412,10 +412,10 @@ class ControllerCheckpoints:
         return timing
 
     def _require_rows(
-        self, expected_staging: frozenset[str], canonical_keys: frozenset[str]
+        self, expected_staging: Iterable[str], canonical_keys: frozenset[str]
     ) -> None:
         store = self.rows
-        missing_staging = expected_staging - set(store.keys(CaptureWriter.staging_partition))
+        missing_staging = set(expected_staging) - set(store.keys(CaptureWriter.staging_partition))
         missing_canonical = canonical_keys - set(store.keys(ReplayIndex.canonical_partition))
         if missing_staging or missing_canonical:
             raise CheckpointDirectoryError(

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._durable import FileParts
 from ..dataplane import DataPlane, ReplayIndex, Row
 from ..errors import InvalidOperationError, RolloutRecoveryError
 from ..history import JournalEntry, records
@@ -125,7 +126,7 @@ class RecordedRun:
         )
 
     @staticmethod
-    def snapshot_files(snapshot: Snapshot) -> dict[str, bytes]:
+    def snapshot_files(snapshot: Snapshot) -> dict[str, bytes | FileParts]:
         """A snapshot's checkpoint files (no trainer's: the caller's trainer saves its own)."""
         files = CheckpointStore.FILES
         return {

@@ -11,6 +11,9 @@ The ledger's part of the sidecar is encoded incrementally (:class:`IncrementalSi
 each record the builder replays names the groups it touches (:func:`_touched`), and a
 snapshot re-encodes only those, so its cost follows the records since the previous
 snapshot, not the ledger. The bytes are a full encode's (the property tests compare them).
+The native sidecar is handed out as its parts (``NativeFileParts``), neither joined nor
+checksummed: the checkpoint's writer does both as it writes the file (``CheckpointStore.save``),
+which is O(bytes) anyway and runs in the background write (``[checkpoint] background``).
 The replay index keeps its groups' encoded entries too (``ReplayIndex.encoded_state``).
 What stays O(ledger) or O(replay index) per snapshot is listed in ``_incremental.py`` and
 ``encoded_state``, and here: the checks of the sidecar's finalizer metrics (Python, one
@@ -28,6 +31,7 @@ from typing import Any, Literal, assert_never
 
 import msgspec
 
+from .._durable import FileParts
 from ..checkpoint import IncrementalSidecar, SidecarFormat
 from ..dataplane import ReplayIndex
 from ..history import JournalScan, records
@@ -55,11 +59,14 @@ class Snapshot:
     step: int
     weight_version: int
     sidecar_name: str
-    sidecar: bytes
+    #: The sidecar file: the native one as its parts, which its writer joins and
+    #: checksums as it writes them (``bytes(...)`` for the bytes).
+    sidecar: bytes | FileParts
     replay_state: bytes
     controller_state: bytes
-    #: The rows the snapshot owns (checked present before the checkpoint commits).
-    expected_staging: frozenset[str]
+    #: The rows the snapshot owns (checked present before the checkpoint commits); the
+    #: groups' key lists, not a set built here (``frozenset(...)`` for one).
+    expected_staging: Iterable[str]
     canonical_keys: frozenset[str]
 
 
@@ -130,7 +137,7 @@ class SnapshotBuilder:
             "canonical_group_ids": canonical_ids,
         }
         format = SidecarFormat(sidecar_format)
-        sidecar = self._sidecar.encode(format, **fields)
+        sidecar = self._sidecar.encode_parts(format, **fields)
         state = copy.copy(self.state)
         state.config = config
         state.identity = identity
@@ -142,7 +149,7 @@ class SnapshotBuilder:
             sidecar=sidecar,
             replay_state=self.replay.encoded_state(),
             controller_state=encode_controller_state(state),
-            expected_staging=self._sidecar.expected_staging_keys(),
+            expected_staging=self._sidecar.staging_keys(),
             canonical_keys=frozenset(self.replay.row_keys()),
         )
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from .._crashpoints import crash_point
-from .._durable import atomic_write_bytes, fsync_directory, write_new_file
+from .._durable import FileParts, atomic_write_bytes, fsync_directory, write_new_file
 from ..errors import (
     CheckpointDirectoryError,
     InvalidArgumentError,
@@ -179,7 +179,11 @@ class CheckpointStore:
     # -- writing --------------------------------------------------------------------------
 
     def save(
-        self, step: int, files: Mapping[str, bytes], *, marks: Mapping[str, int] | None = None
+        self,
+        step: int,
+        files: Mapping[str, bytes | FileParts],
+        *,
+        marks: Mapping[str, int] | None = None,
     ) -> Path:
         """Write ``files`` as committed checkpoint ``step``; return its directory.
 
@@ -190,6 +194,10 @@ class CheckpointStore:
 
         ``marks`` (file name -> length) go into the manifest (see :class:`LoadedCheckpoint`).
 
+        A file may be given as its parts (``FileParts``: a sidecar, one buffer per group):
+        they are written one after another, never joined, and hashed for the manifest as
+        they are written, so the whole save is one pass over each file's bytes here.
+
         Raises ``ValueError`` / ``TypeError`` for a bad step, file name or content, before
         touching the disk. An ``OSError`` (e.g. ENOSPC) before the commit rename leaves the
         previous checkpoints and ``LATEST`` as they were and removes the temporary
@@ -199,17 +207,20 @@ class CheckpointStore:
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
-        contents: dict[str, memoryview] = {}
+        contents: dict[str, memoryview | FileParts] = {}
         for file_name, data in files.items():
             problem = _check_file_name(file_name)
             if problem is not None:
                 raise InvalidArgumentError(
                     f"cannot save checkpoint {step_dirname(step)}: {problem}"
                 )
+            if isinstance(data, FileParts):
+                contents[file_name] = data
+                continue
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise InvalidArgumentTypeError(
                     f"cannot save checkpoint {step_dirname(step)}: file {file_name!r} must "
-                    f"be bytes, got {type(data).__name__}"
+                    f"be bytes or FileParts, got {type(data).__name__}"
                 )
             # A byte view, so size and hash count bytes whatever the buffer's item type.
             contents[file_name] = memoryview(data).cast("B")
@@ -220,7 +231,7 @@ class CheckpointStore:
                 return self._save_locked(step, contents, checked_marks)
 
     def _save_locked(
-        self, step: int, contents: Mapping[str, memoryview], marks: Mapping[str, int]
+        self, step: int, contents: Mapping[str, memoryview | FileParts], marks: Mapping[str, int]
     ) -> Path:
         self._remove_stale_locked()
         name = step_dirname(step)
@@ -288,14 +299,15 @@ class CheckpointStore:
         temporary: Path,
         final: Path,
         step: int,
-        files: Mapping[str, memoryview],
+        files: Mapping[str, memoryview | FileParts],
         marks: Mapping[str, int],
     ) -> None:
         temporary.mkdir()
         entries: dict[str, dict[str, Any]] = {}
         for file_name, data in files.items():
-            write_new_file(temporary / file_name, data)
-            entries[file_name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            digest = hashlib.sha256()
+            size = write_new_file(temporary / file_name, data, observe=digest.update)
+            entries[file_name] = {"size": size, "sha256": digest.hexdigest()}
         # The files' directory entries must be durable before a marker that vouches for them.
         fsync_directory(temporary)
         manifest = {
