@@ -650,3 +650,36 @@ def test_a_push_waiting_for_its_file_keeps_it_when_a_newer_one_is_written_first(
 
     assert asyncio.run(scenario()) == 1
     assert server.loaded == 1
+
+
+REQUEST_PHASES = ("pause_s", "unname_s", "load_s", "tag_s", "resume_s")
+
+
+def test_a_push_event_says_where_its_seconds_went_phase_by_phase(tmp_path: Path) -> None:
+    async def scenario(rig: Rig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: rig.backend.pool.versions()[rig.server.url] == 0, GUARD_S)
+        rig.backend.update_weights(1, FakeWeights(1))
+        await rig.events.wait(lambda: rig.backend.pool.versions()[rig.server.url] == 1, GUARD_S)
+        rig.server.fail_load = True
+        rig.backend.update_weights(2, FakeWeights(2))
+        await rig.events.wait(
+            lambda: rig.backend.pool.states()[rig.server.url] != "healthy", GUARD_S
+        )
+        failed.update(rig.sync.push_phases(rig.server.url))
+        await rig.backend.aclose()
+
+    failed: dict[str, float] = {}
+
+    rig = Rig(tmp_path)
+    asyncio.run(scenario(rig))
+    loaded = {d["version"]: d for _, d in rig.events.of("weights_loaded")}
+    pushed = loaded[1]
+    assert set(REQUEST_PHASES) | {"file_s", "write_s", "drain_s", "seconds"} <= set(pushed)
+    assert all(pushed[name] >= 0.0 for name in (*REQUEST_PHASES, "file_s", "drain_s"))
+    # The requests are inside the push's seconds; the file's write inside ``write_s``.
+    assert sum(pushed[name] for name in REQUEST_PHASES) <= pushed["seconds"] + 1e-3
+    assert pushed["file_s"] <= pushed["write_s"] + 1e-3
+    # A failed load says where it stopped: no version named, the server resumed.
+    assert {"pause_s", "unname_s", "load_s", "resume_s"} <= set(failed)
+    assert "tag_s" not in failed

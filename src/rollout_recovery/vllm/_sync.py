@@ -61,14 +61,16 @@ import os
 import re
 import shutil
 import struct
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
 import httpx
 import msgspec
 
+from .._clock import monotonic
 from .._crashpoints import crash_point
 from .._durable import atomic_write_bytes
 from .._http import parse_version, read_capped
@@ -321,6 +323,8 @@ class VllmWeightSync(Resource):
         self._files: dict[int, asyncio.Task[Path]] = {}
         self._reading: Counter[int] = Counter()  # versions pushes are loading now
         self._swept = False
+        self._file_seconds: dict[int, float] = {}  # each file's write, in its thread
+        self._phases: dict[str, dict[str, float]] = {}  # the newest push's, by url
 
     @property
     def directory(self) -> Path:
@@ -348,6 +352,9 @@ class VllmWeightSync(Resource):
         path = self._directory / weights_file_name(version)
         partial = self._directory / f".{path.name}.{os.getpid()}.tmp"
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        # The write's own seconds, in its thread (a report, never a deadline): against
+        # the pool's ``write_s``, which the loop measures, it shows a loop slow to notice.
+        began = time.perf_counter()
         try:
             with os.fdopen(os.open(partial, flags, 0o600), "w+b") as handle:
                 weights.write_safetensors(handle, self._dtype)
@@ -355,6 +362,7 @@ class VllmWeightSync(Resource):
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
+        self._file_seconds[version] = time.perf_counter() - began
         return path
 
     def _prune(self) -> None:
@@ -364,6 +372,7 @@ class VllmWeightSync(Resource):
         keep = set(sorted(self._files)[-self._keep :]) | set(+self._reading)
         for version in [v for v in self._files if v not in keep]:
             del self._files[version]
+            self._file_seconds.pop(version, None)
         try:
             entries = list(os.scandir(self._directory))
         except OSError:
@@ -394,6 +403,14 @@ class VllmWeightSync(Resource):
         the pool does while the server still runs calls, so the push proper is only the
         requests."""
         await self.weights_file(version, weights)
+
+    def push_phases(self, url: str) -> dict[str, float]:
+        """Where the newest push to ``url`` spent its seconds (``TimedWeightSync``):
+        ``file_s`` (its weights file's write, shared by every server's push; 0.0 when
+        an earlier push wrote it) and each request's (``pause_s``, ``unname_s``,
+        ``load_s``, ``tag_s``, ``reset_s`` with ``on_weight_update = "interrupt"``,
+        ``resume_s``); a failed push has the phases it reached."""
+        return dict(self._phases.get(url, {}))
 
     def close(self) -> None:
         """Remove every weight file in the directory, and the directory if that leaves it
@@ -449,7 +466,9 @@ class VllmWeightSync(Resource):
         self._reading[version] += 1
         try:
             path = await self.weights_file(version, weights)
-            return await self._requests(client, url, path, version, timeout, keep_calls)
+            # The first push of a version reports its file's write; later ones found it.
+            phases = self._phases[url] = {"file_s": self._file_seconds.pop(version, 0.0)}
+            return await self._requests(client, url, path, version, timeout, keep_calls, phases)
         finally:
             self._reading[version] -= 1
             if self._files:
@@ -463,51 +482,75 @@ class VllmWeightSync(Resource):
         version: int,
         timeout: float,
         keep_calls: bool,
+        phases: dict[str, float],
     ) -> int | None:
-        await _exchange(
-            client,
-            "POST",
-            f"{url}/pause",
-            params={"mode": "keep"} if keep_calls else {"mode": "wait", "clear_cache": "true"},
-            timeout=timeout,
-        )
+        clock = _Phases(phases)
+        async with clock("pause_s"):
+            await _exchange(
+                client,
+                "POST",
+                f"{url}/pause",
+                params={"mode": "keep"} if keep_calls else {"mode": "wait", "clear_cache": "true"},
+                timeout=timeout,
+            )
         try:
             # A server that kept its old name while it loads would serve mixed weights
             # under it if the load failed half way: no load unless it names none now.
-            unnamed = _decode(await _tag(client, url, LOADING_TAG, timeout), _TagReply)
+            async with clock("unname_s"):
+                unnamed = _decode(await _tag(client, url, LOADING_TAG, timeout), _TagReply)
             if unnamed is None or not unnamed.success:
                 return None
-            rpc = await _exchange(
-                client,
-                "POST",
-                f"{url}/collective_rpc",
-                json={"method": LOAD_METHOD, "args": [str(path), str(version)]},
-                timeout=timeout,
-            )
+            async with clock("load_s"):
+                rpc = await _exchange(
+                    client,
+                    "POST",
+                    f"{url}/collective_rpc",
+                    json={"method": LOAD_METHOD, "args": [str(path), str(version)]},
+                    timeout=timeout,
+                )
             if not _loaded(_decode(rpc, _RpcReply), version):
                 return None
             crash_point("vllm.push_loaded")
-            tagged = _decode(await _tag(client, url, str(version), timeout), _TagReply)
+            async with clock("tag_s"):
+                tagged = _decode(await _tag(client, url, str(version), timeout), _TagReply)
             if tagged is None or not tagged.success:
                 return None
             if keep_calls:
-                reset = _decode(
-                    await _exchange(
-                        client,
-                        "POST",
-                        f"{url}/reset_prefix_cache",
-                        # Paused requests hold KV blocks: the reset preempts them (they
-                        # are recomputed on resume), or it would fail while they run.
-                        params={"reset_running_requests": "true"},
-                        timeout=timeout,
-                    ),
-                    _ResetReply,
-                )
+                async with clock("reset_s"):
+                    reset = _decode(
+                        await _exchange(
+                            client,
+                            "POST",
+                            f"{url}/reset_prefix_cache",
+                            # Paused requests hold KV blocks: the reset preempts them
+                            # (recomputed on resume), or it would fail while they run.
+                            params={"reset_running_requests": "true"},
+                            timeout=timeout,
+                        ),
+                        _ResetReply,
+                    )
                 if reset is None or not reset.success:
                     return None
         finally:
-            await _resume(client, url)
+            async with clock("resume_s"):
+                await _resume(client, url)
         return parse_version(tagged.new_version)
+
+
+class _Phases:
+    """Times the blocks it is entered for into ``seconds`` by name, on the loop's clock
+    (a block that raises is timed too: a failed push says where it stopped)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self._seconds = seconds
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, name: str) -> AsyncIterator[None]:
+        began = monotonic()
+        try:
+            yield
+        finally:
+            self._seconds[name] = monotonic() - began
 
 
 def _loaded(reply: _RpcReply | None, version: int) -> bool:
