@@ -683,3 +683,59 @@ def test_a_push_event_says_where_its_seconds_went_phase_by_phase(tmp_path: Path)
     # A failed load says where it stopped: no version named, the server resumed.
     assert {"pause_s", "unname_s", "load_s", "resume_s"} <= set(failed)
     assert "tag_s" not in failed
+
+
+def test_a_new_version_takes_the_pages_of_the_file_it_supersedes(tmp_path: Path) -> None:
+    """Each version's file is the superseded one's, rewritten (one inode for the run),
+    and each holds its own version when its push loads it."""
+
+    async def scenario(rig: Rig) -> list[tuple[int, str | None]]:
+        seen = []
+        rig.backend.pool.start()
+        for version in range(4):
+            if version:
+                rig.backend.update_weights(version, FakeWeights(version))
+            await rig.events.wait(
+                lambda: rig.backend.pool.versions()[rig.server.url] == version, GUARD_S
+            )
+            path = rig.sync.directory / weights_file_name(version)
+            seen.append((os.stat(path).st_ino, file_version(str(path))))
+        await rig.backend.aclose()
+        return seen
+
+    rig = Rig(tmp_path)
+    seen = asyncio.run(scenario(rig))
+    assert [found for _, found in seen] == ["0", "1", "2", "3"]
+    assert len({inode for inode, _ in seen}) == 1
+    assert rig.server.loaded == 3
+
+
+def test_a_file_a_push_is_loading_is_not_rewritten_for_a_newer_version(tmp_path: Path) -> None:
+    """Version 1's push is loading (its server paused, waiting for a call): version 2's
+    file is a new one, and 1's keeps its bytes until that push is done."""
+    fleet = FakeVllmFleet(1)
+    sync = VllmWeightSync(tmp_path / "weights")
+    server = fleet[0]
+
+    async def scenario() -> tuple[int | None, int, int]:
+        async with httpx.AsyncClient(transport=fleet.transport()) as client:
+            await sync.prepare(0, FakeWeights(0))
+            zero = os.stat(sync.directory / weights_file_name(0)).st_ino
+            server.hold = asyncio.Event()
+            blocker = asyncio.create_task(
+                client.post(f"{server.url}/v1/completions", json=_completion_body())
+            )
+            await server.holding.wait()
+            first = asyncio.create_task(sync.push(client, server.url, 1, FakeWeights(1), GUARD_S))
+            await server.wait_for(lambda: server.log[-1:] == ["/pause?mode=wait&clear_cache=true"])
+            one = os.stat(sync.directory / weights_file_name(1)).st_ino
+            await sync.prepare(2, FakeWeights(2))
+            two = os.stat(sync.directory / weights_file_name(2)).st_ino
+            assert file_version(str(sync.directory / weights_file_name(1))) == "1"
+            server.hold.set()
+            await blocker
+            assert zero == one  # 1 took 0's file: no push was reading it
+            return await first, one, two
+
+    reported, one, two = asyncio.run(scenario())
+    assert reported == 1 and server.loaded == 1 and one != two

@@ -9,8 +9,10 @@ package's worker extension, see :func:`server_command`):
    place, so a server never reads half a file. Never fsynced: the file lives only as long
    as a push needs it (a job that restarts writes its weights again), and the job's
    launched servers get it in shared memory (:func:`shared_memory_dir`), so a push
-   touches no disk. :meth:`VllmWeightSync.prepare` writes it ahead of the push (the pool
-   does, before it waits for the server's calls to end);
+   touches no disk. A new version takes the file of the version it supersedes once no
+   push reads it (its pages reused, not allocated and zeroed again).
+   :meth:`VllmWeightSync.prepare` writes it ahead of the push (the pool does, before it
+   waits for the server's calls to end);
 2. ``POST /pause?mode=wait&clear_cache=true``: requests still running finish, new ones
    queue, and once the engine is idle its KV and prefix caches are dropped (trap: a
    cached prefix computed under the old weights would be reused under the new ones).
@@ -296,7 +298,11 @@ class SafetensorsWeights(Protocol):
     @property
     def version(self) -> int: ...
 
-    def write_safetensors(self, file: BinaryIO, dtype: str) -> None: ...
+    def write_safetensors(self, file: BinaryIO, dtype: str) -> None:
+        """Write the whole file into ``file`` (open for reading and writing, at offset
+        0). It may hold a superseded version's bytes: size it to this file's length and
+        write every byte."""
+        ...
 
 
 class VllmWeightSync(Resource):
@@ -347,11 +353,21 @@ class VllmWeightSync(Resource):
         if found != version:
             raise InvalidArgumentError(f"weights are version {found}, pushed as {version}")
 
-    def _write(self, version: int, weights: SafetensorsWeights) -> Path:
+    def _write(self, version: int, weights: SafetensorsWeights, recycled: Path | None) -> Path:
         self._directory.mkdir(parents=True, exist_ok=True)
         path = self._directory / weights_file_name(version)
         partial = self._directory / f".{path.name}.{os.getpid()}.tmp"
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        if recycled is not None:
+            # Its pages are reused (the writer overwrites every byte, see
+            # ``SafetensorsWeights``): no fresh pages to allocate and zero. Renamed away
+            # first, so no server finds it half rewritten under a version's name.
+            try:
+                os.replace(recycled, partial)
+            except FileNotFoundError:
+                recycled = None
+        if recycled is None:
+            flags |= os.O_TRUNC
         # The write's own seconds, in its thread (a report, never a deadline): against
         # the pool's ``write_s``, which the loop measures, it shows a loop slow to notice.
         began = time.perf_counter()
@@ -392,11 +408,36 @@ class VllmWeightSync(Resource):
         task = self._files.get(version)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             self.check(version, weights)  # the caller's error, raised in the caller
-            task = asyncio.ensure_future(asyncio.to_thread(self._write, version, weights))
+            recycled = self._recyclable(version)
+            task = asyncio.ensure_future(asyncio.to_thread(self._write, version, weights, recycled))
             self._files[version] = task
             await asyncio.shield(task)
             self._prune()
         return await asyncio.shield(task)
+
+    def _recyclable(self, version: int) -> Path | None:
+        """The file of a version that writing ``version`` supersedes (the oldest outside
+        the newest ``keep``), forgotten here so that its pages can be reused; None if
+        every such file is being read by a push or not written whole.
+
+        Safe because nothing maps a file once its push is done: the worker reads it
+        through ``safe_open`` (tensors viewing a private mapping of the file), vLLM's
+        in-place reload copies them into its own parameters and keeps none (0.32:
+        ``model_loader/reload``), and the worker drops them when the load returns. A
+        push of that version that starts later writes its file again. A push that
+        timed out may still be loading it in the worker: that server then names no
+        version and gets no call until a later push, which loads a whole file."""
+        kept = set(sorted({*self._files, version})[-self._keep :])
+        for old in sorted(self._files):
+            task = self._files[old]
+            if old in kept or self._reading[old] or not task.done() or task.cancelled():
+                continue
+            if task.exception() is not None:
+                continue
+            del self._files[old]
+            self._file_seconds.pop(old, None)
+            return task.result()
+        return None
 
     async def prepare(self, version: int, weights: SafetensorsWeights) -> None:
         """Write the file of ``version`` ahead of its pushes (``PreparingWeightSync``):
