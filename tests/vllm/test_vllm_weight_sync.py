@@ -739,3 +739,36 @@ def test_a_file_a_push_is_loading_is_not_rewritten_for_a_newer_version(tmp_path:
 
     reported, one, two = asyncio.run(scenario())
     assert reported == 1 and server.loaded == 1 and one != two
+
+
+def test_a_small_weights_file_is_written_on_the_loop_a_large_one_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread's hand-off back to a busy loop cost a tiny model's push more than its
+    file: a file of at most 4 MB is written at once, a larger one off the loop."""
+    import torch
+
+    from rollout_recovery.llm._weights import TorchWeights
+
+    threaded: list[int] = []
+    real = asyncio.to_thread
+
+    async def counting(function: Any, *args: Any) -> Any:
+        threaded.append(args[0])  # the version
+        return await real(function, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    sync = VllmWeightSync(tmp_path / "weights", dtype="bfloat16")
+    small = TorchWeights(1, {"w": torch.ones(1024)})
+    large = TorchWeights(2, {"w": torch.ones(3 * 2**20)})  # 6 MB in bf16
+    fake = FakeWeights(3)  # no size said: off the loop
+
+    async def scenario() -> list[str | None]:
+        found = []
+        for weights in (small, large, fake):
+            path = await sync.weights_file(weights.version, weights)
+            found.append(file_version(str(path)))
+        return found
+
+    assert asyncio.run(scenario()) == ["1", "2", "3"]
+    assert threaded == [2, 3]
