@@ -703,7 +703,7 @@ def test_a_new_version_takes_the_pages_of_the_file_it_supersedes(tmp_path: Path)
             if version:
                 rig.backend.update_weights(version, FakeWeights(version))
             await rig.events.wait(
-                lambda: rig.backend.pool.versions()[rig.server.url] == version, GUARD_S
+                lambda v=version: rig.backend.pool.versions()[rig.server.url] == v, GUARD_S
             )
             path = rig.sync.directory / weights_file_name(version)
             seen.append((os.stat(path).st_ino, file_version(str(path))))
