@@ -8,8 +8,12 @@ directory, then pushes the same weights as new versions again and again, alterna
   into a weights directory on disk, then seven requests: ``/pause?mode=wait&clear_cache=
   true``, ``/update_weight_version loading``, ``/collective_rpc`` load,
   ``/update_weight_version N``, ``/reset_prefix_cache``, ``/resume``, ``/weight_info``;
+- **main**: ``VllmWeightSync`` as ``main`` had it at ``fc2d50e``: the same sync, but each
+  version's file a fresh one whose pages are faulted in one by one as the cast reaches
+  them;
 - **after**: ``VllmWeightSync`` as it is now (the file serialized straight into shared
-  memory, never fsynced; the requests it sends).
+  memory, never fsynced, into the superseded version's file with its pages faulted in
+  at once; the requests it sends).
 
 Each request's latency is timed at the transport, and the file's preparation apart, so
 the table says where a push's time goes. The weights are the model's own in fp32 (as the
@@ -29,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import mmap
 import os
 import signal
 import socket
@@ -46,12 +51,14 @@ import torch
 from safetensors.torch import load_file
 
 from rollout_recovery._durable import atomic_write_bytes
+from rollout_recovery.llm import _weights
 from rollout_recovery.llm._weights import TorchWeights
 from rollout_recovery.vllm import VllmConfig
 from rollout_recovery.vllm._fleet import server_command, server_environment
 from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync, shared_memory_dir
 
 CACHE = Path.home() / ".cache" / "rollout-recovery"
+VARIANTS = ("before", "main", "after")
 PYTHON = CACHE / "vllm" / "venv" / "bin" / "python"
 READY_S = 600.0
 
@@ -155,12 +162,14 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
     disk.mkdir()
     shm = shared_memory_dir(f"bench-{os.getpid()}")
     sync = VllmWeightSync(shm, dtype=args.dtype)
-    results: dict[str, dict[str, list[float]]] = {"before": defaultdict(list), "after": {}}
-    results["after"] = defaultdict(list)
+    # "main": the same sync with no file reused and no page faulted in ahead.
+    fresh = VllmWeightSync(shm / "main", dtype=args.dtype)
+    fresh._recyclable = lambda version: None  # type: ignore[method-assign]
+    results: dict[str, dict[str, list[float]]] = {v: defaultdict(list) for v in VARIANTS}
     version = 0
     try:
         for round_ in range(args.pushes + 1):  # the first round warms up, not counted
-            for variant in ("before", "after"):
+            for variant in VARIANTS:
                 version += 1
                 weights = TorchWeights(version, base.tensors)
                 transport = TimedTransport()
@@ -171,10 +180,17 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
                             client, url, disk, weights, args.dtype
                         )
                     else:
-                        file_started = time.perf_counter()
-                        await sync.weights_file(version, weights)
-                        written = time.perf_counter() - file_started
-                        reported = await sync.push(client, url, version, weights, 300.0)
+                        used = sync if variant == "after" else fresh
+                        flags = _weights._MAP_FLAGS
+                        if variant == "main":
+                            _weights._MAP_FLAGS = mmap.MAP_SHARED
+                        try:
+                            file_started = time.perf_counter()
+                            await used.weights_file(version, weights)
+                            written = time.perf_counter() - file_started
+                        finally:
+                            _weights._MAP_FLAGS = flags
+                        reported = await used.push(client, url, version, weights, 300.0)
                     total = time.perf_counter() - started
                 for stale in disk.iterdir():  # the old sync kept 3 files: not timed
                     stale.unlink()
@@ -187,6 +203,7 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
                 for index, (path, seconds) in enumerate(transport.times):
                     row[f"{index + 1} {path}"].append(seconds)
     finally:
+        fresh.close()
         sync.close()
     return {
         variant: {part: statistics.median(values) for part, values in row.items()}
@@ -227,11 +244,11 @@ def main() -> None:
     print(f"model {model.name}: {size / 1e6:.2f}M parameters, pushed as {args.dtype}")
     print(f"median of {args.pushes} pushes each (seconds)")
     parts = sorted({p for row in medians.values() for p in row}, key=_order)
-    print(f"{'part':40s} {'before':>9s} {'after':>9s}")
+    print(f"{'part':40s}" + "".join(f" {v:>9s}" for v in VARIANTS))
     for part in parts:
-        cells = [medians[v].get(part) for v in ("before", "after")]
+        cells = [medians[v].get(part) for v in VARIANTS]
         shown = [f"{c:9.4f}" if c is not None else f"{'-':>9s}" for c in cells]
-        print(f"{part:40s} {shown[0]} {shown[1]}")
+        print(f"{part:40s} " + " ".join(shown))
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "medians": medians}, indent=2))
 

@@ -130,3 +130,39 @@ def test_a_file_larger_than_a_real_tmpfs_fails_with_enospc_not_sigbus(tmp_path: 
         timeout=120,
     )
     assert done.returncode == 0, (done.returncode, done.stderr.decode()[-2000:])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=shapes,
+    dtype=st.sampled_from([None, "float32", "bfloat16"]),
+    leftover=st.binary(max_size=2048),
+)
+def test_a_file_holding_an_older_files_bytes_is_written_whole(
+    shape: list[int], dtype: str | None, leftover: bytes
+) -> None:
+    """The vLLM sync writes a version into the superseded version's file (its pages
+    reused): whatever it held, longer or shorter, the result is the file alone."""
+    weights = TorchWeights(7, {"w": torch.randn(shape), "b": torch.ones(3)})
+    with tempfile.TemporaryFile() as file:
+        file.write(leftover)
+        file.seek(0)
+        weights.write_safetensors(file, dtype)
+        file.seek(0)
+        assert file.read() == written(weights, dtype)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MAP_POPULATE"), reason="Linux only")
+def test_the_mapping_faults_its_pages_in_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One page fault per 4 KB as the cast reaches it was most of a SmolLM2 file's write
+    on a loaded machine; the mapping asks for all its pages up front."""
+    flags: list[int] = []
+    real = mmap.mmap
+
+    def recording(fileno: int, length: int, **kwargs: int) -> mmap.mmap:
+        flags.append(kwargs.get("flags", mmap.MAP_SHARED))
+        return real(fileno, length, **kwargs)
+
+    monkeypatch.setattr(mmap, "mmap", recording)
+    written(TorchWeights(1, {"w": torch.zeros(64, 64)}), "bfloat16")
+    assert flags and all(f & mmap.MAP_POPULATE and f & mmap.MAP_SHARED for f in flags)

@@ -552,14 +552,20 @@ def test_a_version_a_push_is_loading_is_not_removed_when_a_newer_one_is_written(
     tmp_path: Path,
 ) -> None:
     """The pushes of version 1 and 2 overlap: 2's file does not take 1's away from the
-    server that is about to open it."""
+    server that is about to open it, nor rewrites it: 2's file is a new one (1's took
+    the pages of 0's, which no push was reading)."""
 
     fleet = FakeVllmFleet(1)
     sync = VllmWeightSync(tmp_path / "weights")
     server = fleet[0]
 
+    def inode(version: int) -> int:
+        return os.stat(sync.directory / weights_file_name(version)).st_ino
+
     async def scenario() -> tuple[int | None, int | None]:
         async with httpx.AsyncClient(transport=fleet.transport()) as client:
+            await sync.prepare(0, FakeWeights(0))
+            zero = inode(0)
             server.hold = asyncio.Event()
             blocker = asyncio.create_task(
                 client.post(f"{server.url}/v1/completions", json=_completion_body())
@@ -568,7 +574,8 @@ def test_a_version_a_push_is_loading_is_not_removed_when_a_newer_one_is_written(
             first = asyncio.create_task(sync.push(client, server.url, 1, FakeWeights(1), GUARD_S))
             await server.wait_for(lambda: server.log[-1:] == ["/pause?mode=wait&clear_cache=true"])
             await sync.prepare(2, FakeWeights(2))  # the pause waits for the held call
-            assert (sync.directory / weights_file_name(1)).exists()
+            assert inode(1) == zero and inode(2) != zero
+            assert file_version(str(sync.directory / weights_file_name(1))) == "1"
             server.hold.set()
             await blocker
             one = await first
@@ -650,3 +657,94 @@ def test_a_push_waiting_for_its_file_keeps_it_when_a_newer_one_is_written_first(
 
     assert asyncio.run(scenario()) == 1
     assert server.loaded == 1
+
+
+REQUEST_PHASES = ("pause_s", "unname_s", "load_s", "tag_s", "resume_s")
+
+
+def test_a_push_event_says_where_its_seconds_went_phase_by_phase(tmp_path: Path) -> None:
+    async def scenario(rig: Rig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: rig.backend.pool.versions()[rig.server.url] == 0, GUARD_S)
+        rig.backend.update_weights(1, FakeWeights(1))
+        await rig.events.wait(lambda: rig.backend.pool.versions()[rig.server.url] == 1, GUARD_S)
+        rig.server.fail_load = True
+        rig.backend.update_weights(2, FakeWeights(2))
+        await rig.events.wait(
+            lambda: rig.backend.pool.states()[rig.server.url] != "healthy", GUARD_S
+        )
+        failed.update(rig.sync.push_phases(rig.server.url))
+        await rig.backend.aclose()
+
+    failed: dict[str, float] = {}
+
+    rig = Rig(tmp_path)
+    asyncio.run(scenario(rig))
+    loaded = {d["version"]: d for _, d in rig.events.of("weights_loaded")}
+    pushed = loaded[1]
+    assert set(REQUEST_PHASES) | {"file_s", "write_s", "drain_s", "seconds"} <= set(pushed)
+    assert all(pushed[name] >= 0.0 for name in (*REQUEST_PHASES, "file_s", "drain_s"))
+    # The requests are inside the push's seconds; the file's write inside ``write_s``.
+    assert sum(pushed[name] for name in REQUEST_PHASES) <= pushed["seconds"] + 1e-3
+    assert pushed["file_s"] <= pushed["write_s"] + 1e-3
+    # A failed load says where it stopped: no version named, the server resumed.
+    assert {"pause_s", "unname_s", "load_s", "resume_s"} <= set(failed)
+    assert "tag_s" not in failed
+
+
+def test_a_new_version_takes_the_pages_of_the_file_it_supersedes(tmp_path: Path) -> None:
+    """Each version's file is the superseded one's, rewritten (one inode for the run),
+    and each holds its own version when its push loads it."""
+
+    async def scenario(rig: Rig) -> list[tuple[int, str | None]]:
+        seen = []
+        rig.backend.pool.start()
+        for version in range(4):
+            if version:
+                rig.backend.update_weights(version, FakeWeights(version))
+            await rig.events.wait(
+                lambda v=version: rig.backend.pool.versions()[rig.server.url] == v, GUARD_S
+            )
+            path = rig.sync.directory / weights_file_name(version)
+            seen.append((os.stat(path).st_ino, file_version(str(path))))
+        await rig.backend.aclose()
+        return seen
+
+    rig = Rig(tmp_path)
+    seen = asyncio.run(scenario(rig))
+    assert [found for _, found in seen] == ["0", "1", "2", "3"]
+    assert len({inode for inode, _ in seen}) == 1
+    assert rig.server.loaded == 3
+
+
+def test_a_small_weights_file_is_written_on_the_loop_a_large_one_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread's hand-off back to a busy loop cost a tiny model's push more than its
+    file: a file of at most 4 MB is written at once, a larger one off the loop."""
+    import torch
+
+    from rollout_recovery.llm._weights import TorchWeights
+
+    threaded: list[int] = []
+    real = asyncio.to_thread
+
+    async def counting(function: Any, *args: Any) -> Any:
+        threaded.append(args[0])  # the version
+        return await real(function, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    sync = VllmWeightSync(tmp_path / "weights", dtype="bfloat16")
+    small = TorchWeights(1, {"w": torch.ones(1024)})
+    large = TorchWeights(2, {"w": torch.ones(3 * 2**20)})  # 6 MB in bf16
+    fake = FakeWeights(3)  # no size said: off the loop
+
+    async def scenario() -> list[str | None]:
+        found = []
+        for weights in (small, large, fake):
+            path = await sync.weights_file(weights.version, weights)
+            found.append(file_version(str(path)))
+        return found
+
+    assert asyncio.run(scenario()) == ["1", "2", "3"]
+    assert threaded == [2, 3]

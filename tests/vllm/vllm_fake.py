@@ -200,3 +200,4 @@ class FakeWeights:
     def write_safetensors(self, file: BinaryIO, dtype: str | None = None) -> None:
         header = json.dumps({"__metadata__": {"weight_version": str(self.version)}}).encode()
         file.write(struct.pack("<Q", len(header)) + header)
+        file.truncate(8 + len(header))  # it may hold a superseded version's bytes

@@ -9,7 +9,11 @@ publishes durable, and trains. Each of those is one field, in seconds::
     time/weight_sync_s    the previous step's weights: the trainer's snapshot and the
                           hand-over to generation, plus every push a server finished since
                           the previous step (an HTTP backend pushes in the background; its
-                          ``weights_loaded`` events carry each push's seconds)
+                          ``weights_loaded`` events carry each push's ``seconds``, and
+                          with ``weight_sync = "vllm"`` where they went: ``write_s`` (the
+                          file, ``file_s`` of it in the writer's thread), ``pause_s``,
+                          ``unname_s``, ``load_s``, ``tag_s``, ``resume_s``; ``drain_s``,
+                          the wait for the server's calls before, is not counted)
     time/checkpoint_s     the checkpoint taken after the previous step (0.0 if none): the
                           wait for its whole write, or with ``[checkpoint] background``
                           the wait for the previous checkpoint's write plus the capture

@@ -78,7 +78,12 @@ from .._outcomes import FailureReason
 from .._workers import Worker, WorkerHealth, WorkerPool, least_loaded
 from ..errors import GenerationError, InvalidArgumentError
 from ._config import HttpConfig
-from ._weight_sync import InterruptingWeightSync, PreparingWeightSync, WeightSync
+from ._weight_sync import (
+    InterruptingWeightSync,
+    PreparingWeightSync,
+    TimedWeightSync,
+    WeightSync,
+)
 from ._wire import DataError, DataFailure, read_body
 
 __all__ = ["ServerPool", "ServerStats"]
@@ -303,7 +308,8 @@ class ServerPool(AsyncResource, Generic[Weights]):
                         return
                     if self._target[0] != version:
                         continue  # newer weights meanwhile: prepare those
-                write_s = monotonic() - prepared
+                drained_from = monotonic()
+                write_s = drained_from - prepared
                 server.draining = True
                 if self._sync.exclusive and not self._interrupt:
                     # No new call reaches it; the push waits for the calls in flight, so
@@ -337,15 +343,19 @@ class ServerPool(AsyncResource, Generic[Weights]):
                 # The push's cost on the step's path as before issue 28: the local work
                 # and the exchange, not the wait for the server's own calls to end.
                 push_s = monotonic() - started
-                self._on_event(
-                    "weights_loaded",
-                    server.url,
-                    {
-                        "version": reported,
-                        "seconds": round(write_s + push_s, 4),
-                        "write_s": round(write_s, 4),
-                    },
-                )
+                detail: dict[str, object] = {
+                    "version": reported,
+                    "seconds": round(write_s + push_s, 4),
+                    "write_s": round(write_s, 4),
+                    # Not in ``seconds``: the wait for the server's own calls to end.
+                    "drain_s": round(started - drained_from, 4),
+                }
+                if isinstance(self._sync, TimedWeightSync):
+                    # Where the exchange went, request by request (a user's first
+                    # question when a push is slow).
+                    phases = self._sync.push_phases(server.url)
+                    detail.update({name: round(s, 4) for name, s in phases.items()})
+                self._on_event("weights_loaded", server.url, detail)
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
                     # syncs it.

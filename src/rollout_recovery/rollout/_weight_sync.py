@@ -51,6 +51,7 @@ __all__ = [
     "NoWeightSync",
     "PolicyWeightSync",
     "PreparingWeightSync",
+    "TimedWeightSync",
     "VersionTagSync",
     "WeightSync",
     "WeightSyncName",
@@ -118,6 +119,17 @@ class PreparingWeightSync(Protocol[Weights_contra]):
     async def prepare(self, version: int, weights: Weights_contra) -> None:
         """Do the local part of pushing ``weights`` as ``version`` (idempotent: every
         server's push calls it). Raises ``OSError`` when it cannot."""
+        ...
+
+
+@runtime_checkable
+class TimedWeightSync(Protocol):
+    """Optional: a sync that says where its last push to a server spent its time (the
+    vLLM sync: each request's seconds); the pool adds it to the ``weights_loaded`` event."""
+
+    def push_phases(self, url: str) -> dict[str, float]:
+        """Seconds of each phase of the newest push to ``url`` (``{"pause_s": ...}``),
+        finished or not; empty if none was timed."""
         ...
 
 

@@ -9,8 +9,11 @@ package's worker extension, see :func:`server_command`):
    place, so a server never reads half a file. Never fsynced: the file lives only as long
    as a push needs it (a job that restarts writes its weights again), and the job's
    launched servers get it in shared memory (:func:`shared_memory_dir`), so a push
-   touches no disk. :meth:`VllmWeightSync.prepare` writes it ahead of the push (the pool
-   does, before it waits for the server's calls to end);
+   touches no disk. A new version takes the file of the version it supersedes once no
+   push reads it (its pages reused, not allocated and zeroed again); a file of at most
+   4 MB is written on the event loop, a larger one in a thread.
+   :meth:`VllmWeightSync.prepare` writes it ahead of the push (the pool does, before it
+   waits for the server's calls to end);
 2. ``POST /pause?mode=wait&clear_cache=true``: requests still running finish, new ones
    queue, and once the engine is idle its KV and prefix caches are dropped (trap: a
    cached prefix computed under the old weights would be reused under the new ones).
@@ -61,14 +64,16 @@ import os
 import re
 import shutil
 import struct
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
 import httpx
 import msgspec
 
+from .._clock import monotonic
 from .._crashpoints import crash_point
 from .._durable import atomic_write_bytes
 from .._http import parse_version, read_capped
@@ -101,6 +106,8 @@ _REPLY_CAP = 64 * 2**10
 _RESUME_TIMEOUT_S = 10.0
 # Bytes per element of the dtypes a server runs in.
 _ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# A weights file up to this size is written on the event loop, not in a thread.
+_WRITE_ON_LOOP_BYTES = 4 * 2**20
 # What a safetensors header read to size a model may weigh.
 _HEADER_CAP = 100 * 2**20
 # In a run's shared-memory directory: the run's lock file and the job's pid.
@@ -108,6 +115,15 @@ _OWNER = "owner"
 _FILE = re.compile(r"^weights-v(\d+)\.safetensors$")
 # A file being written: the final name behind a dot, the writer's pid after it.
 _PARTIAL = re.compile(r"^\.weights-v\d+\.safetensors\.(\d+)\.tmp$")
+
+
+def _file_bytes(weights: object, dtype: str) -> int | None:
+    """About what the weights file of ``weights`` weighs (their ``num_parameters``, as
+    ``TorchWeights`` has); None where they do not say."""
+    count = getattr(weights, "num_parameters", None)
+    if isinstance(count, bool) or not isinstance(count, int):
+        return None
+    return count * _ITEM_SIZES.get(dtype, 4)
 
 
 def weights_file_name(version: int) -> str:
@@ -294,7 +310,11 @@ class SafetensorsWeights(Protocol):
     @property
     def version(self) -> int: ...
 
-    def write_safetensors(self, file: BinaryIO, dtype: str) -> None: ...
+    def write_safetensors(self, file: BinaryIO, dtype: str) -> None:
+        """Write the whole file into ``file`` (open for reading and writing, at offset
+        0). It may hold a superseded version's bytes: size it to this file's length and
+        write every byte."""
+        ...
 
 
 class VllmWeightSync(Resource):
@@ -318,9 +338,11 @@ class VllmWeightSync(Resource):
         self._directory = Path(directory)
         self._dtype = dtype
         self._keep = keep
-        self._files: dict[int, asyncio.Task[Path]] = {}
+        self._files: dict[int, asyncio.Future[Path]] = {}
         self._reading: Counter[int] = Counter()  # versions pushes are loading now
         self._swept = False
+        self._file_seconds: dict[int, float] = {}  # each file's write, in its thread
+        self._phases: dict[str, dict[str, float]] = {}  # the newest push's, by url
 
     @property
     def directory(self) -> Path:
@@ -343,11 +365,24 @@ class VllmWeightSync(Resource):
         if found != version:
             raise InvalidArgumentError(f"weights are version {found}, pushed as {version}")
 
-    def _write(self, version: int, weights: SafetensorsWeights) -> Path:
+    def _write(self, version: int, weights: SafetensorsWeights, recycled: Path | None) -> Path:
         self._directory.mkdir(parents=True, exist_ok=True)
         path = self._directory / weights_file_name(version)
         partial = self._directory / f".{path.name}.{os.getpid()}.tmp"
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        if recycled is not None:
+            # Its pages are reused (the writer overwrites every byte, see
+            # ``SafetensorsWeights``): no fresh pages to allocate and zero. Renamed away
+            # first, so no server finds it half rewritten under a version's name.
+            try:
+                os.replace(recycled, partial)
+            except FileNotFoundError:
+                recycled = None
+        if recycled is None:
+            flags |= os.O_TRUNC
+        # The write's own seconds, in its thread (a report, never a deadline): against
+        # the pool's ``write_s``, which the loop measures, it shows a loop slow to notice.
+        began = time.perf_counter()
         try:
             with os.fdopen(os.open(partial, flags, 0o600), "w+b") as handle:
                 weights.write_safetensors(handle, self._dtype)
@@ -355,6 +390,7 @@ class VllmWeightSync(Resource):
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
+        self._file_seconds[version] = time.perf_counter() - began
         return path
 
     def _prune(self) -> None:
@@ -364,6 +400,7 @@ class VllmWeightSync(Resource):
         keep = set(sorted(self._files)[-self._keep :]) | set(+self._reading)
         for version in [v for v in self._files if v not in keep]:
             del self._files[version]
+            self._file_seconds.pop(version, None)
         try:
             entries = list(os.scandir(self._directory))
         except OSError:
@@ -383,17 +420,62 @@ class VllmWeightSync(Resource):
         task = self._files.get(version)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             self.check(version, weights)  # the caller's error, raised in the caller
-            task = asyncio.ensure_future(asyncio.to_thread(self._write, version, weights))
+            recycled = self._recyclable(version)
+            size = _file_bytes(weights, self._dtype)
+            if size is not None and size <= _WRITE_ON_LOOP_BYTES:
+                # Written here: a thread's hand-off back to the job's busy loop took 24 ms
+                # at the median in a tiny Llama run, the write of its 0.7 MB file 1 ms.
+                task = asyncio.get_running_loop().create_future()
+                try:
+                    task.set_result(self._write(version, weights, recycled))
+                except Exception as error:  # retried by the next call, as a thread's
+                    task.set_exception(error)
+            else:
+                task = asyncio.ensure_future(
+                    asyncio.to_thread(self._write, version, weights, recycled)
+                )
             self._files[version] = task
             await asyncio.shield(task)
             self._prune()
         return await asyncio.shield(task)
+
+    def _recyclable(self, version: int) -> Path | None:
+        """The file of a version that writing ``version`` supersedes (the oldest outside
+        the newest ``keep``), forgotten here so that its pages can be reused; None if
+        every such file is being read by a push or not written whole.
+
+        Safe because nothing maps a file once its push is done: the worker reads it
+        through ``safe_open`` (tensors viewing a private mapping of the file), vLLM's
+        in-place reload copies them into its own parameters and keeps none (0.32:
+        ``model_loader/reload``), and the worker drops them when the load returns. A
+        push of that version that starts later writes its file again. A push that
+        timed out may still be loading it in the worker: that server then names no
+        version and gets no call until a later push, which loads a whole file."""
+        kept = set(sorted({*self._files, version})[-self._keep :])
+        for old in sorted(self._files):
+            task = self._files[old]
+            if old in kept or self._reading[old] or not task.done() or task.cancelled():
+                continue
+            if task.exception() is not None:
+                continue
+            del self._files[old]
+            self._file_seconds.pop(old, None)
+            return task.result()
+        return None
 
     async def prepare(self, version: int, weights: SafetensorsWeights) -> None:
         """Write the file of ``version`` ahead of its pushes (``PreparingWeightSync``):
         the pool does while the server still runs calls, so the push proper is only the
         requests."""
         await self.weights_file(version, weights)
+
+    def push_phases(self, url: str) -> dict[str, float]:
+        """Where the newest push to ``url`` spent its seconds (``TimedWeightSync``):
+        ``file_s`` (its weights file's write, shared by every server's push; 0.0 when
+        an earlier push wrote it) and each request's (``pause_s``, ``unname_s``,
+        ``load_s``, ``tag_s``, ``reset_s`` with ``on_weight_update = "interrupt"``,
+        ``resume_s``); a failed push has the phases it reached."""
+        return dict(self._phases.get(url, {}))
 
     def close(self) -> None:
         """Remove every weight file in the directory, and the directory if that leaves it
@@ -449,7 +531,9 @@ class VllmWeightSync(Resource):
         self._reading[version] += 1
         try:
             path = await self.weights_file(version, weights)
-            return await self._requests(client, url, path, version, timeout, keep_calls)
+            # The first push of a version reports its file's write; later ones found it.
+            phases = self._phases[url] = {"file_s": self._file_seconds.pop(version, 0.0)}
+            return await self._requests(client, url, path, version, timeout, keep_calls, phases)
         finally:
             self._reading[version] -= 1
             if self._files:
@@ -463,51 +547,75 @@ class VllmWeightSync(Resource):
         version: int,
         timeout: float,
         keep_calls: bool,
+        phases: dict[str, float],
     ) -> int | None:
-        await _exchange(
-            client,
-            "POST",
-            f"{url}/pause",
-            params={"mode": "keep"} if keep_calls else {"mode": "wait", "clear_cache": "true"},
-            timeout=timeout,
-        )
+        clock = _Phases(phases)
+        async with clock("pause_s"):
+            await _exchange(
+                client,
+                "POST",
+                f"{url}/pause",
+                params={"mode": "keep"} if keep_calls else {"mode": "wait", "clear_cache": "true"},
+                timeout=timeout,
+            )
         try:
             # A server that kept its old name while it loads would serve mixed weights
             # under it if the load failed half way: no load unless it names none now.
-            unnamed = _decode(await _tag(client, url, LOADING_TAG, timeout), _TagReply)
+            async with clock("unname_s"):
+                unnamed = _decode(await _tag(client, url, LOADING_TAG, timeout), _TagReply)
             if unnamed is None or not unnamed.success:
                 return None
-            rpc = await _exchange(
-                client,
-                "POST",
-                f"{url}/collective_rpc",
-                json={"method": LOAD_METHOD, "args": [str(path), str(version)]},
-                timeout=timeout,
-            )
+            async with clock("load_s"):
+                rpc = await _exchange(
+                    client,
+                    "POST",
+                    f"{url}/collective_rpc",
+                    json={"method": LOAD_METHOD, "args": [str(path), str(version)]},
+                    timeout=timeout,
+                )
             if not _loaded(_decode(rpc, _RpcReply), version):
                 return None
             crash_point("vllm.push_loaded")
-            tagged = _decode(await _tag(client, url, str(version), timeout), _TagReply)
+            async with clock("tag_s"):
+                tagged = _decode(await _tag(client, url, str(version), timeout), _TagReply)
             if tagged is None or not tagged.success:
                 return None
             if keep_calls:
-                reset = _decode(
-                    await _exchange(
-                        client,
-                        "POST",
-                        f"{url}/reset_prefix_cache",
-                        # Paused requests hold KV blocks: the reset preempts them (they
-                        # are recomputed on resume), or it would fail while they run.
-                        params={"reset_running_requests": "true"},
-                        timeout=timeout,
-                    ),
-                    _ResetReply,
-                )
+                async with clock("reset_s"):
+                    reset = _decode(
+                        await _exchange(
+                            client,
+                            "POST",
+                            f"{url}/reset_prefix_cache",
+                            # Paused requests hold KV blocks: the reset preempts them
+                            # (recomputed on resume), or it would fail while they run.
+                            params={"reset_running_requests": "true"},
+                            timeout=timeout,
+                        ),
+                        _ResetReply,
+                    )
                 if reset is None or not reset.success:
                     return None
         finally:
-            await _resume(client, url)
+            async with clock("resume_s"):
+                await _resume(client, url)
         return parse_version(tagged.new_version)
+
+
+class _Phases:
+    """Times the blocks it is entered for into ``seconds`` by name, on the loop's clock
+    (a block that raises is timed too: a failed push says where it stopped)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self._seconds = seconds
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, name: str) -> AsyncIterator[None]:
+        began = monotonic()
+        try:
+            yield
+        finally:
+            self._seconds[name] = monotonic() - began
 
 
 def _loaded(reply: _RpcReply | None, version: int) -> bool:
