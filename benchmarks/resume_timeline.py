@@ -165,6 +165,13 @@ def _report(start: float, first: dict[str, Any]) -> None:
 
 def main() -> None:
     start = _process_start()
+    if "--out" not in sys.argv[1:-1] or {"-h", "--help"} & set(sys.argv[1:]):
+        # The arguments are rollout-recovery's own; this script needs only --out's value.
+        print(
+            "usage: resume_timeline.py run [--plain] --config FILE --out DIR\n\n"
+            + (__doc__ or "").split("\n\n")[0]
+        )
+        sys.exit(0 if {"-h", "--help"} & set(sys.argv[1:]) else 2)
     out = Path(sys.argv[sys.argv.index("--out") + 1])
 
     def watch() -> None:
