@@ -67,7 +67,9 @@ def small_config(*, keep: int, steps: int = STEPS) -> RunConfig:
                 "generations_per_prompt": N,
                 "seed": 0,
             },
-            "generation": {"call_latency_s": 0.002, "attempt_deadline_s": 0.5, "workers": 4},
+            # The default 2 s deadline: beside a CPU hog a 0.5 s one abandoned healthy
+            # attempts round after round until step 0 lacked groups (StepShortfallError).
+            "generation": {"call_latency_s": 0.002, "attempt_deadline_s": 2.0, "workers": 4},
             "retry": {"max_rounds": 8, "backoff_s": 0.001},
             "faults": dict(LOW_FAULTS),
             "checkpoint": {"every_steps": 2, "keep": keep},
