@@ -36,7 +36,11 @@ from rollout_recovery.history.records import (
     TrainedRow,
     encode_record,
 )
-from rollout_recovery.ledger import RolloutRecoveryLedger, parse_rollout_recovery_state
+from rollout_recovery.ledger import (
+    RolloutAttemptStatus,
+    RolloutRecoveryLedger,
+    parse_rollout_recovery_state,
+)
 from rollout_recovery.rundir import CheckpointStore
 
 STEPS, PROMPTS, N = 6, 3, 3
@@ -63,7 +67,9 @@ def small_config(*, keep: int, steps: int = STEPS) -> RunConfig:
                 "generations_per_prompt": N,
                 "seed": 0,
             },
-            "generation": {"call_latency_s": 0.002, "attempt_deadline_s": 0.5, "workers": 4},
+            # The default 2 s deadline: beside a CPU hog a 0.5 s one abandoned healthy
+            # attempts round after round until step 0 lacked groups (StepShortfallError).
+            "generation": {"call_latency_s": 0.002, "attempt_deadline_s": 2.0, "workers": 4},
             "retry": {"max_rounds": 8, "backoff_s": 0.001},
             "faults": dict(LOW_FAULTS),
             "checkpoint": {"every_steps": 2, "keep": keep},
@@ -77,9 +83,9 @@ def small_config(*, keep: int, steps: int = STEPS) -> RunConfig:
 
 @contextmanager
 def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> Iterator[None]:
-    """Checkpoints at ``steps`` take their cut only once the ledger holds a sealed sibling
-    and the replay index a group ready for the next step (so the cut owns staged and
-    canonical rows alike).
+    """Checkpoints at ``steps`` take their cut only once a held group (below) has a sealed
+    sibling and the replay index a group ready for the next step (so the cut owns staged
+    and canonical rows alike).
 
     Left to timing, a loaded machine can publish every group generated ahead before a
     slow trainer reaches the checkpoint, and then no sealed sibling ever comes. So this
@@ -106,12 +112,26 @@ def checkpoints_wait_for_sealed_work(steps: set[int], timeout: float = 10.0) -> 
             await release().wait()
         await real_publish(controller, group_id)
 
+    def held_sealed_work(controller: Any) -> bool:
+        # Only a held group's sealed sibling is certain to still be staged at the cut: a
+        # group of the next step may be inside its publish right now, and that publish
+        # ends (clearing its staged rows) before the cut is taken.
+        return any(
+            group.target_step is not None
+            and group.target_step > controller.step
+            and any(
+                sibling.current_attempt.status is RolloutAttemptStatus.SEALED
+                and sibling.current_attempt.staging_keys
+                for sibling in group.siblings
+            )
+            for group in controller.ledger.groups()
+        )
+
     async def before_the_cut(controller: Any) -> None:
         if pending and controller.step == pending[0]:
             deadline = time.monotonic() + timeout
             while not (
-                controller.ledger.expected_staging_keys()
-                and controller.replay.ready_groups(controller.step)
+                held_sealed_work(controller) and controller.replay.ready_groups(controller.step)
             ):
                 if time.monotonic() > deadline:
                     step = controller.step

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.control import RunConfig
 from rollout_recovery.history._trail_reader import read_entries
 
@@ -108,7 +109,7 @@ def test_metrics_shorter_than_a_checkpoint_synced_them_are_refused(
 
 
 def test_a_fallback_that_cut_the_metrics_back_is_not_a_lost_history(
-    finished_run: tuple[Path, RunConfig], run_cli: Cli, run_cli_until: Cli
+    finished_run: tuple[Path, RunConfig], run_cli: Cli
 ) -> None:
     """The newest checkpoint damaged: the restore falls back to the previous one and cuts
     the metrics back to its length. Killed before the next checkpoint prunes the damaged
@@ -121,7 +122,9 @@ def test_a_fallback_that_cut_the_metrics_back_is_not_a_lost_history(
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
     args = _more_steps(out)
-    killed = run_cli_until(args, stop=lambda line, lines: line.startswith("resumed from"))
+    # Killed in the first step after the restore: a SIGKILL on the "resumed from" line
+    # raced the steps after it (and the checkpoint that prunes the damaged one).
+    killed = run_cli(args, env={CRASH_AT_ENV: "train.before_clear:1"})
     assert killed.returncode == -9 and f"resumed from {previous.name}" in killed.stdout
     assert (out / "metrics.jsonl").stat().st_size < _synced(out, "metrics.jsonl")[newest.name]
 

@@ -9,7 +9,7 @@ was then damaged before the next checkpoint committed, the fallback to an older 
 deferred deletions, gone once ``keep`` later checkpoints have committed) every row a
 retained checkpoint needs, so "skipped for the previous one" holds at every moment.
 
-SIGKILLs of the real CLI, synchronized on its output lines.
+SIGKILLs of the real CLI, synchronized on its output lines or at a crash point.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rollout_recovery._crashpoints import CRASH_AT_ENV
 from rollout_recovery.history import audit_run
 from rollout_recovery.history._trail_reader import read_entries
 from rollout_recovery.history.records import Restored
@@ -53,8 +54,9 @@ def test_an_older_retained_checkpoint_restores_after_the_newest_is_lost_followin
     assert len(checkpoints) == 3, checkpoints
     *older, newest = checkpoints
 
-    # Restored from the newest, then killed before the next checkpoint commits.
-    restored = run_cli_until(args, stop=lambda line, lines: line.startswith("resumed from"))
+    # Restored from the newest, then killed in its first step, so before the next
+    # checkpoint commits (a SIGKILL on the "resumed from" line raced the steps after it).
+    restored = run_cli(args, env={CRASH_AT_ENV: "train.before_clear:1"})
     assert restored.returncode == -9, restored.stdout
     assert f"resumed from {newest}" in restored.stdout
     assert sorted(path.name for path in (out / "checkpoints").glob("step_*")) == checkpoints
