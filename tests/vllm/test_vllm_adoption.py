@@ -538,7 +538,9 @@ def _guard_of(
         start_new_session=True,
     )
     try:
-        _wait_until(lambda: control.exists() or guard.poll() is not None, "the guard listens")
+        # Not the socket file's existence: the guard binds it before it listens, and a
+        # connect between the two is refused (a loaded CI run asked in that gap).
+        _wait_until(lambda: _listens(control) or guard.poll() is not None, "the guard listens")
         yield guard, control
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -561,6 +563,14 @@ def _ask_from_another_process(control: Path, request: str) -> str:
         timeout=DEADLINE_S,
     )
     return done.stdout.strip()
+
+
+def _listens(control: Path) -> bool:
+    """The guard answers ``hello`` on its control socket (a request that changes nothing)."""
+    try:
+        return _ask_from_here(control, "hello").startswith("guard ")
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
 
 
 def _ask_from_here(control: Path, request: str) -> str:
