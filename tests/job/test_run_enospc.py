@@ -129,9 +129,9 @@ def test_enospc_in_a_checkpoint_write_keeps_the_previous_checkpoint(
     # Each checkpoint writes 4 files; fail inside the third checkpoint.
     check = _fail_after(10, lambda: OSError(errno.ENOSPC, "No space left on device"))
 
-    def write(path: Path, data: bytes | memoryview) -> None:
+    def write(path: Path, data: bytes | memoryview, **options: Any) -> int:
         check()
-        original(path, data)
+        return original(path, data, **options)
 
     monkeypatch.setattr(_checkpoint_dir, "write_new_file", write)
     with pytest.raises(OSError) as raised:
