@@ -68,7 +68,7 @@ def test_a_load_repacks_a_tied_lm_head_after_the_reload(tmp_path: Path) -> None:
     worker = _worker(_extension(), tied=True, calls=calls)
     reply = getattr(worker, LOAD_METHOD)(str(_file(tmp_path, "7")), "7")
     assert calls == ["reload ['model.embed_tokens.weight'] checkpoint=True", "repack lm_head"]
-    assert reply == {"version": "7", "tensors": 1, "lm_head_repacked": True}
+    assert reply == {"version": "7", "tensors": 1, "lm_head_repacked": True, "load": "reload"}
 
 
 def test_an_untied_head_is_left_to_the_reload(tmp_path: Path) -> None:
@@ -91,3 +91,159 @@ def test_the_extension_imports_nothing_of_the_project() -> None:
     source = (EXTENSION_DIR / "rollout_recovery_vllm_extension.py").read_text()
     assert "rollout_recovery." not in source.replace("rollout_recovery_vllm", "")
     assert "from ." not in source
+
+
+# -- the direct load, on a fake of vLLM's CPU model: a fused layer packed away, a tied head
+
+
+def _method(kind: str, calls: list[str], *, removes: bool) -> Any:
+    """A quantization method named as vLLM's: processing "packs" the layer's weight
+    (a copy, as oneDNN's) and, for a GEMM layer, removes the weight as vLLM on CPU does."""
+
+    def process(layer: Any) -> None:
+        calls.append(f"pack {layer.label}")
+        packed = layer.weight.detach().clone()
+        layer.cpu_linear = lambda: packed
+        if removes:
+            layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+    return type(kind, (), {"process_weights_after_loading": staticmethod(process)})()
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, label: str, method: Any, rows: int) -> None:
+        super().__init__()
+        self.label = label
+        self.quant_method = method
+        self.weight = torch.nn.Parameter(torch.zeros(rows, 2), requires_grad=False)
+
+
+class _Model(torch.nn.Module):
+    """q, k and v (one row each) load into the fused ``qkv`` by shard, as vLLM's loaders
+    do; ``lm_head`` shares the embedding's weight."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.embed = _Layer("embed", _method("UnquantizedEmbeddingMethod", calls, removes=False), 4)
+        self.qkv = _Layer("qkv", _method("UnquantizedLinearMethod", calls, removes=True), 3)
+        self.lm_head = _Layer("lm_head", self.embed.quant_method, 0)
+        self.lm_head.weight = self.embed.weight
+        self.qkv.weight.weight_loader = self._load_qkv  # type: ignore[attr-defined]
+        self.recorded = {"weight": self.qkv.weight.detach().to("meta")}
+        self.recorded["weight"].__class__ = torch.nn.Parameter  # as vLLM records it
+        self.recorded["weight"].__dict__ = dict(self.qkv.weight.__dict__)
+        for layer in (self.embed, self.qkv):  # start-up: every GEMM packed
+            layer.quant_method.process_weights_after_loading(layer)
+        self.lm_head.quant_method.process_weights_after_loading(self.lm_head)
+        calls.clear()
+
+    def _load_qkv(self, param: Any, loaded: Any, shard: str) -> None:
+        param.data["qkv".index(shard)].copy_(loaded[0])
+
+    def load_weights(self, weights: Any) -> set[str]:
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name in ("q", "k", "v"):
+                param = params["qkv.weight"]
+                param.weight_loader(param, tensor, name)
+            else:
+                params[name].data.copy_(tensor)
+        return {"embed.weight", "qkv.weight"}
+
+
+def _direct(module: ModuleType, model: _Model) -> Any:
+    def make(meta: Any, layer: Any, device: Any) -> Any:
+        tensor = torch.empty(meta.shape, device=device or "cpu")
+        tensor.__class__ = meta.__class__
+        tensor.__dict__ = dict(meta.__dict__)
+        return tensor
+
+    recorded = {model.qkv: model.recorded}
+    return module.DirectLoad.plan(
+        model, recorded=recorded.get, make=make, is_attention=lambda layer: False
+    )
+
+
+def _weights(scale: float, names: str = "qkv") -> list[tuple[str, Any]]:
+    rows = [(name, torch.full((1, 2), scale * (i + 1))) for i, name in enumerate(names)]
+    return [("embed.weight", torch.full((4, 2), scale)), *rows]
+
+
+def test_a_direct_load_packs_a_fused_layer_from_its_shards_and_the_tied_head_once() -> None:
+    calls: list[str] = []
+    model = _Model(calls)
+    own = model.qkv.weight
+    direct = _direct(_extension(), model)
+    done = direct.load(iter(_weights(2.0)), torch.float32)
+    assert done == {"layers_packed": 1, "layers_kept": 0, "embeddings_packed": 1}
+    assert calls == ["pack qkv", "pack embed"]
+    # The fused layer was packed from all three shards; its own (empty) parameter is back.
+    assert model.qkv.cpu_linear().tolist() == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]
+    assert model.qkv.weight is own and own.numel() == 0
+    # Trap 1: the tied head answers from the new embedding, packed once for both.
+    assert model.lm_head.cpu_linear is model.embed.cpu_linear
+    assert model.lm_head.cpu_linear().eq(2.0).all()
+    # A second version loads the same way (no state kept from the first).
+    direct = _direct(_extension(), model)
+    direct.load(iter(_weights(3.0)), torch.float32)
+    assert model.qkv.cpu_linear()[2].tolist() == [9.0, 9.0]
+
+
+def test_a_direct_load_missing_a_shard_refuses_and_the_layer_keeps_its_pack() -> None:
+    calls: list[str] = []
+    model = _Model(calls)
+    own, old = model.qkv.weight, model.qkv.cpu_linear
+    direct = _direct(_extension(), model)
+    with pytest.raises(ValueError, match=r"1 packed layers \(qkv.weight first\) got only part"):
+        direct.load(iter(_weights(2.0, names="qk")), torch.float32)
+    assert "pack qkv" not in calls
+    assert model.qkv.weight is own and model.qkv.cpu_linear is old
+
+
+def test_a_layer_of_an_unknown_method_leaves_the_load_to_vllms_reload() -> None:
+    calls: list[str] = []
+    model = _Model(calls)
+    model.qkv.quant_method = _method("Fp8LinearMethod", calls, removes=True)
+    assert _direct(_extension(), model) is None
+    model.qkv.quant_method = _method("UnquantizedLinearMethod", calls, removes=True)
+    assert _direct(_extension(), model) is not None
+    model.recorded.clear()  # no start-up record of the packed weight
+    assert _direct(_extension(), model) is None
+
+
+def test_a_weight_that_bypasses_its_layers_loader_is_refused_not_lost() -> None:
+    """A model copying into the parameter itself would copy into the placeholder (on the
+    meta device: nothing happens): vLLM says it loaded the weight, the layer never saw it."""
+    calls: list[str] = []
+    model = _Model(calls)
+    old = model.qkv.cpu_linear
+    direct = _direct(_extension(), model)
+    with pytest.raises(ValueError, match="went past their loader"):
+        direct.load(iter([("qkv.weight", torch.ones(3, 2))]), torch.float32)
+    assert model.qkv.cpu_linear is old
+
+
+def test_a_layer_the_file_has_nothing_for_keeps_its_pack() -> None:
+    calls: list[str] = []
+    model = _Model(calls)
+    old = model.qkv.cpu_linear
+    model.load_weights = lambda weights: {"embed.weight"} if list(weights) else set()  # type: ignore[method-assign]
+    done = _direct(_extension(), model).load(iter(_weights(2.0, names="")), torch.float32)
+    assert done["layers_kept"] == 1 and model.qkv.cpu_linear is old
+
+
+def test_a_direct_load_after_vllms_reload_unwraps_the_loader_the_reload_left() -> None:
+    """vLLM's reload wraps the loaders of the meta tensors it recorded and unwraps only
+    its copies: the wrapper left there ignores every call (measured: a direct load after
+    a reload packed an unfilled scratch, every logprob then log(1/vocab))."""
+    calls: list[str] = []
+    model = _Model(calls)
+    real = model.recorded["weight"].weight_loader
+
+    def online_process_loader(*args: Any, **kwargs: Any) -> None:
+        return None  # outside a reload: "excessive loading", ignored
+
+    online_process_loader.__wrapped__ = real  # type: ignore[attr-defined]
+    model.recorded["weight"].weight_loader = online_process_loader
+    _direct(_extension(), model).load(iter(_weights(2.0)), torch.float32)
+    assert model.qkv.cpu_linear().tolist() == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]

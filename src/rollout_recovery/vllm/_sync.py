@@ -445,9 +445,11 @@ class VllmWeightSync(Resource):
         every such file is being read by a push or not written whole.
 
         Safe because nothing maps a file once its push is done: the worker reads it
-        through ``safe_open`` (tensors viewing a private mapping of the file), vLLM's
-        in-place reload copies them into its own parameters and keeps none (0.32:
-        ``model_loader/reload``), and the worker drops them when the load returns. A
+        through ``safe_open`` (tensors viewing a private mapping of the file), the load
+        copies them into the model's parameters or a scratch tensor that oneDNN packs
+        into its own memory (the extension's direct load; vLLM's in-place reload, 0.32:
+        ``model_loader/reload``, the same) and keeps none, and the worker drops them
+        when the load returns. A
         push of that version that starts later writes its file again. A push that
         timed out may still be loading it in the worker: that server then names no
         version and gets no call until a later push, which loads a whole file."""
