@@ -2,8 +2,9 @@
 
 One server at a time (each ~3 GB and a minute or two to start). What must hold:
 
-- a server hot-loaded through ``VllmWeightSync`` answers a fixed prompt with exactly the
-  tokens and logprobs of a fresh server started on the same weights, and within the
+- a server hot-loaded through ``VllmWeightSync`` (the extension's direct load) answers a
+  fixed prompt with exactly the tokens and logprobs of a fresh server started on the same
+  weights, as does the same server loaded by vLLM's reload (the fallback), and within the
   measured bf16 tolerance of the trainer's fp32 recompute. The same server shows each
   trap is real when it is not handled: vLLM's own ``reload_weights`` leaves a tied
   ``lm_head`` on the old embedding (trap 1), and a load without clearing the prefix
@@ -114,8 +115,12 @@ def _push(sync: VllmWeightSync, url: str, weights: TorchWeights) -> int | None:
     return asyncio.run(run())
 
 
-def _rpc(client: httpx.Client, url: str, method: str, **body: object) -> None:
-    client.post(f"{url}/collective_rpc", json={"method": method, **body}).raise_for_status()
+def _rpc(client: httpx.Client, url: str, method: str, **body: object) -> dict[str, object]:
+    """The first worker's reply."""
+    reply = client.post(f"{url}/collective_rpc", json={"method": method, **body})
+    reply.raise_for_status()
+    result: dict[str, object] = reply.json()["results"][0]
+    return result
 
 
 def _report(name: str, value: float) -> None:
@@ -173,9 +178,21 @@ def _hot_loaded_and_traps(
     # is answered from the KV computed under w1.
     raw = sync.weights_file(w2.version, w2)
     path = asyncio.run(raw)
-    _rpc(client, url, LOAD_METHOD, args=[str(path), str(w2.version)])
+    # The job's pushes load this way: straight into the live parameters.
+    assert _rpc(client, url, LOAD_METHOD, args=[str(path), str(w2.version)])["load"] == "direct"
     stale_cache = ask(client, url, LONG, 8)
 
+    # vLLM's own reload, the direct load's fallback, on the same server: the same answers.
+    path = sync.directory / "reload-w1.safetensors"  # the sync keeps only its newest file
+    with path.open("w+b") as handle:
+        w1.write_safetensors(handle, "bfloat16")
+    reply = _rpc(client, url, LOAD_METHOD, args=[str(path), str(w1.version), "reload"])
+    assert reply["load"] == "reload"
+    client.post(f"{url}/reset_prefix_cache").raise_for_status()
+    reloaded1 = {"short": ask(client, url, SHORT, 32), "long": ask(client, url, LONG, 8)}
+
+    # A direct load after vLLM's reload (which leaves its loader wrappers on the
+    # parameters it recorded at start-up) still loads every weight.
     assert _push(sync, url, w2) == 2
     hot2 = {"short": ask(client, url, SHORT, 32), "long": ask(client, url, LONG, 8)}
     hot.stop()
@@ -186,6 +203,7 @@ def _hot_loaded_and_traps(
 
     # Hot-loaded and fresh on the same weights: the same tokens, bit for bit the same logprobs.
     assert hot1 == fresh1
+    assert reloaded1 == fresh1
     # Against the trainer's fp32 recompute: within the bf16 tolerance.
     for name, answers, weights in (("w1", hot1, w1), ("w2", hot2, w2)):
         for which, answer in answers.items():
