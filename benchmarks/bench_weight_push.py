@@ -1,4 +1,4 @@
-"""One weight push into a real vLLM server, before and after issue 28 item 2, side by side.
+"""One weight push into a real vLLM server, before and after issue 28's changes, side by side.
 
 Starts one vLLM 0.32 CPU server (its own process group, killed at the end) from a model
 directory, then pushes the same weights as new versions again and again, alternating:
@@ -13,7 +13,14 @@ directory, then pushes the same weights as new versions again and again, alterna
   them;
 - **after**: ``VllmWeightSync`` as it is now (the file serialized straight into shared
   memory, never fsynced, into the superseded version's file with its pages faulted in
-  at once; the requests it sends).
+  at once; the requests it sends), the worker loading it with the extension's direct
+  load where it can;
+- **reload**: the same, but the worker loads through vLLM's own reload (and the tied
+  ``lm_head`` re-pack), as ``main`` did up to the direct load (the load call asks for
+  it: ``rollout_recovery_load(path, version, "reload")``).
+
+The worker extension is the current one for all four: only ``reload`` asks for vLLM's
+reload.
 
 Each request's latency is timed at the transport, and the file's preparation apart, so
 the table says where a push's time goes. The weights are the model's own in fp32 (as the
@@ -58,19 +65,25 @@ from rollout_recovery.vllm._fleet import server_command, server_environment
 from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync, shared_memory_dir
 
 CACHE = Path.home() / ".cache" / "rollout-recovery"
-VARIANTS = ("before", "main", "after")
+VARIANTS = ("before", "main", "after", "reload")
 PYTHON = CACHE / "vllm" / "venv" / "bin" / "python"
 READY_S = 600.0
 
 
 class TimedTransport(httpx.AsyncHTTPTransport):
-    """Times every request (headers and the small JSON body arrive together)."""
+    """Times every request (headers and the small JSON body arrive together); with
+    ``how``, each weight load asks the worker for that load."""
 
-    def __init__(self) -> None:
+    def __init__(self, how: str | None = None) -> None:
         super().__init__()
         self.times: list[tuple[str, float]] = []
+        self.how = how
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.how is not None and request.url.path == "/collective_rpc":
+            body = json.loads(request.content)
+            body["args"] = [*body["args"], self.how]
+            request = httpx.Request(request.method, request.url, json=body)
         started = time.perf_counter()
         response = await super().handle_async_request(request)
         await response.aread()
@@ -172,7 +185,7 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
             for variant in VARIANTS:
                 version += 1
                 weights = TorchWeights(version, base.tensors)
-                transport = TimedTransport()
+                transport = TimedTransport("reload" if variant == "reload" else None)
                 async with httpx.AsyncClient(transport=transport, timeout=300.0) as client:
                     started = time.perf_counter()
                     if variant == "before":
@@ -180,7 +193,7 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
                             client, url, disk, weights, args.dtype
                         )
                     else:
-                        used = sync if variant == "after" else fresh
+                        used = fresh if variant == "main" else sync
                         flags = _weights._MAP_FLAGS
                         if variant == "main":
                             _weights._MAP_FLAGS = mmap.MAP_SHARED
