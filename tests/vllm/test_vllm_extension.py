@@ -247,3 +247,13 @@ def test_a_direct_load_after_vllms_reload_unwraps_the_loader_the_reload_left() -
     model.recorded["weight"].weight_loader = online_process_loader
     _direct(_extension(), model).load(iter(_weights(2.0)), torch.float32)
     assert model.qkv.cpu_linear().tolist() == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]
+
+
+def test_an_untied_head_is_loaded_and_packed_from_its_own_weight() -> None:
+    calls: list[str] = []
+    model = _Model(calls)
+    model.lm_head.weight = torch.nn.Parameter(torch.zeros(4, 2), requires_grad=False)
+    weights = [*_weights(2.0), ("lm_head.weight", torch.full((4, 2), 5.0))]
+    done = _direct(_extension(), model).load(iter(weights), torch.float32)
+    assert done["embeddings_packed"] == 2 and calls == ["pack qkv", "pack embed", "pack lm_head"]
+    assert model.lm_head.cpu_linear().eq(5.0).all() and model.embed.cpu_linear().eq(2.0).all()
