@@ -18,9 +18,11 @@ why the property tests compare every incremental encode with a full one.
 cached bytes are not joined and the payload's SHA-256 is not computed until the file is
 written, by its writer (``CheckpointStore.save``, in the checkpoint's background write),
 which has to pass over every byte anyway, and :meth:`staging_keys` hands out the groups'
-staging keys as their per-group lists (``StagingKeys``), not as one set. What then stays
-O(ledger) per encode is two tuples of references (one pointer per group, in C). The
-checks a full encode runs on the controller's fields are O(replay index), not O(ledger).
+staging keys as their per-group lists (``StagingKeys``), not as one set. Both are views of
+persistent maps (``_versioned.VersionedMap``: taken in O(1), never changed by a later
+encode), so nothing per encode is O(ledger): its cost follows the groups that changed
+(amortized: a map compacts itself, O(groups), after as many changes). The checks a full
+encode runs on the controller's fields are O(replay index), not O(ledger).
 :meth:`encode` joins the parts: the bytes, for callers that want them.
 
 The cache costs memory: every group's encoded bytes, about the size of one native sidecar.
@@ -46,6 +48,7 @@ from ..ledger import RolloutRecoveryLedger
 from ..ledger.codec_support import GroupState, SidecarFields, checkpoint_parts
 from ._native import NativeFileParts, encode_native_fragments, encode_native_group
 from ._sidecar_io import SidecarFormat
+from ._versioned import MapView, VersionedMap
 
 __all__ = ["IncrementalSidecar", "StagingKeys"]
 
@@ -58,16 +61,16 @@ _Admission = tuple[str, object, int | None]  # admission id, phase, target step
 
 
 class StagingKeys:
-    """The staging keys of a sidecar's groups as of one encode, kept as the groups' own
-    lists (one reference per group, not one entry per key); iterate, or ``frozenset(...)``.
+    """The staging keys of a sidecar's groups as of one encode, kept as a view of the
+    groups' own lists (taken in O(1), not one entry per key); iterate, or ``frozenset(...)``.
 
-    Later encodes do not change it: the encoder replaces a group's list, never changes one.
-    A key two groups share appears twice when iterated.
+    Later encodes do not change it: the view is persistent, and the encoder replaces a
+    group's list, never changes one. A key two groups share appears twice when iterated.
     """
 
     __slots__ = ("_lists",)
 
-    def __init__(self, lists: tuple[list[str], ...]) -> None:
+    def __init__(self, lists: MapView[list[str]]) -> None:
         self._lists = lists
 
     def __iter__(self) -> Iterator[str]:
@@ -103,12 +106,12 @@ class IncrementalSidecar:
         self._changed: dict[str, None] = {}  # insertion-ordered set
         self._reserved: dict[str, None] = {}  # in the ledger's order
         # The native groups array, in the ledger's order, canonical groups left out.
-        self._fragments: dict[str, bytes] = {}
+        self._fragments: VersionedMap[str, bytes] = VersionedMap()
         self._admissions: dict[str, _Admission] = {}
         self._batches: dict[str, set[str]] = {}
         # Staging keys of every ledger group (canonical ones too), counted: a set of keys is
         # the union over groups.
-        self._staging: dict[str, list[str]] = {}
+        self._staging: VersionedMap[str, list[str]] = VersionedMap()
         self._staging_counts: dict[str, int] = {}
 
     # -- what changed -------------------------------------------------------------------
@@ -159,14 +162,15 @@ class IncrementalSidecar:
         return frozenset(self._staging_counts)
 
     def staging_keys(self) -> StagingKeys:
-        """:meth:`expected_staging_keys` without building the set: O(groups) references."""
-        return StagingKeys(tuple(self._staging.values()))
+        """:meth:`expected_staging_keys` as of the last encode, without building the set:
+        a persistent view, O(1)."""
+        return StagingKeys(self._staging.view())
 
     def _encode_all(self, fields: SidecarFields) -> NativeFileParts:
         ledger = self._ledger
         self.full_encodes += 1
         groups, controller = checkpoint_parts(ledger, operation=_OPERATION, **fields)
-        self._fragments = {group.group_id: encode_native_group(group) for group in groups}
+        self._fragments = VersionedMap((g.group_id, encode_native_group(g)) for g in groups)
         self._admissions = {}
         self._batches = {}
         for group in groups:
@@ -178,7 +182,7 @@ class IncrementalSidecar:
         self._fill_staging([*groups, *held])
         self._changed, self._reserved = {}, {}
         self._all_changed = False
-        return encode_native_fragments(self._fragments.values(), controller)
+        return encode_native_fragments(self._fragments.view(), controller)
 
     def _encode_changed(self, fields: SidecarFields) -> NativeFileParts:
         # The controller's fields with every check a full encode runs on them.
@@ -207,7 +211,7 @@ class IncrementalSidecar:
             if group_id in ledger and group_id not in canonical:
                 fragments[group_id] = encode_native_group(ledger.writable_group(group_id))
         self._check_batches(touched_batches)
-        data = encode_native_fragments(fragments.values(), controller)
+        data = encode_native_fragments(fragments.view(), controller)
         self._changed, self._reserved = {}, {}
         self._all_changed = False
         return data
@@ -240,7 +244,7 @@ class IncrementalSidecar:
 
     def _set_staging(self, group_id: str, keys: list[str]) -> None:
         counts = self._staging_counts
-        for key in self._staging.pop(group_id, ()):
+        for key in self._staging.pop(group_id) or ():
             left = counts[key] - 1
             if left:
                 counts[key] = left
@@ -259,8 +263,8 @@ class IncrementalSidecar:
 
     def _fill_staging(self, groups: Iterable[GroupState]) -> None:
         staging = {group.group_id: group.sealed_staging_keys() for group in groups}
-        self._staging = {group_id: keys for group_id, keys in staging.items() if keys}
-        self._staging_counts = dict(Counter(chain.from_iterable(self._staging.values())))
+        self._staging = VersionedMap((group_id, keys) for group_id, keys in staging.items() if keys)
+        self._staging_counts = dict(Counter(chain.from_iterable(staging.values())))
 
     def __repr__(self) -> str:
         return f"IncrementalSidecar(groups={len(self._fragments)}, stale={self._all_changed})"

@@ -25,10 +25,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import operator
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from types import GenericAlias, UnionType
-from typing import Any, Final, Generic, TypeVar, Union, Unpack, cast, get_args, get_origin
+from typing import (
+    Any,
+    Final,
+    Generic,
+    Protocol,
+    TypeVar,
+    Union,
+    Unpack,
+    cast,
+    get_args,
+    get_origin,
+)
 
 import msgspec
 
@@ -51,6 +62,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "SUPPORTED_FORMAT_VERSIONS",
+    "EncodedGroups",
     "NativeEnvelope",
     "NativeFileParts",
     "decode_native",
@@ -259,16 +271,23 @@ def encode_native_group(group: GroupState) -> bytes:
     return _encode_payload(group)
 
 
-def encode_native_fragments(
-    groups: Collection[bytes], controller: dict[str, Any]
-) -> NativeFileParts:
+class EncodedGroups(Protocol):
+    """Groups' encodings (:func:`encode_native_group`), counted and iterated in order."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+
+def encode_native_fragments(groups: EncodedGroups, controller: dict[str, Any]) -> NativeFileParts:
     """:func:`encode_native_parts` for groups already encoded (:func:`encode_native_group`):
     the same file, as its parts (``bytes(...)`` joins them).
 
     The payload is the encoding of the sidecar with no groups, whose empty groups array
     (one byte) is replaced by the array's header and the groups. Nothing here is
-    proportional to the file but the tuple of the groups' references: the checksum and the
-    file's header are computed when the parts are written (:class:`NativeFileParts`).
+    proportional to the file: ``groups`` is kept as given, to be iterated when the parts are
+    written, so it must never change (the incremental encoder's ``MapView``), and the
+    checksum and the file's header are computed then too (:class:`NativeFileParts`).
     """
     empty = _Sidecar[GroupState](
         schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=[], **controller
@@ -278,9 +297,7 @@ def encode_native_fragments(
     split = frame.index(_GROUPS_KEY) + len(_GROUPS_KEY)
     if frame[split] != _EMPTY_ARRAY:
         raise AssertionError("the native payload's empty groups array is not where expected")
-    return NativeFileParts(
-        (frame[:split], _array_header(len(groups)), *groups, frame[split + 1 :])
-    )
+    return NativeFileParts(frame[:split] + _array_header(len(groups)), groups, frame[split + 1 :])
 
 
 class NativeFileParts:
@@ -290,23 +307,29 @@ class NativeFileParts:
     The envelope holds the payload's SHA-256 before the payload, so :meth:`parts` hashes
     the payload first (one pass, in the writer's thread) and yields the magic, the envelope
     and the ``bin`` header, then the payload's parts. The bytes are exactly
-    :func:`encode_native_parts`'s for the same sidecar. The parts are immutable ``bytes``:
-    the encoder that made them may go on (replacing its own entries) while they are written.
+    :func:`encode_native_parts`'s for the same sidecar. The parts are immutable ``bytes``
+    in a collection nobody changes (a ``MapView``): the encoder that made them may go on
+    (changing its own map) while they are written.
     """
 
-    __slots__ = ("_payload",)
+    __slots__ = ("_groups", "_head", "_tail")
 
-    def __init__(self, payload: tuple[bytes, ...]) -> None:
-        self._payload = payload
+    def __init__(self, head: bytes, groups: EncodedGroups, tail: bytes) -> None:
+        self._head, self._groups, self._tail = head, groups, tail
+
+    def _payload(self) -> Iterator[bytes]:
+        yield self._head
+        yield from self._groups
+        yield self._tail
 
     def parts(self) -> Iterator[bytes]:
         digest = hashlib.sha256()
         size = 0
-        for part in self._payload:
+        for part in self._payload():
             digest.update(part)
             size += len(part)
         yield _file_head(size, digest.hexdigest())
-        yield from self._payload
+        yield from self._payload()
 
     def __bytes__(self) -> bytes:
         """The file's bytes, joined (one copy of the file: tests and tools, not writers)."""
@@ -323,7 +346,7 @@ class NativeFileParts:
     __hash__ = None  # type: ignore[assignment]  # equal to bytes that hash otherwise
 
     def __repr__(self) -> str:
-        return f"NativeFileParts(parts={len(self._payload)})"
+        return f"NativeFileParts(groups={len(self._groups)})"
 
 
 def _encode_payload(value: object) -> bytes:

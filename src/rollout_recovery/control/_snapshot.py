@@ -14,6 +14,9 @@ snapshot, not the ledger. The bytes are a full encode's (the property tests comp
 The native sidecar is handed out as its parts (``NativeFileParts``), neither joined nor
 checksummed: the checkpoint's writer does both as it writes the file (``CheckpointStore.save``),
 which is O(bytes) anyway and runs in the background write (``[checkpoint] background``).
+Its groups and the staging keys the row check needs are persistent views of the encoder's
+maps, taken in O(1): the builder goes on replaying while they are written, and no later
+record changes a snapshot already taken.
 The replay index keeps its groups' encoded entries too (``ReplayIndex.encoded_state``).
 What stays O(ledger) or O(replay index) per snapshot is listed in ``_incremental.py`` and
 ``encoded_state``, and here: the checks of the sidecar's finalizer metrics (Python, one
@@ -64,8 +67,8 @@ class Snapshot:
     sidecar: bytes | FileParts
     replay_state: bytes
     controller_state: bytes
-    #: The rows the snapshot owns (checked present before the checkpoint commits); the
-    #: groups' key lists, not a set built here (``frozenset(...)`` for one).
+    #: The rows the snapshot owns (checked present before the checkpoint commits); a
+    #: view of the groups' key lists, not a set built here (``frozenset(...)`` for one).
     expected_staging: Iterable[str]
     canonical_keys: frozenset[str]
 
