@@ -52,6 +52,7 @@ import httpx
 from .._crashpoints import crash_point
 from .._unix_http import listener_pid, require_private_dir
 from ..errors import InvalidStateError
+from ._guard import kill_group
 
 __all__ = ["AdoptedGuard", "Claim", "claim", "vllm_environment"]
 
@@ -97,10 +98,10 @@ class AdoptedGuard:
         return bool(ready)
 
     def kill_group(self) -> None:
-        """SIGKILL the group of a guard still alive (so its pid is still its group's id)."""
+        """SIGKILL the group of a guard still alive (so its pid is still its group's id),
+        removing the server's shared memory (``_guard.kill_group``: the guard dies too)."""
         if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+            kill_group(self.pid)
             self.wait(_EXCHANGE_TIMEOUT_S)
 
     def release(self) -> None:

@@ -55,6 +55,7 @@ from .._outcomes import FailureReason
 from .._unix_http import listener_pid, private_socket_dir, require_private_dir, unix_server_url
 from ..errors import GenerationError, InvalidArgumentError
 from ._adoption import AdoptedGuard, claim, vllm_environment
+from ._guard import kill_group
 
 if TYPE_CHECKING:  # [vllm] builds its fleet here: the section's type, for the type checker
     from ._config import VllmConfig
@@ -216,9 +217,9 @@ class _LaunchedGuard:
         return True
 
     def kill_group(self) -> None:
-        # Not reaped yet, so its pid (the group's id) cannot have been reused.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
+        # Not reaped yet, so its pid (the group's id) cannot have been reused. The guard
+        # dies too, so the server's shared memory is removed here.
+        kill_group(self.pid)
         self._process.wait()
 
     def release(self) -> None:

@@ -27,8 +27,12 @@ injected clock.
 To end the group it sends COMMAND SIGTERM (vLLM shuts its engine down and removes its
 shared-memory segments; a SIGKILL would leave them in ``/dev/shm``), waits up to
 ``--grace-s``, and SIGKILLs whatever is left of the group (vLLM's ``EngineCore`` and worker
-processes, which a killed API server leaves orphaned), removing the shared memory they had
-mapped. With ``--socket PATH`` it then removes the server's Unix socket (and its control
+processes, which a killed API server leaves orphaned). Then it removes the ``psm_``
+segments the group's processes mapped (read before the SIGTERM, when the API server still
+maps them too): once no process of the group is left, each whose path still names the
+same file and that no live process maps (:func:`remove_segments`). The job does the same
+when it SIGKILLs a guard's group that outlived its own grace (:func:`kill_group`).
+With ``--socket PATH`` it then removes the server's Unix socket (and its control
 socket), each only if it is still the one its group bound (never a later server's at the
 same path), and the socket's directory once it is empty (the last guard of a fleet removes
 it): a job that was SIGKILLed leaves no socket directory behind. It exits with COMMAND's
@@ -54,7 +58,18 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["MAX_LEASE_S", "Lease", "LeaseState", "main"]
+__all__ = [
+    "MAX_LEASE_S",
+    "Lease",
+    "LeaseState",
+    "Segment",
+    "group_segments",
+    "kill_group",
+    "main",
+    "remove_segments",
+    "segments_in_maps",
+    "segments_to_remove",
+]
 
 #: The longest lease a guard takes (``--lease-s``, ``adopt``; ``[vllm] adopt_within_s``):
 #: a day. Any wait of the guard stays far below what ``select`` can take.
@@ -168,32 +183,125 @@ def _group_members(pgid: int) -> list[int]:
     return found
 
 
-def _shared_memory(pids: list[int]) -> set[Path]:
-    """The /dev/shm files the processes ``pids`` have mapped."""
-    found: set[Path] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                    found.add(Path(parts[5].removesuffix(" (deleted)")))
+# Python's ``multiprocessing.shared_memory`` segments (``psm_`` and random hex), which
+# vLLM's shm_broadcast message queues use (~200 MB each): a SIGKILLed creator never unlinks
+# them, nor does its resource tracker when the same killpg ends it too. Nothing else in
+# /dev/shm is removed: another program's file is not the guard's to judge.
+_SEGMENT_PREFIX = "/dev/shm/psm_"
+# How long a SIGKILLed group may take to exit (and unmap) before its segments are left be.
+_EXIT_WAIT_S = 10.0
+
+#: A mapped shared-memory segment: its path and its file's (st_dev, st_ino), which proves
+#: a path still names the file the server mapped (a later segment may reuse a name).
+Segment = tuple[str, int, int]
+
+
+def segments_in_maps(maps: str) -> set[Segment]:
+    """The ``psm_`` segments in the text of a ``/proc/PID/maps``. One the kernel marks
+    ``(deleted)`` is left out: already unlinked, its name may be another segment's now."""
+    found: set[Segment] = set()
+    for line in maps.splitlines():
+        # address perms offset dev inode path (the path may hold spaces)
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith(_SEGMENT_PREFIX):
+            continue
+        path = fields[5]
+        if path.endswith(" (deleted)") or "/" in path[len(_SEGMENT_PREFIX) :]:
+            continue
+        major, _, minor = fields[3].partition(":")
+        with contextlib.suppress(ValueError):
+            found.add((path, os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
     return found
 
 
-def _kill_the_rest() -> None:
-    """SIGKILL what is left of the group, then remove the shared memory it had mapped
-    (a killed process cannot unlink its segments, which would stay in /dev/shm)."""
+def segments_to_remove(
+    owned: set[Segment], still_mapped: set[Segment], present: dict[str, tuple[int, int]]
+) -> list[str]:
+    """Of the segments a server's processes mapped (``owned``), the paths to unlink: those
+    still naming the same file (``present``: path to (st_dev, st_ino) now) and mapped by
+    no live process (``still_mapped``, read after the server's processes were gone)."""
+    mapped = {(device, inode) for _, device, inode in still_mapped}
+    return sorted(
+        path
+        for path, device, inode in owned
+        if present.get(path) == (device, inode) and (device, inode) not in mapped
+    )
+
+
+def _segments_of(pids: list[int]) -> set[Segment]:
+    found: set[Segment] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found |= segments_in_maps(Path(f"/proc/{pid}/maps").read_text())
+    return found
+
+
+def group_segments(pgid: int) -> set[Segment]:
+    """The ``psm_`` segments the live processes of group ``pgid`` map now (Linux)."""
+    return _segments_of(_group_members(pgid)) if Path("/proc").is_dir() else set()
+
+
+def remove_segments(owned: set[Segment], pgid: int) -> list[str]:
+    """Unlink the segments of ``owned`` (read from group ``pgid`` before it was killed)
+    that no live process maps, once nothing of the group is left; the paths removed.
+    Nothing is removed while the group lives on past the wait (its processes map them)."""
+    if not owned or not _group_gone(pgid, _EXIT_WAIT_S):
+        return []
+    everyone = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    present: dict[str, tuple[int, int]] = {}
+    for path, _, _ in owned:
+        with contextlib.suppress(OSError):
+            found = os.stat(path)
+            present[path] = (found.st_dev, found.st_ino)
+    removed = []
+    for path in segments_to_remove(owned, _segments_of(everyone), present):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def kill_group(pgid: int) -> list[str]:
+    """SIGKILL process group ``pgid`` (a guard and its server, which ended too slowly) and
+    remove the ``psm_`` segments its processes mapped that no live process maps once it is
+    gone; the paths removed. ``pgid`` must still be the group's: its leader not reaped."""
+    segments = group_segments(pgid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return remove_segments(segments, pgid)
+
+
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until group ``pgid`` has no live process (already SIGKILLed: they die at once,
+    but exiting a process with gigabytes mapped takes a moment); whether it is gone."""
+    pidfds = [fd for fd in map(_pidfd, _group_members(pgid)) if fd is not None]
+    try:
+        if pidfds:
+            deadline = time.monotonic() + timeout_s
+            pending = list(pidfds)
+            while pending and (left := deadline - time.monotonic()) > 0:
+                ready, _, _ = select.select(pending, [], [], left)
+                pending = [fd for fd in pending if fd not in ready]
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+    return not _group_members(pgid)
+
+
+def _kill_the_rest(owned: set[Segment]) -> None:
+    """SIGKILL what is left of the group, then remove the shared memory its processes had
+    mapped (``owned``, read before the group was asked to end, and whatever the survivors
+    map): a killed process cannot unlink its segments, which would stay in /dev/shm."""
     pgid = os.getpgrp()
     if not Path("/proc").is_dir():
         os.killpg(pgid, signal.SIGKILL)  # this one included: nothing else can be named
         return
     members = _group_members(pgid)
-    segments = _shared_memory(members)
+    owned = owned | _segments_of(members)
     for pid in members:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    for segment in segments:
-        segment.unlink(missing_ok=True)
+    remove_segments(owned, pgid)
 
 
 _Inode = tuple[int, int]
@@ -400,11 +508,14 @@ def _end_group(
     if server is not None:
         with contextlib.suppress(Exception):  # unproven: the socket is left where it is
             server_inode = _servers_inode(server)
+    # Before the SIGTERM: a server's API process may be gone after it, its engine's
+    # processes too, and with them the proof of which segments were theirs.
+    segments = group_segments(os.getpgrp())
     if child.poll() is None:
         child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=grace_s)
-    _kill_the_rest()
+    _kill_the_rest(segments)
     if server is not None:
         owned = [(server, server_inode)]
         if control is not None:
