@@ -28,12 +28,7 @@ from rollout_recovery.history.records import PromptTaken
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 Snapshot = Callable[[Path], dict[str, Any]]
 
-JOB: dict[str, dict[str, Any]] = {
-    "job": {"steps": 10, "staleness_window": 2},
-    # Checkpoints written in the step: the kill below then never lands in a write, whose
-    # leftover the refused rerun's start would clean up (a CI run: a .tmp-step_000002).
-    "checkpoint": {"background": False},
-}
+JOB: dict[str, dict[str, Any]] = {"job": {"steps": 10, "staleness_window": 2}}
 
 
 def _files(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +70,11 @@ def test_fewer_steps_than_taken_are_refused_at_once_with_the_number_to_use(
     lower = write_config(
         {**JOB, "job": {**JOB["job"], "steps": 3}, "liveness": {"step_timeout_s": 10.0}}
     )
+    # What a save killed mid-way leaves (the kill may land in a background write too): a
+    # refused rerun must leave it, an accepted one removes it.
+    leftover = out / "checkpoints" / ".tmp-step_000009-0123abcd"
+    leftover.mkdir()
+    (leftover / "COMMITTED.tmp").write_text("{}")
     before, rows_before = dir_snapshot(out), _rows(out)
 
     refused = run_cli(["--out", str(out), "--config", str(lower), "--plain"])
@@ -94,5 +94,6 @@ def test_fewer_steps_than_taken_are_refused_at_once_with_the_number_to_use(
     enough = write_config({**JOB, "job": {**JOB["job"], "steps": int(number.group(1))}})
     finished = run_cli(["--out", str(out), "--config", str(enough), "--plain"])
     assert finished.returncode == 0, finished.stdout
+    assert not leftover.exists()
     report = audit_run(out)
     assert report.ok and report.complete, report.violations

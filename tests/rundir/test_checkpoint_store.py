@@ -511,6 +511,30 @@ def test_remove_stale_restores_a_replaced_checkpoint_whose_successor_never_lande
     assert store.load(store.committed()[0]).files == files_for(2)
 
 
+def test_put_back_replaced_only_puts_the_checkpoint_back_and_leaves_the_rest(
+    store: CheckpointStore,
+) -> None:
+    """What a resuming job runs before it chooses the newest checkpoint: the swapped-out
+    checkpoint is back, and a refused run leaves the other leftovers where they were."""
+    store.save(1, files_for(1))
+    store.save(2, files_for(2))
+    os.rename(store.directory / "step_000002", store.directory / ".replaced-step_000002-0a1b")
+    (store.directory / ".tmp-step_000003-feed").mkdir()
+    (store.directory / ".trash-step_000001-0123abcd").mkdir()
+    (store.directory / ".LATEST.x1y2.tmp").write_text("step_000002\n")
+    assert store.put_back_replaced() == [store.directory / "step_000002"]
+    assert listing(store) == [
+        ".LATEST.x1y2.tmp",
+        ".tmp-step_000003-feed",
+        ".trash-step_000001-0123abcd",
+        "LATEST",
+        "step_000001",
+        "step_000002",
+    ]
+    assert store.committed()[0].name == "step_000002"
+    assert store.put_back_replaced() == []
+
+
 def test_remove_stale_drops_a_replaced_checkpoint_whose_successor_landed(
     store: CheckpointStore,
 ) -> None:

@@ -253,6 +253,9 @@ def _open_job(
     unclaimed = None if claimed else stack.enter_context(_Unclaimed.watch(run))
     # Before any store, trail or server is opened: a refused run changes nothing.
     checkpoints = CheckpointStore(run.root, keep=config.checkpoint.keep)
+    # A committed checkpoint a killed re-save swapped out is put back before the newest is
+    # chosen (a repair, not a change); the other leftovers go once the run is accepted.
+    checkpoints.put_back_replaced()
     if not checkpoints.committed():
         _refuse_lost_checkpoints(run)
     else:
@@ -286,7 +289,6 @@ def _open_job(
         claim_run_directory(run, config)
         unclaimed.claimed = True
     store = checkpoints
-    store.remove_stale()  # what a save killed mid-way left behind
     controller = Controller(
         config=config,
         dataset=parts.dataset,
@@ -378,6 +380,8 @@ async def _run_installed(
         # Before the restore changes anything (it cuts the metrics back to the checkpoint).
         AuditTrail.require_synced_metrics(run, found.name, found.marks.get(run.metrics.name, 0))
         _refuse_fewer_steps(config, found.name, prompts_taken=found.prompts_taken)
+    # Accepted: what a save killed mid-way left behind goes now, not in a refused run.
+    store.remove_stale()
     restored = None
     if found is None:
         if progress is not None:

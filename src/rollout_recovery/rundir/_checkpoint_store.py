@@ -16,7 +16,9 @@ so a torn or flipped file is caught on load and the reader falls back to an olde
 checkpoint. Everything else (temporaries, dot-directories, ``LATEST``) is never trusted:
 dot-names never match the ``step_*`` scan, and ``LATEST`` may lag one rename behind a
 crash. Leftovers are removed by :meth:`CheckpointStore.remove_stale`, which every save runs
-first (freeing the space a killed save used) and which a resuming job should run once.
+first (freeing the space a killed save used) and which a resuming job runs once its run is
+accepted; before it chooses the newest checkpoint it runs only
+:meth:`CheckpointStore.put_back_replaced` (a refused run changes nothing else).
 
 One writer per run directory: saves in one process are serialized by a lock, and two
 processes must not share a run directory.
@@ -381,22 +383,49 @@ class CheckpointStore:
             with self._publication_lock(exclusive=True):
                 return self._remove_stale_locked()
 
+    def put_back_replaced(self) -> list[Path]:
+        """Only the first part of :meth:`remove_stale`: rename each ``.replaced-step_N``
+        whose ``step_N`` is missing back (a committed checkpoint a killed re-save swapped
+        out); the checkpoints put back. A resuming job runs it before it chooses the newest
+        checkpoint, and leaves the rest of the leftovers until its run is accepted (a
+        refused run changes nothing else)."""
+        with self._lock:
+            if not self.directory.is_dir():
+                return []
+            with self._publication_lock(exclusive=True):
+                put_back = self._put_back_replaced_locked()
+                if put_back:
+                    fsync_directory(self.directory)
+                return put_back
+
+    def _put_back_replaced_locked(self) -> list[Path]:
+        put_back = []
+        for entry in sorted(self.directory.iterdir()):
+            original = self._replaced_original(entry)
+            if original is not None:
+                with contextlib.suppress(OSError):
+                    os.rename(entry, original)
+                    put_back.append(original)
+        return put_back
+
+    def _replaced_original(self, entry: Path) -> Path | None:
+        """The missing ``step_N`` a ``.replaced-step_N-<hex>`` directory is, or None."""
+        if not entry.name.startswith(_REPLACED_PREFIX):
+            return None
+        original = self.directory / entry.name[len(_REPLACED_PREFIX) :].rsplit("-", 1)[0]
+        if _parse_step_dirname(original.name) is None or original.exists():
+            return None
+        return original
+
     def _remove_stale_locked(self) -> list[Path]:
         if not self.directory.is_dir():
             return []
         removed: list[Path] = []
-        changed = False
+        changed = bool(self._put_back_replaced_locked())
         for entry in sorted(self.directory.iterdir()):
             entry_name = entry.name
-            if entry_name.startswith(_REPLACED_PREFIX):
-                original = self.directory / entry_name[len(_REPLACED_PREFIX) :].rsplit("-", 1)[0]
-                if _parse_step_dirname(original.name) is not None and not original.exists():
-                    try:
-                        os.rename(entry, original)
-                    except OSError:
-                        continue
-                    changed = True
-                    continue
+            if self._replaced_original(entry) is not None:
+                continue  # a checkpoint that could not be put back: kept, tried next time
             if entry_name.startswith((_TEMP_PREFIX, _TRASH_PREFIX, _REPLACED_PREFIX)):
                 shutil.rmtree(entry, ignore_errors=True)
             elif _LATEST_TEMP_RE.fullmatch(entry_name):
