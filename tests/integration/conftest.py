@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Protocol
 import httpx
 import pytest
 
-from rollout_recovery.vllm import VllmConfig
+from rollout_recovery.vllm import VllmConfig, _guard
 from rollout_recovery.vllm._fleet import EXTENSION_DIR
 from rollout_recovery.vllm._fleet import server_command as vllm_server_command
 
@@ -123,18 +124,6 @@ def process_group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
-def shared_memory_of(pgid: int) -> set[Path]:
-    """The /dev/shm files the live processes of group ``pgid`` have mapped."""
-    found: set[Path] = set()
-    for pid in group_members(pgid):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                    found.add(Path(parts[5].removesuffix(" (deleted)")))
-    return found
-
-
 @dataclass
 class VllmServer:
     """One running vLLM server started by ``vllm_server_factory``."""
@@ -147,22 +136,21 @@ class VllmServer:
     #: Seconds from spawn to the first ``GET /health`` == 200.
     startup_s: float
     killed: bool = field(default=False)
-    #: The /dev/shm files the group had mapped once ready (removed after a kill).
-    segments: set[Path] = field(default_factory=set)
+    #: The /dev/shm/psm_ segments the group had mapped once ready (removed after a kill).
+    segments: set[_guard.Segment] = field(default_factory=set)
 
     def kill(self) -> None:
         """SIGKILL the whole process group (a crash) and wait until nothing of it is left.
 
         Idempotent, so tests may kill a server to simulate a crash and teardown kills again.
         The shared-memory segments the group mapped, which a SIGKILL leaves in /dev/shm,
-        are removed afterwards.
+        are removed afterwards (the job's way: only those no live process maps).
         """
-        segments = self.segments | shared_memory_of(self.pgid)
+        segments = self.segments | _guard.group_segments(self.pgid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGKILL)
         self._wait_gone()
-        for segment in segments:
-            segment.unlink(missing_ok=True)
+        _guard.remove_segments(segments, self.pgid)
 
     def stop(self) -> None:
         """SIGTERM the API server (it shuts its engine down and frees its shared memory),
@@ -206,6 +194,7 @@ class VllmServerFactory(Protocol):
         *,
         model: Path | None = None,
         dtype: str = "bfloat16",
+        guarded: bool = False,
     ) -> VllmServer: ...
 
 
@@ -228,7 +217,7 @@ def wait_ready(server: VllmServer, deadline_s: float) -> None:
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{server.url}/health").status_code == 200:
                     server.startup_s = time.monotonic() - start
-                    server.segments = shared_memory_of(server.pgid)
+                    server.segments = _guard.group_segments(server.pgid)
                     return
             if time.monotonic() - start > deadline_s:
                 server.kill()
@@ -289,15 +278,22 @@ def vllm_server_factory(
         *,
         model: Path | None = None,
         dtype: str = "bfloat16",
+        guarded: bool = False,
     ) -> VllmServer:
-        """A ready server of ``model`` (default: the tiny model) in ``dtype``."""
+        """A ready server of ``model`` (default: the tiny model) in ``dtype``; ``guarded``:
+        under its guard (``vllm/_guard.py``, the job's launch), which leads the group."""
         port = free_port()
         log_path = logs / f"vllm-{port}.log"
         env = server_env(extra_env)
         served = str(model) if model is not None else default_model
+        guard = [sys.executable, _guard.__file__, "--parent-pid", str(os.getpid()), "--"]
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [*server_command(python, served, port, dtype), *extra_args],
+                [
+                    *(guard if guarded else []),
+                    *server_command(python, served, port, dtype),
+                    *extra_args,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
