@@ -108,7 +108,9 @@ def boundaries(end: int) -> list[int]:
 
 
 def follow(stops: Iterable[int], format: str) -> list[tuple[Snapshot, Snapshot]]:
-    """Snapshots at each stop, incremental and full."""
+    """Snapshots at each stop, incremental and full; all are taken before any is compared,
+    so each incremental one is held while the builder goes on (its sidecar's groups and its
+    staging keys are views of the encoder's maps: a later record must not reach them)."""
     snapshots = builder()
     taken = []
     for stop in stops:
