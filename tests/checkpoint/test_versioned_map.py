@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from rollout_recovery.checkpoint._versioned import _SLACK, MapView, VersionedMap
 
-KEYS = st.sampled_from([f"g{i}" for i in range(12)])
+KEYS_ALL = [f"g{i}" for i in range(12)]
+KEYS = st.sampled_from(KEYS_ALL)
 
 
 class VersionedMapMachine(RuleBasedStateMachine):
@@ -64,6 +65,9 @@ class VersionedMapMachine(RuleBasedStateMachine):
         assert list(self.map.items()) == list(self.model.items())
         assert len(self.map) == len(self.model)
         assert all(self.map[key] == value and key in self.map for key, value in self.model.items())
+        assert [self.map.get(key) for key in sorted(KEYS_ALL)] == [
+            self.model.get(key) for key in sorted(KEYS_ALL)
+        ]
 
     @invariant()
     def garbage_stays_bounded(self) -> None:

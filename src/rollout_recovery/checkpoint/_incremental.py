@@ -243,17 +243,20 @@ class IncrementalSidecar:
                 raise InvalidStateError(f"admission batch {admission!r} disagrees")
 
     def _set_staging(self, group_id: str, keys: list[str]) -> None:
-        counts = self._staging_counts
-        for key in self._staging.pop(group_id) or ():
+        counts, staging = self._staging_counts, self._staging
+        before = staging.get(group_id)
+        for key in before or ():
             left = counts[key] - 1
             if left:
                 counts[key] = left
             else:
                 del counts[key]
         if keys:
-            self._staging[group_id] = keys
+            staging[group_id] = keys  # in place: the order of staging keys is no one's
             for key in keys:
                 counts[key] = counts.get(key, 0) + 1
+        elif before is not None:
+            staging.pop(group_id)
 
     def _update_staging_only(self) -> None:
         """After a full encode in another format: the staging keys are current, the

@@ -91,6 +91,10 @@ class VersionedMap(Generic[K, V]):
     def __getitem__(self, key: K) -> V:
         return self._index[key][-1][1]  # type: ignore[return-value]  # live: a V
 
+    def get(self, key: K) -> V | None:
+        cell = self._index.get(key)
+        return None if cell is None else cell[-1][1]  # type: ignore[return-value]  # a V
+
     def __setitem__(self, key: K, value: V) -> None:
         cell = self._index.get(key)
         if cell is None:
@@ -102,7 +106,8 @@ class VersionedMap(Generic[K, V]):
         else:
             cell.append((self._version, value))
             self._garbage += 1
-            self._compact_if_due()
+            if self._garbage > len(self._index) + _SLACK:
+                self._compact()
 
     def pop(self, key: K, default: V | None = None) -> V | None:
         """Remove ``key``; its value, or ``default`` if it was not there."""
