@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from .._durable import publish_directory
 from ..errors import InvalidArgumentError, InvalidStateError
@@ -98,7 +99,12 @@ def load_causal_lm(model_dir: Path, *, dtype: torch.dtype = torch.float32) -> Pr
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     tensors = {name: t.to(dtype) for name, t in read_weight_files(model_dir).items()}
-    model = model_from_config(config, dtype=dtype)
+    # Without the random initialisation every parameter is about to be overwritten by the
+    # files' (4.3 s of 4.4 s for SmolLM2-135M on a loaded 2-core machine): transformers'
+    # own switch for a model it loads. Its buffers (rotary frequencies) are still computed;
+    # a parameter the files lack is refused below, so no uninitialised memory is kept.
+    with no_init_weights():
+        model = model_from_config(config, dtype=dtype)
     _load_into(model, tensors, assign=False, where=str(model_dir))
     return model
 
