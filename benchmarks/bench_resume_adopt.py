@@ -4,7 +4,10 @@ Runs an example config (default ``examples/tiny-llama-vllm.toml``) with
 ``rollout-recovery run`` as a user does, in three phases:
 
 1. a fresh run, SIGKILLed (the job's process only: its servers are in groups of their own)
-   once ``metrics.jsonl`` has step ``--kill-after``; its run directory is copied at once;
+   once ``metrics.jsonl`` has step ``--kill-after``, or with ``--kill-after-commit`` once
+   ``events.jsonl`` has the ``checkpoint_committed`` record of a checkpoint at or past that
+   step (so the reruns restore it and retrain nothing: the measure is the resume alone);
+   its run directory is copied at once;
 2. the rerun on that directory: it adopts the servers the killed job left (their lease,
    ``[vllm] adopt_within_s``) and trains to the end;
 3. the rerun on the copy, with adoption off (``adopt_within_s = 0``): the servers it lists
@@ -12,13 +15,16 @@ Runs an example config (default ``examples/tiny-llama-vllm.toml``) with
 
 For each rerun: the seconds from its process's start to the ``time/wall`` of its first
 step in ``metrics.jsonl`` (the first trained step), against one warm step (the median
-``time/step_s`` of phase 1's steps after its first). ``--crash-during-adoption`` adds a
+``time/step_s`` of phase 1's steps after its first); and what it restored (its
+``restored`` record: the checkpoint, its step, the steps it rolled back) and the first
+step it wrote, so a resume that retrained steps shows it. ``--crash-during-adoption`` adds a
 kill -9 of phase 2 at the ``adopt.before_handover`` crash point (between the proof and the
 hand-over) before it reruns, and every finished run is audited (``rollout-recovery
 audit``). Afterwards no server of the benchmark may be left: it checks. Run::
 
     flock /work/heavy.lock python benchmarks/bench_resume_adopt.py [--config FILE]
-        [--steps 9] [--kill-after 5] [--crash-during-adoption] [--json out.json]
+        [--steps 9] [--kill-after 5] [--kill-after-commit] [--crash-during-adoption]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -73,6 +79,35 @@ def _steps(out: Path) -> list[dict[str, Any]]:
     return [record for record in map(json.loads, complete) if "time/wall" in record]
 
 
+def committed_steps(out: Path) -> list[int]:
+    """The steps of the ``checkpoint_committed`` records in ``out``'s journal (whole lines
+    only: the job may be writing the next)."""
+    try:
+        text = (out / "events.jsonl").read_text()
+    except OSError:
+        return []
+    records = map(json.loads, text.splitlines()[: text.count("\n")])
+    return [r["step"] for r in records if r.get("event") == "checkpoint_committed"]
+
+
+def restored_since(out: Path, offset: int) -> dict[str, Any] | None:
+    """What the rerun that began appending to ``out``'s journal at byte ``offset``
+    restored: its ``restored`` record's checkpoint, step and rolled-back steps (None: it
+    restored nothing)."""
+    with open(out / "events.jsonl", "rb") as journal:
+        journal.seek(offset)
+        tail = journal.read().decode()
+    for line in tail.splitlines()[: tail.count("\n")]:
+        record = json.loads(line)
+        if record.get("event") == "restored":
+            return {
+                "checkpoint": record["checkpoint"],
+                "step": record["step"],
+                "rolled_back_steps": record["rolled_back_steps"],
+            }
+    return None
+
+
 def _run(
     config: Path, out: Path, log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -95,32 +130,41 @@ def _run(
         )
 
 
-def _wait_for_step(job: subprocess.Popen[bytes], out: Path, count: int) -> None:
+def _wait_for_step(
+    job: subprocess.Popen[bytes], out: Path, count: int, *, committed: bool = False
+) -> None:
+    """Until ``out`` has step ``count`` (``committed``: a checkpoint of it committed)."""
     deadline = time.monotonic() + PHASE_DEADLINE_S
-    while len(_steps(out)) < count:
+    while not (
+        max(committed_steps(out), default=-1) >= count if committed else len(_steps(out)) >= count
+    ):
         if job.poll() is not None:
             raise SystemExit(f"the job in {out} exited with {job.returncode} before step {count}")
         if time.monotonic() > deadline:
             raise SystemExit(f"no step {count} in {out} after {PHASE_DEADLINE_S} s")
-        time.sleep(0.1)
+        time.sleep(0.01 if committed else 0.1)
 
 
-def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, float]]:
+def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, Any]]:
     """Rerun to the end; the seconds from its start to its first trained step, and that
     step's own ``time/*`` parts (its period starts when the controller starts: the rest
-    is the process's start, the restore and the servers)."""
+    is the process's start, the restore and the servers), with what it restored and the
+    step's number."""
     before = len(_steps(out))
+    offset = (out / "events.jsonl").stat().st_size
     started = time.time()
     job = _run(config, out, log)
     code = job.wait(timeout=PHASE_DEADLINE_S)
     if code != 0:
         raise SystemExit(f"the rerun in {out} exited with {code} (see {log})")
     first = _steps(out)[before]
-    parts = {
+    parts: dict[str, Any] = {
         name.removeprefix("time/"): round(float(value), 3)
         for name, value in first.items()
         if name.startswith("time/") and name != "time/wall"
     }
+    parts["step"] = first["step"]
+    parts["restored"] = restored_since(out, offset)
     return float(first["time/wall"]) - started, parts
 
 
@@ -162,6 +206,11 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=EXAMPLE)
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--kill-after", type=int, default=5)
+    parser.add_argument(
+        "--kill-after-commit",
+        action="store_true",
+        help="kill once a checkpoint at or past --kill-after has committed (not at a step)",
+    )
     parser.add_argument("--crash-during-adoption", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -186,7 +235,7 @@ def _measure(root: Path, args: argparse.Namespace, guards: set[int]) -> dict[str
     out, copy, log = root / "run", root / "run-cold", root / "log.txt"
     started = time.monotonic()
     job = _run(adopting, out, log)
-    _wait_for_step(job, out, args.kill_after)
+    _wait_for_step(job, out, args.kill_after, committed=args.kill_after_commit)
     guards |= _guards(out)
     job.send_signal(signal.SIGKILL)
     job.wait()
@@ -196,6 +245,7 @@ def _measure(root: Path, args: argparse.Namespace, guards: set[int]) -> dict[str
     result: dict[str, Any] = {
         "config": str(args.config),
         "killed_after_step": len(first_run),
+        "newest_committed_checkpoint_at_kill": max(committed_steps(out), default=None),
         "first_run_s": round(time.monotonic() - started, 1),
         "warm_step_s": round(warm, 3),
     }

@@ -163,6 +163,25 @@ def _report(start: float, first: dict[str, Any]) -> None:
     print("its time/* fields:", json.dumps(parts), file=sys.stderr)
 
 
+def _report_restored(out: Path, first: dict[str, Any]) -> None:
+    """What this process restored (the journal's last ``restored`` record: this process
+    wrote it before its first step) and the step it wrote: a rolled-back step is
+    trained again, inside the measure."""
+    text = (out / "events.jsonl").read_text()
+    restored = [
+        record
+        for record in map(json.loads, text.splitlines()[: text.count("\n")])
+        if record.get("event") == "restored"
+    ]
+    if restored:
+        last = restored[-1]
+        print(
+            f"restored {last['checkpoint']} (step {last['step']}, rolled back "
+            f"{last['rolled_back_steps']}); first step written: {first.get('step')}",
+            file=sys.stderr,
+        )
+
+
 def main() -> None:
     start = _process_start()
     if "--out" not in sys.argv[1:-1] or {"-h", "--help"} & set(sys.argv[1:]):
@@ -178,6 +197,7 @@ def main() -> None:
         while (first := _trained_since(out / "metrics.jsonl", start)) is None:
             time.sleep(0.01)
         _report(start, first)
+        _report_restored(out, first)
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
