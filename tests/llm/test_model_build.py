@@ -1,4 +1,5 @@
-"""A model is built from its files without a random initialisation first (issue 28).
+"""A model is built from its files without a random initialisation first, and a trainer
+restored from a checkpoint does not read them at all (issue 28).
 
 Every parameter ``load_causal_lm`` builds is overwritten by the files' weights, so drawing
 random ones first was waste: 4.3 of 4.4 s of building SmolLM2-135M on a loaded 2-core
@@ -14,14 +15,22 @@ from typing import Any
 
 import pytest
 import torch
+from llm_support import fixed_batch
 from safetensors.torch import load_file, save_file
 
 from rollout_recovery.errors import InvalidStateError
+from rollout_recovery.llm import _model_files
 from rollout_recovery.llm._model_files import (
     load_causal_lm,
     model_from_config,
     read_config,
     read_weight_files,
+)
+from rollout_recovery.llm._trainer import (
+    MODEL_STATE_FILE,
+    OPTIMIZER_STATE_FILE,
+    TRAINER_STATE_FILE,
+    TorchGRPOTrainer,
 )
 
 
@@ -69,3 +78,40 @@ def test_a_weight_missing_from_the_files_is_refused(tiny_model_dir: Path, tmp_pa
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(InvalidStateError, match=lost):
         load_causal_lm(out)
+
+
+def test_a_restored_trainer_never_reads_the_models_weights(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume sets every parameter from its checkpoint: the model's weights (269 MB of
+    bf16 for SmolLM2, cast to fp32) are not read only to be overwritten."""
+    donor = TorchGRPOTrainer(tiny_model_dir, seed=3)
+    donor.train_step(fixed_batch())
+    files = donor.state_files()
+
+    def unread(model_dir: Path) -> dict[str, torch.Tensor]:
+        raise AssertionError(f"read the weights of {model_dir}")
+
+    monkeypatch.setattr(_model_files, "read_weight_files", unread)
+    resumed = TorchGRPOTrainer(tiny_model_dir, seed=9)
+    bad = dict(files)
+    bad[TRAINER_STATE_FILE] = b"{}"
+    with pytest.raises(InvalidStateError):
+        resumed.load_state_files(bad)  # refused: still nothing read, nothing set
+    resumed.load_state_files(files)
+    resumed.train_step(fixed_batch(), version=2)
+    monkeypatch.undo()
+    donor.train_step(fixed_batch(), version=2)
+    assert resumed.state_files() == donor.state_files()
+
+
+def test_a_trainer_not_restored_reads_the_weights_at_first_use(tiny_model_dir: Path) -> None:
+    fresh = TorchGRPOTrainer(tiny_model_dir, seed=3)
+    refused = TorchGRPOTrainer(tiny_model_dir, seed=3)
+    with pytest.raises(InvalidStateError):
+        refused.load_state_files({MODEL_STATE_FILE: b"", OPTIMIZER_STATE_FILE: b"", "x": b""})
+    expected = dict(load_causal_lm(tiny_model_dir).named_parameters())
+    for trainer in (fresh, refused):
+        parameters = trainer.named_parameters()
+        assert parameters.keys() == expected.keys()
+        assert all(torch.equal(parameters[name], expected[name]) for name in expected)

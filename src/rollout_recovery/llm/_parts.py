@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from .._reward_function import RewardConfig
-from ..errors import ConfigError, RolloutRecoveryError
+from ..errors import ConfigError, InvalidStateError, RolloutRecoveryError
 from ..policy import TaskConfig
 from ._dataset import load_rows
 from ._dataset_task import DatasetEpisodes, DatasetTask, Tokenizer
@@ -82,8 +82,15 @@ class LlmParts:
                 max_grad_norm=trainer.max_grad_norm or None,
                 logprob_tolerance=trainer.logprob_tolerance,
             )
-        except RolloutRecoveryError:
-            raise
+        except RolloutRecoveryError as error:
+            if not isinstance(error, InvalidStateError):
+                raise
+            # Weight files that do not fit the config (the trainer checks their headers).
+            raise ConfigError(
+                f"the model in {str(directory)!r} cannot be built: {type(error).__name__}: "
+                f"{_first_lines(str(error))}",
+                path="$.model.source",
+            ) from error
         except (RuntimeError, ValueError, KeyError, TypeError, OSError) as error:
             # What torch and transformers raise for a configuration and weights that do
             # not make a model (shapes that disagree, an unknown architecture): the job's

@@ -52,7 +52,12 @@ from transformers import PreTrainedModel
 
 from ..errors import InvalidArgumentError, InvalidStateError
 from ..policy import TrainSample
-from ._model_files import load_causal_lm, vocab_size_of
+from ._model_files import (
+    causal_lm_to_fill,
+    fill_from_files,
+    tied_parameter_names,
+    vocab_size_of,
+)
 from ._skeleton import ModelSkeleton
 from ._staging import StagingBuffers
 from ._tensor_views import tensor_views
@@ -161,9 +166,16 @@ class TorchGRPOTrainer:
         self._epochs = epochs
         self._max_grad_norm = max_grad_norm
         self._max_log_ratio = float(max_log_ratio)
-        self._model: PreTrainedModel = load_causal_lm(Path(model_dir), dtype=torch.float32)
+        self._model: PreTrainedModel = causal_lm_to_fill(Path(model_dir), dtype=torch.float32)
         self._model.train()
         self._params: dict[str, torch.nn.Parameter] = dict(self._model.named_parameters())
+        #: Whose weights the parameters are still to be read from, at their first use: a
+        #: resume sets every parameter from its checkpoint, and reading the model's files
+        #: first would be thrown away (SmolLM2-135M: 269 MB read and cast to fp32). A model
+        #: with persistent buffers is read at once (the skeleton below hands them out).
+        self._unread: Path | None = Path(model_dir)
+        if set(self._model.state_dict()) - set(self._params) - tied_parameter_names(self._model):
+            self._read_model_files()
         self._skeleton = ModelSkeleton.of(self._model)
         self._vocab = vocab_size_of(self._model)
         self._optimizer = torch.optim.AdamW(
@@ -185,6 +197,12 @@ class TorchGRPOTrainer:
         self._snapshot: TorchWeights | None = None
         #: Where background checkpoints copy AdamW's moments (``staged_state_files``).
         self._staging = StagingBuffers()
+
+    def _read_model_files(self) -> None:
+        """The parameters from the model's files, unless already set (read or restored)."""
+        if self._unread is not None:
+            fill_from_files(self._model, self._unread, dtype=torch.float32)
+            self._unread = None
 
     # -- what the controller and generation see --------------------------------------------
 
@@ -218,12 +236,14 @@ class TorchGRPOTrainer:
 
     def weights(self) -> TorchWeights:
         """The current parameters; one snapshot per version, shared by every caller."""
+        self._read_model_files()
         if self._snapshot is None or self._snapshot.version != self._version:
             self._snapshot = TorchWeights.capture(self._version, self._params.items())
         return self._snapshot
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of the live fp32 parameters (for tests and diagnostics)."""
+        self._read_model_files()
         return {name: p.detach().clone() for name, p in self._params.items()}
 
     # -- the step ---------------------------------------------------------------------------
@@ -355,6 +375,7 @@ class TorchGRPOTrainer:
                 path="$.version",
             )
         batch = self._batch(samples)
+        self._read_model_files()
         self.sample_logprob_gaps = (math.nan,) * len(samples)
         metrics = {
             "loss": 0.0,
@@ -456,6 +477,7 @@ class TorchGRPOTrainer:
 
         Hyperparameters are not state: they come from the job's config on resume.
         """
+        self._read_model_files()
         params = {name: p.detach() for name, p in self._params.items()}
         return _encode_state(params, self._optimizer_tensors(), self._meta())
 
@@ -509,6 +531,7 @@ class TorchGRPOTrainer:
         ``param.<name>``, ``adam_m.<name>``, ``adam_v.<name>``, ``adam_step.<name>``
         (float32), ``version`` (int64) and ``trainer_json`` (the JSON file's bytes as uint8).
         """
+        self._read_model_files()
         out: dict[str, npt.NDArray[Any]] = {
             "version": np.array(self._version, dtype=np.int64),
             _ARRAY_META: np.frombuffer(msgspec.json.encode(self._meta()), dtype=np.uint8).copy(),
@@ -593,6 +616,7 @@ class TorchGRPOTrainer:
         with torch.no_grad():
             for name, param in self._params.items():
                 param.copy_(params[name])
+        self._unread = None  # every parameter set: the model's files are not needed
         self._optimizer.state.clear()
         for name, found in moments.items():
             self._optimizer.state[self._params[name]] = {
