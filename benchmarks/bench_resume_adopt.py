@@ -13,8 +13,10 @@ Runs an example config (default ``examples/tiny-llama-vllm.toml``) with
 3. the rerun on the copy, with adoption off (``adopt_within_s = 0``): the servers it lists
    were ended by phase 2, so it cold-starts new ones (what every resume did before).
 
-For each rerun: the seconds from its process's start to the ``time/wall`` of its first
-step in ``metrics.jsonl`` (the first trained step), against one warm step (the median
+For each rerun: the seconds from its process's start to the ``time/wall`` of the first
+step it wrote in ``metrics.jsonl`` (the first trained step; before issue 28's third
+pass, the first line past the killed run's, which follows any step it trained again:
+still reported), against one warm step (the median
 ``time/step_s`` of phase 1's steps after its first); and what it restored (its
 ``restored`` record: the checkpoint, its step, the steps it rolled back) and the first
 step it wrote, so a resume that retrained steps shows it. ``--crash-during-adoption`` adds a
@@ -145,11 +147,20 @@ def _wait_for_step(
         time.sleep(0.01 if committed else 0.1)
 
 
+def first_written(steps: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """The first step in ``steps`` (``metrics.jsonl``) written after ``started``: the
+    first step a rerun trained. Not the first line past the killed run's: a rerun cuts
+    ``metrics.jsonl`` back to its checkpoint, so a step it trains again (rolled back)
+    takes an earlier line, and the line after the killed run's is a later step."""
+    return next(step for step in steps if float(step["time/wall"]) > started)
+
+
 def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, Any]]:
-    """Rerun to the end; the seconds from its start to its first trained step, and that
-    step's own ``time/*`` parts (its period starts when the controller starts: the rest
-    is the process's start, the restore and the servers), with what it restored and the
-    step's number."""
+    """Rerun to the end; the seconds from its start to the first step it trained, and
+    that step's own ``time/*`` parts (its period starts when the controller starts: the
+    rest is the process's start, the restore and the servers), with its number, what
+    the rerun restored, and (the old measure) the seconds to the first step past the
+    killed run's."""
     before = len(_steps(out))
     offset = (out / "events.jsonl").stat().st_size
     started = time.time()
@@ -157,7 +168,8 @@ def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, Any]]:
     code = job.wait(timeout=PHASE_DEADLINE_S)
     if code != 0:
         raise SystemExit(f"the rerun in {out} exited with {code} (see {log})")
-    first = _steps(out)[before]
+    steps = _steps(out)
+    first = first_written(steps, started)
     parts: dict[str, Any] = {
         name.removeprefix("time/"): round(float(value), 3)
         for name, value in first.items()
@@ -165,6 +177,10 @@ def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, Any]]:
     }
     parts["step"] = first["step"]
     parts["restored"] = restored_since(out, offset)
+    if len(steps) > before:
+        past = steps[before]
+        parts["first_step_past_the_killed_runs"] = past["step"]
+        parts["to_it_s"] = round(float(past["time/wall"]) - started, 1)
     return float(first["time/wall"]) - started, parts
 
 

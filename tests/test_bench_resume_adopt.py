@@ -64,3 +64,13 @@ def test_a_rerun_reports_the_checkpoint_it_restored_not_an_earlier_runs(tmp_path
         "step": 5,
         "rolled_back_steps": [5],
     }
+
+
+def test_the_first_step_is_the_first_the_rerun_wrote_not_the_line_past_the_killed_runs() -> None:
+    """The killed run wrote steps 0-5; the rerun restored step 5's checkpoint, cut the
+    file back to steps 0-4 and trained step 5 again, then step 6."""
+    killed = [{"step": n, "time/wall": 100.0 + n} for n in range(5)]
+    rerun = [{"step": 5, "time/wall": 200.0}, {"step": 6, "time/wall": 205.0}]
+    steps = killed + rerun
+    assert _BENCHMARK.first_written(steps, started=150.0)["step"] == 5
+    assert steps[6]["step"] == 6  # the old measure's line: one trained step later
