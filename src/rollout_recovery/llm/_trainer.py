@@ -598,7 +598,8 @@ class TorchGRPOTrainer:
                 found,
                 {"exp_avg": shape, "exp_avg_sq": shape, "step": torch.Size([])},
             )
-            if float(found["exp_avg_sq"].min()) < 0:  # no mask of 1.6 GB's worth
+            second = found["exp_avg_sq"]
+            if second.numel() and float(second.min()) < 0:  # no mask of 1.6 GB's worth
                 raise InvalidStateError(f"optimizer state exp_avg_sq.{name} must be >= 0")
             step = float(found["step"])
             if step < 1 or step != int(step):
