@@ -9,20 +9,14 @@ rerun's ``restored`` record.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import msgspec
+from benchmark_support import load_benchmark
 
 from rollout_recovery.history.records import CheckpointCommitted, Restored
 
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_resume_adopt",
-    Path(__file__).resolve().parents[1] / "benchmarks" / "bench_resume_adopt.py",
-)
-assert _SPEC is not None and _SPEC.loader is not None
-_BENCHMARK = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_BENCHMARK)
+_BENCHMARK = load_benchmark("bench_resume_adopt")
 
 
 def _line(record: object) -> bytes:

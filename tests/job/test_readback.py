@@ -7,12 +7,12 @@ on its own: its checksum covers only itself) and its metrics lines, steps renumb
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import tracemalloc
 from pathlib import Path
 
 import pytest
+from benchmark_support import load_benchmark
 
 from rollout_recovery.control import RunConfig
 from rollout_recovery.errors import RunNotResumableError
@@ -22,13 +22,7 @@ from rollout_recovery.job._readback import RunReadback
 from rollout_recovery.rundir import RunDirectory
 
 # The benchmark's long run, built the same way at a smaller scale.
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_history_read",
-    Path(__file__).resolve().parents[2] / "benchmarks" / "bench_history_read.py",
-)
-assert _SPEC is not None and _SPEC.loader is not None
-_BENCHMARK = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_BENCHMARK)
+_BENCHMARK = load_benchmark("bench_history_read")
 
 
 def _lengthened(source: Path, target: Path, times: int) -> RunDirectory:
