@@ -106,6 +106,11 @@ def test_damage_safetensors_refuses_is_refused(data: st.DataObject) -> None:
         ({"a": {"dtype": "F32", "shape": [1]}}, "exactly"),
         ({"__metadata__": {"k": 1}}, "__metadata__"),
         ([1], "not a JSON object"),
+        # Empty (0 bytes, so the size check passes) but beyond torch's int64 sizes and
+        # strides: torch would raise TypeError / RuntimeError, which the checkpoint search
+        # does not pass over for the previous checkpoint.
+        ({"a": {"dtype": "F32", "shape": [0, 2**70], "data_offsets": [0, 0]}}, "64-bit"),
+        ({"a": {"dtype": "F32", "shape": [0, 2**40, 2**40], "data_offsets": [0, 0]}}, "64-bit"),
     ],
 )
 def test_a_bad_header_is_refused_naming_the_problem(header: object, message: str) -> None:

@@ -44,6 +44,7 @@ _DTYPES: dict[str, torch.dtype] = {
 # The largest header safetensors reads (its own limit): a file claiming more is refused.
 _MAX_HEADER_BYTES = 100_000_000
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+_MAX_INT64 = 2**63 - 1
 
 
 def tensor_views(data: bytes, *, where: str) -> dict[str, torch.Tensor]:
@@ -99,6 +100,11 @@ def _entry(
     shape, offsets = entry["shape"], entry["data_offsets"]
     if not isinstance(shape, list) or not all(_natural(n) for n in shape):
         raise fail(f"{name!r} has a bad shape {shape!r}")
+    if math.prod(max(n, 1) for n in shape) > _MAX_INT64:
+        # torch's sizes and strides are int64: an empty tensor of such a shape would pass
+        # the size check (0 bytes) and then fail in torch with a TypeError or
+        # RuntimeError, which the checkpoint search does not pass over.
+        raise fail(f"{name!r} has a shape {shape!r} beyond torch's 64-bit sizes")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_natural, offsets))):
         raise fail(f"{name!r} has bad data_offsets {offsets!r}")
     begin, stop = offsets
