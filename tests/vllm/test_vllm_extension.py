@@ -257,3 +257,43 @@ def test_an_untied_head_is_loaded_and_packed_from_its_own_weight() -> None:
     done = _direct(_extension(), model).load(iter(weights), torch.float32)
     assert done["embeddings_packed"] == 2 and calls == ["pack qkv", "pack embed", "pack lm_head"]
     assert model.lm_head.cpu_linear().eq(5.0).all() and model.embed.cpu_linear().eq(2.0).all()
+
+
+def test_a_pack_that_fails_raises_its_own_error_and_the_layer_keeps_its_parameters_and_pack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Found by a hostile review: the restore copied the full-size scratch into the
+    # packed-away (empty) parameter, so a RuntimeError of sizes masked the pack's error
+    # and the layer kept the scratch as its weight.
+    calls: list[str] = []
+    model = _Model(calls)
+    own, old = model.qkv.weight, model.qkv.cpu_linear
+    direct = _direct(_extension(), model)
+
+    def out_of_memory(layer: Any) -> None:
+        raise MemoryError("oneDNN could not allocate the packed weight")
+
+    monkeypatch.setattr(model.qkv.quant_method, "process_weights_after_loading", out_of_memory)
+    with pytest.raises(MemoryError, match="oneDNN"):
+        direct.load(iter(_weights(2.0)), torch.float32)
+    assert model.qkv.weight is own and own.numel() == 0
+    assert model.qkv.cpu_linear is old
+
+
+def test_a_layer_processed_into_an_unpacked_weight_keeps_its_own_parameter_with_the_new_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM falls back to an unpacked GEMM when oneDNN refuses a weight, keeping the whole
+    # weight: the layer's own (empty) parameter object must take it, not a copy of the
+    # wrong size.
+    model = _Model([])
+    own = model.qkv.weight
+    direct = _direct(_extension(), model)
+
+    def keep_unpacked(layer: Any) -> None:
+        layer.cpu_linear = lambda: layer.weight
+
+    monkeypatch.setattr(model.qkv.quant_method, "process_weights_after_loading", keep_unpacked)
+    direct.load(iter(_weights(2.0)), torch.float32)
+    assert model.qkv.weight is own
+    assert own.tolist() == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]

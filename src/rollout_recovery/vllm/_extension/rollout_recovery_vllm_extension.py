@@ -182,9 +182,16 @@ class DirectLoad:
         try:
             named = self._model.load_weights(weights)
         finally:
+            # Every layer gets its own parameters back, even if one of them cannot.
+            failed: BaseException | None = None
             for stage in self._staged:
                 stage.scratch = None
-                self._restore(stage)
+                try:
+                    self._restore(stage)
+                except BaseException as error:  # re-raised below
+                    failed = failed or error
+            if failed is not None:
+                raise failed
         # vLLM names what it loaded: one of those that never reached its layer's loader
         # (copied by the model into the placeholder, on the meta device) is lost.
         loaded = set(named) if isinstance(named, (set, list, tuple)) else set()
@@ -239,9 +246,18 @@ class DirectLoad:
         layer.register_parameter("weight", stage.scratch)
         if hasattr(layer, "_already_called_process_weights_after_loading"):
             delattr(layer, "_already_called_process_weights_after_loading")
-        layer.quant_method.process_weights_after_loading(layer)
-        if hasattr(layer, "update_param_tp_status"):
-            layer.update_param_tp_status()
+        try:
+            layer.quant_method.process_weights_after_loading(layer)
+            if hasattr(layer, "update_param_tp_status"):
+                layer.update_param_tp_status()
+        except BaseException:
+            # Packing failed (e.g. out of memory): the layer's own parameters go back
+            # untouched, nothing copied in (the scratch is no processed weight), and the
+            # error is the load's, not masked by a copy of the wrong size.
+            for name, live in stage.live.items():
+                layer.register_parameter(name, live)
+            stage.scratch = None
+            raise
         stage.packed = True
         self._restore(stage)
         stage.scratch = None
@@ -255,7 +271,13 @@ class DirectLoad:
         for name, live in stage.live.items():
             current = layer._parameters.get(name)
             if current is not None and current is not live and not current.is_meta:
-                live.data.copy_(current)
+                if current.shape == live.shape:
+                    live.data.copy_(current)
+                else:
+                    # Processing kept a weight of another size than the live one (vLLM
+                    # falls back to an unpacked GEMM when oneDNN refuses, keeping the
+                    # whole weight): the live parameter takes its data.
+                    live.data = current.data
             layer.register_parameter(name, live)
 
     def _pack_embeddings(self) -> int:
