@@ -82,24 +82,16 @@ class LlmParts:
                 max_grad_norm=trainer.max_grad_norm or None,
                 logprob_tolerance=trainer.logprob_tolerance,
             )
-        except RolloutRecoveryError as error:
-            if not isinstance(error, InvalidStateError):
-                raise
+        except InvalidStateError as error:
             # Weight files that do not fit the config (the trainer checks their headers).
-            raise ConfigError(
-                f"the model in {str(directory)!r} cannot be built: {type(error).__name__}: "
-                f"{_first_lines(str(error))}",
-                path="$.model.source",
-            ) from error
+            raise _unbuildable(directory, error) from error
+        except RolloutRecoveryError:
+            raise
         except (RuntimeError, ValueError, KeyError, TypeError, OSError) as error:
             # What torch and transformers raise for a configuration and weights that do
             # not make a model (shapes that disagree, an unknown architecture): the job's
             # configuration is at fault, before anything was written.
-            raise ConfigError(
-                f"the model in {str(directory)!r} cannot be built: {type(error).__name__}: "
-                f"{_first_lines(str(error))}",
-                path="$.model.source",
-            ) from error
+            raise _unbuildable(directory, error) from error
         tokenizer = _tokenizer(directory, required=task.kind == "dataset")
         if task.kind == "dataset":
             rows = load_rows(task)
@@ -195,6 +187,16 @@ def _end_of_sequence(model_dir: Path, tokenizer: Tokenizer) -> frozenset[int]:
     if isinstance(eos, int):
         found.add(eos)
     return frozenset(found)
+
+
+def _unbuildable(directory: Path, error: Exception) -> ConfigError:
+    """The job's error for a model in ``directory`` that cannot be built: ``error`` named,
+    at the config's ``$.model.source``."""
+    return ConfigError(
+        f"the model in {str(directory)!r} cannot be built: {type(error).__name__}: "
+        f"{_first_lines(str(error))}",
+        path="$.model.source",
+    )
 
 
 def _first_lines(text: str, lines: int = 3) -> str:
