@@ -106,8 +106,7 @@ class VersionedMap(Generic[K, V]):
         else:
             cell.append((self._version, value))
             self._garbage += 1
-            if self._garbage > len(self._index) + _SLACK:
-                self._compact()
+            self._compact_if_due()
 
     def pop(self, key: K, default: V | None = None) -> V | None:
         """Remove ``key``; its value, or ``default`` if it was not there."""
