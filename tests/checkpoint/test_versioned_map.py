@@ -13,7 +13,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rollout_recovery.checkpoint._versioned import _SLACK, MapView, VersionedMap
+from rollout_recovery.checkpoint._versioned import (
+    _MOVES_PER_CHANGE,
+    _SLACK,
+    MapView,
+    VersionedMap,
+)
 
 KEYS_ALL = [f"g{i}" for i in range(12)]
 KEYS = st.sampled_from(KEYS_ALL)
@@ -71,7 +76,8 @@ class VersionedMapMachine(RuleBasedStateMachine):
 
     @invariant()
     def garbage_stays_bounded(self) -> None:
-        assert len(self.map._cells) <= 2 * len(self.model) + _SLACK + 2
+        held = len(self.map._cells) + len(self.map._moved or ())
+        assert held <= 3 * len(KEYS_ALL) + 2 * _SLACK
 
 
 TestVersionedMap = VersionedMapMachine.TestCase
@@ -82,9 +88,25 @@ def test_a_view_is_not_a_copy() -> None:
     """Taking a view costs nothing per key: it holds the map's own list of cells."""
     mapping = VersionedMap((f"g{i}", i) for i in range(1000))
     taken = mapping.view()
-    assert taken._cells is mapping._cells
+    ((cells, start, stop),) = taken._segments
+    assert cells is mapping._cells and (start, stop) == (0, 1000)
     mapping["g5"] = -1
     mapping.pop("g6")
     mapping["g6"] = 6
     assert list(taken) == list(range(1000))
     assert list(mapping.view()) == [*range(5), -1, *range(7, 1000), 6]
+
+
+def test_no_change_moves_more_than_a_few_keys() -> None:
+    """The garbage is left behind a few keys per change, never all at once: no change (and
+    so no snapshot) pays O(keys). A whole compaction in one change renewed every cell."""
+    mapping = VersionedMap((f"g{i}", i) for i in range(300))
+    moves = []
+    for round_ in range(3 * (300 + _SLACK)):
+        cells = {key: id(cell) for key, cell in mapping._index.items()}
+        mapping.view()
+        mapping["g7"] = round_
+        moves.append(sum(id(cell) != cells[key] for key, cell in mapping._index.items()))
+    assert max(moves) <= _MOVES_PER_CHANGE + 1  # g7's own new cell besides
+    assert sum(moves) >= 2 * 300  # the live keys did move (twice), a few at a time
+    assert list(mapping.view()) == [*range(7), 3 * (300 + _SLACK) - 1, *range(8, 300)]

@@ -535,6 +535,41 @@ def test_put_back_replaced_only_puts_the_checkpoint_back_and_leaves_the_rest(
     assert store.put_back_replaced() == []
 
 
+def test_undo_put_back_sets_the_checkpoint_aside_again_until_the_run_is_accepted(
+    store: CheckpointStore,
+) -> None:
+    """A run refused after the put-back leaves the directory as it found it; once a run is
+    accepted (``remove_stale``), what was put back stays."""
+    store.save(1, files_for(1))
+    store.save(2, files_for(2))
+    aside = store.directory / ".replaced-step_000002-0a1b"
+    os.rename(store.directory / "step_000002", aside)
+    before = listing(store)
+    assert store.put_back_replaced() == [store.directory / "step_000002"]
+
+    assert store.undo_put_back() == [aside]
+
+    assert listing(store) == before
+    assert store.undo_put_back() == []  # once
+    assert store.put_back_replaced() == [store.directory / "step_000002"]
+    store.remove_stale()
+    assert store.undo_put_back() == []
+    assert store.committed()[0].name == "step_000002"
+
+
+def test_put_back_replaced_with_nothing_to_put_back_writes_nothing(
+    store: CheckpointStore,
+) -> None:
+    """Not even the publication lock's file (a refused run changes nothing)."""
+    store.save(1, files_for(1))
+    lock = store.root / ".checkpoints.lock"
+    lock.unlink()
+
+    assert store.put_back_replaced() == []
+
+    assert not lock.exists()
+
+
 def test_remove_stale_drops_a_replaced_checkpoint_whose_successor_landed(
     store: CheckpointStore,
 ) -> None:

@@ -21,7 +21,7 @@ which has to pass over every byte anyway, and :meth:`staging_keys` hands out the
 staging keys as their per-group lists (``StagingKeys``), not as one set. Both are views of
 persistent maps (``_versioned.VersionedMap``: taken in O(1), never changed by a later
 encode), so nothing per encode is O(ledger): its cost follows the groups that changed
-(amortized: a map compacts itself, O(groups), after as many changes). The checks a full
+(a map sheds its garbage a few keys per change, never all at once). The checks a full
 encode runs on the controller's fields are O(replay index), not O(ledger).
 :meth:`encode` joins the parts: the bytes, for callers that want them.
 

@@ -254,8 +254,10 @@ def _open_job(
     # Before any store, trail or server is opened: a refused run changes nothing.
     checkpoints = CheckpointStore(run.root, keep=config.checkpoint.keep)
     # A committed checkpoint a killed re-save swapped out is put back before the newest is
-    # chosen (a repair, not a change); the other leftovers go once the run is accepted.
+    # chosen; the other leftovers go once the run is accepted (``remove_stale``), and a run
+    # stopped before that puts it aside again, as it found it (after the read-ahead ends).
     checkpoints.put_back_replaced()
+    stack.callback(checkpoints.undo_put_back)
     if not checkpoints.committed():
         _refuse_lost_checkpoints(run)
     else:

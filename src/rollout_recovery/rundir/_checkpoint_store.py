@@ -18,7 +18,8 @@ dot-names never match the ``step_*`` scan, and ``LATEST`` may lag one rename beh
 crash. Leftovers are removed by :meth:`CheckpointStore.remove_stale`, which every save runs
 first (freeing the space a killed save used) and which a resuming job runs once its run is
 accepted; before it chooses the newest checkpoint it runs only
-:meth:`CheckpointStore.put_back_replaced` (a refused run changes nothing else).
+:meth:`CheckpointStore.put_back_replaced`, which :meth:`CheckpointStore.undo_put_back`
+undoes if the run is refused (a refused run changes nothing).
 
 One writer per run directory: saves in one process are serialized by a lock, and two
 processes must not share a run directory.
@@ -174,6 +175,9 @@ class CheckpointStore:
         # Reentrant: save() runs remove_stale() under the same lock.
         self._lock = threading.RLock()
         self._ahead: _ReadAhead | None = None
+        # The checkpoints put_back_replaced put back and their names aside, until
+        # remove_stale accepts them or undo_put_back puts them aside again.
+        self._put_back: list[tuple[Path, Path]] = []
 
     def __repr__(self) -> str:
         return f"CheckpointStore({str(self.root)!r}, keep={self.keep})"
@@ -387,16 +391,45 @@ class CheckpointStore:
         """Only the first part of :meth:`remove_stale`: rename each ``.replaced-step_N``
         whose ``step_N`` is missing back (a committed checkpoint a killed re-save swapped
         out); the checkpoints put back. A resuming job runs it before it chooses the newest
-        checkpoint, and leaves the rest of the leftovers until its run is accepted (a
-        refused run changes nothing else)."""
+        checkpoint, and leaves the rest of the leftovers until its run is accepted
+        (:meth:`remove_stale`); a run refused before that calls :meth:`undo_put_back`.
+        Nothing is written (not even the lock file) when there is nothing to put back."""
         with self._lock:
             if not self.directory.is_dir():
+                return []
+            # One writer per run directory (the caller holds its lock): nothing can add a
+            # ``.replaced-`` directory between this look and the locked rename below.
+            if not any(map(self._replaced_original, self.directory.iterdir())):
                 return []
             with self._publication_lock(exclusive=True):
                 put_back = self._put_back_replaced_locked()
                 if put_back:
                     fsync_directory(self.directory)
                 return put_back
+
+    def undo_put_back(self) -> list[Path]:
+        """Rename the checkpoints :meth:`put_back_replaced` put back to their names aside
+        again, unless :meth:`remove_stale` (a run accepted) came since: a refused run
+        leaves the directory as it found it. The aside paths restored.
+
+        Crash safe at every point: each rename moves one committed checkpoint between its
+        two names, both of which :meth:`put_back_replaced` and the restore recognize.
+        """
+        with self._lock:
+            pending, self._put_back = self._put_back, []
+            if not pending:
+                return []
+            restored = []
+            with self._publication_lock(exclusive=True):
+                for original, aside in reversed(pending):
+                    if aside.exists() or not original.is_dir():
+                        continue
+                    with contextlib.suppress(OSError):
+                        os.rename(original, aside)
+                        restored.append(aside)
+                if restored:
+                    fsync_directory(self.directory)
+            return restored
 
     def _put_back_replaced_locked(self) -> list[Path]:
         put_back = []
@@ -406,6 +439,7 @@ class CheckpointStore:
                 with contextlib.suppress(OSError):
                     os.rename(entry, original)
                     put_back.append(original)
+                    self._put_back.append((original, entry))
         return put_back
 
     def _replaced_original(self, entry: Path) -> Path | None:
@@ -422,6 +456,8 @@ class CheckpointStore:
             return []
         removed: list[Path] = []
         changed = bool(self._put_back_replaced_locked())
+        # Accepted: what was put back stays (undo_put_back has nothing left to undo).
+        self._put_back = []
         for entry in sorted(self.directory.iterdir()):
             entry_name = entry.name
             if self._replaced_original(entry) is not None:

@@ -189,6 +189,15 @@ def _group_members(pgid: int) -> list[int]:
 # /dev/shm is removed: another program's file is not the guard's to judge.
 _SEGMENT_PREFIX = "/dev/shm/psm_"
 # How long a SIGKILLed group may take to exit (and unmap) before its segments are left be.
+# A cap, not a delay: ``_group_gone`` waits on the members' pidfds and returns as each
+# exits (milliseconds, or the time to tear down a large mapping); the whole 10 s only
+# passes for a process stuck in the kernel (uninterruptible sleep), whose segments must
+# stay anyway. Who waits is already waiting for the group to end, off any path that runs
+# work: the guard itself, as it ends (its grace of 20 s plus this fits in the job's 30 s,
+# ``_fleet._STOP_GRACE_S``), and the job's ``VllmFleet`` where it SIGKILLs a guard that
+# outlived that grace: at its close, after its backend, trail and data plane have closed,
+# or while a rerun starts, before anything runs, ending a server it may not adopt (whose
+# memory must be freed before its own servers start). Nothing of the job runs meanwhile.
 _EXIT_WAIT_S = 10.0
 
 #: A mapped shared-memory segment: its path and its file's (st_dev, st_ino), which proves
