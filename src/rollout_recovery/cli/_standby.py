@@ -321,9 +321,13 @@ class _Standby:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the child: the rerun's job from here on
-            ours.close()
-            self._leave(keep=connection)
-            _take_over(request, fds, connection)
+            try:
+                ours.close()
+                self._leave()
+                _take_over(request, fds, connection)
+            except BaseException:
+                # Never back into the standby's loop (a rerun that died before it heard).
+                os._exit(70)
             return _ForkedJob(request, theirs, self.added_by_imports)
         theirs.close()
         pidfd = os.pidfd_open(pid)  # our unreaped child: the pid cannot be reused yet
@@ -332,7 +336,7 @@ class _Standby:
         self.holder = pidfd
         return None
 
-    def _leave(self, keep: socket.socket) -> None:
+    def _leave(self) -> None:
         """In the child: drop what is the standby's (its socket, pidfds, signals)."""
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGHUP):
