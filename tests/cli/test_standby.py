@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -453,3 +454,28 @@ def test_a_standby_killed_as_it_forks_leaves_the_rerun_a_cold_start(
     # The killed standby's socket was left; the cold rerun's own standby replaced it, and
     # removed it at its normal end.
     assert not standby_dir(out).exists()
+
+
+def test_changed_source_is_not_used(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # A copy of the package the jobs import from, changed between the kill and the rerun.
+    package = Path(__import__("rollout_recovery").__file__).parent
+    source = tmp_path / "src"
+    shutil.copytree(
+        package, source / "rollout_recovery", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    environment = {"PYTHONPATH": str(source)}
+    out = tmp_path / "run"
+    config = standby_config(steps=12)
+    first = jobs(config, out, env=environment)
+    old = _standby_pid(out)
+    _wait_for(lambda: _committed(out), "checkpoint committed")
+    first.kill_group()
+    with open(source / "rollout_recovery" / "_cut.py", "a") as changed:
+        changed.write("# changed after the standby started\n")
+    rerun = jobs(config, out, env=environment)
+    assert rerun.wait() == 0, rerun.output()
+    assert "not used (the package's source changed since it started)" in rerun.output()
+    assert _gone(old)
+    assert _audit(out).returncode == 0
