@@ -267,6 +267,10 @@ def main() -> None:
     guards: set[int] = set()
     try:
         result = _measure(root, args, guards)
+    except SystemExit:
+        for log in sorted(root.glob("log*.txt")):  # why, before the directory goes
+            print(f"--- the end of {log.name}:", *log.read_text().splitlines()[-40:], sep="\n")
+        raise
     finally:
         left = _servers_left(guards)
         shutil.rmtree(root, ignore_errors=True)
