@@ -479,3 +479,24 @@ def test_changed_source_is_not_used(
     assert "not used (the package's source changed since it started)" in rerun.output()
     assert _gone(old)
     assert _audit(out).returncode == 0
+
+
+def test_stop_drains_the_job_in_the_standby_and_ends_it(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out)
+    _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
+    stop = subprocess.run(
+        [sys.executable, "-m", "rollout_recovery", "stop", str(out), "--wait"],
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+    )
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert f"(pid {_job_pid(rerun.output())})" in stop.stdout
+    assert rerun.wait() == 0, rerun.output()
+    assert "drained at step" in rerun.output()
+    assert _gone(standby)
