@@ -170,10 +170,6 @@ class _ForkedJob:
     added_by_imports: dict[str, str]
 
 
-class _Stop(Exception):
-    pass
-
-
 @dataclass
 class _Standby:
     listener: socket.socket
