@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from rollout_recovery.cli._standby import Lease, LeaseState, _unfit
 from rollout_recovery.cli._standby_link import (
     SOCKET_NAME,
+    _Relay,
     code_digest,
     fitness,
     run_out,
@@ -179,10 +181,16 @@ def _committed(out: Path) -> bool:
     return '"event":"checkpoint_committed"' in text.replace(" ", "")
 
 
-def _killed_with_standby(jobs: Callable[..., _Job], config: Path, out: Path) -> int:
+def _killed_with_standby(
+    jobs: Callable[..., _Job], config: Path, out: Path, env: dict[str, str] | None = None
+) -> int:
     """A first job, SIGKILLed (its group) once its standby listens and a checkpoint has
-    committed; the standby's pid."""
-    first = jobs(config, out)
+    committed; the standby's pid. It runs ``config`` with 400 steps: on a loaded machine a
+    short job could end before its standby has imported (the reruns' shorter ``steps``
+    is an operational change)."""
+    first_config = config.with_suffix(".first.toml")
+    first_config.write_text(re.sub(r"^steps = \d+$", "steps = 400", config.read_text(), flags=re.M))
+    first = jobs(first_config, out, env)
     standby = _standby_pid(out)
     _wait_for(lambda: _committed(out), "checkpoint committed")
     first.kill_group()
@@ -198,6 +206,19 @@ def _audit(out: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _resumes_in_the_standby_to_its_end(
+    jobs: Callable[..., _Job], config: Path, out: Path, standby: int
+) -> _Job:
+    """A rerun that runs in the standby to its normal end, which ends the standby; the
+    run's audit passes."""
+    rerun = jobs(config, out)
+    assert rerun.wait() == 0, rerun.output()
+    assert "running in the warm standby" in rerun.output()
+    assert _audit(out).returncode == 0
+    assert _gone(standby)
+    return rerun
+
+
 def _job_pid(output: str) -> int:
     marker = "(job pid "
     line = next(line for line in output.splitlines() if marker in line)
@@ -210,13 +231,9 @@ def test_a_rerun_after_a_kill_runs_in_the_standby_and_its_normal_end_ends_it(
     out = tmp_path / "run"
     config = standby_config()
     standby = _killed_with_standby(jobs, config, out)
-    rerun = jobs(config, out)
-    assert rerun.wait() == 0, rerun.output()
-    assert "running in the warm standby" in rerun.output()
+    rerun = _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
     assert "resum" in rerun.output().lower()
-    assert _audit(out).returncode == 0
     # The rerun's normal end ended the standby: nothing waits, the directory is gone.
-    assert _gone(standby)
     assert not standby_dir(out).exists()
 
 
@@ -233,43 +250,27 @@ def test_a_killed_rerun_leaves_no_job_and_the_next_rerun_uses_the_standby_again(
     _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
     rerun.kill_group()  # as `rollout-recovery chaos` kills: the rerun's whole group
     assert _gone(child), "the standby's child outlived the rerun that asked for it"
-    again = jobs(config, out)
-    assert again.wait() == 0, again.output()
-    assert "running in the warm standby" in again.output()
-    assert _audit(out).returncode == 0
-    assert _gone(standby)
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
 
 
-def test_a_rerun_killed_right_after_the_hand_over_kills_its_child(
-    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+@pytest.mark.parametrize(
+    "point",
+    [
+        "standby.after_handover",  # the rerun killed: its child must die with it
+        "standby.child_started",  # the child killed: the rerun dies of the same signal
+    ],
+)
+def test_a_kill_at_the_hand_over_leaves_no_job_and_the_standby_for_the_next_rerun(
+    point: str, jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
     config = standby_config()
     standby = _killed_with_standby(jobs, config, out)
-    crashed = jobs(config, out, env={"ROLLOUT_RECOVERY_CRASH_AT": "standby.after_handover"})
-    assert crashed.wait() == -signal.SIGKILL
-    assert _gone(_job_pid(crashed.output()))
-    again = jobs(config, out)
-    assert again.wait() == 0, again.output()
-    assert "running in the warm standby" in again.output()
-    assert _audit(out).returncode == 0
-    assert _gone(standby)
-
-
-def test_the_childs_killing_signal_is_the_reruns(
-    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
-) -> None:
-    out = tmp_path / "run"
-    config = standby_config()
-    standby = _killed_with_standby(jobs, config, out)
-    crashed = jobs(config, out, env={"ROLLOUT_RECOVERY_CRASH_AT": "standby.child_started"})
+    crashed = jobs(config, out, env={"ROLLOUT_RECOVERY_CRASH_AT": point})
     assert crashed.wait() == -signal.SIGKILL, crashed.output()
-    assert "running in the warm standby" in crashed.output()
+    assert _gone(_job_pid(crashed.output()))
     # The child was killed, not ended: the standby waits for the next rerun.
-    again = jobs(config, out)
-    assert again.wait() == 0, again.output()
-    assert "running in the warm standby" in again.output()
-    assert _gone(standby)
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
 
 
 def test_sigterm_to_the_rerun_drains_the_job_in_the_standby(
@@ -318,8 +319,9 @@ def test_a_normal_end_leaves_no_standby(
     jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    job = jobs(standby_config(steps=30), out)
+    job = jobs(standby_config(steps=400), out)
     standby = _standby_pid(out)
+    (out / "DRAIN").write_text("")  # rollout-recovery stop's request: a normal end
     assert job.wait() == 0, job.output()
     assert _gone(standby)
     assert not standby_dir(out).exists()
@@ -441,10 +443,8 @@ def test_a_standby_killed_as_it_forks_leaves_the_rerun_a_cold_start(
 ) -> None:
     out = tmp_path / "run"
     config = standby_config(steps=12)
-    first = jobs(config, out, env={"ROLLOUT_RECOVERY_CRASH_AT": "standby.before_fork"})
-    standby = _standby_pid(out)
-    _wait_for(lambda: _committed(out), "checkpoint committed")
-    first.kill_group()
+    crash_at = {"ROLLOUT_RECOVERY_CRASH_AT": "standby.before_fork"}
+    standby = _killed_with_standby(jobs, config, out, env=crash_at)
     rerun = jobs(config, out)
     assert rerun.wait() == 0, rerun.output()
     assert "the warm standby is not used (" in rerun.output()
@@ -468,10 +468,7 @@ def test_changed_source_is_not_used(
     environment = {"PYTHONPATH": str(source)}
     out = tmp_path / "run"
     config = standby_config(steps=12)
-    first = jobs(config, out, env=environment)
-    old = _standby_pid(out)
-    _wait_for(lambda: _committed(out), "checkpoint committed")
-    first.kill_group()
+    old = _killed_with_standby(jobs, config, out, env=environment)
     with open(source / "rollout_recovery" / "_cut.py", "a") as changed:
         changed.write("# changed after the standby started\n")
     rerun = jobs(config, out, env=environment)
@@ -500,3 +497,31 @@ def test_stop_drains_the_job_in_the_standby_and_ends_it(
     assert rerun.wait() == 0, rerun.output()
     assert "drained at step" in rerun.output()
     assert _gone(standby)
+
+
+def test_a_stop_signal_before_the_child_is_known_reaches_it() -> None:
+    # A SIGTERM that comes while the rerun still waits for the standby's answer (a
+    # scheduler's, a test's) is kept, and sent to the child once its pidfd is here.
+    relay = _Relay()
+    try:
+        with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) as child:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert relay.pending == [signal.SIGTERM]
+            relay.to(os.pidfd_open(child.pid))
+            assert child.wait(timeout=_DEADLINE_S) == -signal.SIGTERM
+    finally:
+        relay.pending.clear()
+        relay.restore()
+
+
+def test_a_stop_signal_during_a_refused_hand_over_is_this_processes_again() -> None:
+    heard: list[int] = []
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: heard.append(signum))
+    try:
+        relay = _Relay()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert heard == [] and relay.pending == [signal.SIGHUP]
+        relay.restore()  # the cold path: the handler from before hears it
+        assert heard == [signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -154,13 +154,46 @@ def hand_over(argv: list[str]) -> int | None:
     if not hasattr(os, "pidfd_open") or not hasattr(socket, "SO_PEERCRED"):
         _say("it needs Linux (pidfds and SO_PEERCRED)")
         return None
+    relay = _Relay()  # from before the child exists: no stop signal is lost
     try:
         child, connection = _start(path, argv, out)
     except _NotUsed as why:
+        relay.restore()  # a signal that came meanwhile is this process's again
         _say(str(why))
         return None
+    relay.to(child)
     crash_point("standby.after_handover")
-    return _wait(child, connection)
+    return _wait(connection)
+
+
+class _Relay:
+    """SIGINT, SIGTERM and SIGHUP to this process go to the child through its pidfd; one
+    that comes before the child is known is kept and sent once it is."""
+
+    def __init__(self) -> None:
+        self.child: int | None = None
+        self.pending: list[int] = []
+        self.before = {signum: signal.signal(signum, self._on_signal) for signum in _RELAYED}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.child is None:
+            self.pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.child, signum)
+
+    def to(self, child: int) -> None:
+        self.child = child
+        for signum in self.pending:
+            self._on_signal(signum, None)
+        self.pending.clear()
+
+    def restore(self) -> None:
+        for signum, handler in self.before.items():
+            signal.signal(signum, handler)
+        for pending in self.pending:
+            os.kill(os.getpid(), pending)
+        self.pending.clear()
 
 
 def _say(why: str) -> None:
@@ -253,19 +286,12 @@ def _alive(pidfd: int) -> bool:
     return not ready
 
 
-def _wait(child: int, connection: socket.socket) -> int:
-    """Relay the stop signals to the child until the standby reports its status; the
+def _wait(connection: socket.socket) -> int:
+    """Wait (the stop signals relayed) until the standby reports the child's status; the
     exit code (a signal that killed the child is raised on this process)."""
-
-    def relay(signum: int, frame: FrameType | None) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(child, signum)
-
-    for signum in _RELAYED:
-        signal.signal(signum, relay)
     status: int | None = None
     while True:
-        message = connection.recv(256)  # signals run `relay` and the wait goes on (PEP 475)
+        message = connection.recv(256)  # a signal is relayed and the wait goes on (PEP 475)
         if not message:
             break
         if message.startswith(b"exit "):
