@@ -22,11 +22,19 @@ still reported), against one warm step (the median
 step it wrote, so a resume that retrained steps shows it. ``--crash-during-adoption`` adds a
 kill -9 of phase 2 at the ``adopt.before_handover`` crash point (between the proof and the
 hand-over) before it reruns, and every finished run is audited (``rollout-recovery
-audit``). Afterwards no server of the benchmark may be left: it checks. Run::
+audit``). Afterwards no server of the benchmark may be left: it checks.
+
+``--standby`` runs the first job with a warm standby (``[job] standby_within_s``) and adds
+a phase before 2: the rerun runs in the standby (its imports done before the crash),
+adopts the servers and is SIGKILLed once it has written a step (the servers and the
+standby stay on their leases); phase 2 then runs with an environment variable the standby
+was not started with (``BENCH_COLD_INTERPRETER``), so it does not use it (and the standby
+ends) and imports everything itself, adopting the same servers: with and without the
+standby, the same servers, one sitting. Run::
 
     flock /work/heavy.lock python benchmarks/bench_resume_adopt.py [--config FILE]
         [--steps 9] [--kill-after 5] [--kill-after-commit] [--crash-during-adoption]
-        [--json out.json]
+        [--standby] [--json out.json]
 """
 
 from __future__ import annotations
@@ -66,8 +74,11 @@ def _override(text: str, section: str, key: str, value: str) -> str:
     return text[:start] + body + text[end:]
 
 
-def _config(source: Path, target: Path, *, steps: int, adopt_within_s: float) -> Path:
+def _config(
+    source: Path, target: Path, *, steps: int, adopt_within_s: float, standby_within_s: float = 0.0
+) -> Path:
     text = _override(source.read_text(), "job", "steps", str(steps))
+    text = _override(text, "job", "standby_within_s", repr(standby_within_s))
     target.write_text(_override(text, "vllm", "adopt_within_s", repr(adopt_within_s)))
     return target
 
@@ -155,8 +166,16 @@ def first_written(steps: list[dict[str, Any]], started: float) -> dict[str, Any]
     return next(step for step in steps if float(step["time/wall"]) > started)
 
 
-def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, Any]]:
-    """Rerun to the end; the seconds from its start to the first step it trained, and
+def _rerun(
+    config: Path,
+    out: Path,
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    kill_after_first: bool = False,
+) -> tuple[float, dict[str, Any]]:
+    """Rerun to the end (``kill_after_first``: SIGKILL it once it has written a step);
+    the seconds from its start to the first step it trained, and
     that step's own ``time/*`` parts (its period starts when the controller starts: the
     rest is the process's start, the restore and the servers), with its number, what
     the rerun restored, and (the old measure) the seconds to the first step past the
@@ -164,10 +183,19 @@ def _rerun(config: Path, out: Path, log: Path) -> tuple[float, dict[str, Any]]:
     before = len(_steps(out))
     offset = (out / "events.jsonl").stat().st_size
     started = time.time()
-    job = _run(config, out, log)
-    code = job.wait(timeout=PHASE_DEADLINE_S)
-    if code != 0:
-        raise SystemExit(f"the rerun in {out} exited with {code} (see {log})")
+    job = _run(config, out, log, env=env)
+    if kill_after_first:
+        deadline = time.monotonic() + PHASE_DEADLINE_S
+        while not any(float(s["time/wall"]) > started for s in _steps(out)):
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the rerun in {out} wrote no step (see {log})")
+            time.sleep(0.01)
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+    else:
+        code = job.wait(timeout=PHASE_DEADLINE_S)
+        if code != 0:
+            raise SystemExit(f"the rerun in {out} exited with {code} (see {log})")
     steps = _steps(out)
     first = first_written(steps, started)
     parts: dict[str, Any] = {
@@ -228,12 +256,21 @@ def main() -> None:
         help="kill once a checkpoint at or past --kill-after has committed (not at a step)",
     )
     parser.add_argument("--crash-during-adoption", action="store_true")
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="a warm standby in the first job; the rerun measured in it and without it",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-resume-adopt-"))
     guards: set[int] = set()
     try:
         result = _measure(root, args, guards)
+    except SystemExit:
+        for log in sorted(root.glob("log*.txt")):  # why, before the directory goes
+            print(f"--- the end of {log.name}:", *log.read_text().splitlines()[-40:], sep="\n")
+        raise
     finally:
         left = _servers_left(guards)
         shutil.rmtree(root, ignore_errors=True)
@@ -246,11 +283,19 @@ def main() -> None:
 
 
 def _measure(root: Path, args: argparse.Namespace, guards: set[int]) -> dict[str, Any]:
+    standby_s = 300.0 if args.standby else 0.0
+    first_config = _config(
+        args.config,
+        root / "first.toml",
+        steps=args.steps,
+        adopt_within_s=300.0,
+        standby_within_s=standby_s,
+    )
     adopting = _config(args.config, root / "adopt.toml", steps=args.steps, adopt_within_s=300.0)
     cold = _config(args.config, root / "cold.toml", steps=args.steps, adopt_within_s=0.0)
     out, copy, log = root / "run", root / "run-cold", root / "log.txt"
     started = time.monotonic()
-    job = _run(adopting, out, log)
+    job = _run(first_config, out, log)
     _wait_for_step(job, out, args.kill_after, committed=args.kill_after_commit)
     guards |= _guards(out)
     job.send_signal(signal.SIGKILL)
@@ -269,7 +314,20 @@ def _measure(root: Path, args: argparse.Namespace, guards: set[int]) -> dict[str
         env = {**os.environ, "ROLLOUT_RECOVERY_CRASH_AT": "adopt.before_handover"}
         crashed = _run(adopting, out, log, env=env)
         result["crash_during_adoption_exit"] = crashed.wait(timeout=PHASE_DEADLINE_S)
-    adopted, result["adopted_first_step"] = _rerun(adopting, out, log)
+    without_standby = None
+    if args.standby:
+        in_standby, result["standby_first_step"] = _rerun(
+            first_config, out, log, kill_after_first=True
+        )
+        guards |= _guards(out)
+        result["standby_resume_to_first_step_s"] = round(in_standby, 1)
+        result["standby_over_warm_step"] = round(in_standby / warm, 2)
+        result["standby_log"] = [
+            line for line in log.read_text().splitlines() if "warm standby" in line
+        ]
+        # Not the standby's environment: this rerun imports everything itself.
+        without_standby = {**os.environ, "BENCH_COLD_INTERPRETER": "1"}
+    adopted, result["adopted_first_step"] = _rerun(adopting, out, log, env=without_standby)
     guards |= _guards(out)
     result["adopted_resume_to_first_step_s"] = round(adopted, 1)
     result["adopted_audit_ok"] = _audit(out)

@@ -77,6 +77,9 @@ def test_registry_names_the_system_points() -> None:
         "replay.mid",
         "adopt.before_handover",
         "vllm.push_loaded",
+        "standby.after_handover",
+        "standby.before_fork",
+        "standby.child_started",
     } == CRASH_POINTS
 
 

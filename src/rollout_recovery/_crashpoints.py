@@ -69,6 +69,13 @@ CRASH_POINTS: frozenset[str] = frozenset(
         "adopt.before_handover",
         # A vLLM server loaded a pushed version, still paused and named "loading".
         "vllm.push_loaded",
+        # A rerun handed its command to the warm standby (cli/_standby_link.py), the
+        # child running it; the rerun not yet waiting for it.
+        "standby.after_handover",
+        # The standby proved a request fit, its child not yet forked (cli/_standby.py).
+        "standby.before_fork",
+        # The standby's child took the rerun's command over, the job not yet started.
+        "standby.child_started",
     }
 )
 

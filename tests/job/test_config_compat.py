@@ -23,8 +23,8 @@ EXPECTED: dict[str, str] = json.loads((FIXTURES / "EXPECTED.json").read_text())[
 ]
 #: What the format gained since: the one knob that could not be set before, the trainer's
 #: logprob tolerance, issue 27's dataset task, reward function and sample completions, and
-#: issue 28's background checkpoints and lease of launched vLLM servers (at their defaults,
-#: which leave the identity as it was: IDENTITY_WHEN_SET, or operational).
+#: issue 28's background checkpoints, lease of launched vLLM servers and warm standby (at
+#: their defaults, which leave the identity as it was: IDENTITY_WHEN_SET, or operational).
 ADDED = (
     "no_actor_wait_s = 60.0\n",
     'path = ""\nprompt_field = "prompt"\nmessages_field = ""\nsplit = "train"\ndigest = ""\n'
@@ -33,6 +33,7 @@ ADDED = (
     "logprob_tolerance = 0.2\n",
     "background = true\n",
     "adopt_within_s = 180.0\n",
+    "standby_within_s = 0.0\n",
 )
 
 

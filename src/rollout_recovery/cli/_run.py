@@ -19,6 +19,7 @@ from ..errors import (
 )
 from ..job import RunReporter, run_job
 from ..rundir import RunDirectory
+from ._standby import standby_for
 
 __all__ = ["run"]
 
@@ -82,7 +83,13 @@ def run(
     console = Console(stderr=False)
     with RunReporter(console, force_plain=plain) as reporter:
         try:
-            result = run_job(out, config, progress=reporter, log=reporter.log)
+            with standby_for(
+                out,
+                config.job.standby_within_s,
+                with_torch=config.trainer.kind == "torch",
+                log=reporter.log,
+            ):
+                result = run_job(out, config, progress=reporter, log=reporter.log)
         except KeyboardInterrupt:
             # A second Ctrl-C during a drain, or one before the job could drain.
             reporter.log(

@@ -84,6 +84,12 @@ class JobConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     #: How long a drain lets attempts in flight finish before abandoning them (reason
     #: ``drain``). Keep it below the scheduler's kill delay minus a checkpoint's time.
     drain_grace_s: Annotated[float, Meta(ge=0, le=3600), OPERATIONAL] = 20.0
+    #: Keep a warm standby interpreter beside the job (Linux): one that has imported what
+    #: the job imports (torch and transformers for the torch trainer) and waits, this many
+    #: seconds after the job dies without a normal end (a kill -9, a crash), for a rerun
+    #: of the same run directory to run in it instead of importing everything again. A
+    #: normal end, a failure and ``rollout-recovery stop`` end it. 0: none.
+    standby_within_s: Annotated[float, Meta(ge=0, le=86400), OPERATIONAL] = 0.0
 
 
 class RetryConfig(Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

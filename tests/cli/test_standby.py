@@ -1,0 +1,527 @@
+"""The warm standby (``[job] standby_within_s``): a rerun after a kill -9 runs in a child of
+an interpreter that imported everything before the crash (cli/_standby.py,
+cli/_standby_link.py). Real jobs in real processes, SIGKILLed; the fast numpy job (a
+torch job's standby imports torch and transformers too, nothing else differs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollout_recovery.cli._standby import Lease, LeaseState, _unfit
+from rollout_recovery.cli._standby_link import (
+    SOCKET_NAME,
+    _Relay,
+    code_digest,
+    fitness,
+    run_out,
+    standby_dir,
+)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfds")
+
+_RUN = (sys.executable, "-m", "rollout_recovery", "run", "--plain")
+# A bound on any wait for a process to do what it was told (a loaded 2-core machine).
+_DEADLINE_S = 60.0
+
+
+def _wait_for(found: Callable[[], Any], what: str) -> Any:
+    """Poll ``found`` until it returns something true (a bounded wait for an event the
+    test cannot be woken by: a file another process makes)."""
+    deadline = time.monotonic() + _DEADLINE_S
+    while not (value := found()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {_DEADLINE_S} s")
+        time.sleep(0.02)
+    return value
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` exits within the deadline (a pidfd: woken when it does)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], _DEADLINE_S)
+        return bool(ready)
+    finally:
+        os.close(fd)
+
+
+def _standby_pid(out: Path) -> int:
+    """The pid listening on the run directory's standby socket, once it listens."""
+    path = standby_dir(out) / SOCKET_NAME
+
+    def listener() -> int | None:
+        import socket
+        import struct
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                return None
+            raw = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        return int(struct.unpack("3i", raw)[0])
+
+    pid: int = _wait_for(listener, f"standby listening on {path}")
+    return pid
+
+
+class _Job:
+    """One ``rollout-recovery run`` in its own process group, output to a file."""
+
+    def __init__(self, config: Path, out: Path, log: Path, env: dict[str, str] | None) -> None:
+        self.log = log
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+        environment.pop("ROLLOUT_RECOVERY_CRASH_AT", None)
+        environment.update(env or {})
+        with open(log, "ab") as handle:
+            self.process = subprocess.Popen(
+                [*_RUN, "--config", str(config), "--out", str(out)],
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait(self) -> int:
+        return self.process.wait(timeout=_DEADLINE_S * 2)
+
+    def kill_group(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[Callable[..., _Job]]:
+    started: list[_Job] = []
+    counter = iter(range(1000))
+
+    def start(config: Path, out: Path, env: dict[str, str] | None = None) -> _Job:
+        job = _Job(config, out, tmp_path / f"log-{next(counter)}.txt", env)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill_group()
+
+
+@pytest.fixture
+def standby_config(tmp_path: Path) -> Callable[..., Path]:
+    def write(steps: int = 40, within_s: float = 120.0) -> Path:
+        path = tmp_path / f"job-{steps}-{within_s}.toml"
+        path.write_text(
+            "[job]\n"
+            f"steps = {steps}\nprompts_per_step = 4\ngenerations_per_prompt = 4\n"
+            f"standby_within_s = {within_s!r}\n"
+            "[generation]\ncall_latency_s = 0.02\nattempt_deadline_s = 5.0\n"
+            "[faults]\nattempt_failure_rate = 0.0\nstraggler_rate = 0.0\nhang_rate = 0.0\n"
+            "capture_failure_rate = 0.0\ntamper_rate = 0.0\nworker_crash_rate = 0.0\n"
+            "[checkpoint]\nevery_steps = 2\n"
+        )
+        return path
+
+    return write
+
+
+def _standbys_of(out: Path) -> list[int]:
+    """The live processes started as the standby of ``out`` (their command line names its
+    directory), whether still importing or listening."""
+    named = os.fsencode(standby_dir(out))
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if named in (entry / "cmdline").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+                if state != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_standby_left(tmp_path: Path) -> Iterator[None]:
+    yield
+    left = [pid for out in tmp_path.iterdir() for pid in _standbys_of(out)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"standbys left running: {left}"
+
+
+def _committed(out: Path) -> bool:
+    try:
+        text = (out / "events.jsonl").read_text()
+    except OSError:
+        return False
+    return '"event":"checkpoint_committed"' in text.replace(" ", "")
+
+
+def _killed_with_standby(
+    jobs: Callable[..., _Job], config: Path, out: Path, env: dict[str, str] | None = None
+) -> int:
+    """A first job, SIGKILLed (its group) once its standby listens and a checkpoint has
+    committed; the standby's pid. It runs ``config`` with 400 steps: on a loaded machine a
+    short job could end before its standby has imported (the reruns' shorter ``steps``
+    is an operational change)."""
+    first_config = config.with_suffix(".first.toml")
+    first_config.write_text(re.sub(r"^steps = \d+$", "steps = 400", config.read_text(), flags=re.M))
+    first = jobs(first_config, out, env)
+    standby = _standby_pid(out)
+    _wait_for(lambda: _committed(out), "checkpoint committed")
+    first.kill_group()
+    return standby
+
+
+def _audit(out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollout_recovery", "audit", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+    )
+
+
+def _resumes_in_the_standby_to_its_end(
+    jobs: Callable[..., _Job], config: Path, out: Path, standby: int
+) -> _Job:
+    """A rerun that runs in the standby to its normal end, which ends the standby; the
+    run's audit passes."""
+    rerun = jobs(config, out)
+    assert rerun.wait() == 0, rerun.output()
+    assert "running in the warm standby" in rerun.output()
+    assert _audit(out).returncode == 0
+    assert _gone(standby)
+    return rerun
+
+
+def _job_pid(output: str) -> int:
+    marker = "(job pid "
+    line = next(line for line in output.splitlines() if marker in line)
+    return int(line.split(marker)[1].split(")")[0])
+
+
+def test_a_rerun_after_a_kill_runs_in_the_standby_and_its_normal_end_ends_it(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config()
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
+    assert "resum" in rerun.output().lower()
+    # The rerun's normal end ended the standby: nothing waits, the directory is gone.
+    assert not standby_dir(out).exists()
+
+
+def test_a_killed_rerun_leaves_no_job_and_the_next_rerun_uses_the_standby_again(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config()
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out)
+    child = _wait_for(
+        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
+    )
+    _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
+    rerun.kill_group()  # as `rollout-recovery chaos` kills: the rerun's whole group
+    assert _gone(child), "the standby's child outlived the rerun that asked for it"
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "standby.after_handover",  # the rerun killed: its child must die with it
+        "standby.child_started",  # the child killed: the rerun dies of the same signal
+    ],
+)
+def test_a_kill_at_the_hand_over_leaves_no_job_and_the_standby_for_the_next_rerun(
+    point: str, jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config()
+    standby = _killed_with_standby(jobs, config, out)
+    crashed = jobs(config, out, env={"ROLLOUT_RECOVERY_CRASH_AT": point})
+    assert crashed.wait() == -signal.SIGKILL, crashed.output()
+    assert _gone(_job_pid(crashed.output()))
+    # The child was killed, not ended: the standby waits for the next rerun.
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
+
+
+def test_sigterm_to_the_rerun_drains_the_job_in_the_standby(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out)
+    _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
+    rerun.process.send_signal(signal.SIGTERM)
+    assert rerun.wait() == 0, rerun.output()
+    assert "drained at step" in rerun.output()
+    assert _audit(out).returncode == 0
+    assert _gone(standby)  # a drain is a normal end
+
+
+def test_a_lapsed_lease_ends_the_standby(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    standby = _killed_with_standby(jobs, standby_config(within_s=0.5), out)
+    assert _gone(standby)
+    assert not standby_dir(out).exists()
+
+
+def test_a_changed_environment_is_not_used_and_the_cold_rerun_keeps_its_own(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=12)
+    old = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out, env={"TRANSFORMERS_VERBOSITY": "error"})
+    assert rerun.wait() == 0, rerun.output()
+    assert (
+        "the warm standby is not used (another environment: TRANSFORMERS_VERBOSITY)"
+        in rerun.output()
+    )
+    assert "running in the warm standby" not in rerun.output()
+    assert _gone(old)  # unfit for this directory's reruns: it ended
+    assert _audit(out).returncode == 0
+    assert not standby_dir(out).exists()  # the cold rerun's own ended with it
+
+
+def test_a_normal_end_leaves_no_standby(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    job = jobs(standby_config(steps=400), out)
+    standby = _standby_pid(out)
+    (out / "DRAIN").write_text("")  # rollout-recovery stop's request: a normal end
+    assert job.wait() == 0, job.output()
+    assert _gone(standby)
+    assert not standby_dir(out).exists()
+
+
+def test_a_job_that_ends_while_its_standby_imports_leaves_none(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    job = jobs(standby_config(steps=400), out)
+    standby = _wait_for(lambda: _standbys_of(out), "standby started")[0]
+    # A drain ends the job before its standby listens (the job's own imports are fewer).
+    (out / "DRAIN").parent.mkdir(exist_ok=True)
+    _wait_for(lambda: (out / "job.toml").exists(), "claimed run directory")
+    (out / "DRAIN").write_text("")
+    assert job.wait() == 0, job.output()
+    assert not _standbys_of(out)
+    assert _gone(standby)
+    assert not standby_dir(out).exists()
+
+
+def test_a_standby_held_by_a_live_job_is_not_taken(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    first = jobs(config, out)
+    standby = _standby_pid(out)
+    _wait_for(lambda: _committed(out), "checkpoint committed")
+    second = jobs(config, out)
+    assert second.wait() == 2, second.output()
+    assert "not used (a live job holds it)" in second.output()
+    assert first.process.poll() is None
+    first.kill_group()
+    os.kill(standby, signal.SIGTERM)  # its lease would keep it for minutes
+    assert _gone(standby)
+
+
+# --- the parts, without processes -----------------------------------------------------
+
+
+def test_run_out_takes_only_a_run_with_an_out() -> None:
+    assert run_out(["run", "--config", "c.toml", "--out", "d"]) == "d"
+    assert run_out(["run", "--out=d", "--plain"]) == "d"
+    assert run_out(["run", "--config", "--out", "--plain"]) is None
+    assert run_out(["run", "--out", "d", "--print-config"]) is None
+    assert run_out(["run", "--out", "d", "--help"]) is None
+    assert run_out(["audit", "--out", "d"]) is None
+    assert run_out(["run"]) is None
+
+
+def test_fitness_names_what_changed() -> None:
+    mine = fitness({"A": "1", "PWD": "/x"}, ["/p"])
+    assert _unfit(mine, fitness({"A": "1", "PWD": "/y", "_": "z"}, ["/p"])) is None
+    assert _unfit(mine, fitness({"A": "2"}, ["/p"])) == "another environment: A"
+    assert _unfit(mine, fitness({"A": "1"}, ["/q"])) == "another sys.path"
+    assert _unfit(mine, {**mine, "code": "0" * 64}) == (
+        "the package's source changed since it started"
+    )
+    assert _unfit(mine, {**mine, "executable": "/other/python"}) == "another python"
+    assert _unfit(mine, "nonsense") == "the request is malformed"
+    assert mine["code"] == code_digest()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+_EVENTS = st.lists(
+    st.one_of(
+        st.just(("died",)),
+        st.just(("ended",)),
+        st.just(("take",)),
+        st.tuples(st.just("advance"), st.floats(0, 10)),
+    ),
+    max_size=30,
+)
+
+
+@given(lease_s=st.floats(0, 5), events=_EVENTS)
+def test_the_lease_follows_its_model(lease_s: float, events: list[tuple[Any, ...]]) -> None:
+    clock = _Clock()
+    lease = Lease(lease_s, now=clock)
+    state, deadline = "held", None
+    for event in events:
+        if event[0] == "advance":
+            clock.now += event[1]
+        elif event[0] == "died" and state == "held":
+            state, deadline = ("ended", None) if lease_s <= 0 else ("orphaned", clock.now + lease_s)
+        elif event[0] == "ended":
+            state = "ended"
+        elif event[0] == "take":
+            expired = state == "orphaned" and deadline is not None and clock.now >= deadline
+            if expired:
+                state = "ended"
+            taken = lease.take()
+            assert taken == (state == "orphaned")
+            if taken:
+                state = "held"
+        if event[0] != "take":
+            getattr(lease, {"died": "job_died", "ended": "job_ended"}.get(event[0], "wait_s"))()
+            lease.wait_s()
+            if state == "orphaned" and deadline is not None and clock.now >= deadline:
+                state = "ended"
+        assert lease.state is LeaseState(state)
+
+
+def test_a_standby_requests_json_is_plain_data() -> None:
+    # What the rerun sends is JSON: nothing in it runs code in the standby.
+    assert json.loads(json.dumps(fitness(dict(os.environ), list(sys.path))))
+
+
+def test_a_standby_killed_as_it_forks_leaves_the_rerun_a_cold_start(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=12)
+    crash_at = {"ROLLOUT_RECOVERY_CRASH_AT": "standby.before_fork"}
+    standby = _killed_with_standby(jobs, config, out, env=crash_at)
+    rerun = jobs(config, out)
+    assert rerun.wait() == 0, rerun.output()
+    assert "the warm standby is not used (" in rerun.output()
+    assert "running in the warm standby" not in rerun.output()
+    assert _gone(standby)
+    assert _audit(out).returncode == 0
+    # The killed standby's socket was left; the cold rerun's own standby replaced it, and
+    # removed it at its normal end.
+    assert not standby_dir(out).exists()
+
+
+def test_changed_source_is_not_used(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # A copy of the package the jobs import from, changed between the kill and the rerun.
+    package = Path(__import__("rollout_recovery").__file__).parent
+    source = tmp_path / "src"
+    shutil.copytree(
+        package, source / "rollout_recovery", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    environment = {"PYTHONPATH": str(source)}
+    out = tmp_path / "run"
+    config = standby_config(steps=12)
+    old = _killed_with_standby(jobs, config, out, env=environment)
+    with open(source / "rollout_recovery" / "_cut.py", "a") as changed:
+        changed.write("# changed after the standby started\n")
+    rerun = jobs(config, out, env=environment)
+    assert rerun.wait() == 0, rerun.output()
+    assert "not used (the package's source changed since it started)" in rerun.output()
+    assert _gone(old)
+    assert _audit(out).returncode == 0
+
+
+def test_stop_drains_the_job_in_the_standby_and_ends_it(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out)
+    _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
+    stop = subprocess.run(
+        [sys.executable, "-m", "rollout_recovery", "stop", str(out), "--wait"],
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+    )
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert f"(pid {_job_pid(rerun.output())})" in stop.stdout
+    assert rerun.wait() == 0, rerun.output()
+    assert "drained at step" in rerun.output()
+    assert _gone(standby)
+
+
+def test_a_stop_signal_before_the_child_is_known_reaches_it() -> None:
+    # A SIGTERM that comes while the rerun still waits for the standby's answer (a
+    # scheduler's, a test's) is kept, and sent to the child once its pidfd is here.
+    relay = _Relay()
+    try:
+        with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) as child:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert relay.pending == [signal.SIGTERM]
+            relay.to(os.pidfd_open(child.pid))
+            assert child.wait(timeout=_DEADLINE_S) == -signal.SIGTERM
+    finally:
+        relay.pending.clear()
+        relay.restore()
+
+
+def test_a_stop_signal_during_a_refused_hand_over_is_this_processes_again() -> None:
+    heard: list[int] = []
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: heard.append(signum))
+    try:
+        relay = _Relay()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert heard == [] and relay.pending == [signal.SIGHUP]
+        relay.restore()  # the cold path: the handler from before hears it
+        assert heard == [signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, before)
