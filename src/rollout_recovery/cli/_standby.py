@@ -461,6 +461,11 @@ def serve(argv: list[str], started_with: dict[str, str]) -> int | None:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
+    # What the rerun's code is compared with, read before the imports: a file changed
+    # while they run then differs from the digest (the rerun goes cold), where a digest
+    # read after them (once the socket listens) could take in a change made after the
+    # imports and pass a standby that runs the code from before it.
+    fit = fitness(started_with, initial_path())
     _import_the_run_path(args.torch)
     if stop:
         return 0
@@ -473,7 +478,7 @@ def serve(argv: list[str], started_with: dict[str, str]) -> int | None:
         os.set_blocking(wake_read, False)
         signal.set_wakeup_fd(wake_write)
         standby = _Standby(
-            listener, lease, holder, fitness(started_with, initial_path()), added, signals=stop
+            listener, lease, holder, fit, added, signals=stop
         )
         forked = standby.loop(wake_read)
         if forked is None:
