@@ -194,7 +194,20 @@ def _killed_with_standby(
     standby = _standby_pid(out)
     _wait_for(lambda: _committed(out), "checkpoint committed")
     first.kill_group()
+    _cover_the_steps_taken(config, out)
     return standby
+
+
+def _cover_the_steps_taken(config: Path, out: Path) -> None:
+    """Raise ``config``'s ``steps`` above the steps the killed job took prompts for: a
+    rerun asked for fewer is refused, and how far the first job got before its kill
+    depends on the machine's load."""
+    batches = re.findall(r'"prompt_taken".*?"batch":(\d+)', (out / "events.jsonl").read_text())
+    taken = max(map(int, batches), default=-1) + 1
+    text = config.read_text()
+    steps = int(re.search(r"^steps = (\d+)$", text, flags=re.M).group(1))  # type: ignore[union-attr]
+    if steps <= taken:
+        config.write_text(re.sub(r"^steps = \d+$", f"steps = {taken + 2}", text, flags=re.M))
 
 
 def _audit(out: Path) -> subprocess.CompletedProcess[str]:
