@@ -18,8 +18,8 @@ package's worker extension, see :func:`server_command`):
    snapshot *is* the file (:meth:`VllmWeightSync.place`, ``TorchWeights.capture_into``:
    written once from the live parameters when the version is handed over, viewed
    read-only by the snapshot): then a file is rewritten for a later version only once
-   no snapshot view of it is left either, and the newest superseded file still viewed
-   is kept for that (the job's steady state: two files in turn);
+   no snapshot view of it is left either, and the newest superseded placed file is kept
+   for that (the job's steady state: two files in turn);
 2. ``POST /pause?mode=wait&clear_cache=true``: requests still running finish, new ones
    queue, and once the engine is idle its KV and prefix caches are dropped (trap: a
    cached prefix computed under the old weights would be reused under the new ones).
@@ -331,8 +331,8 @@ class VllmWeightSync(Resource):
 
     ``directory`` holds the weight files (created if missing, files 0600). The newest
     ``keep`` versions written are kept, any version a push is still loading, and the
-    newest superseded one a snapshot still views (:meth:`place`); older files are
-    removed, and :meth:`close` removes them all. ``dtype`` is the name the files are
+    newest superseded one placed (:meth:`place`, for a later version to take its pages);
+    older files are removed, and :meth:`close` removes them all. ``dtype`` is the name the files are
     written in (the servers' dtype: half the bytes of fp32 for a bf16 server, and the
     same rounding as vLLM's own cast).
     """
@@ -417,11 +417,11 @@ class VllmWeightSync(Resource):
         as its file, ``llm.TorchWeights.capture_into``: ``llm.SnapshotFiles``), on the
         caller's thread; a push of ``version`` finds it written. ``write`` returns what
         holds the file's pages for this process's readers (the snapshot's views): while
-        it is alive the file is never rewritten for a later version, and the newest
-        superseded file so held is kept, so that the version after next can take its
-        pages once the views are gone (the job's steady state: two files, one the
-        servers load and one the snapshot of the version before still views). An
-        OSError (no room) leaves no file of ``version``."""
+        it is alive the file is never rewritten for a later version. The newest
+        superseded placed file is kept, so that the version after next can take its
+        pages once its views are gone (the job's steady state: two files in turn, as
+        the pool holds version N's snapshot while N+1 is placed). An OSError (no room)
+        leaves no file of ``version``."""
         recycled = self._recyclable(version)
         path, holder = self._write(version, write, recycled)
         self._files[version] = path
@@ -438,9 +438,11 @@ class VllmWeightSync(Resource):
         loading (files of earlier runs in the directory included, and their partial
         files: a run killed while it wrote one)."""
         keep = set(sorted(self._files)[-self._keep :]) | set(+self._reading)
-        # The newest superseded file still viewed stays, its pages for a later version;
-        # others go (a file removed while viewed keeps its pages until the views go).
-        keep |= set(sorted(v for v in self._files if v not in keep and self._viewed(v))[-1:])
+        # The newest superseded placed file stays, its pages for a later version once
+        # nothing views it (its views may be gone already: the pool let its version go
+        # before this push's end); others go (a file removed while viewed keeps its
+        # pages until the views go).
+        keep |= set(sorted(v for v in self._files if v not in keep and v in self._views)[-1:])
         for version in [v for v in self._files if v not in keep]:
             del self._files[version]
             self._file_seconds.pop(version, None)
