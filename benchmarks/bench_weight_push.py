@@ -17,7 +17,17 @@ directory, then pushes the same weights as new versions again and again, alterna
   load where it can;
 - **reload**: the same, but the worker loads through vLLM's own reload (and the tied
   ``lm_head`` re-pack), as ``main`` did up to the direct load (the load call asks for
-  it: ``rollout_recovery_load(path, version, "reload")``).
+  it: ``rollout_recovery_load(path, version, "reload")``);
+- **placed**: the trainer's snapshot *is* the file (``TorchWeights.capture_into``, what
+  the job does for a torch trainer): written straight from the live parameters and
+  viewed read-only, where ``after`` takes the snapshot as a copy (``capture``) and then
+  writes the file from it. Where the server's dtype is not fp32 the two are the same
+  (the file is a cast: the snapshot stays a copy). The version before is held while the
+  next is placed, as the job's server pool holds it.
+
+``snapshot`` is the trainer's snapshot of the live weights (``after``, ``reload``: the
+copy; ``placed``: the file's write, so its ``file`` is 0); ``snapshot + push`` is what a
+version costs on the step's path on policy.
 
 The worker extension is the current one for all four: only ``reload`` asks for vLLM's
 reload.
@@ -65,7 +75,7 @@ from rollout_recovery.vllm._fleet import server_command, server_environment
 from rollout_recovery.vllm._sync import LOAD_METHOD, VllmWeightSync, shared_memory_dir
 
 CACHE = Path.home() / ".cache" / "rollout-recovery"
-VARIANTS = ("before", "main", "after", "reload")
+VARIANTS = ("before", "main", "after", "reload", "placed")
 PYTHON = CACHE / "vllm" / "venv" / "bin" / "python"
 READY_S = 600.0
 
@@ -178,13 +188,22 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
     # "main": the same sync with no file reused and no page faulted in ahead.
     fresh = VllmWeightSync(shm / "main", dtype=args.dtype)
     fresh._recyclable = lambda version: None  # type: ignore[method-assign]
+    placed = VllmWeightSync(shm / "placed", dtype=args.dtype)
+    held: TorchWeights | None = None  # the placed version before, as the pool holds it
     results: dict[str, dict[str, list[float]]] = {v: defaultdict(list) for v in VARIANTS}
     version = 0
     try:
         for round_ in range(args.pushes + 1):  # the first round warms up, not counted
             for variant in VARIANTS:
                 version += 1
-                weights = TorchWeights(version, base.tensors)
+                snapshot_started = time.perf_counter()
+                if variant == "placed":
+                    weights = TorchWeights.capture_into(placed, version, base.tensors.items())
+                elif variant in ("after", "reload"):
+                    weights = TorchWeights.capture(version, base.tensors.items())
+                else:
+                    weights = TorchWeights(version, base.tensors)
+                snapshot = time.perf_counter() - snapshot_started
                 transport = TimedTransport("reload" if variant == "reload" else None)
                 async with httpx.AsyncClient(transport=transport, timeout=300.0) as client:
                     started = time.perf_counter()
@@ -193,7 +212,7 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
                             client, url, disk, weights, args.dtype
                         )
                     else:
-                        used = fresh if variant == "main" else sync
+                        used = {"main": fresh, "placed": placed}.get(variant, sync)
                         flags = _weights._MAP_FLAGS
                         if variant == "main":
                             _weights._MAP_FLAGS = mmap.MAP_SHARED
@@ -205,6 +224,8 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
                             _weights._MAP_FLAGS = flags
                         reported = await used.push(client, url, version, weights, 300.0)
                     total = time.perf_counter() - started
+                if variant == "placed":
+                    held = weights
                 for stale in disk.iterdir():  # the old sync kept 3 files: not timed
                     stale.unlink()
                 assert reported == version, (variant, reported, version)
@@ -213,11 +234,16 @@ async def run(args: argparse.Namespace, url: str, base: TorchWeights, work: Path
                 row = results[variant]
                 row["total"].append(total)
                 row["file"].append(written)
+                if variant in ("after", "reload", "placed"):
+                    row["snapshot"].append(snapshot)
+                    row["snapshot + push"].append(snapshot + total)
                 for index, (path, seconds) in enumerate(transport.times):
                     row[f"{index + 1} {path}"].append(seconds)
     finally:
+        del held
         fresh.close()
-        sync.close()
+        placed.close()
+        sync.close()  # last: its directory holds theirs
     return {
         variant: {part: statistics.median(values) for part, values in row.items()}
         for variant, row in results.items()
@@ -267,11 +293,8 @@ def main() -> None:
 
 
 def _order(part: str) -> tuple[int, str]:
-    if part == "total":
-        return (0, part)
-    if part == "file":
-        return (1, part)
-    return (2, part)
+    first = ("snapshot + push", "snapshot", "total", "file")
+    return (first.index(part), part) if part in first else (len(first), part)
 
 
 if __name__ == "__main__":

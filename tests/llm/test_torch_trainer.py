@@ -502,3 +502,35 @@ def test_a_capture_before_the_previous_one_is_encoded_is_refused(tiny_model_dir:
     trainer.staged_state_files()  # read through: free again (this one dropped unread)
     later = trainer.state_files()
     assert trainer.staged_state_files()() == later
+
+
+def test_snapshots_kept_as_files_are_those_files_and_a_checkpoint_encoded_later_is_exact(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With the vLLM sync as its snapshots' home, each version's snapshot is the file its
+    servers load, viewed read-only; training on does not reach it, and a background
+    checkpoint staged at version 2 and encoded after versions 3 and 4 were placed (their
+    files taking superseded files' pages) is byte for byte the state of version 2."""
+    from safetensors import safe_open
+
+    from rollout_recovery.vllm._sync import VllmWeightSync, weights_file_name
+
+    sync = VllmWeightSync(tmp_path / "weights", dtype="float32")
+    trainer = _trainer(tiny_model_dir)
+    trainer.keep_snapshots_in(sync)
+    _train(trainer, range(2))
+    snapshot = trainer.weights()
+    path = sync.directory / weights_file_name(2)
+    with safe_open(str(path), framework="pt") as file:
+        assert_tensors_equal({n: file.get_tensor(n) for n in file.keys()}, snapshot.tensors)  # noqa: SIM118
+    for tensor in snapshot.tensors.values():  # views of the file, not copies
+        assert tensor.untyped_storage().nbytes() == path.stat().st_size
+    expected = trainer.state_files()
+    encode = trainer.staged_state_files()
+    kept = {name: t.clone() for name, t in snapshot.tensors.items()}
+    for step in range(2, 5):
+        _train(trainer, range(step, step + 1))
+        assert trainer.weights().version == step + 1  # placed: the pool would push it
+    assert_tensors_equal(snapshot.tensors, kept)
+    assert encode() == expected
+    sync.close()

@@ -748,3 +748,84 @@ def test_a_small_weights_file_is_written_on_the_loop_a_large_one_in_a_thread(
 
     assert asyncio.run(scenario()) == ["1", "2", "3"]
     assert threaded == [2, 3]
+
+
+class _Views:
+    """Stands for the snapshot's views of a placed file (what holds its pages)."""
+
+
+def _placed(sync: VllmWeightSync, version: int) -> _Views:
+    """Place ``version``'s file as the trainer's snapshot does; the views of it."""
+    views = _Views()
+
+    def write(file: BinaryIO) -> _Views:
+        FakeWeights(version).write_safetensors(file)
+        return views
+
+    sync.place(version, write)
+    return views
+
+
+class _NeverWritten(FakeWeights):
+    def write_safetensors(self, file: BinaryIO, dtype: str | None = None) -> None:
+        raise AssertionError("a placed file is written again")
+
+
+def test_a_placed_file_is_its_versions_file_for_every_push(tmp_path: Path) -> None:
+    """The trainer's snapshot written as version 1's file is what the push loads: not
+    written again, and its own write reported as the push's ``file_s``."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: rig.backend.pool.versions()[rig.server.url] == 0, GUARD_S)
+        views = _placed(rig.sync, 1)
+        inode = os.stat(rig.sync.directory / weights_file_name(1)).st_ino
+        rig.backend.update_weights(1, _NeverWritten(1))
+        await rig.events.wait(lambda: rig.backend.pool.versions()[rig.server.url] == 1, GUARD_S)
+        assert os.stat(rig.sync.directory / weights_file_name(1)).st_ino == inode
+        assert rig.server.loaded == 1
+        del views
+        await rig.backend.aclose()
+
+    rig = Rig(tmp_path)
+    asyncio.run(scenario(rig))
+    (pushed,) = [d for _, d in rig.events.of("weights_loaded") if d["version"] == 1]
+    assert pushed["file_s"] > 0.0
+
+
+def test_a_file_a_snapshot_views_is_never_rewritten_and_a_later_version_takes_its_pages(
+    tmp_path: Path,
+) -> None:
+    """In the job the pool holds version N's snapshot while N+1 is placed, so N's file
+    cannot be rewritten then: it stays as a spare and N+2 takes its pages (two files in
+    turn). A snapshot held longer (a background checkpoint's encoding) keeps its file
+    whole: the next version takes a fresh file, and one the views left once they go."""
+    sync = VllmWeightSync(tmp_path / "weights", dtype="float32")
+
+    def inode(version: int) -> int:
+        return os.stat(sync.directory / weights_file_name(version)).st_ino
+
+    held = _placed(sync, 1)  # the pool's
+    inodes = [inode(1)]
+    for version in range(2, 6):
+        newest = _placed(sync, version)
+        held = newest  # the pool moves on to it; the version before is let go
+        inodes.append(inode(version))
+        assert len(list(sync.directory.iterdir())) == 2
+    assert len(set(inodes)) == 2 and inodes[0::2] == [inodes[0]] * 3
+
+    checkpoint = held  # version 5's views, held by an encoding
+    five = os.open(sync.directory / weights_file_name(5), os.O_RDONLY)
+    six = _placed(sync, 6)
+    held = six
+    seven = _placed(sync, 7)  # 5 and 6 both viewed: a fresh file
+    # 5's file may be gone from the directory (one spare is kept: 6's), never rewritten.
+    assert file_version(f"/proc/self/fd/{five}") == "5"
+    os.close(five)
+    assert inode(6) in inodes and inode(7) not in inodes
+    held = seven
+    del checkpoint, six
+    _placed(sync, 8)  # the views of 5 and 6 gone: one of theirs
+    assert inode(8) in inodes
+    sync.close()
+    assert not sync.directory.exists()

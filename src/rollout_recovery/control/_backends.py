@@ -226,6 +226,11 @@ def _vllm_sync(config: RunConfig, trainer: Trainer[Any]) -> Any:
             path="$.vllm.weights_dir",
         )
     sync = config.vllm.weight_sync()
+    keep_snapshots_in = getattr(trainer, "keep_snapshots_in", None)
+    if callable(keep_snapshots_in):
+        # The torch trainer's snapshot of each version becomes the file its servers load
+        # (one pass over the weights, not a copy and then the file's write).
+        keep_snapshots_in(sync)
     try:
         sync.check(trainer.weight_version, trainer.weights())
     except (TypeError, ValueError) as error:

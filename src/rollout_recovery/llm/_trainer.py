@@ -61,7 +61,7 @@ from ._model_files import (
 from ._skeleton import ModelSkeleton
 from ._staging import StagingBuffers
 from ._tensor_views import tensor_views
-from ._weights import TorchWeights
+from ._weights import SnapshotFiles, TorchWeights
 
 __all__ = [
     "DEFAULT_MAX_LOG_RATIO",
@@ -195,6 +195,7 @@ class TorchGRPOTrainer:
         self._updates = 0
         self._skipped = 0
         self._snapshot: TorchWeights | None = None
+        self._snapshot_files: SnapshotFiles | None = None
         #: Where background checkpoints copy AdamW's moments (``staged_state_files``).
         self._staging = StagingBuffers()
 
@@ -238,8 +239,21 @@ class TorchGRPOTrainer:
         """The current parameters; one snapshot per version, shared by every caller."""
         self._read_model_files()
         if self._snapshot is None or self._snapshot.version != self._version:
-            self._snapshot = TorchWeights.capture(self._version, self._params.items())
+            # Ours dropped first: a version's file is reused only once nothing views it.
+            self._snapshot = None
+            if self._snapshot_files is None:
+                self._snapshot = TorchWeights.capture(self._version, self._params.items())
+            else:
+                self._snapshot = TorchWeights.capture_into(
+                    self._snapshot_files, self._version, self._params.items()
+                )
         return self._snapshot
+
+    def keep_snapshots_in(self, files: SnapshotFiles) -> None:
+        """From the next version on, each snapshot is ``files``' file of its version
+        (``TorchWeights.capture_into``: written from the parameters, viewed read-only),
+        not a copy that the file is then written from: the job does for the vLLM sync."""
+        self._snapshot_files = files
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of the live fp32 parameters (for tests and diagnostics)."""

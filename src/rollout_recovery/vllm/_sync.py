@@ -4,8 +4,9 @@ One push of version N to one server (vLLM 0.32 with ``VLLM_SERVER_DEV_MODE=1`` a
 package's worker extension, see :func:`server_command`):
 
 1. the weights are written once per version, for every server, as a safetensors file in
-   the weights directory (the version in its metadata): cast straight into a mapping of
-   the file (``TorchWeights.write_safetensors``), under a temporary name renamed into
+   the weights directory (the version in its metadata): straight from the weights, cast
+   into a mapping of the file where the servers' dtype is another
+   (``TorchWeights.write_safetensors``), under a temporary name renamed into
    place, so a server never reads half a file. Never fsynced: the file lives only as long
    as a push needs it (a job that restarts writes its weights again), and the job's
    launched servers get it in shared memory (:func:`shared_memory_dir`), so a push
@@ -13,7 +14,12 @@ package's worker extension, see :func:`server_command`):
    push reads it (its pages reused, not allocated and zeroed again); a file of at most
    4 MB is written on the event loop, a larger one in a thread.
    :meth:`VllmWeightSync.prepare` writes it ahead of the push (the pool does, before it
-   waits for the server's calls to end);
+   waits for the server's calls to end). In the servers' dtype the torch trainer's
+   snapshot *is* the file (:meth:`VllmWeightSync.place`, ``TorchWeights.capture_into``:
+   written once from the live parameters when the version is handed over, viewed
+   read-only by the snapshot): then a file is rewritten for a later version only once
+   no snapshot view of it is left either, and the newest superseded placed file is kept
+   for that (the job's steady state: two files in turn);
 2. ``POST /pause?mode=wait&clear_cache=true``: requests still running finish, new ones
    queue, and once the engine is idle its KV and prefix caches are dropped (trap: a
    cached prefix computed under the old weights would be reused under the new ones).
@@ -65,10 +71,11 @@ import re
 import shutil
 import struct
 import time
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol, TypeVar
 
 import httpx
 import msgspec
@@ -100,6 +107,7 @@ LOAD_METHOD = "rollout_recovery_load"
 LOADING_TAG = "loading"
 #: Where the weight files of launched servers go: memory, not disk (Linux's tmpfs).
 SHARED_MEMORY = Path("/dev/shm")
+_T = TypeVar("_T")
 # What a control route's reply may weigh.
 _REPLY_CAP = 64 * 2**10
 # How long the resume after a failed push may take: the push's own deadline may be spent.
@@ -322,9 +330,10 @@ class VllmWeightSync(Resource):
     module docstring.
 
     ``directory`` holds the weight files (created if missing, files 0600). The newest
-    ``keep`` versions written are kept, and any version a push is still loading; older
-    files are removed, and :meth:`close` removes them all. ``dtype`` is the name the files
-    are written in (the servers' dtype: half the bytes of fp32 for a bf16 server, and the
+    ``keep`` versions written are kept, any version a push is still loading, and the
+    newest superseded one placed (:meth:`place`, for a later version to take its pages);
+    older files are removed, and :meth:`close` removes them all. ``dtype`` is the name the files are
+    written in (the servers' dtype: half the bytes of fp32 for a bf16 server, and the
     same rounding as vLLM's own cast).
     """
 
@@ -338,8 +347,11 @@ class VllmWeightSync(Resource):
         self._directory = Path(directory)
         self._dtype = dtype
         self._keep = keep
-        self._files: dict[int, asyncio.Future[Path]] = {}
+        # Each version's file: being written (a future) or written whole (its path).
+        self._files: dict[int, asyncio.Future[Path] | Path] = {}
         self._reading: Counter[int] = Counter()  # versions pushes are loading now
+        # The files this process reads too (``place``): what holds their pages, weakly.
+        self._views: dict[int, weakref.ref[object]] = {}
         self._swept = False
         self._file_seconds: dict[int, float] = {}  # each file's write, in its thread
         self._phases: dict[str, dict[str, float]] = {}  # the newest push's, by url
@@ -347,6 +359,11 @@ class VllmWeightSync(Resource):
     @property
     def directory(self) -> Path:
         return self._directory
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the files are written in, by name."""
+        return self._dtype
 
     # -- the weight files -------------------------------------------------------------------
 
@@ -365,7 +382,9 @@ class VllmWeightSync(Resource):
         if found != version:
             raise InvalidArgumentError(f"weights are version {found}, pushed as {version}")
 
-    def _write(self, version: int, weights: SafetensorsWeights, recycled: Path | None) -> Path:
+    def _write(
+        self, version: int, write: Callable[[BinaryIO], _T], recycled: Path | None
+    ) -> tuple[Path, _T]:
         self._directory.mkdir(parents=True, exist_ok=True)
         path = self._directory / weights_file_name(version)
         partial = self._directory / f".{path.name}.{os.getpid()}.tmp"
@@ -385,22 +404,49 @@ class VllmWeightSync(Resource):
         began = time.perf_counter()
         try:
             with os.fdopen(os.open(partial, flags, 0o600), "w+b") as handle:
-                weights.write_safetensors(handle, self._dtype)
+                written = write(handle)
             os.replace(partial, path)  # a server opens the whole file or none
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
         self._file_seconds[version] = time.perf_counter() - began
-        return path
+        return path, written
+
+    def place(self, version: int, write: Callable[[BinaryIO], object]) -> None:
+        """The file of ``version`` made now by ``write`` (the trainer's snapshot written
+        as its file, ``llm.TorchWeights.capture_into``: ``llm.SnapshotFiles``), on the
+        caller's thread; a push of ``version`` finds it written. ``write`` returns what
+        holds the file's pages for this process's readers (the snapshot's views): while
+        it is alive the file is never rewritten for a later version. The newest
+        superseded placed file is kept, so that the version after next can take its
+        pages once its views are gone (the job's steady state: two files in turn, as
+        the pool holds version N's snapshot while N+1 is placed). An OSError (no room)
+        leaves no file of ``version``."""
+        recycled = self._recyclable(version)
+        path, holder = self._write(version, write, recycled)
+        self._files[version] = path
+        self._views[version] = weakref.ref(holder)
+        self._prune()
+
+    def _viewed(self, version: int) -> bool:
+        """Whether something in this process still views ``version``'s file."""
+        holder = self._views.get(version)
+        return holder is not None and holder() is not None
 
     def _prune(self) -> None:
         """Forget and delete all but the newest ``keep`` versions and the ones a push is
         loading (files of earlier runs in the directory included, and their partial
         files: a run killed while it wrote one)."""
         keep = set(sorted(self._files)[-self._keep :]) | set(+self._reading)
+        # The newest superseded placed file stays, its pages for a later version once
+        # nothing views it (its views may be gone already: the pool let its version go
+        # before this push's end); others go (a file removed while viewed keeps its
+        # pages until the views go).
+        keep |= set(sorted(v for v in self._files if v not in keep and v in self._views)[-1:])
         for version in [v for v in self._files if v not in keep]:
             del self._files[version]
             self._file_seconds.pop(version, None)
+            self._views.pop(version, None)
         try:
             entries = list(os.scandir(self._directory))
         except OSError:
@@ -418,6 +464,8 @@ class VllmWeightSync(Resource):
         """The file of ``version``, written on the first call for it (shared by every
         server's push); a write that failed is retried by the next call."""
         task = self._files.get(version)
+        if isinstance(task, Path):
+            return task  # placed: written before any push asked for it
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             self.check(version, weights)  # the caller's error, raised in the caller
             recycled = self._recyclable(version)
@@ -427,17 +475,25 @@ class VllmWeightSync(Resource):
                 # at the median in a tiny Llama run, the write of its 0.7 MB file 1 ms.
                 task = asyncio.get_running_loop().create_future()
                 try:
-                    task.set_result(self._write(version, weights, recycled))
+                    task.set_result(self._write_weights(version, weights, recycled))
                 except Exception as error:  # retried by the next call, as a thread's
                     task.set_exception(error)
             else:
                 task = asyncio.ensure_future(
-                    asyncio.to_thread(self._write, version, weights, recycled)
+                    asyncio.to_thread(self._write_weights, version, weights, recycled)
                 )
             self._files[version] = task
             await asyncio.shield(task)
             self._prune()
         return await asyncio.shield(task)
+
+    def _write_weights(
+        self, version: int, weights: SafetensorsWeights, recycled: Path | None
+    ) -> Path:
+        path, _ = self._write(
+            version, lambda file: weights.write_safetensors(file, self._dtype), recycled
+        )
+        return path
 
     def _recyclable(self, version: int) -> Path | None:
         """The file of a version that writing ``version`` supersedes (the oldest outside
@@ -452,17 +508,17 @@ class VllmWeightSync(Resource):
         when the load returns. A
         push of that version that starts later writes its file again. A push that
         timed out may still be loading it in the worker: that server then names no
-        version and gets no call until a later push, which loads a whole file."""
+        version and gets no call until a later push, which loads a whole file. A file
+        this process still views (:meth:`place`) is not taken either."""
         kept = set(sorted({*self._files, version})[-self._keep :])
         for old in sorted(self._files):
-            task = self._files[old]
-            if old in kept or self._reading[old] or not task.done() or task.cancelled():
-                continue
-            if task.exception() is not None:
+            path = _written(self._files[old])
+            if old in kept or self._reading[old] or path is None or self._viewed(old):
                 continue
             del self._files[old]
             self._file_seconds.pop(old, None)
-            return task.result()
+            self._views.pop(old, None)
+            return path
         return None
 
     async def prepare(self, version: int, weights: SafetensorsWeights) -> None:
@@ -474,9 +530,11 @@ class VllmWeightSync(Resource):
     def push_phases(self, url: str) -> dict[str, float]:
         """Where the newest push to ``url`` spent its seconds (``TimedWeightSync``):
         ``file_s`` (its weights file's write, shared by every server's push; 0.0 when
-        an earlier push wrote it) and each request's (``pause_s``, ``unname_s``,
-        ``load_s``, ``tag_s``, ``reset_s`` with ``on_weight_update = "interrupt"``,
-        ``resume_s``); a failed push has the phases it reached."""
+        an earlier push wrote it; a placed file's write, the trainer's snapshot, was
+        done before the push began, outside its ``write_s``) and each request's
+        (``pause_s``, ``unname_s``, ``load_s``, ``tag_s``, ``reset_s`` with
+        ``on_weight_update = "interrupt"``, ``resume_s``); a failed push has the phases
+        it reached."""
         return dict(self._phases.get(url, {}))
 
     def close(self) -> None:
@@ -484,6 +542,7 @@ class VllmWeightSync(Resource):
         empty (the job's end); pushes still running fail."""
         self._files.clear()
         self._reading.clear()
+        self._views.clear()
         with contextlib.suppress(OSError):
             for entry in os.scandir(self._directory):
                 if _FILE.match(entry.name) or _PARTIAL.match(entry.name):
@@ -602,6 +661,15 @@ class VllmWeightSync(Resource):
             async with clock("resume_s"):
                 await _resume(client, url)
         return parse_version(tagged.new_version)
+
+
+def _written(entry: asyncio.Future[Path] | Path) -> Path | None:
+    """The path of a file written whole; None while it is written or if that failed."""
+    if isinstance(entry, Path):
+        return entry
+    if not entry.done() or entry.cancelled() or entry.exception() is not None:
+        return None
+    return entry.result()
 
 
 class _Phases:
