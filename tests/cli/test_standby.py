@@ -538,3 +538,49 @@ def test_a_stop_signal_during_a_refused_hand_over_is_this_processes_again() -> N
         assert heard == [signal.SIGHUP]
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+@pytest.mark.parametrize("closed", [0, 1])
+def test_a_rerun_with_a_closed_standard_descriptor_dies_with_its_job(
+    closed: int, jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A rerun started with stdin (or stdout) closed: its connection to the standby must
+    not take that descriptor's number and be handed to the child as its stdin (stdout),
+    or the child holds the rerun's own end and never sees the rerun die."""
+    out = tmp_path / "run"
+    config = standby_config(steps=100_000)  # it does not end by itself within the test
+    _killed_with_standby(jobs, config, out)
+    log = tmp_path / "closed.txt"
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    environment.pop("ROLLOUT_RECOVERY_CRASH_AT", None)
+    with open(log, "ab") as handle:
+        rerun = subprocess.Popen(
+            [*_RUN, "--config", str(config), "--out", str(out)],
+            stdin=subprocess.DEVNULL,
+            stdout=handle if closed != 1 else None,
+            stderr=handle,
+            env=environment,
+            start_new_session=True,
+            preexec_fn=lambda: os.close(closed),
+        )
+    try:
+
+        def handed_over_or_refused() -> str:
+            text = log.read_text()
+            return text if "(job pid " in text or "not used" in text else ""
+
+        output = _wait_for(handed_over_or_refused, "the hand-over or its refusal")
+        child = _job_pid(output) if "(job pid " in output else None
+    finally:
+        os.killpg(rerun.pid, signal.SIGKILL)
+        rerun.wait()
+    try:
+        if child is not None:  # it ran in the standby: it must have died with the rerun
+            survived = not _gone(child)
+            if survived:
+                os.kill(child, signal.SIGKILL)
+            assert not survived, "the job outlived the rerun that was SIGKILLed"
+    finally:
+        for pid in _standbys_of(out):
+            os.kill(pid, signal.SIGTERM)
+            assert _gone(pid)

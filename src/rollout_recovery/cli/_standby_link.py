@@ -214,6 +214,11 @@ def _start(path: Path, argv: list[str], out: str) -> tuple[int, socket.socket]:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     standby: int | None = None
     try:
+        if connection.fileno() <= 2:
+            # A standard descriptor was closed and the connection took its number: sent
+            # as the child's stdin/stdout/stderr, the child would hold this end open and
+            # never see this process die.
+            raise _NotUsed("this process's stdin, stdout or stderr is closed")
         connection.settimeout(_EXCHANGE_TIMEOUT_S)
         try:
             inode = os.lstat(path).st_ino
