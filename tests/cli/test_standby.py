@@ -301,6 +301,74 @@ def test_sigterm_to_the_rerun_drains_the_job_in_the_standby(
     assert _gone(standby)  # a drain is a normal end
 
 
+def test_a_standby_killed_while_its_child_runs_leaves_the_rerun_the_jobs_exit_code(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out)
+    child = _wait_for(
+        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
+    )
+    os.kill(standby, signal.SIGKILL)  # an OOM kill, a stray kill -9: the child lives on
+    assert _gone(standby)
+    assert not _gone_at_once(child), "the job ended before its standby was killed"
+    (out / "DRAIN").write_text("")  # rollout-recovery stop's request: a normal end
+    assert rerun.wait() == 0, rerun.output()
+    assert "exit status was lost" not in rerun.output()
+    assert _audit(out).returncode == 0
+
+
+def test_a_rerun_refused_in_the_standby_leaves_it_for_the_corrected_rerun(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config()
+    standby = _killed_with_standby(jobs, config, out)
+    too_few = config.with_suffix(".few.toml")
+    too_few.write_text(re.sub(r"^steps = \d+$", "steps = 1", config.read_text(), flags=re.M))
+    refused = jobs(too_few, out)
+    assert refused.wait() == 2, refused.output()
+    assert "running in the warm standby" in refused.output()
+    assert "job.steps" in refused.output()
+    # The run directory's job is still the dead one: the standby waits on.
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
+
+
+def test_ctrl_z_stops_the_job_in_the_standby_and_fg_continues_it(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out)
+    child = _wait_for(
+        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
+    )
+    os.killpg(rerun.process.pid, signal.SIGTSTP)  # a terminal's Ctrl-Z: the foreground group
+    _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
+    os.killpg(rerun.process.pid, signal.SIGCONT)  # fg
+    _wait_for(lambda: _state(child) not in ("T", "t"), "the job going on")
+    (out / "DRAIN").write_text("")
+    assert rerun.wait() == 0, rerun.output()
+    assert _audit(out).returncode == 0
+    assert _gone(standby)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``T``: stopped), or ``-`` once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return "-"
+
+
+def _gone_at_once(pid: int) -> bool:
+    """Whether ``pid`` has already exited (no wait)."""
+    return _state(pid) in ("-", "Z", "X")
+
+
 def test_a_lapsed_lease_ends_the_standby(
     jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -395,6 +463,13 @@ def test_fitness_names_what_changed() -> None:
         "the package's source changed since it started"
     )
     assert _unfit(mine, {**mine, "executable": "/other/python"}) == "another python"
+    # A rerun from another terminal, ssh session or tmux pane: only the session differs.
+    session = {"A": "1", "SSH_TTY": "/dev/pts/9", "TMUX_PANE": "%3", "PS1": "$ ", "TERM": "xterm"}
+    assert _unfit(mine, fitness(session, ["/p"])) is None
+    # python -O, -X dev or -W error in the rerun: what the standby imported ran without.
+    assert _unfit(mine, {**mine, "flags": [*mine["flags"][:1], ["error"], []]}) == (
+        "other Python flags (-O, -X, -W)"
+    )
     assert _unfit(mine, "nonsense") == "the request is malformed"
     assert mine["code"] == code_digest()
 

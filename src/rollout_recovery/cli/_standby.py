@@ -66,6 +66,10 @@ __all__ = ["MAX_STANDBY_S", "Lease", "LeaseState", "held_by_standby", "serve", "
 MAX_STANDBY_S = 86400.0
 # How long a rerun may take to send its request once connected.
 _REQUEST_TIMEOUT_S = 5.0
+# Exit codes of a child that did not run the job: a refused command (usage, a config or
+# run directory that does not fit: 2) or a hand-over that failed (70). The run directory's
+# job is still the dead one: the standby keeps waiting for the rerun that fixes it.
+_NOT_RUN = frozenset({2, 70})
 # How long a job waits for its standby to exit after asking it to.
 _END_WAIT_S = 5.0
 # The modules a torch job's run path imports (Backend.build, the trainer, the model's
@@ -87,10 +91,10 @@ _TORCH_IMPORTS = (
 _BOOT = (
     "import json, os, sys; started_with = dict(os.environ); "
     "sys.path[:] = json.loads(sys.argv[1]); "
-    "from rollout_recovery.cli._standby import serve; "
+    "from rollout_recovery.cli._standby import run_forked_command, serve; "
     "from rollout_recovery.cli._main import cli; "
     "code = serve(sys.argv[2:], started_with); "
-    "sys.exit(code) if code is not None else cli.main(sys.argv[1:], 'rollout-recovery')"
+    "sys.exit(code) if code is not None else run_forked_command(cli.main)"
 )
 
 
@@ -253,8 +257,8 @@ class _Standby:
         del self.children[child.pid]
         if self.holder == child.pidfd:
             self.holder = None
-            if os.WIFSIGNALED(status):
-                self.lease.job_died()  # killed: a rerun may come
+            if os.WIFSIGNALED(status) or os.waitstatus_to_exitcode(status) in _NOT_RUN:
+                self.lease.job_died()  # killed, or refused before it ran: a rerun may come
             else:
                 self.lease.job_ended()  # it ended by itself: finished, drained, failed
 
@@ -355,6 +359,7 @@ def _unfit(mine: dict[str, Any], theirs: Any) -> str | None:
     for key, what in (
         ("executable", "another python"),
         ("version", "another python"),
+        ("flags", "other Python flags (-O, -X, -W)"),
         ("path", "another sys.path"),
         ("code", "the package's source changed since it started"),
     ):
@@ -410,7 +415,36 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
     finally:
         os.close(me)
     connection.settimeout(None)
+    global _rerun
+    _rerun = connection
     threading.Thread(target=_die_with, args=(connection,), daemon=True).start()
+
+
+def run_forked_command(main: Callable[[list[str], str], object]) -> None:
+    """In a forked child: run the rerun's command (click's ``main``, which exits), and
+    tell the rerun its exit code as it exits, so a standby that dies before it can reap
+    the child does not take the job's status with it."""
+    code = 1
+    try:
+        main(sys.argv[1:], "rollout-recovery")
+        code = 0
+    except SystemExit as exit_:
+        code = _exit_code(exit_.code)
+        raise
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+        raise
+    finally:
+        if _rerun is not None:
+            with contextlib.suppress(OSError):
+                _rerun.send(f"code {code}".encode())
+
+
+def _exit_code(code: object) -> int:
+    """The status ``sys.exit(code)`` exits with (None: 0; a message: 1)."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
 
 
 def _die_with(connection: socket.socket) -> None:
@@ -423,6 +457,8 @@ def _die_with(connection: socket.socket) -> None:
 
 # The child's link to its standby (None in a job no standby forked).
 _link: socket.socket | None = None
+# The child's connection to its rerun (None in a job no standby forked).
+_rerun: socket.socket | None = None
 
 
 def held_by_standby() -> bool:

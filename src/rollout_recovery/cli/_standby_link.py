@@ -58,14 +58,32 @@ __all__ = [
 ]
 
 SOCKET_NAME = "standby.sock"
-# Variables that shape nothing a standby imported: the shell's own, and the crash point a
-# test arms in one process (read at first use, in the child, from its new environment).
-_IGNORED_ENV = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "ROLLOUT_RECOVERY_CRASH_AT"})
-# How long the exchange before the hand-over may take (the standby answers at once).
-_EXCHANGE_TIMEOUT_S = 5.0
+# Variables that shape nothing a standby imported: the shell's, the terminal's and the
+# login session's own (a rerun from another ssh session, tmux pane or prompt differs in
+# them; the child takes the rerun's values anyway, only what was read at import time
+# matters), and the crash point a test arms in one process (read at first use, in the
+# child, from its new environment).
+_IGNORED_ENV = frozenset(
+    {
+        "_", "PWD", "OLDPWD", "SHLVL", "PS1", "PS2", "PS4", "PROMPT_COMMAND",
+        "TERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "TERM_SESSION_ID", "COLORTERM",
+        "LS_COLORS", "LINES", "COLUMNS", "HISTFILE", "HISTSIZE", "HISTCONTROL", "MAIL",
+        "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "SSH_AUTH_SOCK", "GPG_TTY",
+        "TMUX", "TMUX_PANE", "STY", "WINDOW", "WINDOWID", "DISPLAY", "WAYLAND_DISPLAY",
+        "XDG_SESSION_ID", "XDG_SESSION_TYPE", "XDG_SESSION_CLASS", "XDG_VTNR",
+        "ROLLOUT_RECOVERY_CRASH_AT",
+    }
+)  # fmt: skip
+# How long the exchange before the hand-over may take: the standby answers at once, but
+# a second rerun waits while it serves the first, and 5 s was too short on a loaded
+# machine (the reruns then went cold).
+_EXCHANGE_TIMEOUT_S = 20.0
 # The largest request (the environment and sys.path dominate it).
 MAX_MESSAGE = 1 << 20
 _RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A terminal's stop signals (Ctrl-Z, background reads and writes) and SIGCONT: the job
+# stops and goes on with the rerun, as a job in the rerun's own process would.
+_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 # Read when the command line starts, before a job could add to it.
 _INITIAL_PATH = tuple(sys.path)
 
@@ -109,10 +127,17 @@ def initial_path() -> list[str]:
 
 def fitness(environ: dict[str, str], path: list[str]) -> dict[str, Any]:
     """What a standby and a rerun must share for the standby's imports to be the rerun's:
-    the interpreter, where imports come from, this package's code, the environment."""
+    the interpreter and its flags (``-O``, ``-X dev``, ``-W error``: they shape what was
+    imported and how it runs), where imports come from, this package's code, the
+    environment."""
     return {
         "executable": sys.executable,
         "version": sys.version,
+        "flags": [
+            repr(sys.flags),
+            list(sys.warnoptions),
+            sorted(map(repr, sys._xoptions.items())),
+        ],
         "path": path,
         "code": code_digest(),
         "environment": {k: v for k, v in environ.items() if k not in _IGNORED_ENV},
@@ -168,12 +193,27 @@ def hand_over(argv: list[str]) -> int | None:
 
 class _Relay:
     """SIGINT, SIGTERM and SIGHUP to this process go to the child through its pidfd; one
-    that comes before the child is known is kept and sent once it is."""
+    that comes before the child is known is kept and sent once it is. A stop signal
+    (Ctrl-Z) stops the child, then this process; SIGCONT goes on to the child."""
 
     def __init__(self) -> None:
         self.child: int | None = None
         self.pending: list[int] = []
         self.before = {signum: signal.signal(signum, self._on_signal) for signum in _RELAYED}
+        for signum in _STOPS:
+            self.before[signum] = signal.signal(signum, self._on_stop)
+        self.before[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._on_continue)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.child, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _on_continue(self, signum: int, frame: FrameType | None) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.child, signal.SIGCONT)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.child is None:
@@ -293,18 +333,25 @@ def _alive(pidfd: int) -> bool:
 
 def _wait(connection: socket.socket) -> int:
     """Wait (the stop signals relayed) until the standby reports the child's status; the
-    exit code (a signal that killed the child is raised on this process)."""
+    exit code (a signal that killed the child is raised on this process). The child
+    tells its own exit code as it exits (``code N``): what counts when the standby died
+    before it could reap the child (an OOM kill, a stray kill -9)."""
     status: int | None = None
+    told: int | None = None
     while True:
         message = connection.recv(256)  # a signal is relayed and the wait goes on (PEP 475)
         if not message:
             break
-        if message.startswith(b"exit "):
-            with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, IndexError):
+            if message.startswith(b"code "):
+                told = int(message.split()[1])
+            elif message.startswith(b"exit "):
                 status = int(message.split()[1])
-            break
+                break
     if status is None:
-        # The standby died before it could reap the child: its status is lost with it.
+        if told is not None:
+            return told
+        # Neither said how the child ended (killed before it could tell, its standby too).
         _tell("the job's exit status was lost (its standby ended before it)")
         return 1
     code = os.waitstatus_to_exitcode(status)
