@@ -232,6 +232,15 @@ def _resumes_in_the_standby_to_its_end(
     return rerun
 
 
+def _handed_over(jobs: Callable[..., _Job], config: Path, out: Path) -> tuple[_Job, int]:
+    """A rerun of ``out``, and its job's pid once the standby has forked it."""
+    rerun = jobs(config, out)
+    child = _wait_for(
+        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
+    )
+    return rerun, child
+
+
 def _job_pid(output: str) -> int:
     marker = "(job pid "
     line = next(line for line in output.splitlines() if marker in line)
@@ -256,10 +265,7 @@ def test_a_killed_rerun_leaves_no_job_and_the_next_rerun_uses_the_standby_again(
     out = tmp_path / "run"
     config = standby_config()
     standby = _killed_with_standby(jobs, config, out)
-    rerun = jobs(config, out)
-    child = _wait_for(
-        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
-    )
+    rerun, child = _handed_over(jobs, config, out)
     _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
     rerun.kill_group()  # as `rollout-recovery chaos` kills: the rerun's whole group
     assert _gone(child), "the standby's child outlived the rerun that asked for it"
@@ -307,10 +313,7 @@ def test_a_standby_killed_while_its_child_runs_leaves_the_rerun_the_jobs_exit_co
     out = tmp_path / "run"
     config = standby_config(steps=400)
     standby = _killed_with_standby(jobs, config, out)
-    rerun = jobs(config, out)
-    child = _wait_for(
-        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
-    )
+    rerun, child = _handed_over(jobs, config, out)
     os.kill(standby, signal.SIGKILL)  # an OOM kill, a stray kill -9: the child lives on
     assert _gone(standby)
     assert not _gone_at_once(child), "the job ended before its standby was killed"
@@ -342,10 +345,7 @@ def test_ctrl_z_stops_the_job_in_the_standby_and_fg_continues_it(
     out = tmp_path / "run"
     config = standby_config(steps=400)
     standby = _killed_with_standby(jobs, config, out)
-    rerun = jobs(config, out)
-    child = _wait_for(
-        lambda: "(job pid " in rerun.output() and _job_pid(rerun.output()), "hand-over"
-    )
+    rerun, child = _handed_over(jobs, config, out)
     os.killpg(rerun.process.pid, signal.SIGTSTP)  # a terminal's Ctrl-Z: the foreground group
     _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
     os.killpg(rerun.process.pid, signal.SIGCONT)  # fg
