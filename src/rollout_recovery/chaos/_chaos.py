@@ -193,12 +193,21 @@ class KillRanges:
         )
 
 
-#: Crash points the plan never draws, since the chaos job launches no vLLM server:
-#: ``adopt.before_handover`` (``tests/vllm`` kills a job there) and ``vllm.push_loaded``
-#: (``tests/integration/llm/test_vllm_llm_job.py`` arms it against real vLLM). The one a
-#: kill cannot reach on its own, ``journal.before_cut``, is reached by tearing the journal
-#: first, see :data:`TORN_RECORD`.
-UNPLANNED_POINTS: frozenset[str] = frozenset({"adopt.before_handover", "vllm.push_loaded"})
+#: Crash points the plan never draws, since the chaos job launches no vLLM server and no
+#: warm standby: ``adopt.before_handover`` (``tests/vllm`` kills a job there),
+#: ``vllm.push_loaded`` (``tests/integration/llm/test_vllm_llm_job.py`` arms it against
+#: real vLLM) and the standby's hand-over (``standby.*``: ``tests/cli/test_standby.py``).
+#: The one a kill cannot reach on its own, ``journal.before_cut``, is reached by tearing
+#: the journal first, see :data:`TORN_RECORD`.
+UNPLANNED_POINTS: frozenset[str] = frozenset(
+    {
+        "adopt.before_handover",
+        "vllm.push_loaded",
+        "standby.before_fork",
+        "standby.after_handover",
+        "standby.child_started",
+    }
+)
 
 #: Points only a resumed child reaches (a fresh one has nothing to restore).
 _RESUME_POINTS = frozenset({"restore.mid", "replay.mid", "journal.before_cut"})
