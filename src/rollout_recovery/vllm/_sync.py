@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -353,6 +354,7 @@ class VllmWeightSync(Resource):
         # The files this process reads too (``place``): what holds their pages, weakly.
         self._views: dict[int, weakref.ref[object]] = {}
         self._swept = False
+        self._closed = False  # the job's end: nothing is placed after it (nothing would remove it)
         self._file_seconds: dict[int, float] = {}  # each file's write, in its thread
         self._phases: dict[str, dict[str, float]] = {}  # the newest push's, by url
 
@@ -420,13 +422,41 @@ class VllmWeightSync(Resource):
         it is alive the file is never rewritten for a later version. The newest
         superseded placed file is kept, so that the version after next can take its
         pages once its views are gone (the job's steady state: two files in turn, as
-        the pool holds version N's snapshot while N+1 is placed). An OSError (no room)
-        leaves no file of ``version``."""
+        the pool holds version N's snapshot while N+1 is placed). An OSError (no room,
+        or a closed sync) leaves no file of ``version``: the trainer keeps a copy, and a
+        push writes the file from it."""
+        if self._closed:
+            raise OSError(errno.ESHUTDOWN, f"{self._directory}: the weight sync is closed")
+        # A file this version had before (a timeline a restore rolled back) is never
+        # what a push of it finds, even when this write fails.
+        self._files.pop(version, None)
+        self._views.pop(version, None)
         recycled = self._recyclable(version)
+        if recycled is None:
+            self._keep_room_for_one_more()
         path, holder = self._write(version, write, recycled)
         self._files[version] = path
         self._views[version] = weakref.ref(holder)
         self._prune()
+
+    def _keep_room_for_one_more(self) -> None:
+        """Refuse (OSError) a new placed file that would leave no room for one more of its
+        size: a placed file's pages stay while its snapshot is held (by the pool, by a
+        background checkpoint's encoding, by a push to a lagging server), so a third
+        file can be pinned where the directory was sized for two; refused, the trainer
+        keeps a copy and the push still has room for its own file."""
+        sizes = [
+            path.stat().st_size
+            for path in self._files.values()
+            if isinstance(path, Path) and path.exists()
+        ]
+        if not sizes:
+            return  # the first file: the directory was sized for two
+        stats = os.statvfs(self._directory)
+        if stats.f_bavail * stats.f_frsize < 2 * max(sizes):
+            raise OSError(
+                errno.ENOSPC, f"{self._directory}: no room for a held weights file and one more"
+            )
 
     def _viewed(self, version: int) -> bool:
         """Whether something in this process still views ``version``'s file."""
@@ -539,7 +569,8 @@ class VllmWeightSync(Resource):
 
     def close(self) -> None:
         """Remove every weight file in the directory, and the directory if that leaves it
-        empty (the job's end); pushes still running fail."""
+        empty (the job's end); pushes still running fail, and nothing is placed after it."""
+        self._closed = True
         self._files.clear()
         self._reading.clear()
         self._views.clear()
