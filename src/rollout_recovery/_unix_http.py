@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from urllib.parse import quote
 import httpx
 
 from ._lifecycle import AsyncResource
+from ._private_dir import private_dir_problem
 from .errors import InvalidArgumentError, InvalidStateError
 
 __all__ = [
@@ -120,13 +120,9 @@ def require_private_dir(
     symlink, is not this user's, or that another user may enter or write to: a socket in
     it could then be another user's (what a controller that adopts running servers checks
     first)."""
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise InvalidStateError(
-            f"not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
-            f"owner {info.st_uid}): {why}",
-            file=str(directory),
-        )
+    problem = private_dir_problem(directory)
+    if problem is not None:
+        raise InvalidStateError(f"{problem}: {why}", file=str(directory))
 
 
 def listener_pid(socket_path: str | os.PathLike[str]) -> int | None:

@@ -51,12 +51,12 @@ from types import FrameType
 from typing import Any
 
 from .._crashpoints import crash_point, reset_crash_points_for_tests
+from .._private_dir import private_dir_problem
 from ._standby_link import (
     MAX_MESSAGE,
     SOCKET_NAME,
     fitness,
     initial_path,
-    private_dir_problem,
     standby_dir,
 )
 
@@ -554,7 +554,11 @@ def _listening(directory: Path) -> Iterator[socket.socket | None]:
     owner = os.getpid()
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=0o700)
-    if private_dir_problem(directory) is not None:
+    try:
+        private = private_dir_problem(directory) is None
+    except OSError:
+        private = False
+    if not private:
         yield None
         return
     path, own = directory / SOCKET_NAME, directory / f"{SOCKET_NAME}.{owner}"

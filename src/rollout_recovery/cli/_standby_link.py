@@ -36,7 +36,6 @@ import os
 import select
 import signal
 import socket
-import stat
 import struct
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from types import FrameType
 from typing import Any
 
 from .._crashpoints import crash_point
+from .._private_dir import private_dir_problem
 
 __all__ = [
     "SOCKET_NAME",
@@ -52,7 +52,6 @@ __all__ = [
     "fitness",
     "hand_over",
     "initial_path",
-    "private_dir_problem",
     "run_out",
     "standby_dir",
 ]
@@ -97,16 +96,14 @@ def standby_dir(out: str | os.PathLike[str]) -> Path:
     return Path(tempfile.gettempdir()) / f"rollout-recovery-standby-{os.getuid()}-{key}"
 
 
-def private_dir_problem(directory: Path) -> str | None:
-    """Why ``directory`` is not a private directory of this user (a symlink, another
-    owner, or open to others), or None."""
+def _private_dir_problem(directory: Path) -> str | None:
+    """Why ``directory`` is not a private directory of this user (or cannot be looked
+    at), or None."""
     try:
-        info = os.lstat(directory)
+        problem = private_dir_problem(directory)
     except OSError as error:
         return f"{directory}: {error.strerror}"
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return f"{directory} is not a private directory of this user"
-    return None
+    return None if problem is None else f"{directory}: {problem}"
 
 
 def code_digest() -> str:
@@ -248,7 +245,7 @@ def _tell(line: str) -> None:
 def _start(path: Path, argv: list[str], out: str) -> tuple[int, socket.socket]:
     """Prove the standby at ``path``, hand the command over; the child's pidfd and the
     connection the child watches (closed when this process dies)."""
-    problem = private_dir_problem(path.parent)
+    problem = _private_dir_problem(path.parent)
     if problem is not None:
         raise _NotUsed(problem)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
