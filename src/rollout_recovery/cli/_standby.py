@@ -55,6 +55,7 @@ from .._private_dir import private_dir_problem
 from ._standby_link import (
     MAX_MESSAGE,
     SOCKET_NAME,
+    alive,
     fitness,
     initial_path,
     standby_dir,
@@ -214,7 +215,7 @@ class _Standby:
             self._reap(child)
         if self.signals:
             self.lease.job_ended()
-        if self.holder is not None and _dead(self.holder) and self._holder_unforked():
+        if self.holder is not None and not alive(self.holder) and self._holder_unforked():
             self._release_holder()
             self.lease.job_died()
 
@@ -391,11 +392,6 @@ def _peer_gone(connection: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-def _dead(pidfd: int) -> bool:
-    ready, _, _ = select.select([pidfd], [], [], 0)
-    return bool(ready)
 
 
 def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socket) -> None:

@@ -48,6 +48,7 @@ from .._private_dir import private_dir_problem
 
 __all__ = [
     "SOCKET_NAME",
+    "alive",
     "code_digest",
     "fitness",
     "hand_over",
@@ -278,13 +279,13 @@ def _start(path: Path, argv: list[str], out: str) -> tuple[int, socket.socket]:
             socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
             answer, fds, _flags, _address = socket.recv_fds(connection, 4096, 1)
         except (OSError, ValueError) as error:
-            if standby is not None and not _alive(standby):
+            if standby is not None and not alive(standby):
                 raise _NotUsed(_remove_leftover(path, inode)) from None
             raise _NotUsed(f"the exchange failed: {type(error).__name__}: {error}") from None
         if not answer:
             # A standby answers every request: one that hung up unanswered is dying.
             select.select([standby], [], [], _EXCHANGE_TIMEOUT_S)
-        if not _alive(standby):
+        if not alive(standby):
             for fd in fds:
                 os.close(fd)
             raise _NotUsed(_remove_leftover(path, inode))
@@ -323,7 +324,8 @@ def _umask() -> int:
     return mask
 
 
-def _alive(pidfd: int) -> bool:
+def alive(pidfd: int) -> bool:
+    """Whether the process ``pidfd`` names has not exited (no wait)."""
     ready, _, _ = select.select([pidfd], [], [], 0)
     return not ready
 
