@@ -207,9 +207,7 @@ def _write_file(
     start = 8 + len(encoded)
     size = start + offset
     fd = file.fileno()
-    cast = any(
-        kind != tensor.dtype for (_, kind, *_), (_, tensor) in zip(layout, order, strict=True)
-    )
+    cast = target is not None and any(tensor.dtype != target for _, tensor in order)
     if offset and hasattr(os, "posix_fallocate") and (cast or _allocated(fd) < size):
         # The file's pages reserved now: on a full tmpfs (Docker's /dev/shm is 64 MB)
         # this is an OSError (ENOSPC, a failed push), where a write through the
