@@ -509,9 +509,7 @@ def serve(argv: list[str], started_with: dict[str, str]) -> int | None:
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
         signal.set_wakeup_fd(wake_write)
-        standby = _Standby(
-            listener, lease, holder, fit, added, signals=stop
-        )
+        standby = _Standby(listener, lease, holder, fit, added, signals=stop)
         forked = standby.loop(wake_read)
         if forked is None:
             return 0
