@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_recovery.cli._standby import Lease, LeaseState, _unfit
+from rollout_recovery.cli._standby import Lease, LeaseState, _unfit, _until_closed
 from rollout_recovery.cli._standby_link import (
     SOCKET_NAME,
     _Relay,
@@ -659,3 +659,58 @@ def test_a_rerun_with_a_closed_standard_descriptor_dies_with_its_job(
         for pid in _standbys_of(out):
             os.kill(pid, signal.SIGTERM)
             assert _gone(pid)
+
+
+class _ScriptedConnection:
+    """A connection whose reads follow a script (a value is returned, an exception
+    raised); ``select`` sees it through a pipe that always has a byte to read."""
+
+    def __init__(self, script: list[bytes | BaseException]) -> None:
+        self.script = script
+        self.reads = 0
+        self._read, self._write = os.pipe()
+        os.write(self._write, b"x")
+
+    def fileno(self) -> int:
+        return self._read
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        step = self.script[self.reads]
+        self.reads += 1
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+def test_a_read_that_finds_nothing_is_not_the_reruns_end() -> None:
+    # The standby's copy of the rerun's connection shares the descriptor's O_NONBLOCK
+    # with the child's: a timeout set on it made the child's "blocking" read fail with
+    # EAGAIN, which the child took for its rerun's death and SIGKILLed a healthy job
+    # right after the hand-over (two CI runs: "no resume after 60 s").
+    connection = _ScriptedConnection([BlockingIOError(), b"noise", InterruptedError(), b""])
+    try:
+        _until_closed(connection)  # type: ignore[arg-type]
+        assert connection.reads == 4, "it stopped before the connection's end"
+    finally:
+        connection.close()
+
+
+def test_the_connection_ends_on_the_peers_close_or_a_failure() -> None:
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.settimeout(5.0)  # a copy's timeout: the descriptor non-blocking under our object
+    theirs.send(b"ping")
+    theirs.close()
+    _until_closed(ours)
+    ours.close()
+    failing = _ScriptedConnection([ConnectionResetError()])
+    try:
+        _until_closed(failing)  # type: ignore[arg-type]
+        assert failing.reads == 1
+    finally:
+        failing.close()

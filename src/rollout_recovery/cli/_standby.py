@@ -251,7 +251,8 @@ class _Standby:
         if pid == 0:
             return
         with contextlib.suppress(OSError):
-            child.connection.send(f"exit {status}".encode())
+            # Never blocking (a stopped rerun), and no mode change on the shared socket.
+            child.connection.send(f"exit {status}".encode(), socket.MSG_DONTWAIT)
         child.connection.close()
         child.link.close()
         os.close(child.pidfd)
@@ -319,11 +320,23 @@ class _Standby:
     def _fork(
         self, connection: socket.socket, request: dict[str, Any], fds: list[int]
     ) -> _ForkedJob | None:
+        # The connection's O_NONBLOCK lives in the open file description, which the
+        # child's copy shares with ours: a timeout set on either (``dup`` copies one)
+        # would make the other's blocking ``recv`` fail at once. So it is made blocking,
+        # and our copy taken, before the fork, and no copy's mode changes after it.
+        connection.settimeout(None)
+        kept = connection.dup()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            for end in (kept, ours, theirs):
+                end.close()
+            raise
         if pid == 0:  # the child: the rerun's job from here on
             try:
                 ours.close()
+                kept.close()
                 self._leave()
                 _take_over(request, fds, connection)
             except BaseException:
@@ -332,7 +345,7 @@ class _Standby:
             return _ForkedJob(request, theirs, self.added_by_imports)
         theirs.close()
         pidfd = os.pidfd_open(pid)  # our unreaped child: the pid cannot be reused yet
-        self.children[pid] = _Child(pid, pidfd, connection.dup(), ours)
+        self.children[pid] = _Child(pid, pidfd, kept, ours)
         self._release_holder()
         self.holder = pidfd
         return None
@@ -410,7 +423,6 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
         socket.send_fds(connection, [f"child {os.getpid()}".encode()], [me])
     finally:
         os.close(me)
-    connection.settimeout(None)
     global _rerun
     _rerun = connection
     threading.Thread(target=_die_with, args=(connection,), daemon=True).start()
@@ -445,10 +457,26 @@ def _exit_code(code: object) -> int:
 
 def _die_with(connection: socket.socket) -> None:
     """The rerun's connection ends only when the rerun's process does: so does the job."""
-    with contextlib.suppress(OSError):
-        while connection.recv(256):
-            pass
+    _until_closed(connection)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _until_closed(connection: socket.socket) -> None:
+    """Return once the peer of ``connection`` has closed it (or it failed).
+
+    A read that finds nothing is not the end: the socket's blocking mode is shared with
+    every copy of its descriptor (the standby's among them), so this waits in ``select``
+    and reads without blocking rather than trusting the mode. Taking a "no data yet" for
+    the rerun's death once SIGKILLed healthy jobs right after a hand-over."""
+    while True:
+        select.select([connection], [], [])
+        try:
+            if not connection.recv(256, socket.MSG_DONTWAIT):
+                return
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            return
 
 
 # The child's link to its standby (None in a job no standby forked).
