@@ -241,6 +241,15 @@ def _handed_over(jobs: Callable[..., _Job], config: Path, out: Path) -> tuple[_J
     return rerun, child
 
 
+def _drain_once_started(job: _Job, out: Path) -> None:
+    """Ask ``job`` to drain (``rollout-recovery stop``'s drain file) once it has said it
+    started or resumed: a drain file found before that is a stale request the job
+    removes, and a child just handed over (or a job on a loaded machine) may not be
+    there yet."""
+    _wait_for(lambda: re.search(r"^(starting|resuming at step) ", job.output(), re.M), "start")
+    (out / "DRAIN").write_text("")
+
+
 def _job_pid(output: str) -> int:
     marker = "(job pid "
     line = next(line for line in output.splitlines() if marker in line)
@@ -317,7 +326,7 @@ def test_a_standby_killed_while_its_child_runs_leaves_the_rerun_the_jobs_exit_co
     os.kill(standby, signal.SIGKILL)  # an OOM kill, a stray kill -9: the child lives on
     assert _gone(standby)
     assert not _gone_at_once(child), "the job ended before its standby was killed"
-    (out / "DRAIN").write_text("")  # rollout-recovery stop's request: a normal end
+    _drain_once_started(rerun, out)  # a normal end
     assert rerun.wait() == 0, rerun.output()
     assert "exit status was lost" not in rerun.output()
     assert _audit(out).returncode == 0
@@ -350,7 +359,7 @@ def test_ctrl_z_stops_the_job_in_the_standby_and_fg_continues_it(
     _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
     os.killpg(rerun.process.pid, signal.SIGCONT)  # fg
     _wait_for(lambda: _state(child) not in ("T", "t"), "the job going on")
-    (out / "DRAIN").write_text("")
+    _drain_once_started(rerun, out)
     assert rerun.wait() == 0, rerun.output()
     assert _audit(out).returncode == 0
     assert _gone(standby)
@@ -402,7 +411,7 @@ def test_a_normal_end_leaves_no_standby(
     out = tmp_path / "run"
     job = jobs(standby_config(steps=400), out)
     standby = _standby_pid(out)
-    (out / "DRAIN").write_text("")  # rollout-recovery stop's request: a normal end
+    _drain_once_started(job, out)  # a normal end
     assert job.wait() == 0, job.output()
     assert _gone(standby)
     assert not standby_dir(out).exists()
