@@ -86,14 +86,21 @@ def _standby_pid(out: Path) -> int:
 class _Job:
     """One ``rollout-recovery run`` in its own process group, output to a file."""
 
-    def __init__(self, config: Path, out: Path, log: Path, env: dict[str, str] | None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        out: Path,
+        log: Path,
+        env: dict[str, str] | None,
+        prefix: tuple[str, ...] = (),
+    ) -> None:
         self.log = log
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
         environment.pop("ROLLOUT_RECOVERY_CRASH_AT", None)
         environment.update(env or {})
         with open(log, "ab") as handle:
             self.process = subprocess.Popen(
-                [*_RUN, "--config", str(config), "--out", str(out)],
+                [*prefix, *_RUN, "--config", str(config), "--out", str(out)],
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -118,8 +125,10 @@ def jobs(tmp_path: Path) -> Iterator[Callable[..., _Job]]:
     started: list[_Job] = []
     counter = iter(range(1000))
 
-    def start(config: Path, out: Path, env: dict[str, str] | None = None) -> _Job:
-        job = _Job(config, out, tmp_path / f"log-{next(counter)}.txt", env)
+    def start(
+        config: Path, out: Path, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+    ) -> _Job:
+        job = _Job(config, out, tmp_path / f"log-{next(counter)}.txt", env, prefix)
         started.append(job)
         return job
 
@@ -305,6 +314,37 @@ def test_sigterm_to_the_rerun_drains_the_job_in_the_standby(
     assert "drained at step" in rerun.output()
     assert _audit(out).returncode == 0
     assert _gone(standby)  # a drain is a normal end
+
+
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores ``signum`` (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+def test_a_hang_up_the_rerun_ignores_leaves_its_job_in_the_standby_running(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # `nohup rollout-recovery run ...`: a cold job ignores the terminal's hang-up (it
+    # handles SIGTERM and SIGINT only), so must the job the standby forked for it: the
+    # relayed SIGHUP once killed it, and the rerun with it.
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out, prefix=("nohup",))
+    _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
+    child = _job_pid(rerun.output())
+    assert _ignores(child, signal.SIGHUP), "the job does not ignore what its rerun ignores"
+    # Standard signals pending together are delivered in the order of their numbers: the
+    # hang-up reaches the job before the SIGTERM that drains it.
+    rerun.process.send_signal(signal.SIGHUP)
+    rerun.process.send_signal(signal.SIGTERM)
+    assert rerun.wait() == 0, rerun.output()
+    assert "drained at step" in rerun.output()
+    assert _audit(out).returncode == 0
+    assert _gone(standby)
 
 
 def test_a_standby_killed_while_its_child_runs_leaves_the_rerun_the_jobs_exit_code(
