@@ -754,3 +754,15 @@ def test_the_connection_ends_on_the_peers_close_or_a_failure() -> None:
         assert failing.reads == 1
     finally:
         failing.close()
+
+
+@pytest.mark.parametrize("ignored", [None, "1", [1, "2"], [True]])
+def test_a_request_whose_ignored_signals_are_malformed_is_refused(ignored: object) -> None:
+    import socket
+
+    from rollout_recovery.cli._standby import _Standby
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        standby = _Standby(listener, Lease(10.0), None, {}, {})
+        why = standby._refusal({"ignored": ignored}, [0, 1, 2])
+    assert why is not None and "ignored" in why

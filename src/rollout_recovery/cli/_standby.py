@@ -8,7 +8,7 @@ imports, then waits on a Unix socket in a private (0700) directory named after t
 directory (``_standby_link.standby_dir``). A rerun hands its command to it
 (``_standby_link.py``: the proof, the fitness, the descriptors) and the standby forks a
 child that runs the same ``run`` command with the rerun's arguments, working directory,
-environment, umask, stdin, stdout and stderr: the imports are already done.
+environment, umask, ignored signals, stdin, stdout and stderr: the imports are already done.
 
 The standby has a lease, as a guard does (:class:`Lease`):
 
@@ -299,6 +299,9 @@ class _Standby:
     def _refusal(self, request: dict[str, Any], fds: list[int]) -> str | None:
         if len(fds) != 3:
             return "the rerun's stdin, stdout and stderr did not arrive"
+        ignored = request.get("ignored")
+        if not isinstance(ignored, list) or not all(type(s) is int for s in ignored):
+            return "the request's ignored is not a list of signal numbers"
         self._abandoned_children_end()
         unfit = _unfit(self.fit, request["fitness"])
         if unfit is not None:
@@ -418,6 +421,9 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
         sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
     os.chdir(request["cwd"])
     os.umask(int(request["umask"]))
+    # Before the rerun learns our pidfd, so a signal it relays meets the rerun's own
+    # disposition: under ``nohup`` the job ignores a hang-up, as a cold one would.
+    _take_signals(set(request["ignored"]))
     me = os.pidfd_open(os.getpid())
     try:
         socket.send_fds(connection, [f"child {os.getpid()}".encode()], [me])
@@ -426,6 +432,21 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
     global _rerun
     _rerun = connection
     threading.Thread(target=_die_with, args=(connection,), daemon=True).start()
+
+
+def _take_signals(ignored: set[int]) -> None:
+    """In the child: ignore the signals the rerun ignores, and only those. A cold job
+    inherits its parent's ignored signals (``nohup``: SIGHUP), the standby had the first
+    job's. A handler an import set (a cold job's imports set it too) is left."""
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        # What a new Python starts with for a signal its parent did not ignore.
+        startup = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        if signal.getsignal(signum) not in (startup, signal.SIG_IGN):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN if signum in ignored else startup)
 
 
 def run_forked_command(main: Callable[[list[str], str], object]) -> None:
