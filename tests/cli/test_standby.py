@@ -396,6 +396,26 @@ def test_ctrl_z_stops_the_job_in_the_standby_and_fg_continues_it(
     assert _gone(standby)
 
 
+def test_a_stopped_job_dies_with_its_rerun_killed_and_the_next_rerun_uses_the_standby(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Ctrl-Z, then `kill -9 %1`: a cold job dies, stopped or not. The standby's child is in
+    # another process group, and a stopped process runs none of its threads: the one that
+    # kills it when its rerun's connection ends cannot. It once stayed stopped for ever,
+    # holding the run directory's lock (every later rerun refused, then locked out).
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun, child = _handed_over(jobs, config, out)
+    os.killpg(rerun.process.pid, signal.SIGTSTP)
+    _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
+    rerun.kill_group()
+    assert _gone(child), "the stopped job outlived the rerun that asked for it"
+    config.write_text(re.sub(r"^steps = \d+$", "steps = 40", config.read_text(), flags=re.M))
+    _cover_the_steps_taken(config, out)
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
+
+
 def _state(pid: int) -> str:
     """A process's state letter (``T``: stopped), or ``-`` once it is gone."""
     try:
