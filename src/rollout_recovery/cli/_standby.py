@@ -23,8 +23,9 @@ The standby has a lease, as a guard does (:class:`Lease`):
 It forks only while it is single-threaded (nothing of torch computes in it: no thread
 pools yet) and only once every child it forked before has been reaped: an orphan could
 still hold the run directory's lock. A child dies at once when the rerun that asked for it
-dies (a thread reads the rerun's connection; its end SIGKILLs the child), so a kill -9 of
-the rerun kills the job, as it would a cold one. Linux only (pidfds): elsewhere the job
+dies (a thread reads the rerun's connection; its end SIGKILLs the child, and the standby,
+which watches it too, SIGKILLs a child too stopped to do so), so a kill -9 of the rerun
+kills the job, as it would a cold one. Linux only (pidfds): elsewhere the job
 says so and starts none.
 """
 
@@ -164,6 +165,9 @@ class _Child:
     pidfd: int
     connection: socket.socket
     link: socket.socket
+    # Its rerun died and it was sent SIGKILL: its connection (at its end, so always
+    # readable) is no longer watched while it dies.
+    abandoned: bool = False
 
 
 @dataclass(slots=True)
@@ -197,6 +201,7 @@ class _Standby:
             watched += [fd for fd in (self.holder,) if fd is not None]
             for child in self.children.values():
                 watched += [child.pidfd, child.link.fileno()]
+                watched += [] if child.abandoned else [child.connection.fileno()]
             ready, _, _ = select.select(watched, [], [], wait)
             if wake in ready:
                 with contextlib.suppress(BlockingIOError):
@@ -204,6 +209,8 @@ class _Standby:
             for child in list(self.children.values()):
                 if child.link.fileno() in ready:
                     self._heard(child)
+                if child.connection.fileno() in ready:
+                    _kill_if_abandoned(child)
             if self.listener.fileno() in ready:
                 forked = self._serve()
                 if forked is not None:
@@ -223,7 +230,7 @@ class _Standby:
         """Wait for the children whose rerun has died (its connection ended): each kills
         itself as it sees that, within moments. A child whose rerun lives is left."""
         for child in list(self.children.values()):
-            if _peer_gone(child.connection):
+            if _kill_if_abandoned(child):
                 select.select([child.pidfd], [], [], _REQUEST_TIMEOUT_S)
         self._refresh()
 
@@ -400,10 +407,25 @@ def _thread_count() -> int:
     return threading.active_count()
 
 
+def _kill_if_abandoned(child: _Child) -> bool:
+    """SIGKILL ``child`` if its rerun has died (True). The child kills itself when it sees
+    that, but a stopped child (Ctrl-Z, then ``kill -9`` of the rerun's group) runs none of
+    its threads: it would stay stopped for ever, holding the run directory."""
+    if not child.abandoned:
+        if not _peer_gone(child.connection):
+            return False
+        child.abandoned = True
+        with contextlib.suppress(OSError):  # it has exited: our unreaped child, no other
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+    return True
+
+
 def _peer_gone(connection: socket.socket) -> bool:
-    """Whether the rerun at the other end of ``connection`` has closed it (it died)."""
+    """Whether the rerun at the other end of ``connection`` has closed it (it died). A
+    message is read, not peeked: the rerun sends none after the hand-over, and one left
+    queued would wake the standby's ``select`` without end."""
     try:
-        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        return connection.recv(256, socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:
