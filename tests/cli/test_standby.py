@@ -786,3 +786,28 @@ def test_a_request_whose_ignored_signals_are_malformed_is_refused(ignored: objec
         standby = _Standby(listener, Lease(10.0), None, {}, {})
         why = standby._refusal({"ignored": ignored}, [0, 1, 2])
     assert why is not None and "ignored" in why
+
+
+def test_the_forked_job_ignores_the_reruns_ignored_signals_and_no_others() -> None:
+    # In a process of its own: the dispositions are the process's. The standby's came
+    # from the first job (SIGUSR1 ignored there); the rerun ignores SIGHUP and SIGINT.
+    script = """if True:
+        import signal
+        from rollout_recovery.cli._standby import _take_signals
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        mine = lambda signum, frame: None
+        signal.signal(signal.SIGUSR2, mine)
+        _take_signals({int(signal.SIGHUP), int(signal.SIGINT), int(signal.SIGPIPE)})
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGPIPE) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGUSR2) is mine
+        _take_signals(set())
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=_DEADLINE_S
+    )
+    assert done.returncode == 0, done.stderr
