@@ -86,14 +86,21 @@ def _standby_pid(out: Path) -> int:
 class _Job:
     """One ``rollout-recovery run`` in its own process group, output to a file."""
 
-    def __init__(self, config: Path, out: Path, log: Path, env: dict[str, str] | None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        out: Path,
+        log: Path,
+        env: dict[str, str] | None,
+        prefix: tuple[str, ...] = (),
+    ) -> None:
         self.log = log
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
         environment.pop("ROLLOUT_RECOVERY_CRASH_AT", None)
         environment.update(env or {})
         with open(log, "ab") as handle:
             self.process = subprocess.Popen(
-                [*_RUN, "--config", str(config), "--out", str(out)],
+                [*prefix, *_RUN, "--config", str(config), "--out", str(out)],
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -118,8 +125,10 @@ def jobs(tmp_path: Path) -> Iterator[Callable[..., _Job]]:
     started: list[_Job] = []
     counter = iter(range(1000))
 
-    def start(config: Path, out: Path, env: dict[str, str] | None = None) -> _Job:
-        job = _Job(config, out, tmp_path / f"log-{next(counter)}.txt", env)
+    def start(
+        config: Path, out: Path, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+    ) -> _Job:
+        job = _Job(config, out, tmp_path / f"log-{next(counter)}.txt", env, prefix)
         started.append(job)
         return job
 
@@ -316,6 +325,37 @@ def test_sigterm_to_the_rerun_drains_the_job_in_the_standby(
     assert _gone(standby)  # a drain is a normal end
 
 
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores ``signum`` (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+def test_a_hang_up_the_rerun_ignores_leaves_its_job_in_the_standby_running(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # `nohup rollout-recovery run ...`: a cold job ignores the terminal's hang-up (it
+    # handles SIGTERM and SIGINT only), so must the job the standby forked for it: the
+    # relayed SIGHUP once killed it, and the rerun with it.
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun = jobs(config, out, prefix=("nohup",))
+    _wait_for(lambda: "resum" in rerun.output().lower(), "resume")
+    child = _job_pid(rerun.output())
+    assert _ignores(child, signal.SIGHUP), "the job does not ignore what its rerun ignores"
+    # Standard signals pending together are delivered in the order of their numbers: the
+    # hang-up reaches the job before the SIGTERM that drains it.
+    rerun.process.send_signal(signal.SIGHUP)
+    rerun.process.send_signal(signal.SIGTERM)
+    assert rerun.wait() == 0, rerun.output()
+    assert "drained at step" in rerun.output()
+    assert _audit(out).returncode == 0
+    assert _gone(standby)
+
+
 def test_a_standby_killed_while_its_child_runs_leaves_the_rerun_the_jobs_exit_code(
     jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -363,6 +403,26 @@ def test_ctrl_z_stops_the_job_in_the_standby_and_fg_continues_it(
     assert rerun.wait() == 0, rerun.output()
     assert _audit(out).returncode == 0
     assert _gone(standby)
+
+
+def test_a_stopped_job_dies_with_its_rerun_killed_and_the_next_rerun_uses_the_standby(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Ctrl-Z, then `kill -9 %1`: a cold job dies, stopped or not. The standby's child is in
+    # another process group, and a stopped process runs none of its threads: the one that
+    # kills it when its rerun's connection ends cannot. It once stayed stopped for ever,
+    # holding the run directory's lock (every later rerun refused, then locked out).
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun, child = _handed_over(jobs, config, out)
+    os.killpg(rerun.process.pid, signal.SIGTSTP)
+    _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
+    rerun.kill_group()
+    assert _gone(child), "the stopped job outlived the rerun that asked for it"
+    config.write_text(re.sub(r"^steps = \d+$", "steps = 40", config.read_text(), flags=re.M))
+    _cover_the_steps_taken(config, out)
+    _resumes_in_the_standby_to_its_end(jobs, config, out, standby)
 
 
 def _state(pid: int) -> str:
@@ -723,3 +783,40 @@ def test_the_connection_ends_on_the_peers_close_or_a_failure() -> None:
         assert failing.reads == 1
     finally:
         failing.close()
+
+
+@pytest.mark.parametrize("ignored", [None, "1", [1, "2"], [True]])
+def test_a_request_whose_ignored_signals_are_malformed_is_refused(ignored: object) -> None:
+    import socket
+
+    from rollout_recovery.cli._standby import _Standby
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        standby = _Standby(listener, Lease(10.0), None, {}, {})
+        why = standby._refusal({"ignored": ignored}, [0, 1, 2])
+    assert why is not None and "ignored" in why
+
+
+def test_the_forked_job_ignores_the_reruns_ignored_signals_and_no_others() -> None:
+    # In a process of its own: the dispositions are the process's. The standby's came
+    # from the first job (SIGUSR1 ignored there); the rerun ignores SIGHUP and SIGINT.
+    script = """if True:
+        import signal
+        from rollout_recovery.cli._standby import _take_signals
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        mine = lambda signum, frame: None
+        signal.signal(signal.SIGUSR2, mine)
+        _take_signals({int(signal.SIGHUP), int(signal.SIGINT), int(signal.SIGPIPE)})
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGPIPE) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGUSR2) is mine
+        _take_signals(set())
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=_DEADLINE_S
+    )
+    assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ imports, then waits on a Unix socket in a private (0700) directory named after t
 directory (``_standby_link.standby_dir``). A rerun hands its command to it
 (``_standby_link.py``: the proof, the fitness, the descriptors) and the standby forks a
 child that runs the same ``run`` command with the rerun's arguments, working directory,
-environment, umask, stdin, stdout and stderr: the imports are already done.
+environment, umask, ignored signals, stdin, stdout and stderr: the imports are already done.
 
 The standby has a lease, as a guard does (:class:`Lease`):
 
@@ -23,8 +23,9 @@ The standby has a lease, as a guard does (:class:`Lease`):
 It forks only while it is single-threaded (nothing of torch computes in it: no thread
 pools yet) and only once every child it forked before has been reaped: an orphan could
 still hold the run directory's lock. A child dies at once when the rerun that asked for it
-dies (a thread reads the rerun's connection; its end SIGKILLs the child), so a kill -9 of
-the rerun kills the job, as it would a cold one. Linux only (pidfds): elsewhere the job
+dies (a thread reads the rerun's connection; its end SIGKILLs the child, and the standby,
+which watches it too, SIGKILLs a child too stopped to do so), so a kill -9 of the rerun
+kills the job, as it would a cold one. Linux only (pidfds): elsewhere the job
 says so and starts none.
 """
 
@@ -164,6 +165,9 @@ class _Child:
     pidfd: int
     connection: socket.socket
     link: socket.socket
+    # Its rerun died and it was sent SIGKILL: its connection (at its end, so always
+    # readable) is no longer watched while it dies.
+    abandoned: bool = False
 
 
 @dataclass(slots=True)
@@ -197,6 +201,7 @@ class _Standby:
             watched += [fd for fd in (self.holder,) if fd is not None]
             for child in self.children.values():
                 watched += [child.pidfd, child.link.fileno()]
+                watched += [] if child.abandoned else [child.connection.fileno()]
             ready, _, _ = select.select(watched, [], [], wait)
             if wake in ready:
                 with contextlib.suppress(BlockingIOError):
@@ -204,6 +209,8 @@ class _Standby:
             for child in list(self.children.values()):
                 if child.link.fileno() in ready:
                     self._heard(child)
+                if child.connection.fileno() in ready:
+                    _kill_if_abandoned(child)
             if self.listener.fileno() in ready:
                 forked = self._serve()
                 if forked is not None:
@@ -223,7 +230,7 @@ class _Standby:
         """Wait for the children whose rerun has died (its connection ended): each kills
         itself as it sees that, within moments. A child whose rerun lives is left."""
         for child in list(self.children.values()):
-            if _peer_gone(child.connection):
+            if _kill_if_abandoned(child):
                 select.select([child.pidfd], [], [], _REQUEST_TIMEOUT_S)
         self._refresh()
 
@@ -299,6 +306,9 @@ class _Standby:
     def _refusal(self, request: dict[str, Any], fds: list[int]) -> str | None:
         if len(fds) != 3:
             return "the rerun's stdin, stdout and stderr did not arrive"
+        ignored = request.get("ignored")
+        if not isinstance(ignored, list) or not all(type(s) is int for s in ignored):
+            return "the request's ignored is not a list of signal numbers"
         self._abandoned_children_end()
         unfit = _unfit(self.fit, request["fitness"])
         if unfit is not None:
@@ -397,10 +407,25 @@ def _thread_count() -> int:
     return threading.active_count()
 
 
+def _kill_if_abandoned(child: _Child) -> bool:
+    """SIGKILL ``child`` if its rerun has died (True). The child kills itself when it sees
+    that, but a stopped child (Ctrl-Z, then ``kill -9`` of the rerun's group) runs none of
+    its threads: it would stay stopped for ever, holding the run directory."""
+    if not child.abandoned:
+        if not _peer_gone(child.connection):
+            return False
+        child.abandoned = True
+        with contextlib.suppress(OSError):  # it has exited: our unreaped child, no other
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+    return True
+
+
 def _peer_gone(connection: socket.socket) -> bool:
-    """Whether the rerun at the other end of ``connection`` has closed it (it died)."""
+    """Whether the rerun at the other end of ``connection`` has closed it (it died). A
+    message is read, not peeked: the rerun sends none after the hand-over, and one left
+    queued would wake the standby's ``select`` without end."""
     try:
-        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        return connection.recv(256, socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:
@@ -418,6 +443,9 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
         sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
     os.chdir(request["cwd"])
     os.umask(int(request["umask"]))
+    # Before the rerun learns our pidfd, so a signal it relays meets the rerun's own
+    # disposition: under ``nohup`` the job ignores a hang-up, as a cold one would.
+    _take_signals(set(request["ignored"]))
     me = os.pidfd_open(os.getpid())
     try:
         socket.send_fds(connection, [f"child {os.getpid()}".encode()], [me])
@@ -426,6 +454,21 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
     global _rerun
     _rerun = connection
     threading.Thread(target=_die_with, args=(connection,), daemon=True).start()
+
+
+def _take_signals(ignored: set[int]) -> None:
+    """In the child: ignore the signals the rerun ignores, and only those. A cold job
+    inherits its parent's ignored signals (``nohup``: SIGHUP), the standby had the first
+    job's. A handler an import set (a cold job's imports set it too) is left."""
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        # What a new Python starts with for a signal its parent did not ignore.
+        startup = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        if signal.getsignal(signum) not in (startup, signal.SIG_IGN):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN if signum in ignored else startup)
 
 
 def run_forked_command(main: Callable[[list[str], str], object]) -> None:

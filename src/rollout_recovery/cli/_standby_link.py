@@ -4,7 +4,8 @@ A rerun (``rollout-recovery run ... --out DIR``) whose run directory has a warm 
 (``_standby.py``: an interpreter that has imported torch, transformers and the job's
 rooms, waiting on a Unix socket) does not import them again: it hands its command line,
 working directory, environment, umask and its stdin, stdout and stderr (``SCM_RIGHTS``)
-to the standby, which forks a child that runs the same ``run`` command. This module is
+(and which signals it ignores) to the standby, which forks a child that runs the same
+``run`` command. This module is
 what the rerun runs before anything heavy is imported (standard library only), so a run
 without a standby pays a ``stat`` for it.
 
@@ -52,6 +53,7 @@ __all__ = [
     "code_digest",
     "fitness",
     "hand_over",
+    "ignored_signals",
     "initial_path",
     "run_out",
     "standby_dir",
@@ -177,9 +179,10 @@ def hand_over(argv: list[str]) -> int | None:
     if not hasattr(os, "pidfd_open") or not hasattr(socket, "SO_PEERCRED"):
         _say("it needs Linux (pidfds and SO_PEERCRED)")
         return None
+    ignored = ignored_signals()  # before the relay takes some of them over
     relay = _Relay()  # from before the child exists: no stop signal is lost
     try:
-        child, connection = _start(path, argv, out)
+        child, connection = _start(path, argv, out, ignored)
     except _NotUsed as why:
         relay.restore()  # a signal that came meanwhile is this process's again
         _say(str(why))
@@ -243,7 +246,16 @@ def _tell(line: str) -> None:
         print(f"rollout-recovery: {line}", file=sys.stderr, flush=True)
 
 
-def _start(path: Path, argv: list[str], out: str) -> tuple[int, socket.socket]:
+def ignored_signals() -> list[int]:
+    """The signals this process ignores: inherited from its parent (``nohup`` ignores
+    SIGHUP, a script's background job SIGINT) and Python's own (SIGPIPE, SIGXFSZ). A cold
+    job keeps them; the child a standby forks takes them (``_standby._take_signals``)."""
+    return sorted(int(s) for s in signal.valid_signals() if signal.getsignal(s) is signal.SIG_IGN)
+
+
+def _start(
+    path: Path, argv: list[str], out: str, ignored: list[int]
+) -> tuple[int, socket.socket]:
     """Prove the standby at ``path``, hand the command over; the child's pidfd and the
     connection the child watches (closed when this process dies)."""
     problem = _private_dir_problem(path.parent)
@@ -275,6 +287,7 @@ def _start(path: Path, argv: list[str], out: str) -> tuple[int, socket.socket]:
                 "cwd": os.getcwd(),
                 "environment": dict(os.environ),
                 "umask": _umask(),
+                "ignored": ignored,
             }
             socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
             answer, fds, _flags, _address = socket.recv_fds(connection, 4096, 1)
