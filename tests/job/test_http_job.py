@@ -153,7 +153,12 @@ def test_a_server_killed_mid_run_costs_only_its_calls_and_rejoins_when_restarted
     metrics = read_jsonl(out / "metrics.jsonl")
     assert len(metrics) == HTTP_JOB["job"]["steps"]
     stats = metrics[-1]["backend"]["servers"][url]
-    assert stats["deaths"] == 1 and stats["rejoins"] == 1 and stats["state"] == "healthy"
+    # Killed once; but a restarted server still starting on a loaded machine can fail a
+    # probe and die again before it rejoins (seen in CI: 2 deaths). Every death and rejoin
+    # is counted, so the stats agree with the state changes the events logged.
+    assert stats["deaths"] == sum(to == "dead" for _, to in states) >= 1, states
+    assert stats["rejoins"] == states.count(("recovering", "healthy")) >= 1, states
+    assert stats["state"] == "healthy"
     calls_when_dead = min(
         m["backend"]["servers"][url]["calls"]
         for m in metrics

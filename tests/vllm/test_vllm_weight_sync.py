@@ -373,6 +373,15 @@ def test_the_file_is_written_once_for_every_server_before_their_calls_are_waited
         path = rig.sync.directory / weights_file_name(1)
         gated.gate.set()
         await asyncio.to_thread(_wait_for_file, path)
+        # The file is in place once its writer renamed it; each server's sync task then
+        # marks its server draining, on the loop: only from then on can no new call (the
+        # episode's next) reach it before its push. On a loaded machine the held calls
+        # once ended first.
+        pooled = list(rig.backend.pool._workers)
+        assert len(pooled) == 2
+        async with asyncio.timeout(GUARD_S):
+            while not all(server.draining for server in pooled):
+                await asyncio.sleep(0.001)  # a condition polled, bounded by the guard
         for server in rig.fleet.servers.values():
             assert server.log[-1] == "call start", server.log  # nothing sent yet
             server.hold.set()
