@@ -259,6 +259,24 @@ def _drain_once_started(job: _Job, out: Path) -> None:
     (out / "DRAIN").write_text("")
 
 
+def _a_long_rerun_in_the_standby(
+    jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
+) -> tuple[Path, Path, int, _Job, int]:
+    """A 400-step job killed with its standby, and its rerun handed over: the run
+    directory, the config, the standby's pid, the rerun and its job's pid."""
+    out = tmp_path / "run"
+    config = standby_config(steps=400)
+    standby = _killed_with_standby(jobs, config, out)
+    rerun, child = _handed_over(jobs, config, out)
+    return out, config, standby, rerun, child
+
+
+def _ctrl_z(rerun: _Job, child: int) -> None:
+    """A terminal's Ctrl-Z (SIGTSTP to the foreground group): the job and its rerun stop."""
+    os.killpg(rerun.process.pid, signal.SIGTSTP)
+    _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
+
+
 def _job_pid(output: str) -> int:
     marker = "(job pid "
     line = next(line for line in output.splitlines() if marker in line)
@@ -359,10 +377,9 @@ def test_a_hang_up_the_rerun_ignores_leaves_its_job_in_the_standby_running(
 def test_a_standby_killed_while_its_child_runs_leaves_the_rerun_the_jobs_exit_code(
     jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
 ) -> None:
-    out = tmp_path / "run"
-    config = standby_config(steps=400)
-    standby = _killed_with_standby(jobs, config, out)
-    rerun, child = _handed_over(jobs, config, out)
+    out, _config, standby, rerun, child = _a_long_rerun_in_the_standby(
+        jobs, standby_config, tmp_path
+    )
     os.kill(standby, signal.SIGKILL)  # an OOM kill, a stray kill -9: the child lives on
     assert _gone(standby)
     assert not _gone_at_once(child), "the job ended before its standby was killed"
@@ -391,12 +408,10 @@ def test_a_rerun_refused_in_the_standby_leaves_it_for_the_corrected_rerun(
 def test_ctrl_z_stops_the_job_in_the_standby_and_fg_continues_it(
     jobs: Callable[..., _Job], standby_config: Callable[..., Path], tmp_path: Path
 ) -> None:
-    out = tmp_path / "run"
-    config = standby_config(steps=400)
-    standby = _killed_with_standby(jobs, config, out)
-    rerun, child = _handed_over(jobs, config, out)
-    os.killpg(rerun.process.pid, signal.SIGTSTP)  # a terminal's Ctrl-Z: the foreground group
-    _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
+    out, _config, standby, rerun, child = _a_long_rerun_in_the_standby(
+        jobs, standby_config, tmp_path
+    )
+    _ctrl_z(rerun, child)
     os.killpg(rerun.process.pid, signal.SIGCONT)  # fg
     _wait_for(lambda: _state(child) not in ("T", "t"), "the job going on")
     _drain_once_started(rerun, out)
@@ -412,12 +427,10 @@ def test_a_stopped_job_dies_with_its_rerun_killed_and_the_next_rerun_uses_the_st
     # another process group, and a stopped process runs none of its threads: the one that
     # kills it when its rerun's connection ends cannot. It once stayed stopped for ever,
     # holding the run directory's lock (every later rerun refused, then locked out).
-    out = tmp_path / "run"
-    config = standby_config(steps=400)
-    standby = _killed_with_standby(jobs, config, out)
-    rerun, child = _handed_over(jobs, config, out)
-    os.killpg(rerun.process.pid, signal.SIGTSTP)
-    _wait_for(lambda: _state(child) == "T" and _state(rerun.process.pid) == "T", "both stopped")
+    out, config, standby, rerun, child = _a_long_rerun_in_the_standby(
+        jobs, standby_config, tmp_path
+    )
+    _ctrl_z(rerun, child)
     rerun.kill_group()
     assert _gone(child), "the stopped job outlived the rerun that asked for it"
     config.write_text(re.sub(r"^steps = \d+$", "steps = 40", config.read_text(), flags=re.M))
