@@ -326,6 +326,14 @@ class SafetensorsWeights(Protocol):
         ...
 
 
+def _size_or_none(path: Path) -> int | None:
+    """``path``'s size, or None once it is gone (one ``stat``, no race with a removal)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
 class VllmWeightSync(Resource):
     """A ``WeightSync[SafetensorsWeights]`` (``TorchWeights``) for vLLM servers; see the
     module docstring.
@@ -446,9 +454,9 @@ class VllmWeightSync(Resource):
         file can be pinned where the directory was sized for two; refused, the trainer
         keeps a copy and the push still has room for its own file."""
         sizes = [
-            path.stat().st_size
+            size
             for path in self._files.values()
-            if isinstance(path, Path) and path.exists()
+            if isinstance(path, Path) and (size := _size_or_none(path)) is not None
         ]
         if not sizes:
             return  # the first file: the directory was sized for two
