@@ -63,6 +63,21 @@ def test_an_unknown_part_is_refused_by_name() -> None:
     _on_virtual_clock(body)
 
 
+def test_a_push_counts_as_weight_sync_whether_it_loaded_or_failed() -> None:
+    def body(loop: VirtualClockLoop) -> dict[str, float]:
+        timer = StepTimer()
+        timer.start()
+        timer.add_backend_event("weights_loaded", {"seconds": 0.5, "load_s": 0.4})
+        timer.add_backend_event("weights_push_failed", {"seconds": 0.25, "why": "refused"})
+        # Not a push, or no usable count: nothing.
+        timer.add_backend_event("server_state", {"seconds": 9.0})
+        for broken in (True, float("nan"), "1.0", None):
+            timer.add_backend_event("weights_loaded", {"seconds": broken})
+        return timer.lap().flat()
+
+    assert _on_virtual_clock(body)["time/weight_sync_s"] == 0.75
+
+
 def test_every_step_says_where_its_time_went_and_the_summary_shows_the_shares(
     tmp_path: Path, fast_config: Callable[..., RunConfig], read_jsonl: Any
 ) -> None:

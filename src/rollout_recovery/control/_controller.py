@@ -1017,8 +1017,7 @@ class Controller(Generic[Weights]):
                 # Server deaths, rejoins and redispatches since the last step.
                 for event in self.backend.drain_events():
                     kind = str(event.pop("event", "unknown"))
-                    if kind == "weights_loaded":  # a background push, with its seconds
-                        self.step_timer.add("time/weight_sync_s", _seconds(event))
+                    self.step_timer.add_backend_event(kind, event)
                     self.record(BackendEvent(kind=kind, detail=event), cut=cut)
                 backend_telemetry = self.backend.telemetry()
             # Typed until here; the one flat line goes to metrics.jsonl and every sink.
@@ -1212,14 +1211,6 @@ def _batch_of(admission_id: str) -> int:
             f"admission_id {admission_id!r} was not minted by this controller"
         )
     return int(digits)
-
-
-def _seconds(event: Mapping[str, Any]) -> float:
-    """A backend event's ``seconds`` (a push's duration); 0.0 if it has none."""
-    seconds = event.get("seconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return 0.0
-    return float(seconds) if math.isfinite(seconds) else 0.0
 
 
 def _in_daemon_thread(function: Callable[..., T], *args: Any) -> asyncio.Future[T]:

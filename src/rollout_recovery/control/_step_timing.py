@@ -10,7 +10,8 @@ publishes durable, and trains. Each of those is one field, in seconds::
                           hand-over to generation, plus every push a server finished since
                           the previous step (an HTTP backend pushes in the background; its
                           ``weights_loaded`` events carry each push's ``seconds``, and
-                          with ``weight_sync = "vllm"`` where they went: ``write_s`` (the
+                          ``weights_push_failed`` a failed one's, which cost them too;
+                          with ``weight_sync = "vllm"`` both say where they went: ``write_s`` (the
                           file, ``file_s`` of it in the writer's thread), ``pause_s``,
                           ``unname_s``, ``load_s``, ``tag_s``, ``resume_s``; ``drain_s``,
                           the wait for the server's calls before, is not counted)
@@ -34,7 +35,9 @@ virtual clock sees virtual seconds; ``time/wall`` is ``time.time()``.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -42,7 +45,10 @@ import msgspec
 from .._clock import monotonic
 from ..errors import InvalidArgumentError
 
-__all__ = ["TIME_FIELDS", "StepTimer", "StepTimes"]
+__all__ = ["PUSH_EVENTS", "TIME_FIELDS", "StepTimer", "StepTimes"]
+
+#: The backend events whose ``seconds`` are a weight push's (done or failed).
+PUSH_EVENTS = frozenset({"weights_loaded", "weights_push_failed"})
 
 
 class StepTimes(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +93,15 @@ class StepTimer:
                 f"unknown step time field {name!r}; one of {', '.join(TIME_FIELDS)}"
             )
         self._parts[name] = self._parts.get(name, 0.0) + max(0.0, seconds)
+
+    def add_backend_event(self, kind: str, event: Mapping[str, object]) -> None:
+        """A backend event since the last step: a push's ``seconds`` (done or failed)
+        count as weight sync; other events, and a missing or broken count, add nothing."""
+        seconds = event.get("seconds")
+        if kind not in PUSH_EVENTS or isinstance(seconds, bool):
+            return
+        if isinstance(seconds, int | float) and math.isfinite(seconds):
+            self.add("time/weight_sync_s", float(seconds))
 
     def lap(self) -> StepTimes:
         """The period's parts; the next period starts now."""

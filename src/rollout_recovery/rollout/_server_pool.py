@@ -327,14 +327,16 @@ class ServerPool(AsyncResource, Generic[Weights]):
                         reported = await self._push(server, version, weights, timeout)
                 except TimeoutError:
                     server.version = None  # a push cut half way: its weights are unknown
-                    self._failed(server, f"weight push not done within {timeout} s")
+                    self._push_failed(
+                        server, version, started, f"weight push not done within {timeout} s"
+                    )
                     return
                 except (httpx.HTTPError, OSError) as error:
                     # OSError: the push's own local work failed (a weights file not
                     # written); the next probe retries like after a refused push. What
                     # the server held before is not what it holds now, for all we know.
                     server.version = None
-                    self._failed(server, f"weight push failed: {error!r}")
+                    self._push_failed(server, version, started, f"weight push failed: {error!r}")
                     return
                 finally:
                     server.draining = False
@@ -350,11 +352,9 @@ class ServerPool(AsyncResource, Generic[Weights]):
                     # Not in ``seconds``: the wait for the server's own calls to end.
                     "drain_s": round(started - drained_from, 4),
                 }
-                if isinstance(self._sync, TimedWeightSync):
-                    # Where the exchange went, request by request (a user's first
-                    # question when a push is slow).
-                    phases = self._sync.push_phases(server.url)
-                    detail.update({name: round(s, 4) for name, s in phases.items()})
+                # Where the exchange went, request by request (a user's first question
+                # when a push is slow).
+                detail.update(self._phases_of(server))
                 self._on_event("weights_loaded", server.url, detail)
                 if reported != version:
                     # It refused or lost our push: out of rotation until a later probe
@@ -371,6 +371,28 @@ class ServerPool(AsyncResource, Generic[Weights]):
         finally:
             server.syncing = False
             server.draining = False
+
+    def _phases_of(self, server: _Server) -> dict[str, float]:
+        """The seconds of each phase the newest push to ``server`` reached (none when the
+        sync does not time them)."""
+        if not isinstance(self._sync, TimedWeightSync):
+            return {}
+        return {name: round(s, 4) for name, s in self._sync.push_phases(server.url).items()}
+
+    def _push_failed(self, server: _Server, version: int, started: float, why: str) -> None:
+        # Reported at the failure, phases and all: the next probe's retry starts a new
+        # push whose phases replace these, so read later they would be the retry's.
+        self._on_event(
+            "weights_push_failed",
+            server.url,
+            {
+                "version": version,
+                "why": why,
+                "seconds": round(monotonic() - started, 4),
+                **self._phases_of(server),
+            },
+        )
+        self._failed(server, why)
 
     async def _push(
         self, server: _Server, version: int, weights: Weights, timeout: float
