@@ -139,7 +139,7 @@ def jobs(tmp_path: Path) -> Iterator[Callable[..., _Job]]:
 
 @pytest.fixture
 def standby_config(tmp_path: Path) -> Callable[..., Path]:
-    def write(steps: int = 40, within_s: float = 120.0) -> Path:
+    def write(steps: int = 12, within_s: float = 120.0) -> Path:
         path = tmp_path / f"job-{steps}-{within_s}.toml"
         path.write_text(
             "[job]\n"
