@@ -935,3 +935,33 @@ def test_a_hang_up_the_rerun_ignores_that_comes_as_the_child_is_forked_is_ignore
         signal.SIGHUP, "fork", ignored=(signal.SIGHUP,)
     )
     assert code == 0 and "the job ran" in out
+
+
+def test_sigquit_to_the_rerun_is_relayed_to_its_job(tmp_path: Path) -> None:
+    # Ctrl-\ kills a cold job (SIGQUIT, a core where the limits allow); the standby's
+    # child is in no terminal's group, and SIGQUIT was not relayed: the rerun died of it
+    # (its own core, of the relay), the job of SIGKILL as the rerun's connection ended
+    # (no core of the job). In a process of its own: unrelayed, the SIGQUIT kills the
+    # process that sends it.
+    script = """if True:
+        import os, signal, subprocess, sys
+        from rollout_recovery.cli._standby_link import _Relay
+        relay = _Relay()
+        # It ends with this process (its stdin's end) if the SIGQUIT is not relayed.
+        with subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        ) as job:
+            relay.to(os.pidfd_open(job.pid))
+            os.kill(os.getpid(), signal.SIGQUIT)
+            print(job.wait(timeout=60), flush=True)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert int(done.stdout) == -signal.SIGQUIT
+
