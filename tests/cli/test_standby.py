@@ -965,3 +965,28 @@ def test_sigquit_to_the_rerun_is_relayed_to_its_job(tmp_path: Path) -> None:
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert int(done.stdout) == -signal.SIGQUIT
 
+
+def test_a_rerun_whose_job_dumped_core_dies_of_the_signal_without_a_core_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # The job's core (SIGQUIT, SIGSEGV, SIGABRT) is the child's; the rerun re-raises the
+    # signal and once dumped a second core, of the relay, where the limits allowed one.
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    if hard == 0:
+        pytest.skip("no core can be dumped here (hard RLIMIT_CORE 0)")
+    script = """if True:
+        import resource, signal, socket
+        from rollout_recovery.cli._standby_link import _wait
+        _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))  # a core where one can be
+        ours, standby = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        standby.send(f"exit {int(signal.SIGQUIT) | 0x80}".encode())  # killed, core dumped
+        _wait(ours)
+    """
+    rerun = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    _pid, status = os.waitpid(rerun.pid, 0)
+    rerun.returncode = os.waitstatus_to_exitcode(status)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGQUIT, status
+    assert not os.WCOREDUMP(status), "the rerun dumped a core of its own"

@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -372,6 +373,12 @@ def _wait(connection: socket.socket) -> int:
     if code < 0:
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have none
             signal.signal(-code, signal.SIG_DFL)
+        # A signal that dumps core (SIGQUIT, SIGSEGV, SIGABRT) dumped the job's in the
+        # child, where the limits allow one; this process's would be a second, of the
+        # relay, for whoever opens it to take for the job's.
+        with contextlib.suppress(OSError, ValueError):
+            _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
