@@ -833,3 +833,160 @@ def test_the_forked_job_ignores_the_reruns_ignored_signals_and_no_others() -> No
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=_DEADLINE_S
     )
     assert done.returncode == 0, done.stderr
+
+
+# A standby (its handlers: ``serve``'s) forks a child for a rerun; ``argv[1]`` reaches the
+# child at ``argv[2]``: "fork" (as it starts dropping the standby's handlers: a group's
+# kill, a ``pkill``) or "relay" (once it sent the rerun its pidfd: the rerun's relay of a
+# signal that came during the exchange). ``argv[3:]``: the signals the rerun ignores.
+# The child runs a stand-in for the command; the standby prints its exit status and its
+# signal mask after the fork.
+_A_SIGNAL_AS_THE_STANDBY_FORKS = """if True:
+    import json, os, signal, socket, sys
+    from rollout_recovery.cli import _standby
+    from rollout_recovery.cli._standby import Lease, _Standby, run_forked_command
+
+    signum, where, ignored = int(sys.argv[1]), sys.argv[2], [int(s) for s in sys.argv[3:]]
+    stop = []
+    for standby_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(standby_signal, lambda n, frame: stop.append(n))
+    standby_pid = os.getpid()
+    leave, send_fds = _Standby._leave, socket.send_fds
+
+    def arrives_as_it_leaves(self):
+        os.kill(os.getpid(), signum)
+        leave(self)
+
+    def arrives_once_it_is_known(*args, **kwargs):
+        sent = send_fds(*args, **kwargs)
+        if os.getpid() != standby_pid:
+            os.kill(os.getpid(), signum)
+        return sent
+
+    if where == "fork":
+        _Standby._leave = arrives_as_it_leaves
+    else:
+        socket.send_fds = arrives_once_it_is_known
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    standby = _Standby(listener, Lease(10.0), None, {}, {})
+    rerun, connection = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    request = {"cwd": os.getcwd(), "umask": 0o022, "ignored": ignored}
+    forked = standby._fork(connection, request, [os.dup(0), os.dup(1), os.dup(2)])
+    if forked is not None:  # the child
+        run_forked_command(lambda argv, name: print("the job ran", flush=True))
+        sys.exit(0)
+    (child,) = standby.children
+    _pid, status = os.waitpid(child, 0)
+    mask = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    print(json.dumps({"status": status, "mask": mask}), flush=True)
+"""
+
+
+def _a_signal_as_the_standby_forks(
+    signum: int, where: str, ignored: tuple[int, ...] = ()
+) -> tuple[int, str, str]:
+    """The child's exit code (negative: the signal that killed it), its stdout, stderr."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _A_SIGNAL_AS_THE_STANDBY_FORKS,
+            str(signum),
+            where,
+            *map(str, ignored),
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+    )
+    assert done.returncode == 0, done.stderr
+    told = json.loads(done.stdout.splitlines()[-1])
+    assert told["mask"] == [], "the standby kept signals blocked after the fork"
+    return os.waitstatus_to_exitcode(told["status"]), done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_that_reaches_the_child_as_it_is_forked_ends_the_job(signum: int) -> None:
+    # It once ran the standby's handler, still the child's: the job ran on as if nothing
+    # had asked it to stop.
+    code, out, _err = _a_signal_as_the_standby_forks(signum, "fork")
+    assert code == -signum, out
+    assert "the job ran" not in out
+
+
+@pytest.mark.parametrize("where", ["fork", "relay"])
+def test_a_ctrl_c_as_the_child_is_forked_or_relayed_to_it_ends_the_job_and_says_so(
+    where: str,
+) -> None:
+    # As it is forked: the standby's handler lost it. Relayed at once after the hand-over
+    # (a Ctrl-C during the exchange): it raised KeyboardInterrupt in the hand-over, which
+    # exited 70 without a word. Now the job dies of it before it starts, as a cold one
+    # Ctrl-C'd in its imports.
+    code, out, err = _a_signal_as_the_standby_forks(signal.SIGINT, where)
+    assert code == -signal.SIGINT, (out, err)
+    assert "Traceback" not in err
+    assert "interrupted (Ctrl-C)" in err
+    assert "the job ran" not in out
+
+
+def test_a_hang_up_the_rerun_ignores_that_comes_as_the_child_is_forked_is_ignored() -> None:
+    code, out, _err = _a_signal_as_the_standby_forks(
+        signal.SIGHUP, "fork", ignored=(signal.SIGHUP,)
+    )
+    assert code == 0 and "the job ran" in out
+
+
+def test_sigquit_to_the_rerun_is_relayed_to_its_job(tmp_path: Path) -> None:
+    # Ctrl-\ kills a cold job (SIGQUIT, a core where the limits allow); the standby's
+    # child is in no terminal's group, and SIGQUIT was not relayed: the rerun died of it
+    # (its own core, of the relay), the job of SIGKILL as the rerun's connection ended
+    # (no core of the job). In a process of its own: unrelayed, the SIGQUIT kills the
+    # process that sends it.
+    script = """if True:
+        import os, signal, subprocess, sys
+        from rollout_recovery.cli._standby_link import _Relay
+        relay = _Relay()
+        # It ends with this process (its stdin's end) if the SIGQUIT is not relayed.
+        with subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        ) as job:
+            relay.to(os.pidfd_open(job.pid))
+            os.kill(os.getpid(), signal.SIGQUIT)
+            print(job.wait(timeout=60), flush=True)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert int(done.stdout) == -signal.SIGQUIT
+
+
+def test_a_rerun_whose_job_dumped_core_dies_of_the_signal_without_a_core_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # The job's core (SIGQUIT, SIGSEGV, SIGABRT) is the child's; the rerun re-raises the
+    # signal and once dumped a second core, of the relay, where the limits allowed one.
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    if hard == 0:
+        pytest.skip("no core can be dumped here (hard RLIMIT_CORE 0)")
+    script = """if True:
+        import resource, signal, socket
+        from rollout_recovery.cli._standby_link import _wait
+        _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))  # a core where one can be
+        ours, standby = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        standby.send(f"exit {int(signal.SIGQUIT) | 0x80}".encode())  # killed, core dumped
+        _wait(ours)
+    """
+    rerun = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    _pid, status = os.waitpid(rerun.pid, 0)
+    rerun.returncode = os.waitstatus_to_exitcode(status)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGQUIT, status
+    assert not os.WCOREDUMP(status), "the rerun dumped a core of its own"

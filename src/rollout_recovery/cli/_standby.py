@@ -74,6 +74,13 @@ _REQUEST_TIMEOUT_S = 5.0
 _NOT_RUN = frozenset({2, 70})
 # How long a job waits for its standby to exit after asking it to.
 _END_WAIT_S = 5.0
+# The signals the standby handles (``serve``: they end it) and a rerun relays to its child
+# (``_standby_link._RELAYED``). Blocked from before the fork until the child starts the
+# rerun's command (``run_forked_command``): one that reaches the child before it has the
+# rerun's dispositions (``_leave``, ``_take_signals``) stays pending, where it once ran
+# the standby's handler in the child (a SIGTERM or Ctrl-C lost: the job ran on) or raised
+# KeyboardInterrupt in the hand-over (a relayed Ctrl-C: exit 70 and no word why).
+_HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 # The modules a torch job's run path imports (Backend.build, the trainer, the model's
 # class): the slow part of a new process, done once here.
 _TORCH_IMPORTS = (
@@ -337,13 +344,17 @@ class _Standby:
         connection.settimeout(None)
         kept = connection.dup()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
         try:
             pid = os.fork()
         except OSError:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for end in (kept, ours, theirs):
                 end.close()
             raise
         if pid == 0:  # the child: the rerun's job from here on
+            global _mask_to_restore
+            _mask_to_restore = mask  # the signals stay held until the command starts
             try:
                 ours.close()
                 kept.close()
@@ -353,6 +364,7 @@ class _Standby:
                 # Never back into the standby's loop (a rerun that died before it heard).
                 os._exit(70)
             return _ForkedJob(request, theirs, self.added_by_imports)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one held meanwhile is ours now
         theirs.close()
         pidfd = os.pidfd_open(pid)  # our unreaped child: the pid cannot be reused yet
         self.children[pid] = _Child(pid, pidfd, kept, ours)
@@ -453,6 +465,8 @@ def _take_over(request: dict[str, Any], fds: list[int], connection: socket.socke
         os.close(me)
     global _rerun
     _rerun = connection
+    # Started with the held signals blocked (``_HELD_SIGNALS``), which it keeps: they go
+    # to the main thread, the job's.
     threading.Thread(target=_die_with, args=(connection,), daemon=True).start()
 
 
@@ -477,6 +491,7 @@ def run_forked_command(main: Callable[[list[str], str], object]) -> None:
     the child does not take the job's status with it."""
     code = 1
     try:
+        _release_held_signals()
         main(sys.argv[1:], "rollout-recovery")
         code = 0
     except SystemExit as exit_:
@@ -489,6 +504,35 @@ def run_forked_command(main: Callable[[list[str], str], object]) -> None:
         if _rerun is not None:
             with contextlib.suppress(OSError):
                 _rerun.send(f"code {code}".encode())
+
+
+def _release_held_signals() -> None:
+    """In a forked child, as the command starts: the signal mask from before the fork. A
+    signal held since (``_HELD_SIGNALS``) now meets the rerun's dispositions, as it would
+    a cold job's: a SIGTERM kills the job, a SIGHUP the rerun ignores was discarded when
+    the child took that on."""
+    if _mask_to_restore is None:
+        return
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _mask_to_restore)
+    except KeyboardInterrupt:
+        # A Ctrl-C before anything of the job ran. Said so, then the child dies of it, as
+        # a cold job Ctrl-C'd in its imports does (the rerun dies of it too: a shell's
+        # 130, its script stops) but without a traceback of the standby's; killed, it
+        # leaves the standby waiting for the next rerun.
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                "rollout-recovery: interrupted (Ctrl-C) as the warm standby handed the job "
+                "over, before it started; rerun the same command to run it",
+                file=sys.stderr,
+                flush=True,
+            )
+        if _rerun is not None:
+            with contextlib.suppress(OSError):
+                _rerun.send(f"code {128 + signal.SIGINT}".encode())
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        sys.exit(128 + signal.SIGINT)  # not reached: SIGINT is unblocked, its default kills
 
 
 def _exit_code(code: object) -> int:
@@ -526,6 +570,8 @@ def _until_closed(connection: socket.socket) -> None:
 _link: socket.socket | None = None
 # The child's connection to its rerun (None in a job no standby forked).
 _rerun: socket.socket | None = None
+# The child's signal mask from before the fork (None in a job no standby forked).
+_mask_to_restore: set[int] | None = None
 
 
 def held_by_standby() -> bool:

@@ -20,8 +20,8 @@ The standby is used only once it is proven this user's and fit, from what the ke
    transformers; only those in ``_IGNORED_ENV`` may differ). The standby compares, and
    refuses an unfit request without using the descriptors.
 
-Then the child sends a pidfd of itself back: this process relays SIGINT, SIGTERM and
-SIGHUP to it through that pidfd (never to a later process that reuses its pid) and exits
+Then the child sends a pidfd of itself back: this process relays SIGINT, SIGTERM, SIGHUP
+and SIGQUIT to it through that pidfd (never to a later process that reuses its pid) and exits
 with its status, re-raising the signal that killed it. The child dies at once when this
 process dies (it watches the connection for its end), so a kill -9 of the rerun, or of its
 process group, kills the job. Anything that fails: the normal cold start, with one line
@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -82,7 +83,9 @@ _IGNORED_ENV = frozenset(
 _EXCHANGE_TIMEOUT_S = 20.0
 # The largest request (the environment and sys.path dominate it).
 MAX_MESSAGE = 1 << 20
-_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGQUIT too (Ctrl-\): a cold job dies of it (a core where the limits allow one); the
+# child is in the standby's process group, which no terminal signal reaches.
+_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # A terminal's stop signals (Ctrl-Z, background reads and writes) and SIGCONT: the job
 # stops and goes on with the rerun, as a job in the rerun's own process would.
 _STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -193,9 +196,9 @@ def hand_over(argv: list[str]) -> int | None:
 
 
 class _Relay:
-    """SIGINT, SIGTERM and SIGHUP to this process go to the child through its pidfd; one
-    that comes before the child is known is kept and sent once it is. A stop signal
-    (Ctrl-Z) stops the child, then this process; SIGCONT goes on to the child."""
+    """SIGINT, SIGTERM, SIGHUP and SIGQUIT to this process go to the child through its
+    pidfd; one that comes before the child is known is kept and sent once it is. A stop
+    signal (Ctrl-Z) stops the child, then this process; SIGCONT goes on to the child."""
 
     def __init__(self) -> None:
         self.child: int | None = None
@@ -370,6 +373,12 @@ def _wait(connection: socket.socket) -> int:
     if code < 0:
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have none
             signal.signal(-code, signal.SIG_DFL)
+        # A signal that dumps core (SIGQUIT, SIGSEGV, SIGABRT) dumped the job's in the
+        # child, where the limits allow one; this process's would be a second, of the
+        # relay, for whoever opens it to take for the job's.
+        with contextlib.suppress(OSError, ValueError):
+            _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
