@@ -27,6 +27,8 @@ from rollout_recovery.cluster._sharded_plane import RayShardedDataPlane  # noqa:
 from rollout_recovery.control import RunConfig  # noqa: E402
 from rollout_recovery.dataplane import DataPlane  # noqa: E402
 from rollout_recovery.history import audit_run  # noqa: E402
+from rollout_recovery.history._trail_reader import read_entries  # noqa: E402
+from rollout_recovery.history.records import PromptTaken  # noqa: E402
 from rollout_recovery.job import JobComponents, run_job  # noqa: E402
 from rollout_recovery.job._components import default_components  # noqa: E402
 
@@ -150,6 +152,17 @@ def test_sigkill_the_ray_controller_and_rerun(
         args, stop=lambda line, lines: line.startswith("step 5 ("), timeout=CLI_TIMEOUT_S
     )
     assert killed.returncode == -signal.SIGKILL, killed.stdout
+    # The rerun stops at the last step whose prompts the killed run took (the fewest
+    # steps a resume accepts): the restore of the killed controller's work is all there,
+    # and the fresh steps after it would only repeat what the first run already showed.
+    taken = 1 + max(
+        entry.record.batch
+        for entry in read_entries(out / "events.jsonl")
+        if isinstance(entry.record, PromptTaken)
+    )
+    assert taken >= 6  # "step 5" is the sixth step done
+    lower = write_config({**RAY_JOB, "job": {**RAY_JOB["job"], "steps": taken}})
+    args = ["--out", str(out), "--config", str(lower), "--plain"]
     finished = run_cli(args, timeout=CLI_TIMEOUT_S)
     assert finished.returncode == 0, finished.stdout
     assert "resumed from" in finished.stdout
