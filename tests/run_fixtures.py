@@ -287,6 +287,22 @@ def run_cli(_children: _Children) -> Callable[..., subprocess.CompletedProcess[s
     return run
 
 
+def run_cli_once(
+    args: Sequence[str],
+    *,
+    stop: Callable[[str, list[str]], bool] | None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = CHILD_TIMEOUT_S,
+) -> subprocess.CompletedProcess[str]:
+    """``run_cli_until`` (or ``run_cli`` with no ``stop``) outside a test, for a module or
+    session fixture: its child's group is killed and reaped before it returns."""
+    children = _Children()
+    try:
+        return _drive(children, args, env=env, stop=stop, timeout=timeout)
+    finally:
+        children.close()
+
+
 @pytest.fixture
 def run_cli_until(_children: _Children) -> Callable[..., subprocess.CompletedProcess[str]]:
     """``run_cli_until([args], stop=lambda line, lines: ...)``: SIGKILL the child's process

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_fixtures import FAST, merge_sections, run_cli_once, sections_to_toml
 
 from rollout_recovery.capture import CaptureWriter
 from rollout_recovery.dataplane import SqliteDataPlane
@@ -80,13 +81,41 @@ def kill_at_step(
     return killed
 
 
+#: The step the shared killed run (``killed_run``) is SIGKILLed at.
+SHARED_KILL_STEP = 6
+
+
+@pytest.fixture(scope="module")
+def killed_original(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One run of ``JOURNAL_JOB`` SIGKILLed on its step-6 line, and its config: shared by
+    the tests below that each need *a* kill between checkpoints and then act on it (the
+    kill's state is only read, on a private copy). Never change it."""
+    root = tmp_path_factory.mktemp("journal-killed")
+    config = root / "config.toml"
+    config.write_text(sections_to_toml(merge_sections(FAST, JOURNAL_JOB)))
+    out = root / "run"
+    killed = run_cli_once(
+        ["--out", str(out), "--config", str(config), "--plain"],
+        stop=lambda line, lines: line.startswith(f"step {SHARED_KILL_STEP - 1} ("),
+    )
+    assert killed.returncode == -9, killed.stdout
+    return out, config
+
+
+@pytest.fixture
+def killed_run(killed_original: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy (mtimes kept) of the shared killed run, and its config."""
+    original, config = killed_original
+    out = tmp_path / "run"
+    shutil.copytree(original, out)
+    return out, config
+
+
 @pytest.mark.slow
 def test_a_sigkill_between_checkpoints_loses_no_seal(
-    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+    tmp_path: Path, killed_run: tuple[Path, Path], run_cli: Cli
 ) -> None:
-    config = write_config(JOURNAL_JOB)
-    out = tmp_path / "run"
-    kill_at_step(run_cli_until, out, config, 6)
+    out, config = killed_run
     at_kill = tmp_path / "events-at-kill.jsonl"
     shutil.copy(out / "events.jsonl", at_kill)
     sealed_at_kill = seals(at_kill)
@@ -119,11 +148,9 @@ def test_a_sigkill_between_checkpoints_loses_no_seal(
 
 @pytest.mark.slow
 def test_weight_versions_continue_above_every_version_a_restore_lost(
-    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+    killed_run: tuple[Path, Path], run_cli: Cli
 ) -> None:
-    config = write_config(JOURNAL_JOB)
-    out = tmp_path / "run"
-    kill_at_step(run_cli_until, out, config, 5)
+    out, config = killed_run
     before = [
         e.record.weight_version
         for e in read_entries(out / "events.jsonl")
@@ -143,15 +170,12 @@ def test_weight_versions_continue_above_every_version_a_restore_lost(
 @pytest.mark.slow
 @pytest.mark.parametrize("reuse", ["all", "ancestors", "none"])
 def test_the_reuse_policy_decides_what_a_restore_keeps(
-    tmp_path: Path,
     write_config: Callable[..., Path],
-    run_cli_until: Cli,
+    killed_run: tuple[Path, Path],
     run_cli: Cli,
     reuse: str,
 ) -> None:
-    out = tmp_path / "run"
-    first = write_config(JOURNAL_JOB)
-    kill_at_step(run_cli_until, out, first, 6)
+    out, _ = killed_run
     journaled = seals(out / "events.jsonl")
     # The policy is operational: the rerun may choose it.
     second = write_config({**JOURNAL_JOB, "recovery": {"reuse": reuse}})
@@ -185,12 +209,8 @@ def test_the_reuse_policy_decides_what_a_restore_keeps(
 
 
 @pytest.mark.slow
-def test_a_torn_journal_tail_is_cut_and_said(
-    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
-) -> None:
-    config = write_config(JOURNAL_JOB)
-    out = tmp_path / "run"
-    kill_at_step(run_cli_until, out, config, 3)
+def test_a_torn_journal_tail_is_cut_and_said(killed_run: tuple[Path, Path], run_cli: Cli) -> None:
+    out, config = killed_run
     with open(out / "events.jsonl", "ab") as handle:
         handle.write(b'{"crc":"0000abcd","event":"sibling_sea')  # a write a power cut tore
     result = run_cli(["--out", str(out), "--config", str(config), "--plain"])
@@ -203,11 +223,9 @@ def test_a_torn_journal_tail_is_cut_and_said(
 
 @pytest.mark.slow
 def test_a_journal_altered_before_its_end_stops_the_run_saying_why(
-    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+    killed_run: tuple[Path, Path], run_cli: Cli
 ) -> None:
-    config = write_config(JOURNAL_JOB)
-    out = tmp_path / "run"
-    kill_at_step(run_cli_until, out, config, 3)
+    out, config = killed_run
     entries = read_entries(out / "events.jsonl")
     middle = entries[len(entries) // 2]
     data = bytearray((out / "events.jsonl").read_bytes())
@@ -224,11 +242,9 @@ def test_a_journal_altered_before_its_end_stops_the_run_saying_why(
 
 @pytest.mark.slow
 def test_a_crash_inside_the_replay_is_resumed_by_the_next_start(
-    tmp_path: Path, write_config: Callable[..., Path], run_cli_until: Cli, run_cli: Cli
+    killed_run: tuple[Path, Path], run_cli: Cli
 ) -> None:
-    config = write_config(JOURNAL_JOB)
-    out = tmp_path / "run"
-    kill_at_step(run_cli_until, out, config, 4)
+    out, config = killed_run
     sealed = seals(out / "events.jsonl")
     crashed = run_cli(
         ["--out", str(out), "--config", str(config), "--plain"],
