@@ -37,6 +37,8 @@ TRAINER_FILES = ("trainer.model.safetensors", "trainer.optimizer.safetensors", "
 #: A child imports torch and transformers, then trains 30 tiny steps: minutes at worst on
 #: a loaded machine.
 CHILD_TIMEOUT_S = 600.0
+#: The kill test's job: the example's first 10 steps, killed after its checkpoint at step 5.
+KILLED_STEPS = 10
 
 
 def example_config(
@@ -114,19 +116,31 @@ def _same_but_version(mine: bytes, theirs: bytes, offset: int) -> None:
 
 @pytest.mark.slow
 def test_sigkill_of_the_cli_mid_run_costs_nothing(
-    tmp_path: Path, clean_run: CleanRun, run_cli: Cli, run_cli_until: Cli
+    tmp_path: Path, clean_run: CleanRun, model_cache: Path, run_cli: Cli, run_cli_until: Cli
 ) -> None:
     """SIGKILL ``rollout-recovery run --config examples/tiny-llama-emit-token.toml`` after
     its second checkpoint, rerun the same command: the audit passes and, on policy
     (staleness 0; the backend seeds draws per sibling), the run ends with the very
     weights, AdamW moments and per-step rewards of an uninterrupted run. Any trainer state
-    restored inexactly would show as different final weights."""
-    config_path = clean_run.config_path
+    restored inexactly would show as different final weights.
+
+    The killed job is the example cut to its first ``KILLED_STEPS`` steps: no step depends
+    on ``job.steps`` (no schedule), so it must match the uninterrupted 30-step run's first
+    ``KILLED_STEPS`` rewards and its checkpoint at that step, which ``clean_run`` keeps.
+    The 20 steps after that proved nothing more and took two thirds of the test's time."""
+    config_path = example_config(
+        TINY_EXAMPLE,
+        tmp_path,
+        model_cache,
+        {"checkpoint": {"keep": 10}, "job": {"steps": KILLED_STEPS}},
+    )
     out = tmp_path / "killed"
     args = ["--config", str(config_path), "--out", str(out), "--plain"]
 
     def second_checkpoint(line: str, lines: list[str]) -> bool:
-        # "step 5 (6/30 done) reward=... checkpoints=2": the bootstrap checkpoint is number 1.
+        # "step 5 (6/10 done) reward=... checkpoints=2": the bootstrap checkpoint is number 1.
+        # Reading this line is the kill's trigger: the job still has 4 steps to train, each
+        # a batch of 32 sampled completions, so it cannot end before the SIGKILL lands.
         return line.startswith("step ") and int(line.rsplit("checkpoints=", 1)[1]) >= 2
 
     killed = run_cli_until(args, stop=second_checkpoint, timeout=CHILD_TIMEOUT_S)
@@ -140,12 +154,12 @@ def test_sigkill_of_the_cli_mid_run_costs_nothing(
     report = audit_run(out)
     assert report.ok and report.complete, report.violations[:10]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(30))
+    assert [m["step"] for m in metrics] == list(range(KILLED_STEPS))
 
     clean = clean_run.out
     clean_metrics = [
         json.loads(line) for line in (clean / "metrics.jsonl").read_text().splitlines()
-    ]
+    ][:KILLED_STEPS]
     assert [m["mean_reward"] for m in metrics] == [m["mean_reward"] for m in clean_metrics]
     # What the killed run checkpointed is what the uninterrupted run had at that step...
     assert before_rerun == _trainer_files(clean / "checkpoints" / latest)
@@ -157,8 +171,9 @@ def test_sigkill_of_the_cli_mid_run_costs_nothing(
         for _, record in read_records(out / "events.jsonl")
         if isinstance(record, Restored)
     )
-    final = _trainer_files(out / "checkpoints" / "step_000030")
-    expected = _trainer_files(clean / "checkpoints" / "step_000030")
+    assert latest == "step_000005", latest
+    final = _trainer_files(out / "checkpoints" / f"step_{KILLED_STEPS:06d}")
+    expected = _trainer_files(clean / "checkpoints" / f"step_{KILLED_STEPS:06d}")
     for name in TRAINER_FILES[:2]:
         assert final[name] == expected[name], name
     _same_but_version(final["trainer.state.json"], expected["trainer.state.json"], rolled_back)
