@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_fixtures import backend_events
+from run_fixtures import backend_events, merge_sections
 
 ray = pytest.importorskip("ray")
 
@@ -144,15 +144,24 @@ def test_sigkill_the_ray_controller_and_rerun(
     run_cli: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     out = tmp_path / "run"
-    config = write_config(RAY_JOB)
+    # 8 steps, not 16: the time went to the Ray start of both children and to steps after
+    # the restore that no assertion reads.
+    config = write_config(merge_sections(RAY_JOB, {"job": {"steps": 8}}))
     args = ["--out", str(out), "--config", str(config), "--plain"]
-    killed = run_cli_until(
-        args, stop=lambda line, lines: line.startswith("step 5 ("), timeout=CLI_TIMEOUT_S
-    )
+
+    def second_checkpoint(line: str, lines: list[str]) -> bool:
+        # "step 2 (3/8 done) ... checkpoints=2": the bootstrap checkpoint is number 1, so a
+        # checkpoint of trained steps is committed, and 5 steps remain: the job cannot end
+        # before the SIGKILL lands.
+        return line.startswith("step ") and int(line.rsplit("checkpoints=", 1)[1]) >= 2
+
+    killed = run_cli_until(args, stop=second_checkpoint, timeout=CLI_TIMEOUT_S)
     assert killed.returncode == -signal.SIGKILL, killed.stdout
+    latest = (out / "checkpoints" / "LATEST").read_text().strip()
+    assert latest != "step_000000", latest
     finished = run_cli(args, timeout=CLI_TIMEOUT_S)
     assert finished.returncode == 0, finished.stdout
-    assert "resumed from" in finished.stdout
+    assert f"resumed from {latest}" in finished.stdout
     report = audit_run(out)
     assert report.ok, report.violations
     assert report.counts.get("restores", 0) >= 1
