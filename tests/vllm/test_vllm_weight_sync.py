@@ -16,6 +16,7 @@ and the real-vLLM test ``tests/integration/llm/test_vllm_weight_sync_real.py``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import stat
@@ -48,6 +49,7 @@ from rollout_recovery.rollout import (
     HttpConfig,
     HttpGenerationBackend,
 )
+from rollout_recovery.rollout._server_pool import _WHY_CHARS, _capped
 from rollout_recovery.vllm._sync import (
     LOADING_TAG,
     VllmWeightSync,
@@ -700,6 +702,64 @@ def test_a_push_event_says_where_its_seconds_went_phase_by_phase(tmp_path: Path)
     # A failed load says where it stopped: no version named, the server resumed.
     assert {"pause_s", "unname_s", "load_s", "resume_s"} <= set(failed)
     assert "tag_s" not in failed
+
+
+def test_a_server_whose_pushes_keep_failing_reports_the_first_failure_of_each_streak(
+    tmp_path: Path,
+) -> None:
+    """A server that answers its probes but fails every load is retried each probe
+    interval; journaling an event per retry would grow the journal for as long as it
+    fails. The first failure of a streak reports, and a push that loads ends the streak."""
+
+    def loads(server: FakeVllm) -> int:
+        return server.log.count("/collective_rpc")
+
+    async def scenario(rig: Rig) -> None:
+        server = rig.server
+        rig.backend.pool.start()
+        await rig.events.wait(lambda: rig.backend.pool.versions()[server.url] == 0, GUARD_S)
+        for version in (1, 2):
+            server.fail_load = True
+            tried = loads(server)
+            rig.backend.update_weights(version, FakeWeights(version))
+            await server.wait_for(lambda t=tried: loads(server) >= t + 4)  # three retries
+            server.fail_load = False
+            await rig.events.wait(
+                lambda v=version: rig.backend.pool.versions()[server.url] == v, GUARD_S
+            )
+        await rig.backend.aclose()
+
+    rig = Rig(tmp_path)
+    asyncio.run(scenario(rig))
+    failed = [detail for _, detail in rig.events.of("weights_push_failed")]
+    assert [detail["version"] for detail in failed] == [1, 2]
+
+
+def test_a_failures_text_is_capped_saying_how_much_was_left_out() -> None:
+    assert _capped("x" * _WHY_CHARS) == "x" * _WHY_CHARS
+    long = "y" * (_WHY_CHARS + 7)
+    assert _capped(long) == "y" * _WHY_CHARS + "... (7 more characters)"
+
+
+def test_a_push_whose_file_fails_reports_none_of_an_earlier_pushs_phases(
+    tmp_path: Path,
+) -> None:
+    class NoRoom(FakeWeights):
+        def write_safetensors(self, *args: object, **kwargs: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario() -> dict[str, float]:
+        fleet = FakeVllmFleet(1)
+        url = fleet[0].url
+        sync = VllmWeightSync(tmp_path / "weights")
+        async with httpx.AsyncClient(transport=fleet.transport()) as client:
+            assert await sync.push(client, url, 1, FakeWeights(1), GUARD_S) == 1
+            assert "load_s" in sync.push_phases(url)
+            with pytest.raises(OSError):
+                await sync.push(client, url, 2, NoRoom(2), GUARD_S)
+            return sync.push_phases(url)
+
+    assert asyncio.run(scenario()) == {}
 
 
 def test_a_new_version_takes_the_pages_of_the_file_it_supersedes(tmp_path: Path) -> None:

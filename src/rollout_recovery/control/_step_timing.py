@@ -10,8 +10,10 @@ publishes durable, and trains. Each of those is one field, in seconds::
                           hand-over to generation, plus every push a server finished since
                           the previous step (an HTTP backend pushes in the background; its
                           ``weights_loaded`` events carry each push's ``seconds``, and
-                          ``weights_push_failed`` a failed one's, which cost them too;
-                          with ``weight_sync = "vllm"`` both say where they went: ``write_s`` (the
+                          ``weights_push_failed`` the first failed one's of a streak,
+                          which cost them too (its phases, but no ``write_s`` or
+                          ``drain_s``); with ``weight_sync = "vllm"`` a loaded one says
+                          where they went: ``write_s`` (the
                           file, ``file_s`` of it in the writer's thread), ``pause_s``,
                           ``unname_s``, ``load_s``, ``tag_s``, ``resume_s``; ``drain_s``,
                           the wait for the server's calls before, is not counted)

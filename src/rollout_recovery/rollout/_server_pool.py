@@ -101,6 +101,9 @@ _UNTRUSTED_REASONS = frozenset(
 )
 # How much of a server's own version string an event quotes.
 _NAMED_CHARS = 60
+# The most of a failure's text an event carries: an httpx error quotes the server's reason
+# phrase and Location header (up to ~100 KB of a hostile reply), and events are journaled.
+_WHY_CHARS = 300
 # A probe that did not ask /weight_info (or got no answer from a server without it).
 _NOT_ASKED = object()
 
@@ -137,6 +140,7 @@ class _Server(Worker):
     syncing: bool = False
     draining: bool = False  # its push is past the sync's local work: no new call at all
     pushes_started: int = 0  # a probe's /weight_info is void if a push began meanwhile
+    pushes_failed_in_a_row: int = 0  # reset by a push that loaded; only the first reports
     weight_info: bool = True  # False: it has no /weight_info route (not asked again)
     stats: ServerStats = field(default_factory=ServerStats)
 
@@ -341,6 +345,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
                 finally:
                     server.draining = False
                 server.stats.weight_pushes += 1
+                server.pushes_failed_in_a_row = 0
                 server.version = reported
                 # The push's cost on the step's path as before issue 28: the local work
                 # and the exchange, not the wait for the server's own calls to end.
@@ -381,17 +386,21 @@ class ServerPool(AsyncResource, Generic[Weights]):
 
     def _push_failed(self, server: _Server, version: int, started: float, why: str) -> None:
         # Reported at the failure, phases and all: the next probe's retry starts a new
-        # push whose phases replace these, so read later they would be the retry's.
-        self._on_event(
-            "weights_push_failed",
-            server.url,
-            {
-                "version": version,
-                "why": why,
-                "seconds": round(monotonic() - started, 4),
-                **self._phases_of(server),
-            },
-        )
+        # push whose phases replace these, so read later they would be the retry's. Only
+        # the first failure of a streak: a server that answers its probes but fails every
+        # push is retried each probe interval, and would journal an event each time.
+        server.pushes_failed_in_a_row += 1
+        if server.pushes_failed_in_a_row == 1:
+            self._on_event(
+                "weights_push_failed",
+                server.url,
+                {
+                    "version": version,
+                    "why": _capped(why),
+                    "seconds": round(monotonic() - started, 4),
+                    **self._phases_of(server),
+                },
+            )
         self._failed(server, why)
 
     async def _push(
@@ -509,6 +518,7 @@ class ServerPool(AsyncResource, Generic[Weights]):
         self._bad_reply(server, _LOGPROB_MISMATCH)
 
     def _failed(self, server: _Server, why: str) -> None:
+        why = _capped(why)
         server.failures_in_a_row += 1
         if server.failures_in_a_row >= self._http.dead_after_failures:
             self._move(server, WorkerHealth.DEAD, why=why)
@@ -613,3 +623,10 @@ class ServerPool(AsyncResource, Generic[Weights]):
                 self._move(server, WorkerHealth.DEAD, why=why)
         elif server.health is WorkerHealth.HEALTHY:
             self._move(server, WorkerHealth.SUSPECT, why=f"bad reply: {reason}")
+
+
+def _capped(why: str) -> str:
+    """``why`` cut to :data:`_WHY_CHARS`, saying how much was left out."""
+    if len(why) <= _WHY_CHARS:
+        return why
+    return f"{why[:_WHY_CHARS]}... ({len(why) - _WHY_CHARS} more characters)"

@@ -629,6 +629,9 @@ class VllmWeightSync(Resource):
         # Counted before the file is waited for: a newer version written meanwhile
         # prunes on its own, and must not take this one away from the push.
         self._reading[version] += 1
+        # Nothing of an earlier push's phases stays readable as this one's if its file
+        # fails to be written.
+        self._phases[url] = {}
         try:
             path = await self.weights_file(version, weights)
             # The first push of a version reports its file's write; later ones found it.
