@@ -55,6 +55,7 @@ from .._crashpoints import crash_point, reset_crash_points_for_tests
 from .._private_dir import private_dir_problem
 from ._standby_link import (
     MAX_MESSAGE,
+    RELAYED_SIGNALS,
     SOCKET_NAME,
     alive,
     fitness,
@@ -74,13 +75,13 @@ _REQUEST_TIMEOUT_S = 5.0
 _NOT_RUN = frozenset({2, 70})
 # How long a job waits for its standby to exit after asking it to.
 _END_WAIT_S = 5.0
-# The signals the standby handles (``serve``: they end it) and a rerun relays to its child
-# (``_standby_link._RELAYED``). Blocked from before the fork until the child starts the
-# rerun's command (``run_forked_command``): one that reaches the child before it has the
-# rerun's dispositions (``_leave``, ``_take_signals``) stays pending, where it once ran
-# the standby's handler in the child (a SIGTERM or Ctrl-C lost: the job ran on) or raised
+# The signals a rerun relays to its child (the standby's own, ``serve``'s, are among
+# them). Blocked from before the fork until the child starts the rerun's command
+# (``run_forked_command``): one that reaches the child before it has the rerun's
+# dispositions (``_leave``, ``_take_signals``) stays pending, where it once ran the
+# standby's handler in the child (a SIGTERM or Ctrl-C lost: the job ran on) or raised
 # KeyboardInterrupt in the hand-over (a relayed Ctrl-C: exit 70 and no word why).
-_HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+_HELD_SIGNALS = frozenset(RELAYED_SIGNALS)
 # The modules a torch job's run path imports (Backend.build, the trainer, the model's
 # class): the slow part of a new process, done once here.
 _TORCH_IMPORTS = (

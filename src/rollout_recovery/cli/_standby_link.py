@@ -85,7 +85,7 @@ _EXCHANGE_TIMEOUT_S = 20.0
 MAX_MESSAGE = 1 << 20
 # SIGQUIT too (Ctrl-\): a cold job dies of it (a core where the limits allow one); the
 # child is in the standby's process group, which no terminal signal reaches.
-_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+RELAYED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # A terminal's stop signals (Ctrl-Z, background reads and writes) and SIGCONT: the job
 # stops and goes on with the rerun, as a job in the rerun's own process would.
 _STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -203,7 +203,7 @@ class _Relay:
     def __init__(self) -> None:
         self.child: int | None = None
         self.pending: list[int] = []
-        self.before = {signum: signal.signal(signum, self._on_signal) for signum in _RELAYED}
+        self.before = {signum: signal.signal(signum, self._on_signal) for signum in RELAYED_SIGNALS}
         for signum in _STOPS:
             self.before[signum] = signal.signal(signum, self._on_stop)
         self.before[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._on_continue)
